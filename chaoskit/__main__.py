@@ -1,0 +1,3 @@
+from chaoskit.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""How chaoskit runs commands on a node. See :mod:`.api`."""

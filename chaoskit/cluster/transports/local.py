@@ -1,0 +1,109 @@
+"""The local transport: the node is a set of processes on this machine.
+
+A process-lab node is the torchrun agent the lab started plus every process it
+starts. torchrun puts each worker in a session of its own, so the lab marks the
+node through the environment every descendant inherits: ``CHAOSKIT_SCOPE``.
+:meth:`LocalTransport.processes` returns only processes carrying the node's
+token, so a selector can never reach anything else on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from chaoskit.cluster.transports.api import CommandResult, ProcInfo
+from chaoskit.errors import InfraError
+
+__all__ = ["LocalTransport", "read_proc"]
+
+
+class LocalTransport:
+    SCOPE_ENV = "CHAOSKIT_SCOPE"
+
+    def __init__(self, node: str, scope: str | None = None) -> None:
+        self.node = node
+        self.scope = scope
+        """Processes whose environment has ``CHAOSKIT_SCOPE=<scope>`` belong to the node."""
+
+    def processes(self) -> list[ProcInfo]:
+        if not self.scope:
+            return []
+        return [p for p in read_proc() if p.env.get(self.SCOPE_ENV) == self.scope]
+
+    def in_scope(self, pid: int) -> bool:
+        info = proc_info(pid)
+        return bool(self.scope) and info is not None and info.state != "Z" and info.env.get(self.SCOPE_ENV) == self.scope
+
+    def state(self, pid: int) -> str | None:
+        """One-letter process state (R, S, T when stopped, Z) or ``None`` when gone or out of scope."""
+        info = proc_info(pid)
+        return info.state if info is not None and info.env.get(self.SCOPE_ENV) == self.scope else None
+
+    def signal(self, pid: int, signum: int) -> float:
+        if not self.in_scope(pid):
+            raise InfraError(f"refusing to signal pid {pid}: it is not a process of node {self.node}")
+        os.kill(pid, signum)
+        return time.time()
+
+    def run(self, argv: list[str], timeout: float) -> CommandResult:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError:
+            raise InfraError(f"{argv[0]}: command not found on node {self.node}") from None
+        except subprocess.TimeoutExpired:
+            raise InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {self.node}") from None
+        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def spawn_detached(self, argv: list[str]) -> int:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+        return proc.pid
+
+    def touch(self, path: str) -> None:
+        Path(path).touch()
+
+
+def read_proc() -> list[ProcInfo]:
+    """Every readable process on this machine, with its environment."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        info = proc_info(pid)
+        if info is not None:
+            out.append(info)
+    return out
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    base = f"/proc/{pid}"
+    try:
+        with open(f"{base}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        with open(f"{base}/cmdline", "rb") as fh:
+            cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        try:
+            with open(f"{base}/environ", "rb") as fh:
+                raw = fh.read()
+        except PermissionError:
+            raw = b""
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    rest = stat[stat.rfind(")") + 2 :].split()
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return ProcInfo(pid=pid, ppid=int(rest[1]), cmdline=cmdline, env=env, state=rest[0])
+

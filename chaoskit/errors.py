@@ -1,0 +1,94 @@
+"""Exit codes and the exception root, split by who is at fault.
+
+Every error chaoskit raises on purpose is a :class:`ChaoskitError`. The CLI maps
+each subclass to one :class:`ExitCode` and prints one line (plus a hint); a
+traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ExitCode",
+    "ChaoskitError",
+    "ScenarioError",
+    "InfraError",
+    "SafetyAbort",
+    "Interrupted",
+    "SourcePos",
+]
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit status of every chaoskit command (documented in the README)."""
+
+    OK = 0
+    """Every check passed."""
+    CHECK_FAILED = 1
+    """An SLO or steady-state check failed (the drill ran; the cluster did not meet it)."""
+    BAD_INPUT = 2
+    """Bad input: scenario, inventory or flags. Nothing was injected."""
+    INFRA = 3
+    """A target or the infrastructure failed: unreachable host, missing tool."""
+    ABORTED = 4
+    """Aborted by a safety limit (``safety.abort_after``); every fault was reverted."""
+    INTERRUPTED = 130
+    """Interrupted by Ctrl-C or SIGTERM, after reverting."""
+
+
+class SourcePos:
+    """A place in a user's file: ``file:line:col`` (1-based)."""
+
+    __slots__ = ("file", "line", "col")
+
+    def __init__(self, file: str, line: int, col: int) -> None:
+        self.file, self.line, self.col = file, line, col
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+    def __repr__(self) -> str:
+        return f"SourcePos({self})"
+
+
+class ChaoskitError(Exception):
+    """Root of every deliberate chaoskit error.
+
+    ``message`` is one line; ``hint`` tells the user what to do about it.
+    """
+
+    exit_code: ExitCode = ExitCode.INFRA
+
+    def __init__(self, message: str, *, hint: str | None = None, pos: SourcePos | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.pos = pos
+
+    def __str__(self) -> str:
+        return f"{self.pos}: {self.message}" if self.pos else self.message
+
+
+class ScenarioError(ChaoskitError):
+    """The user's input is wrong: scenario, inventory, flags (exit 2)."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class InfraError(ChaoskitError):
+    """A target or the infrastructure failed: unreachable, missing tool (exit 3)."""
+
+    exit_code = ExitCode.INFRA
+
+
+class SafetyAbort(ChaoskitError):
+    """A safety limit stopped the run after reverting everything (exit 4)."""
+
+    exit_code = ExitCode.ABORTED
+
+
+class Interrupted(ChaoskitError):
+    """Ctrl-C or SIGTERM; raised after every fault was reverted (exit 130)."""
+
+    exit_code = ExitCode.INTERRUPTED

@@ -1,0 +1,1 @@
+"""Local clusters for demos and tests. See :mod:`.process`."""

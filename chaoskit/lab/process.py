@@ -1,0 +1,95 @@
+"""The process lab: N nodes on this machine, each a scope of local processes.
+
+No root needed. A node is whatever the lab starts for it (a torchrun agent and
+its workers), marked with ``CHAOSKIT_SCOPE=<lab id>.<node>`` in the environment
+every descendant inherits; :class:`~chaoskit.cluster.transports.local.LocalTransport`
+uses that mark to keep faults inside the node. ``lab down`` kills every process
+carrying the lab's mark, so nothing outlives the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaoskit.cluster.inventory import Inventory, Node
+from chaoskit.cluster.transports.local import LocalTransport, read_proc
+from chaoskit.state import state_dir
+
+__all__ = ["ProcessLab", "lab_state_path"]
+
+
+def lab_state_path() -> Path:
+    return state_dir() / "lab" / "process.json"
+
+
+@dataclass
+class ProcessLab:
+    lab_id: str
+    nodes: int
+    persistent: bool = False
+
+    @classmethod
+    def create(cls, nodes: int, persistent: bool = False) -> "ProcessLab":
+        lab = cls(f"lab-{secrets.token_hex(4)}", nodes, persistent)
+        if persistent:
+            path = lab_state_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"kind": "process", "lab_id": lab.lab_id, "nodes": nodes, "created": time.time()}))
+        return lab
+
+    @classmethod
+    def load(cls) -> "ProcessLab | None":
+        path = lab_state_path()
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return cls(data["lab_id"], int(data["nodes"]), persistent=True)
+
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(self.nodes)]
+
+    def scope(self, node: str) -> str:
+        return f"{self.lab_id}.{node}"
+
+    def inventory(self) -> Inventory:
+        nodes = []
+        for i, name in enumerate(self.node_names()):
+            labels = {"rack": f"r{i // 2}", "role": "worker", "lab": "process"}
+            nodes.append(Node(name, "127.0.0.1", "local", labels, 0, LocalTransport(name, self.scope(name))))
+        return Inventory(self.lab_id, nodes)
+
+    def processes(self) -> list[tuple[str, int, str]]:
+        """(node, pid, command line) of every live process of this lab."""
+        prefix = self.lab_id + "."
+        out = []
+        for p in read_proc():
+            scope = p.env.get(LocalTransport.SCOPE_ENV, "")
+            if scope.startswith(prefix) and p.state != "Z":
+                out.append((scope[len(prefix):], p.pid, p.cmdline))
+        return out
+
+    def kill_all(self, grace: float = 5.0) -> int:
+        """SIGTERM every process of the lab, SIGKILL what is left after ``grace``; return how many there were."""
+        procs = self.processes()
+        for sig, wait in ((signal.SIGCONT, 0), (signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+            for _, pid, _ in self.processes():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + wait
+            while time.time() < deadline and self.processes():
+                time.sleep(0.05)
+        return len(procs)
+
+    def down(self) -> int:
+        n = self.kill_all()
+        if self.persistent:
+            lab_state_path().unlink(missing_ok=True)
+        return n

@@ -1,0 +1,156 @@
+"""From a timeline to recovery phases, lost work and an SLO verdict.
+
+Exactly the definitions of DESIGN.md ("Recovery phases"), for one fault:
+
+- ``t_fault``: the injector's timestamp, taken on the node;
+- ``t_detect``: first event after ``t_fault`` showing the system noticed
+  (``worker.exit`` seen by an agent, ``detect`` from a surviving rank, ...);
+- ``t_realloc``: the replacement world is formed: every new worker started;
+- ``t_loaded``: the last rank of the new world finished loading its checkpoint;
+- ``t_resumed``: the first training step after ``t_loaded``.
+
+A phase whose signal never came is ``None`` with a reason, never zero, and it
+fails its SLO. This module is pure: events in, numbers out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+__all__ = ["DETECT_KINDS", "measure_fault", "slo_verdict", "PHASES"]
+
+DETECT_KINDS = frozenset({"detect", "worker.exit"})
+PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
+
+Event = dict[str, Any]
+
+
+def _rank_key(e: Event) -> Any:
+    if e.get("rank") is not None:
+        return ("rank", e["rank"])
+    return ("node", e.get("node"), e.get("pid"))
+
+
+def measure_fault(events: Iterable[Event], t_fault: float) -> dict[str, Any]:
+    """Measure the recovery from one fault injected at ``t_fault``.
+
+    Returns the phases in seconds (``detection_s``, ``reallocation_s``,
+    ``checkpoint_load_s``, ``startup_s``, ``recovery_s``), ``lost_steps``, the
+    instants they derive from, and ``reasons`` for every phase left ``None``.
+    """
+    timeline = sorted(events, key=lambda e: e["ts"])
+    before = [e for e in timeline if e["ts"] <= t_fault]
+    after = [e for e in timeline if e["ts"] > t_fault]
+    reasons: dict[str, str] = {}
+
+    steps_before = [e["step"] for e in before if e.get("kind") == "step" and isinstance(e.get("step"), int)]
+    last_step_before = max(steps_before) if steps_before else None
+
+    detect = next((e for e in after if e.get("kind") in DETECT_KINDS), None)
+    t_detect = detect["ts"] if detect else None
+    if detect is None:
+        reasons["detection"] = "not observed: no worker.exit or detect event after the fault"
+
+    loads = [e for e in after if e.get("kind") == "ckpt.load.end"]
+    starts = [e for e in after if e.get("kind") == "worker.start"]
+    resumed = None
+    for e in after:
+        if e.get("kind") != "step":
+            continue
+        if any(load["ts"] <= e["ts"] for load in loads) or (not loads and any(s["ts"] <= e["ts"] for s in starts)):
+            resumed = e
+            break
+
+    t_loaded = t_realloc = t_ready = None
+    restored_step = None
+    if resumed is not None and loads:
+        latest_load: dict[Any, Event] = {}
+        for load in loads:
+            if load["ts"] <= resumed["ts"]:
+                latest_load[_rank_key(load)] = load
+        t_loaded = max(load["ts"] for load in latest_load.values())
+        restored = [load.get("step") for load in latest_load.values() if isinstance(load.get("step"), int)]
+        restored_step = min(restored) if restored else None
+        starts_by_rank: dict[Any, float] = {}
+        for s in starts:
+            key = _rank_key(s)
+            if s["ts"] <= latest_load.get(key, {"ts": t_loaded})["ts"]:
+                starts_by_rank[key] = s["ts"]
+        if starts_by_rank:
+            t_realloc = max(starts_by_rank.values())
+        ready = [e["ts"] for e in after if e.get("kind") == "rendezvous.done" and t_realloc is not None and t_realloc <= e["ts"] <= t_loaded]
+        t_ready = max(ready) if ready else None
+    elif resumed is not None:
+        reasons["checkpoint_load"] = "not observed: the job restarted without loading a checkpoint"
+        restored_step = 0
+        pre = [s["ts"] for s in starts if s["ts"] <= resumed["ts"]]
+        t_realloc = max(pre) if pre else None
+
+    if t_realloc is None:
+        reasons.setdefault("reallocation", "not observed: no new workers started after the fault")
+    if t_loaded is None:
+        reasons.setdefault("checkpoint_load", "not observed: no ckpt.load.end before a resumed step")
+    if resumed is None:
+        reasons["recovery"] = "not observed: training did not resume after the fault"
+        reasons.setdefault("reallocation", "not observed: training did not resume after the fault")
+        t_realloc = t_loaded = None
+
+    def span(a: float | None, b: float | None) -> float | None:
+        return round(b - a, 4) if a is not None and b is not None else None
+
+    detection = span(t_fault, t_detect)
+    reallocation = span(t_detect, t_realloc)
+    if detection is not None and t_realloc is not None and reallocation is None:
+        reasons.setdefault("reallocation", "not observed")
+    if t_detect is None and t_realloc is not None:
+        reasons["reallocation"] = "not measurable: detection was not observed"
+    lost = None
+    if last_step_before is not None and restored_step is not None and resumed is not None:
+        lost = max(0, last_step_before - restored_step)
+    return {
+        "detection_s": detection,
+        "reallocation_s": reallocation,
+        "checkpoint_load_s": span(t_realloc, t_loaded),
+        "startup_s": span(t_realloc, t_ready),
+        "recovery_s": span(t_fault, resumed["ts"] if resumed else None),
+        "lost_steps": lost,
+        "last_step_before": last_step_before,
+        "restored_step": restored_step,
+        "detected_by": _who(detect),
+        "t_fault": t_fault,
+        "t_detect": t_detect,
+        "t_realloc": t_realloc,
+        "t_loaded": t_loaded,
+        "t_resumed": resumed["ts"] if resumed else None,
+        "reasons": reasons,
+    }
+
+
+def _who(e: Event | None) -> str | None:
+    if e is None:
+        return None
+    where = f"{e.get('node', '?')}" + (f"/rank{e['rank']}" if e.get("rank") is not None else "")
+    why = e.get("why") or (f"exit code {e['exitcode']}" if "exitcode" in e else e.get("kind"))
+    return f"{e.get('who') or e.get('source', 'sdk')} on {where}: {why}"
+
+
+def slo_verdict(phases: dict[str, Any], slo: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One entry per SLO the scenario sets; a phase that was not observed fails."""
+    out: dict[str, dict[str, Any]] = {}
+    reasons = phases.get("reasons", {})
+    for name in PHASES:
+        limit = slo.get(name)
+        if limit is None:
+            continue
+        measured = phases.get(f"{name}_s")
+        entry: dict[str, Any] = {"limit_s": limit, "measured_s": measured, "pass": measured is not None and measured <= limit}
+        if measured is None:
+            entry["reason"] = reasons.get(name, "not observed")
+        out[name] = entry
+    if slo.get("lost_steps") is not None:
+        measured = phases.get("lost_steps")
+        entry = {"limit": slo["lost_steps"], "measured": measured, "pass": measured is not None and measured <= slo["lost_steps"]}
+        if measured is None:
+            entry["reason"] = "not observed: no step before the fault or no restored step"
+        out["lost_steps"] = entry
+    return out

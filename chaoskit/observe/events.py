@@ -1,0 +1,81 @@
+"""The run's timeline: one thread-safe bus that every probe publishes into.
+
+An event is a plain dict ``{"ts": float, "node": str, "rank": int|None,
+"kind": str, ...}``; the bus appends each to ``events.jsonl`` (flushed per line)
+and lets the runner wait for a condition on the timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+__all__ = ["EventBus", "make_event", "read_events"]
+
+Event = dict[str, Any]
+
+
+def make_event(kind: str, ts: float | None = None, **fields: Any) -> Event:
+    return {"ts": time.time() if ts is None else ts, "kind": kind, **fields}
+
+
+class EventBus:
+    def __init__(self, path: Path | None = None) -> None:
+        self.events: list[Event] = []
+        self._cond = threading.Condition()
+        self._fh = open(path, "a", encoding="utf-8") if path else None
+        self.last_step: int | None = None
+        self._listeners: list[Callable[[Event], None]] = []
+
+    def publish(self, event: Event) -> None:
+        with self._cond:
+            self.events.append(event)
+            if event.get("kind") == "step" and isinstance(event.get("step"), int):
+                self.last_step = event["step"]
+            if self._fh:
+                self._fh.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
+                self._fh.flush()
+            self._cond.notify_all()
+        for listener in self._listeners:
+            listener(event)
+
+    def subscribe(self, listener: Callable[[Event], None]) -> None:
+        self._listeners.append(listener)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` (called under the bus lock) holds, or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.2))
+            return True
+
+    def snapshot(self) -> list[Event]:
+        with self._cond:
+            return sorted(self.events, key=lambda e: e["ts"])
+
+    def close(self) -> None:
+        with self._cond:
+            if self._fh:
+                self._fh.close()
+                self._fh = None
+
+
+def read_events(path: Path) -> list[Event]:
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def sort_events(events: Iterable[Event]) -> list[Event]:
+    return sorted(events, key=lambda e: e["ts"])

@@ -1,0 +1,1 @@
+"""Outputs of a run: terminal summary, JSON (and later HTML, JUnit)."""

@@ -1,0 +1,70 @@
+"""The terminal summary of one run: a Rich table of phases against SLOs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_result", "render_plan"]
+
+_ROWS = (
+    ("detection", "detection_s", "fault -> the system noticed"),
+    ("reallocation", "reallocation_s", "noticed -> new world started"),
+    ("checkpoint_load", "checkpoint_load_s", "started -> last rank loaded"),
+    ("recovery", "recovery_s", "fault -> first step after load"),
+)
+
+
+def _fmt(v: Any) -> str:
+    return "[yellow]not observed[/yellow]" if v is None else f"{v:.3f}s"
+
+
+def render_result(console, result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    phases, slo = result.get("phases") or {}, result.get("slo") or {}
+    table = Table(title=f"recovery of {result['scenario']}", title_justify="left")
+    table.add_column("phase")
+    table.add_column("measured", justify="right")
+    table.add_column("SLO", justify="right")
+    table.add_column("", justify="center")
+    table.add_column("what it spans", style="dim")
+    for name, key, meaning in _ROWS:
+        entry = slo.get(name)
+        limit = f"<= {entry['limit_s']:g}s" if entry else "-"
+        mark = ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else ""
+        table.add_row(name.replace("_", " "), _fmt(phases.get(key)), limit, mark, meaning)
+    lost = phases.get("lost_steps")
+    entry = slo.get("lost_steps")
+    table.add_row(
+        "lost work", "[yellow]not observed[/yellow]" if lost is None else f"{lost} steps",
+        f"<= {entry['limit']}" if entry else "-",
+        ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else "",
+        f"step {phases.get('last_step_before')} before the fault, restored {phases.get('restored_step')}",
+    )
+    console.print(table)
+    if phases.get("detected_by"):
+        console.print(f"detected by: {phases['detected_by']}")
+    for name, check in (result.get("checks") or {}).items():
+        if not check.get("pass"):
+            console.print(f"[red]check failed:[/red] {name} {check}")
+    for note in result.get("notes") or []:
+        console.print(f"note: {note}")
+    colour = {"pass": "green", "fail": "red"}.get(result["verdict"], "yellow")
+    console.print(f"verdict: [bold {colour}]{result['verdict'].upper()}[/bold {colour}]")
+    if result.get("run_dir"):
+        console.print(f"result: {result['run_dir']}/result.json")
+
+
+def render_plan(console, result: dict[str, Any]) -> None:
+    console.print(f"[bold]dry run[/bold] of {result['scenario']}: nothing will be touched")
+    console.print(f"cluster {result['cluster']['id']}: " + ", ".join(
+        f"{n['name']} ({', '.join(f'{k}={v}' for k, v in n['labels'].items())})" for n in result["cluster"]["nodes"]))
+    console.print("job, one torchrun agent per node:")
+    for node, cmd in result["job"].items():
+        console.print(f"  {node}: {cmd}", soft_wrap=True)
+    for item in result["plan"]:
+        console.print(f"fault {item['fault']} [bold]{item['kind']}[/bold] at {item['at']}, target {item['target']}:")
+        for a in item["actions"]:
+            console.print(f"  {a['node']}  {a['target']:<14} {a['command']}")
+    for line in result.get("preflight", []):
+        console.print(f"[yellow]preflight:[/yellow] {line}")

@@ -1,0 +1,462 @@
+"""The pipeline of one scenario: load, resolve, preflight, baseline, arm, inject,
+observe, revert, measure, report. Each stage is a plain function or method on
+plain data; :func:`run_scenario` strings them together.
+
+Errors before anything starts (bad scenario, missing tool) raise. Once the job
+runs, every exit path reverts what was injected, stops the job and writes
+``result.json``; the return value carries the exit code.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaoskit.errors import ExitCode, InfraError, ScenarioError
+from chaoskit.faults.api import Action, Fault, Injection
+
+__all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    result: dict[str, Any]
+    run_dir: Path | None
+    plan: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RunContext:
+    """What a fault may use while it acts: the inventory's transports, the journal, leases."""
+
+    def __init__(self, inventory, journal=None, leases=None, bus=None) -> None:
+        self.inventory, self.journal, self.leases, self.bus = inventory, journal, leases, bus
+
+    def transport(self, node: str):
+        if node not in self.inventory:
+            raise InfraError(f"refusing to touch {node!r}: it is not in the inventory")
+        return self.inventory[node].conn
+
+    def arm(self, transport, fault_id: str, kind: str, revert: list[str], duration: float, target: str = "") -> None:
+        """Journal the fault, then start its on-node watchdog, before it is injected."""
+        self.journal.record("armed", fault_id=fault_id, kind=kind, node=transport.node, target=target, revert=revert, duration_s=duration)
+        self.leases.arm(transport, fault_id, revert, duration)
+
+
+class _Progress:
+    def __init__(self, console, t0: float) -> None:
+        self.console, self.t0 = console, t0
+
+    def __call__(self, message: str) -> None:
+        if self.console is not None:
+            self.console.print(f"[dim]{time.time() - self.t0:7.2f}s[/dim]  {message}")
+
+
+def _world_size(sc) -> int:
+    return sc.lab.nodes * sc.workload.nproc_per_node
+
+
+def _build_cluster(sc):
+    from chaoskit.lab.process import ProcessLab
+
+    spec = sc.lab
+    lab = ProcessLab.load()
+    if lab is not None and lab.nodes == spec.nodes:
+        return lab, lab.inventory(), False
+    lab = ProcessLab.create(spec.nodes)
+    return lab, lab.inventory(), True
+
+
+def _faults(sc) -> list[Fault]:
+    from chaoskit.faults.registry import get_fault
+
+    return [get_fault(spec.kind)(spec, f"f{i}") for i, spec in enumerate(sc.faults)]
+
+
+def _static_checks(loaded, inventory) -> None:
+    from chaoskit.cluster.selectors import check_static
+
+    sc = loaded.model
+    for i, spec in enumerate(sc.faults):
+        def error(message: str, *sub: Any, _i: int = i) -> ScenarioError:
+            return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
+
+        check_static(inventory, spec.target, _world_size(sc), sc.safety.max_nodes, error)
+        if spec.at.step is not None and spec.at.step >= sc.workload.steps:
+            raise loaded.error(
+                f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
+                "faults", i, "at", "step",
+            )
+    if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
+        raise loaded.error(
+            "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",
+            "probes",
+        )
+
+
+def plan_scenario(loaded, inventory, job_commands: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """What a run would do, without doing it (``--dry-run``)."""
+    sc = loaded.model
+    ctx = RunContext(inventory)
+    plan = []
+    world = _world_size(sc)
+    per_node = sc.workload.nproc_per_node
+    for fault in _faults(sc):
+        spec = fault.spec
+        nodes = [n.name for n in inventory.select(spec.target.nodes, spec.target.labels)]
+        placeholders = _placeholder_targets(spec.target, nodes, world, per_node)
+        actions = fault.plan(ctx, placeholders)
+        plan.append({
+            "fault": fault.fault_id, "kind": fault.kind, "at": spec.at.describe(),
+            "target": spec.target.describe(), "nodes": nodes,
+            "actions": [{"node": a.node, "target": a.target, "command": a.command} for a in actions],
+        })
+    return plan
+
+
+class _Placeholder:
+    def __init__(self, node: str, rank: int | None) -> None:
+        self.node, self.rank = node, rank
+        self.pid = f"<pid of rank {rank}>" if rank is not None else "<pid>"
+
+    def label(self) -> str:
+        return f"{self.node}/rank{self.rank}" if self.rank is not None else f"{self.node}/<process>"
+
+
+def _placeholder_targets(target, nodes: list[str], world: int, per_node: int) -> list[Any]:
+    from chaoskit.cluster.selectors import subset
+
+    if target.ranks is not None:
+        items = [_Placeholder(nodes[min(r // per_node, len(nodes) - 1)] if nodes else "?", r) for r in target.ranks]
+    elif target.pid is not None or target.process is not None:
+        items = [_Placeholder(n, None) for n in nodes]
+    else:
+        items = [_Placeholder(n, i * per_node + j) for i, n in enumerate(nodes) for j in range(per_node)]
+    return subset(items, target)
+
+
+def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = False, console=None) -> RunOutcome:
+    from chaoskit.scenario import load_scenario
+
+    loaded = load_scenario(path)
+    sc = loaded.model
+    lab, inventory, ephemeral = _build_cluster(sc)
+    _static_checks(loaded, inventory)
+
+    from chaoskit.workloads.launch import TorchrunJob, torch_available
+
+    run_id = f"{_utc_stamp()}-{sc.name}"
+    if dry_run:
+        job = TorchrunJob(inventory, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
+        plan = plan_scenario(loaded, inventory, job.commands())
+        result = {"scenario": sc.name, "verdict": "dry-run", "cluster": _cluster_info(lab, inventory),
+                  "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
+        if not torch_available() and sc.workload.launch != "command":
+            result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
+        return RunOutcome(0, result, None, plan)
+    return _Run(loaded, lab, inventory, ephemeral, run_id, out, console).execute()
+
+
+def _utc_stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _cluster_info(lab, inventory) -> dict[str, Any]:
+    return {"kind": "process-lab", "id": lab.lab_id, "nodes": [{"name": n.name, "labels": n.labels} for n in inventory.nodes]}
+
+
+class _Run:
+    """One live run. ``execute`` always reverts, stops the job and writes result.json."""
+
+    def __init__(self, loaded, lab, inventory, ephemeral: bool, run_id: str, out: Path | None, console) -> None:
+        self.loaded, self.sc, self.lab, self.inventory, self.ephemeral = loaded, loaded.model, lab, inventory, ephemeral
+        self.run_id = run_id
+        self.run_dir = Path(out) if out else Path("reports") / run_id
+        self.t0 = time.time()
+        self.say = _Progress(console, self.t0)
+        self.injections: list[tuple[Fault, Injection]] = []
+        self.notes: list[str] = []
+        self.verdict: str | None = None
+
+    # -- stages -------------------------------------------------------------------------
+
+    def execute(self) -> RunOutcome:
+        from chaoskit.observe.events import EventBus
+        from chaoskit.safety.journal import Journal
+        from chaoskit.safety.lease import LeaseManager, default_lease_root
+        from chaoskit.safety.lock import ClusterLock
+        from chaoskit.state import state_dir
+
+        sc = self.sc
+        lock = ClusterLock(state_dir(), self.lab.lab_id).acquire()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.bus = EventBus(self.run_dir / "events.jsonl")
+        self.journal = Journal(self.run_dir / "journal.jsonl")
+        self.leases = LeaseManager(default_lease_root(), self.run_id, sc.safety.lease_ttl)
+        self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus)
+        self.deadline = self.t0 + sc.safety.abort_after
+        self._active_marker = state_dir() / "runs" / f"{self.run_id}.json"
+        self._active_marker.parent.mkdir(parents=True, exist_ok=True)
+        self._active_marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": str(self.run_dir.resolve()), "lab": self.lab.lab_id}))
+        exit_code = ExitCode.OK
+        restore = _install_sigterm()
+        try:
+            self._start()
+            self._baseline()
+            for fault in _faults(sc):
+                self._inject(fault)
+            self._observe()
+        except _Abort as exc:
+            self.verdict = "aborted"
+            self.notes.append(str(exc))
+            self.say(f"[red]aborted:[/red] {exc}")
+            exit_code = ExitCode.ABORTED
+        except KeyboardInterrupt:
+            self.verdict = "interrupted"
+            self.notes.append("interrupted by Ctrl-C or SIGTERM; every fault was reverted")
+            self.say("[yellow]interrupted[/yellow]: reverting")
+            exit_code = ExitCode.INTERRUPTED
+        except (InfraError, ScenarioError) as exc:
+            self.verdict = "error"
+            self.notes.append(str(exc))
+            self._error = exc
+        finally:
+            self._teardown()
+            restore()
+            lock.release()
+        result = self._result()
+        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        self._active_marker.unlink(missing_ok=True)
+        if self.verdict == "error":
+            raise self._error
+        if exit_code == ExitCode.OK and result["verdict"] != "pass":
+            exit_code = ExitCode.CHECK_FAILED
+        return RunOutcome(int(exit_code), result, self.run_dir)
+
+    def _start(self) -> None:
+        from chaoskit.observe.probes import TORCHRUN_RULES, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
+        from chaoskit.workloads.launch import TorchrunJob
+
+        sc = self.sc
+        rules = list(TORCHRUN_RULES) if sc.probes.torchrun else []
+        rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
+        self.log_probe = LogRegexProbe(self.bus, rules)
+        events_path = self.run_dir / "sdk-events.jsonl" if sc.probes.sdk and sc.workload.launch != "uninstrumented" else None
+        self.threads: list[Any] = []
+        if events_path is not None:
+            events_path.touch()
+            self.threads.append(SdkLogProbe(self.bus, events_path))
+        if sc.probes.process:
+            self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
+        for t in self.threads:
+            t.start()
+        self.job = TorchrunJob(self.inventory, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
+        self.say(f"lab [bold]{self.lab.lab_id}[/bold]: {len(self.inventory.nodes)} nodes x {sc.workload.nproc_per_node} worker(s); starting the {sc.workload.launch} job ({sc.workload.steps} steps)")
+        self.job.start()
+
+    def _baseline(self) -> None:
+        need, timeout = self.sc.steady_state.steps, self.sc.steady_state.timeout
+        ok = self._wait(lambda: (self.bus.last_step or 0) >= need, timeout, what="steady state")
+        if not ok:
+            raise InfraError(
+                f"the job did not reach steady state: no step {need} within {timeout:g}s",
+                hint=f"see the job's output under {self.run_dir / 'logs'}",
+            )
+        self.t_baseline = time.time()
+        self.say(f"steady state: step {self.bus.last_step} reached")
+
+    def _inject(self, fault: Fault) -> None:
+        from chaoskit.cluster.selectors import resolve_processes
+        from chaoskit.observe.events import make_event
+
+        spec = fault.spec
+        if spec.at.step is not None:
+            ok = self._wait(lambda: (self.bus.last_step or 0) >= spec.at.step, self.deadline - time.time(), what=f"step {spec.at.step}")
+            if not ok:
+                raise _Abort(f"the job never reached step {spec.at.step}")
+        else:
+            self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
+        targets = resolve_processes(self.inventory, spec.target)
+        i = self.sc.faults.index(spec)
+        if not targets:
+            raise self.loaded.error(f"faults.{i}.target: no process matches {spec.target.describe()} now", "faults", i, "target")
+        nodes = {t.node for t in targets}
+        if len(nodes) > self.sc.safety.max_nodes:
+            raise self.loaded.error(
+                f"faults.{i}.target matches processes on {len(nodes)} nodes but safety.max_nodes is {self.sc.safety.max_nodes}",
+                "faults", i, "target",
+            )
+        for t in targets:
+            self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=t.pid)
+        injections = fault.inject(self.ctx, targets)
+        for inj in injections:
+            self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
+            self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets, source="chaoskit"))
+            self.injections.append((fault, inj))
+        labels = ", ".join(t for inj in injections for t in inj.targets)
+        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})")
+        for inj in injections:
+            problem = fault.verify(self.ctx, inj) if not fault.lasting else None
+            if problem:
+                self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
+
+    def _observe(self) -> None:
+        from chaoskit.measure import measure_fault
+
+        sc = self.sc
+        t_fault = self.injections[0][1].t_fault if self.injections else time.time()
+        announced: set[str] = set()
+        while True:
+            self._check_abort()
+            self._revert_due()
+            m = measure_fault(self.bus.snapshot(), t_fault)
+            for key, label in (("t_detect", "detected"), ("t_realloc", "new world started"), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
+                if m[key] is not None and key not in announced:
+                    announced.add(key)
+                    extra = f" by {m['detected_by']}" if key == "t_detect" else ""
+                    self.say(f"{label} {m[key] - t_fault:.2f}s after the fault{extra}")
+            pending = any(not inj.reverted for _, inj in self.injections if _.lasting)
+            if not pending:
+                if sc.workload.wait == "recovered" and m["t_resumed"] is not None:
+                    return
+                if not self.job.running():
+                    return
+            time.sleep(0.1)
+
+    def _check_abort(self) -> None:
+        if time.time() > self.deadline:
+            raise _Abort(f"safety.abort_after ({self.sc.safety.abort_after:g}s) reached; every fault reverted")
+
+    def _revert_due(self, force: bool = False) -> None:
+        for fault, inj in self.injections:
+            if inj.reverted or not fault.lasting:
+                continue
+            due = fault.duration is not None and time.time() >= inj.t_fault + fault.duration
+            if force or due:
+                self._revert(fault, inj)
+
+    def _revert(self, fault: Fault, inj: Injection) -> None:
+        from chaoskit.observe.events import make_event
+
+        try:
+            fault.revert(self.ctx, inj)
+        finally:
+            inj.reverted = True
+            self.leases.release(inj.fault_id)
+        problem = fault.verify(self.ctx, inj)
+        ts = time.time()
+        self.journal.record("reverted", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, verified=problem is None, problem=problem)
+        self.bus.publish(make_event("fault.reverted", ts, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, source="chaoskit"))
+        self.say(f"reverted {inj.kind} on {', '.join(inj.targets)}" + (f" [red]({problem})[/red]" if problem else ""))
+        if problem:
+            self.notes.append(f"revert of {inj.kind} on {inj.node} not verified: {problem}")
+
+    def _teardown(self) -> None:
+        try:
+            self._revert_due(force=True)
+        finally:
+            if hasattr(self, "job"):
+                self.job.stop()
+            for t in getattr(self, "threads", []):
+                t.stop()
+            self.leases.close()
+            self.bus.close()
+            self.journal.close()
+            if self.ephemeral:
+                self.lab.kill_all()
+
+    def _wait(self, predicate, timeout: float, what: str, quiet: bool = False) -> bool:
+        """Wait for ``predicate`` while the job runs; abort on the safety deadline."""
+        end = time.time() + max(0.0, timeout)
+        while time.time() < end:
+            if predicate():
+                return True
+            self._check_abort()
+            self._revert_due()
+            if hasattr(self, "job") and not self.job.running():
+                if predicate():
+                    return True
+                codes = self.job.returncodes()
+                raise InfraError(f"the training job ended before {what} (agent exit codes {codes})", hint=f"see {self.run_dir / 'logs'}")
+            self.bus.wait_for(predicate, min(0.1, max(0.0, end - time.time())))
+        return predicate()
+
+    # -- results ------------------------------------------------------------------------
+
+    def _result(self) -> dict[str, Any]:
+        from chaoskit.measure import measure_fault, slo_verdict
+
+        events = self.bus.snapshot()
+        per_fault = []
+        for fault, inj in self.injections:
+            m = measure_fault(events, inj.t_fault)
+            per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
+        phases_full = per_fault[0] if per_fault else None
+        slo_cfg = self.sc.slo.model_dump()
+        slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
+        steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
+        final_step = max(steps) if steps else None
+        checks: dict[str, Any] = {}
+        if hasattr(self, "t_baseline"):
+            checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
+        if self.sc.workload.wait == "finish" and self.verdict is None:
+            done = final_step is not None and final_step >= self.sc.workload.steps
+            checks["training_finished"] = {"pass": done, "final_step": final_step, "expected_step": self.sc.workload.steps}
+        reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)
+        if any(f.lasting for f, _ in self.injections):
+            checks["faults_reverted"] = {"pass": reverted_ok}
+        verdict = self.verdict
+        if verdict is None:
+            verdict = "pass" if all(v["pass"] for v in slo.values()) and all(c["pass"] for c in checks.values()) else "fail"
+        phase_keys = ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps")
+        phases = {k: (phases_full or {}).get(k) for k in phase_keys}
+        if phases_full:
+            phases["restored_step"] = phases_full["restored_step"]
+            phases["last_step_before"] = phases_full["last_step_before"]
+            phases["detected_by"] = phases_full["detected_by"]
+            phases["reasons"] = phases_full["reasons"]
+        return {
+            "scenario": self.sc.name,
+            "scenario_file": str(self.loaded.path),
+            "verdict": verdict,
+            "started_at": _iso(self.t0),
+            "ended_at": _iso(time.time()),
+            "duration_s": round(time.time() - self.t0, 3),
+            "run_dir": str(self.run_dir),
+            "cluster": _cluster_info(self.lab, self.inventory),
+            "workload": self.sc.workload.model_dump(),
+            "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault} for _, inj in self.injections],
+            "phases": phases,
+            "slo": slo,
+            "checks": checks,
+            "per_fault": per_fault,
+            "final_step": final_step,
+            "notes": self.notes,
+        }
+
+
+class _Abort(Exception):
+    pass
+
+
+def _install_sigterm():
+    """SIGTERM behaves like Ctrl-C (revert, then exit 130) while a run is live."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,1 @@
+"""What training code imports. See :mod:`chaoskit.sdk.probe`."""

@@ -1,0 +1,43 @@
+"""The reference training job: :mod:`plain_train` instrumented with the chaoskit SDK.
+
+Run under torchrun: ``torchrun ... -m chaoskit.workloads.ddp_train --steps 400``.
+Events go to ``$CHAOSKIT_EVENTS`` (see :mod:`chaoskit.sdk.probe`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from chaoskit.sdk import probe
+from chaoskit.workloads.plain_train import Hooks, parse_args, train
+
+
+class SdkHooks(Hooks):
+    def worker_start(self, rank: int, world: int, restart: int) -> None:
+        probe.worker_start()
+        super().worker_start(rank, world, restart)
+
+    def rendezvous_done(self, rank: int, world: int) -> None:
+        probe.rendezvous_done(world)
+
+    def load(self, rank: int, path: str):
+        return probe.checkpoint_load(path=path)
+
+    def save(self, rank: int, step: int):
+        return probe.checkpoint_save(step)
+
+    def step(self, rank: int, step: int, loss: float) -> None:
+        probe.step(step, loss=round(loss, 5))
+
+    def collective_error(self, rank: int, exc: BaseException) -> None:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        probe.detect("collective error", error=f"{type(exc).__name__}: {text}"[:300])
+        super().collective_error(rank, exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return train(parse_args(argv), SdkHooks())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Start a training job under torchrun on the nodes of a local lab.
+
+One torchrun agent per node (elastic, c10d rendezvous), its output piped back
+line by line: each line is written to ``logs/<node>.log`` and handed to the
+log probes with the moment it arrived.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.errors import InfraError
+
+__all__ = ["TorchrunJob", "free_port", "torch_available"]
+
+LineSink = Callable[[str, str, float], None]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+class TorchrunJob:
+    """The reference (or a user's) training job, one torchrun agent per lab node."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        workload,  # chaoskit.scenario.model.Workload
+        run_dir: Path,
+        run_id: str,
+        events_path: Path | None,
+        on_line: LineSink | None = None,
+    ) -> None:
+        self.inventory, self.workload, self.run_dir, self.run_id = inventory, workload, Path(run_dir).resolve(), run_id
+        self.events_path, self.on_line = events_path, on_line
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.log_dir = self.run_dir / "logs"
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._readers: list[threading.Thread] = []
+        self.port = free_port()
+
+    def script_argv(self) -> list[str]:
+        w = self.workload
+        args = [
+            "--steps", str(w.steps), "--step-time", f"{w.step_time:g}",
+            "--checkpoint-every", str(w.checkpoint_every), "--checkpoint-dir", str(self.ckpt_dir),
+            "--collective-timeout", f"{w.collective_timeout:g}",
+        ]
+        if w.launch == "reference":
+            return ["-m", "chaoskit.workloads.ddp_train", *args]
+        if w.launch == "uninstrumented":
+            return [str(Path(__file__).with_name("plain_train.py")), *args]
+        return list(w.command)
+
+    def agent_argv(self, index: int) -> list[str]:
+        w = self.workload
+        n = len(self.inventory.nodes)
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(n), "--nproc-per-node", str(w.nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+            "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if index == 0 else 'false'}",
+            "--max-restarts", str(w.max_restarts), "--monitor-interval", "0.1",
+            *self.script_argv(),
+        ]
+
+    def commands(self) -> dict[str, list[str]]:
+        return {node.name: self.agent_argv(i) for i, node in enumerate(self.inventory.nodes)}
+
+    def start(self) -> None:
+        if not torch_available() and self.workload.launch != "command":
+            raise InfraError(
+                "PyTorch is not installed, so the reference training job cannot start",
+                hint="pip install 'chaoskit[workload]' (torch==2.13.0, the CPU build)",
+            )
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for i, node in enumerate(self.inventory.nodes):
+            transport = node.conn
+            assert isinstance(transport, LocalTransport)
+            env = dict(os.environ)
+            env.update({
+                LocalTransport.SCOPE_ENV: transport.scope or "",
+                "CHAOSKIT_NODE": node.name,
+                "CHAOSKIT_CKPT_DIR": str(self.ckpt_dir),
+                "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": "1",
+                # Each rendezvous round gets a fresh TCPStore hosted by rank 0. The store shared
+                # with the agent mixes rounds when agents restart at different counts and can
+                # deadlock init_process_group (seen with torch 2.13 on three local agents).
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            })
+            if self.events_path is not None:
+                env["CHAOSKIT_EVENTS"] = str(self.events_path)
+            else:
+                env.pop("CHAOSKIT_EVENTS", None)
+            proc = subprocess.Popen(
+                self.agent_argv(i), env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            self.agents[node.name] = proc
+            t = threading.Thread(target=self._pump, args=(node.name, proc), daemon=True, name=f"chaoskit-log-{node.name}")
+            t.start()
+            self._readers.append(t)
+
+    def _pump(self, node: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        with open(self.log_dir / f"{node}.log", "ab") as log:
+            for raw in iter(proc.stdout.readline, b""):
+                ts = time.time()
+                log.write(raw)
+                log.flush()
+                if self.on_line:
+                    self.on_line(node, raw.decode(errors="replace").rstrip("\n"), ts)
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.agents.values())
+
+    def returncodes(self) -> dict[str, int | None]:
+        return {n: p.poll() for n, p in self.agents.items()}
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.time() + timeout
+        while self.running() and time.time() < deadline:
+            time.sleep(0.1)
+        return not self.running()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop every agent and worker of the job (SIGTERM, then SIGKILL)."""
+        scopes = [n.conn for n in self.inventory.nodes if isinstance(n.conn, LocalTransport)]
+        for sig, wait in ((signal.SIGCONT, 0.0), (signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+            for scope in scopes:
+                for p in scope.processes():
+                    try:
+                        os.kill(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+            deadline = time.time() + wait
+            while time.time() < deadline and any(s.processes() for s in scopes):
+                time.sleep(0.05)
+        for proc in self.agents.values():
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        for t in self._readers:
+            t.join(timeout=2)
