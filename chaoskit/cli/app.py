@@ -174,3 +174,16 @@ def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-reada
     for name in lab.node_names():
         mine = [p for p in procs if p[0] == name]
         out.write(f"  {name}: {len(mine)} process(es)\n")
+
+
+# Commands that live in their own modules register themselves here. Each module
+# must stay cheap to import (heavy imports inside the command functions), since
+# this runs on every `chaoskit` start-up.
+def _register_commands() -> None:
+    import importlib
+
+    for name in ("chaoskit.cli.simulate_cmd", "chaoskit.cli.gameday_cmd"):
+        importlib.import_module(name).register(app)
+
+
+_register_commands()
