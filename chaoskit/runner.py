@@ -277,7 +277,7 @@ class _Run:
         self.say(f"steady state: step {self.bus.last_step} reached")
 
     def _inject(self, fault: Fault) -> None:
-        from chaoskit.cluster.selectors import resolve_processes
+        from chaoskit.cluster.selectors import resolve_nodes, resolve_processes
         from chaoskit.observe.events import make_event
 
         spec = fault.spec
@@ -287,7 +287,8 @@ class _Run:
                 raise _Abort(f"the job never reached step {spec.at.step}")
         else:
             self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
-        targets = resolve_processes(self.inventory, spec.target)
+        resolve = resolve_nodes if fault.target_type == "node" else resolve_processes
+        targets = resolve(self.inventory, spec.target)
         i = self.sc.faults.index(spec)
         if not targets:
             raise self.loaded.error(f"faults.{i}.target: no process matches {spec.target.describe()} now", "faults", i, "target")
@@ -298,7 +299,7 @@ class _Run:
                 "faults", i, "target",
             )
         for t in targets:
-            self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=t.pid)
+            self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=getattr(t, "pid", None))
         injections = fault.inject(self.ctx, targets)
         for inj in injections:
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)

@@ -15,7 +15,18 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.faults.api import TargetSpec
 from chaoskit.faults.process import ProcessTarget
 
-__all__ = ["check_static", "resolve_processes", "select_nodes"]
+__all__ = ["check_static", "resolve_processes", "resolve_nodes", "select_nodes", "NodeTarget"]
+
+
+class NodeTarget:
+    """One resolved node for a node-level fault (network, power)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node.name
+        self.info = node
+
+    def label(self) -> str:
+        return self.node
 
 
 def select_nodes(inventory: Inventory, spec: TargetSpec) -> list[Node]:
@@ -70,6 +81,11 @@ def resolve_processes(inventory: Inventory, spec: TargetSpec) -> list[ProcessTar
             found.append(ProcessTarget(node.name, proc))
     found.sort(key=lambda t: (t.rank if t.rank is not None else math.inf, t.pid))
     return subset(found, spec)
+
+
+def resolve_nodes(inventory: Inventory, spec: TargetSpec) -> list[NodeTarget]:
+    """The nodes a node-level fault lands on, in inventory order, after count/percent."""
+    return subset([NodeTarget(n) for n in select_nodes(inventory, spec)], spec)
 
 
 def subset(items: list[Any], spec: TargetSpec) -> list[Any]:

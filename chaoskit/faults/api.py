@@ -174,6 +174,8 @@ class Fault:
     Spec: ClassVar[type[FaultSpec]]
     lasting: ClassVar[bool] = False
     """True when the harm persists until reverted; such faults arm a lease first."""
+    target_type: ClassVar[str] = "process"
+    """What ``inject`` receives: ``"process"`` (ProcessTarget: node, pid, rank) or ``"node"`` (NodeTarget)."""
 
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         self.spec = spec
