@@ -42,6 +42,10 @@ def main(argv: Sequence[str] | None = None, env: CliEnv | None = None) -> int:
     from chaoskit.cli.app import app
 
     click = _click()
+    import typer
+
+    _EXIT = tuple({typer.Exit, *(getattr(m, "Exit") for m in (click.exceptions, typer.exceptions) if hasattr(m, "Exit"))})
+    _ABORT = tuple({typer.Abort, *(getattr(m, "Abort") for m in (click.exceptions, typer.exceptions) if hasattr(m, "Abort"))})
 
     global _ENV
     _ENV = env or CliEnv()
@@ -61,14 +65,14 @@ def main(argv: Sequence[str] | None = None, env: CliEnv | None = None) -> int:
         code = int(rv) if isinstance(rv, int) else 0
     except ChaoskitError as exc:
         code = _report(exc)
-    except click.exceptions.Exit as exc:
-        code = exc.exit_code
-    except click.exceptions.Abort:
+    except _EXIT as exc:
+        code = getattr(exc, "exit_code", 0)
+    except _ABORT:
         _ENV.stderr.write("error: interrupted\n")
         code = ExitCode.INTERRUPTED
-    except click.ClickException as exc:
+    except click.exceptions.ClickException as exc:
         _ENV.stderr.write(f"error: {exc.format_message()}\n")
-        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+        if isinstance(exc, click.exceptions.UsageError) and exc.ctx is not None:
             _ENV.stderr.write(f"hint: see '{exc.ctx.command_path} --help'\n")
         code = ExitCode.BAD_INPUT
     except KeyboardInterrupt:

@@ -36,7 +36,7 @@ def render_result(console, result: dict[str, Any]) -> None:
     lost = phases.get("lost_steps")
     entry = slo.get("lost_steps")
     table.add_row(
-        "lost work", "[yellow]not observed[/yellow]" if lost is None else f"{lost} steps",
+        "lost work", "[yellow]not observed[/yellow]" if lost is None else f"{lost} step{'' if lost == 1 else 's'}",
         f"<= {entry['limit']}" if entry else "-",
         ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else "",
         f"step {phases.get('last_step_before')} before the fault, restored {phases.get('restored_step')}",
