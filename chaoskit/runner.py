@@ -22,7 +22,7 @@ from typing import Any
 from chaoskit.errors import ExitCode, InfraError, ScenarioError
 from chaoskit.faults.api import Action, Fault, Injection
 
-__all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
+__all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario", "check_scenario"]
 
 
 @dataclass
@@ -78,6 +78,13 @@ def _faults(sc) -> list[Fault]:
     from chaoskit.faults.registry import get_fault
 
     return [get_fault(spec.kind)(spec, f"f{i}") for i, spec in enumerate(sc.faults)]
+
+
+def check_scenario(loaded) -> None:
+    """Every check that needs the cluster but touches nothing (``validate`` runs it too)."""
+    from chaoskit.lab.process import ProcessLab
+
+    _static_checks(loaded, ProcessLab("check", loaded.model.lab.nodes).inventory())
 
 
 def _static_checks(loaded, inventory) -> None:

@@ -81,7 +81,8 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> int:
     """Check scenarios without touching anything. Every error reads file:line:col: message."""
-    from chaoskit.errors import ExitCode
+    from chaoskit.errors import ExitCode, ScenarioError
+    from chaoskit.runner import check_scenario
     from chaoskit.scenario import scenario_files, validate_file
 
     env = current_env()
@@ -93,6 +94,11 @@ def validate(
     for f in files:
         res = validate_file(f)
         errors = res if isinstance(res, list) else []
+        if not errors:
+            try:
+                check_scenario(res)
+            except ScenarioError as exc:
+                errors = [exc]
         report.append({"file": str(f), "ok": not errors, "errors": [str(e) for e in errors]})
         if not as_json:
             if errors:

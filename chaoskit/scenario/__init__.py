@@ -49,12 +49,47 @@ def validate_file(path: str | Path) -> "LoadedScenario | list[ScenarioError]":
     except ScenarioError as exc:
         return [exc]
     if not isinstance(data, dict):
-        return [ScenarioError("a scenario must be a YAML mapping (name:, faults:, ...)", pos=SourcePos(str(path), 1, 1))]
+        return [ScenarioError("a scenario must be a YAML mapping (name:, faults:, ...)", pos=smap.at(()))]
     try:
         model = scenario_model().model_validate(data)
     except ValidationError as exc:
-        return [_to_error(err, data, smap) for err in exc.errors(include_url=False)]
+        raw = _typos(exc.errors(include_url=False))
+        errors = _merge([_to_error(err, data, smap) for err in raw])
+        return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0))
     return LoadedScenario(path, model, smap)
+
+
+def _typos(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An unknown key that looks like a missing one is a typo: say so once, not twice."""
+    import difflib
+
+    missing = {(tuple(e["loc"][:-1]), e["loc"][-1]) for e in errors if e["type"] == "missing"}
+    dropped = set()
+    for e in errors:
+        if e["type"] != "extra_forbidden":
+            continue
+        parent, key = tuple(e["loc"][:-1]), str(e["loc"][-1])
+        names = [m for p, m in missing if p == parent]
+        close = difflib.get_close_matches(key, names, n=1)
+        if close:
+            e["suggest"] = close[0]
+            dropped.add((parent, close[0]))
+    return [e for e in errors if not (e["type"] == "missing" and (tuple(e["loc"][:-1]), e["loc"][-1]) in dropped)]
+
+
+def _merge(errors: list[ScenarioError]) -> list[ScenarioError]:
+    """One error per place: the alternatives of a union fold into 'A, or B'."""
+    merged: dict[str, ScenarioError] = {}
+    for e in errors:
+        key = str(e.pos)
+        head, _, tail = e.message.partition(": ")
+        if key in merged and tail:
+            prev = merged[key]
+            if tail not in prev.message:
+                prev.message = f"{prev.message}, or {tail.removeprefix('Input should be ')}"
+        else:
+            merged[key] = e
+    return list(merged.values())
 
 
 def _to_error(err: dict[str, Any], data: Any, smap: Any) -> ScenarioError:
@@ -79,6 +114,8 @@ def _to_error(err: dict[str, Any], data: Any, smap: Any) -> ScenarioError:
     elif etype == "extra_forbidden":
         pos = smap.at(tuple(real), key=True)
         message = f"unknown key '{real[-1] if real else loc[-1]}'" + (f" in {'.'.join(map(str, real[:-1]))}" if len(real) > 1 else "")
+        if err.get("suggest"):
+            message += f" (did you mean '{err['suggest']}'?)"
     elif etype in ("union_tag_invalid", "union_tag_not_found"):
         pos = smap.at(tuple(real) + ("kind",))
         from chaoskit.faults.registry import fault_kinds

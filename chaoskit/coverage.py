@@ -1,0 +1,312 @@
+"""The fault catalog and fault coverage.
+
+The catalog is the fault landscape of a training cluster (DESIGN.md, "Catalog and
+coverage"): classes by category (hardware, network, software, storage) and scope
+(rank, node, rack, cluster), each with the fault kinds that exercise it and a
+real-world weight: how many of the 419 unexpected interruptions of Llama 3 405B
+pre-training had their root cause in that class (``chaoskit/data/``).
+
+Coverage of a set of drills (a game day):
+
+- plain: classes covered / classes in the catalog;
+- weighted: share of the real interruptions whose class is covered.
+
+A class is *covered* when some scenario claims it (``covers:``, which defaults
+from its fault kinds), injected a fault of a kind that exercises it, and the job
+recovered within its SLOs (verdict ``pass``). Otherwise it *failed* (attempted,
+not passed), is *not runnable here* (this cluster lacks what it needs: a GPU,
+tc netem, an installed fault kind; with the reason), or was *not attempted*.
+
+Pure functions over plain data, except :func:`detect_capabilities`, which probes
+this machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = [
+    "CATEGORIES",
+    "SCOPES",
+    "STATUSES",
+    "FaultClass",
+    "Capabilities",
+    "catalog",
+    "catalog_by_id",
+    "interruption_rows",
+    "total_interruptions",
+    "classes_exercised_by",
+    "resolve_covers",
+    "detect_capabilities",
+    "compute_coverage",
+]
+
+CATEGORIES = ("hardware", "network", "software", "storage")
+SCOPES = ("rank", "node", "rack", "cluster")
+
+COVERED, FAILED, NOT_RUNNABLE, NOT_ATTEMPTED = "covered", "failed", "not runnable here", "not attempted"
+STATUSES = (COVERED, FAILED, NOT_RUNNABLE, NOT_ATTEMPTED)
+
+DATA_FILE = "llama3_interruptions.csv"
+
+
+@dataclass(frozen=True)
+class FaultClass:
+    """One class of the catalog.
+
+    ``kinds``: fault kinds whose injection reproduces this class faithfully, as the
+    job sees it. ``requires``: what the cluster must offer (keys of
+    :data:`REQUIREMENTS`). ``sources``: the ``category`` values of the data file
+    this class absorbs; ``weight`` is the sum of their interruption counts.
+    """
+
+    id: str
+    scope: str
+    name: str
+    description: str
+    kinds: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    weight: int = 0
+
+    @property
+    def category(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "category": self.category, "scope": self.scope, "name": self.name,
+            "description": self.description, "kinds": list(self.kinds), "requires": list(self.requires),
+            "weight": self.weight,
+        }
+
+
+REQUIREMENTS = {
+    "gpu": "a GPU on the nodes",
+    "netns": "nodes with their own network stack (root and iproute2, for the network-namespace lab)",
+    "netem": "tc netem (root, iproute2's tc and the sch_netem kernel module)",
+}
+
+# The catalog. Each class sits at the scope where it usually strikes; the order is
+# the order of reports. Kinds are plain strings: a kind that is not installed
+# makes its class "not runnable here", never an error.
+_CLASSES = (
+    FaultClass("hardware.gpu", "rank", "GPU failure",
+               "A GPU fails, falls off the bus or computes wrong results (faulty GPU, GPU system "
+               "processor, thermal interface, silent data corruption); its rank dies or hangs.",
+               requires=("gpu",), sources=("hardware.gpu",)),
+    FaultClass("hardware.gpu_memory", "rank", "GPU memory error",
+               "Uncorrectable ECC error in HBM or on-chip SRAM; the rank's process dies with a CUDA error.",
+               requires=("gpu",), sources=("hardware.gpu_memory",)),
+    FaultClass("hardware.host", "node", "Host lost",
+               "The whole node goes away: CPU, system memory, chassis or IO board failure, or an "
+               "unplanned host maintenance pulls it out of the job.",
+               kinds=("node.poweroff",), sources=("hardware.host", "maintenance")),
+    FaultClass("hardware.power", "node", "Power loss",
+               "A power supply fails and the node drops without warning.",
+               kinds=("node.poweroff",), sources=("hardware.power",)),
+    FaultClass("network.nic", "node", "NIC down",
+               "A node's data NIC goes down; its ranks can no longer reach their peers.",
+               kinds=("network.link_down",), requires=("netns",), sources=("network.nic",)),
+    FaultClass("network.link", "node", "Switch or cable failure",
+               "A switch port or cable fails: packets to and from a node vanish while the NIC still looks up.",
+               kinds=("network.blackhole",), requires=("netns",), sources=("network.link",)),
+    FaultClass("network.degraded", "node", "Degraded link",
+               "A link keeps working but slowly: added latency, packet loss, reduced bandwidth.",
+               kinds=("network.degrade",), requires=("netns", "netem")),
+    FaultClass("network.partition", "rack", "Network partition",
+               "A top-of-rack switch or a fabric fault splits the job into groups that cannot reach each other.",
+               kinds=("network.partition",), requires=("netns",)),
+    FaultClass("software.crash", "rank", "Process crash",
+               "A training process dies: a software bug, a broken dependency, a signal.",
+               kinds=("process.kill",), sources=("software",)),
+    FaultClass("software.hang", "rank", "Process hang",
+               "A rank stops making progress without exiting; its peers wait in a collective until "
+               "a timeout or watchdog fires (NCCL watchdog timeouts).",
+               kinds=("process.hang",), sources=("software.hang",)),
+    FaultClass("software.oom", "rank", "Out of memory",
+               "A rank runs out of host or device memory and is killed by the OOM killer or the allocator."),
+    FaultClass("software.driver", "node", "Driver or CUDA error",
+               "The GPU driver or CUDA runtime fails on a node; every rank there errors out.",
+               requires=("gpu",)),
+    FaultClass("storage.checkpoint", "cluster", "Checkpoint corruption",
+               "The newest checkpoint is truncated or corrupt; restore must fall back to an older one."),
+    FaultClass("storage.disk", "node", "Disk full or failed",
+               "A node's local disk (SSD) fails or fills up; checkpoint writes and logging fail there.",
+               sources=("storage",)),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def interruption_rows() -> tuple[dict[str, Any], ...]:
+    """The rows of the shipped data file, counts as ints."""
+    text = resources.files("chaoskit").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
+    rows = []
+    for row in csv.DictReader(io.StringIO(text)):
+        rows.append({"category": row["category"], "root_cause": row["root_cause"],
+                     "interruptions": int(row["interruptions"]), "percent": float(row["percent"])})
+    return tuple(rows)
+
+
+def total_interruptions() -> int:
+    """Sum of the counts (419): the denominator of weighted coverage."""
+    return sum(r["interruptions"] for r in interruption_rows())
+
+
+@functools.lru_cache(maxsize=1)
+def catalog() -> tuple[FaultClass, ...]:
+    """Every class, with its weight from the data file.
+
+    Raises ``RuntimeError`` if a data category belongs to no class or to several:
+    the weights would no longer sum to the total.
+    """
+    owners: dict[str, list[str]] = {}
+    for cls in _CLASSES:
+        for src in cls.sources:
+            owners.setdefault(src, []).append(cls.id)
+    weights: dict[str, int] = {}
+    for row in interruption_rows():
+        owner = owners.get(row["category"], [])
+        if len(owner) != 1:
+            raise RuntimeError(f"{DATA_FILE}: category {row['category']!r} maps to {len(owner)} catalog classes, expected 1")
+        weights[owner[0]] = weights.get(owner[0], 0) + row["interruptions"]
+    return tuple(replace(c, weight=weights.get(c.id, 0)) for c in _CLASSES)
+
+
+def catalog_by_id() -> dict[str, FaultClass]:
+    return {c.id: c for c in catalog()}
+
+
+def classes_exercised_by(kinds: Iterable[str]) -> list[str]:
+    """Ids of the classes that any of ``kinds`` exercises, in catalog order."""
+    kinds = set(kinds)
+    return [c.id for c in catalog() if kinds & set(c.kinds)]
+
+
+def resolve_covers(declared: list[str] | None, kinds: Iterable[str]) -> list[str]:
+    """The classes a scenario claims: ``declared`` (its ``covers:``) or, if unset,
+    every class its fault kinds exercise.
+
+    Raises ``ValueError`` for an unknown id or a class that none of ``kinds``
+    exercises (a scenario cannot claim what it does not inject).
+    """
+    kinds = list(kinds)
+    exercised = classes_exercised_by(kinds)
+    if declared is None:
+        return exercised
+    known = catalog_by_id()
+    for cid in declared:
+        if cid not in known:
+            raise ValueError(f"covers: unknown fault class {cid!r}; see 'chaoskit catalog'")
+        if cid not in exercised:
+            by = ", ".join(known[cid].kinds) or "no fault kind yet"
+            raise ValueError(f"covers: {cid} is not exercised by {', '.join(kinds)} (it is exercised by {by})")
+    return [c for c in known if c in declared]
+
+
+@dataclass
+class Capabilities:
+    """What this cluster can run: installed fault kinds, and each missing
+    requirement (a key of ``REQUIREMENTS``) with the reason it is missing."""
+
+    kinds: frozenset[str] = frozenset()
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def unrunnable_reason(self, cls: FaultClass) -> str | None:
+        """Why ``cls`` cannot run here, or ``None`` when it can."""
+        reasons = [self.missing[r] for r in cls.requires if r in self.missing]
+        if not cls.kinds:
+            reasons.append("no fault kind exercises it yet")
+        elif not self.kinds & set(cls.kinds):
+            reasons.append(f"fault kind {' or '.join(cls.kinds)} is not installed")
+        return "; ".join(reasons) or None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kinds": sorted(self.kinds), "missing": dict(self.missing)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Capabilities":
+        return cls(frozenset(data.get("kinds", ())), dict(data.get("missing", {})))
+
+
+def detect_capabilities() -> Capabilities:
+    """Probe this machine: installed fault kinds, GPU, root, iproute2, tc netem."""
+    from chaoskit.faults.registry import fault_kinds
+
+    missing: dict[str, str] = {}
+    if not (Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi")):
+        missing["gpu"] = "no GPU here (no /dev/nvidia0, no nvidia-smi)"
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if not root:
+        missing["netns"] = "network-namespace nodes need root"
+    elif not shutil.which("ip"):
+        missing["netns"] = "network-namespace nodes need iproute2 (ip), which is not installed"
+    if "netns" in missing:
+        missing["netem"] = "tc netem needs root and iproute2"
+    elif not shutil.which("tc"):
+        missing["netem"] = "tc (iproute2) is not installed"
+    elif not _netem_module():
+        missing["netem"] = "the sch_netem kernel module is not available (modprobe sch_netem)"
+    return Capabilities(frozenset(fault_kinds()), missing)
+
+
+def _netem_module() -> bool:
+    if Path("/sys/module/sch_netem").exists():
+        return True
+    mods = Path("/lib/modules") / os.uname().release
+    return mods.is_dir() and any(mods.rglob("sch_netem.ko*"))
+
+
+def compute_coverage(records: Iterable[dict[str, Any]], caps: Capabilities) -> dict[str, Any]:
+    """Coverage of a game day.
+
+    ``records``: one per scenario, with ``scenario`` (name), ``covers`` (class ids
+    it claims), ``injected_kinds`` (kinds it actually injected) and ``status``
+    (``pass``, ``fail``, ``aborted``, ``interrupted``, ``error``, or ``None`` for a
+    scenario that has not run). Returns each class's status and scenarios, the
+    plain and weighted scores and their numerators and denominators.
+    """
+    records = list(records)
+    classes = []
+    for cls in catalog():
+        claims = [r for r in records if cls.id in (r.get("covers") or [])]
+        ran = [r for r in claims if r.get("status") is not None]
+        injected = [r for r in ran if set(r.get("injected_kinds") or []) & set(cls.kinds)]
+        passed = [r for r in injected if r.get("status") == "pass"]
+        reason = caps.unrunnable_reason(cls)
+        if passed:
+            status = COVERED
+        elif injected or (ran and reason is None):
+            status, reason = FAILED, None
+        elif reason is not None:
+            status = NOT_RUNNABLE
+        else:
+            status = NOT_ATTEMPTED
+        classes.append({
+            **cls.as_dict(),
+            "status": status,
+            "reason": reason if status == NOT_RUNNABLE else None,
+            "scenarios": [{"scenario": r.get("scenario"), "status": r.get("status")} for r in claims],
+        })
+    covered = [c for c in classes if c["status"] == COVERED]
+    weight_total = total_interruptions()
+    weight_covered = sum(c["weight"] for c in covered)
+    return {
+        "classes": classes,
+        "covered": [c["id"] for c in covered],
+        "covered_count": len(covered),
+        "total": len(classes),
+        "plain": len(covered) / len(classes),
+        "weight_covered": weight_covered,
+        "weight_total": weight_total,
+        "weighted": weight_covered / weight_total,
+        "counts": {s: sum(1 for c in classes if c["status"] == s) for s in STATUSES},
+    }

@@ -1,0 +1,76 @@
+"""Shared test helpers: run the CLI in-process, find tools, keep state private.
+
+Tests that need a tool (root, torch, ip, sshd, chromium, docker) skip with a
+message outside CI; with ``CI`` set a missing tool fails the test instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios"
+IN_CI = bool(os.environ.get("CI"))
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+def run_cli(*args: str) -> CliResult:
+    """Run ``chaoskit ARGS`` in this process; return exit code, stdout, stderr."""
+    from chaoskit.cli import main
+    from chaoskit.cli.main import CliEnv
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main([str(a) for a in args], CliEnv(stdout=out, stderr=err))
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def need(condition: bool, what: str) -> None:
+    """Skip outside CI when ``condition`` is false; fail in CI (a skip there hides a missing install)."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required in CI but missing: {what}")
+    pytest.skip(f"missing: {what}")
+
+
+def need_torch() -> None:
+    import importlib.util
+
+    need(importlib.util.find_spec("torch") is not None, "torch (pip install 'chaoskit[workload]')")
+
+
+def need_root_tool(tool: str) -> None:
+    need(os.geteuid() == 0, "root")
+    need(shutil.which(tool) is not None, f"{tool} (apt-get install ...)")
+
+
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path_factory, monkeypatch):
+    """Each test gets its own chaoskit state dir (locks, leases, labs)."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("CHAOSKIT_STATE_DIR", str(state))
+    yield state
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,91 @@
+"""Bad input: every malformed scenario exits 2 with file:line:col, and nothing is touched."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from chaoskit.cluster.transports.local import read_proc
+from tests.conftest import ROOT, SCENARIOS, run_cli
+
+BAD = sorted((ROOT / "tests" / "scenarios" / "bad").glob("*.yaml"))
+
+
+def _expectation(path: Path) -> tuple[str, str]:
+    m = re.match(r"# expect: (\d+:\d+) (.+)", path.read_text().splitlines()[0])
+    assert m, f"{path} lacks an '# expect: LINE:COL message' header"
+    return m.group(1), m.group(2).strip()
+
+
+def test_there_are_enough_bad_scenarios():
+    assert len(BAD) >= 15
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_validate_reports_file_line_col(path: Path):
+    where, message = _expectation(path)
+    res = run_cli("validate", path)
+    assert res.code == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert any(line.startswith(f"{path}:{where}: ") and message in line for line in lines), res.stderr
+    assert res.stdout == ""
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_run_refuses_bad_input_and_touches_nothing(path: Path, tmp_path: Path):
+    before = {p.pid for p in read_proc()}
+    res = run_cli("run", path, "--out", tmp_path / "run")
+    assert res.code == 2, res.stderr
+    where, _ = _expectation(path)
+    assert res.stderr.startswith(f"error: {path}:{where}: ")
+    assert len(res.stderr.strip().splitlines()) <= 2  # one line, plus at most a hint
+    assert not (tmp_path / "run").exists()
+    new = [p for p in read_proc() if p.pid not in before and ("torch" in p.cmdline or "chaoskit" in p.cmdline)]
+    assert new == []
+
+
+def test_shipped_scenarios_are_valid():
+    res = run_cli("validate", SCENARIOS)
+    assert res.code == 0, res.stderr
+    assert "invalid" not in res.stderr
+    assert re.search(r"(\d+) valid, 0 invalid", res.stdout)
+
+
+def test_validate_folder_counts_and_fails_on_any_error(tmp_path: Path):
+    good = (SCENARIOS / "kill-rank.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(good)
+    (tmp_path / "b.yaml").write_text(good.replace("signal: SIGKILL", "signal: SIGNOPE"))
+    res = run_cli("validate", tmp_path)
+    assert res.code == 2
+    assert "1 valid, 1 invalid" in res.stdout
+    assert f"{tmp_path / 'b.yaml'}:" in res.stderr
+
+
+def test_validate_json_output(tmp_path: Path):
+    res = run_cli("validate", "--json", SCENARIOS / "kill-rank.yaml", BAD[0])
+    assert res.code == 2
+    data = res.json
+    assert data["errors"] == 1
+    assert [f["ok"] for f in data["files"]] == [True, False]
+
+
+def test_missing_file_is_bad_input(tmp_path: Path):
+    res = run_cli("validate", tmp_path / "nope.yaml")
+    assert res.code == 2
+    assert "no such file" in res.stderr
+
+
+def test_durations_accept_the_documented_forms():
+    from chaoskit.scenario.durations import parse_duration
+
+    assert parse_duration("250ms") == 0.25
+    assert parse_duration("30s") == 30
+    assert parse_duration("5m") == 300
+    assert parse_duration("1h") == 3600
+    assert parse_duration("1m30s") == 90
+    assert parse_duration(12) == 12
+    for bad in ("5", "s", "-1s", "1d", True, None, "1.5.2s"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
