@@ -1,0 +1,36 @@
+# The two commands a newcomer needs:
+#   make demo   run a real kill-one-rank drill on the built-in lab (creates .venv, installs torch 2.13.0 CPU)
+#   make test   install the dev dependencies and run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench schema clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps re-run the install whenever pyproject.toml changes.
+$(VENV)/.workload: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[workload]'
+	touch $@
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[workload,ssh,dev]'
+	touch $@ $(VENV)/.workload
+
+demo: $(VENV)/.workload
+	$(BIN)/chaoskit run scenarios/kill-rank.yaml
+
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.dev
+	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+schema: $(VENV)/.workload
+	$(BIN)/chaoskit schema -o chaoskit.schema.json
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

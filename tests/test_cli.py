@@ -1,0 +1,74 @@
+"""The CLI surface: start-up stays light, the schema stays in sync, errors map to exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from chaoskit.errors import ExitCode
+from tests.conftest import ROOT, run_cli
+
+HEAVY = ("torch", "ray", "paramiko", "docker", "numpy", "jinja2")
+
+
+def test_importing_the_cli_loads_no_heavy_dependency():
+    code = (
+        "import sys, chaoskit.cli.app, chaoskit.cli.main;"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_help_lists_the_verbs_and_loads_nothing_heavy():
+    code = (
+        "import sys; from chaoskit.cli import main;"
+        "rc = main(['--help']) if False else None\n"
+        "from chaoskit.cli.main import CliEnv; import io; o=io.StringIO();"
+        "rc = main(['--help'], CliEnv(stdout=o, stderr=o));"
+        f"print(rc, [m for m in {HEAVY!r} if m in sys.modules]); print(o.getvalue())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    first, _, text = out.partition("\n")
+    assert first == "0 []"
+    for verb in ("run", "validate", "schema", "lab"):
+        assert verb in text
+
+
+def test_console_script_and_module_entry_point():
+    res = subprocess.run([sys.executable, "-m", "chaoskit", "--version"], capture_output=True, text=True)
+    assert res.returncode == 0
+    assert res.stdout.startswith("chaoskit ")
+
+
+def test_committed_schema_matches_the_models():
+    res = run_cli("schema")
+    assert res.code == 0
+    committed = json.loads((ROOT / "chaoskit.schema.json").read_text())
+    assert json.loads(res.stdout) == committed, "run: chaoskit schema -o chaoskit.schema.json"
+
+
+def test_schema_validates_the_shipped_scenarios():
+    import jsonschema
+    import yaml
+
+    schema = json.loads((ROOT / "chaoskit.schema.json").read_text())
+    for path in (ROOT / "scenarios").glob("*.yaml"):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+
+
+def test_usage_errors_exit_2_with_a_hint():
+    res = run_cli("run")
+    assert res.code == ExitCode.BAD_INPUT
+    assert res.stderr.startswith("error: ")
+    assert "hint: see 'chaoskit run --help'" in res.stderr
+    res = run_cli("no-such-verb")
+    assert res.code == ExitCode.BAD_INPUT
+
+
+def test_exit_codes_are_the_documented_ones():
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 130]
+    readme = (ROOT / "README.md").read_text()
+    for code in ExitCode:
+        assert f"| {int(code)} " in readme, f"README's exit-code table lacks {int(code)}"
