@@ -1,0 +1,115 @@
+"""Measurement: phases exactly as DESIGN.md defines them, and accurate to 50 ms."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.measure import measure_fault, slo_verdict
+from tests.conftest import ROOT
+
+
+def ev(ts, kind, **kw):
+    return {"ts": ts, "kind": kind, **kw}
+
+
+def timeline():
+    # rank 0 and 1; fault at t=10; agent notices at 10.2; both restart; loads end 13.0 / 13.5
+    return [
+        ev(1.0, "worker.start", rank=0), ev(1.1, "worker.start", rank=1),
+        *[ev(2 + i * 0.1, "step", rank=0, step=i) for i in range(1, 60)],
+        ev(7.0, "ckpt.save.end", rank=0, step=50),
+        ev(10.2, "worker.exit", rank=1, exitcode=-9, who="torchrun agent"),
+        ev(10.3, "detect", rank=0, why="collective error"),
+        ev(11.0, "worker.start", rank=0), ev(11.8, "worker.start", rank=1),
+        ev(12.5, "rendezvous.done", rank=0), ev(12.6, "rendezvous.done", rank=1),
+        ev(13.0, "ckpt.load.end", rank=0, step=50), ev(13.5, "ckpt.load.end", rank=1, step=50),
+        ev(13.6, "step", rank=0, step=51), ev(13.7, "step", rank=0, step=52),
+    ]
+
+
+def test_phases_follow_the_definitions():
+    m = measure_fault(timeline(), 10.0)
+    assert m["detection_s"] == pytest.approx(0.2)
+    assert m["reallocation_s"] == pytest.approx(11.8 - 10.2)
+    assert m["checkpoint_load_s"] == pytest.approx(13.5 - 11.8)
+    assert m["startup_s"] == pytest.approx(12.6 - 11.8)
+    assert m["recovery_s"] == pytest.approx(3.6)
+    assert m["last_step_before"] == 59 and m["restored_step"] == 50 and m["lost_steps"] == 9
+    assert m["reasons"] == {}
+    assert m["detection_s"] + m["reallocation_s"] + m["checkpoint_load_s"] <= m["recovery_s"]
+
+
+def test_an_aborted_generation_does_not_count_as_the_new_world():
+    events = timeline()
+    # a first restart that loaded and was torn down before stepping
+    events += [ev(10.5, "worker.start", rank=0), ev(10.6, "worker.start", rank=1),
+               ev(10.8, "ckpt.load.end", rank=0, step=50), ev(10.9, "ckpt.load.end", rank=1, step=50)]
+    m = measure_fault(events, 10.0)
+    assert m["t_loaded"] == 13.5
+    assert m["t_realloc"] == 11.8
+
+
+def test_unobserved_phases_are_null_with_a_reason_and_fail_their_slo():
+    events = [e for e in timeline() if e["ts"] <= 10.0]
+    m = measure_fault(events, 10.0)
+    for key in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s", "lost_steps"):
+        assert m[key] is None
+    assert set(m["reasons"]) >= {"detection", "reallocation", "checkpoint_load", "recovery"}
+    slo = slo_verdict(m, {"detection": 5, "recovery": 60, "lost_steps": 25})
+    assert slo["detection"] == {"limit_s": 5, "measured_s": None, "pass": False, "reason": m["reasons"]["detection"]}
+    assert not slo["recovery"]["pass"] and not slo["lost_steps"]["pass"]
+
+
+def test_slo_limits_are_inclusive_and_unset_slos_are_absent():
+    m = measure_fault(timeline(), 10.0)
+    slo = slo_verdict(m, {"detection": 0.2, "reallocation": 1.0, "lost_steps": 9})
+    assert slo["detection"]["pass"] and not slo["reallocation"]["pass"] and slo["lost_steps"]["pass"]
+    assert "recovery" not in slo
+
+
+def test_restart_without_checkpoint_loses_everything():
+    events = [ev(1.0, "worker.start", rank=0), ev(2.0, "step", rank=0, step=1), ev(2.1, "step", rank=0, step=2),
+              ev(3.2, "worker.exit", rank=0), ev(4.0, "worker.start", rank=0), ev(5.0, "step", rank=0, step=1)]
+    m = measure_fault(events, 3.0)
+    assert m["checkpoint_load_s"] is None and "checkpoint" in m["reasons"]["checkpoint_load"]
+    assert m["lost_steps"] == 2 and m["recovery_s"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("detect_s,restart_s,load_s", [(0.3, 0.7, 0.4), (0.1, 1.2, 0.8)])
+def test_accuracy_against_a_supervisor_with_known_delays(tmp_path: Path, detect_s, restart_s, load_s):
+    """Real processes, known delays: every measured phase lands within 50 ms of the truth."""
+    events = tmp_path / "events.jsonl"
+    env = dict(os.environ, CHAOSKIT_EVENTS=str(events), CHAOSKIT_NODE="n0", PYTHONPATH=str(ROOT))
+    step_s, every = 0.02, 10
+    sup = subprocess.Popen([sys.executable, str(ROOT / "tests" / "synthetic_supervisor.py"),
+                            str(detect_s), str(restart_s), str(load_s), str(step_s), "400", str(every)], env=env)
+    try:
+        def read():
+            return [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else []
+
+        deadline = time.time() + 30
+        while time.time() < deadline and not any(e["kind"] == "step" and e["step"] >= 25 for e in read()):
+            time.sleep(0.01)
+        victim = next(e["pid"] for e in read() if e["kind"] == "worker.start" and e["rank"] == 1)
+        os.kill(victim, signal.SIGKILL)
+        t_fault = time.time()
+        deadline = time.time() + 30
+        while time.time() < deadline and measure_fault(read(), t_fault)["recovery_s"] is None:
+            time.sleep(0.05)
+    finally:
+        sup.kill()
+        sup.wait()
+    m = measure_fault(read(), t_fault)
+    assert m["detection_s"] == pytest.approx(detect_s, abs=0.05)
+    assert m["reallocation_s"] == pytest.approx(restart_s, abs=0.05)
+    assert m["checkpoint_load_s"] == pytest.approx(load_s, abs=0.05)
+    assert m["recovery_s"] == pytest.approx(detect_s + restart_s + load_s, abs=0.05 + step_s)
+    assert 0 <= m["lost_steps"] <= every
