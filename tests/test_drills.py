@@ -1,0 +1,150 @@
+"""End-to-end drills: the shipped scenarios against a real torchrun job on the process lab."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.cluster.transports.local import read_proc
+from tests.conftest import ROOT, SCENARIOS, need_torch, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def lab_processes(result: dict) -> list:
+    """Live processes of the lab the run used (other runs may be going on beside this one)."""
+    prefix = result["cluster"]["id"] + "."
+    return [p for p in read_proc() if p.env.get("CHAOSKIT_SCOPE", "").startswith(prefix) and p.state != "Z"]
+
+
+def drill(name: str, out: Path, *extra: str):
+    need_torch()
+    res = run_cli("run", SCENARIOS / f"{name}.yaml", "--out", out, "--json", *extra)
+    assert res.stdout, res.stderr
+    return res
+
+
+@pytest.fixture(scope="module")
+def kill_rank(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kill-rank")
+    return drill("kill-rank", out), out
+
+
+def test_kill_rank_measures_every_phase(kill_rank):
+    res, out = kill_rank
+    assert res.code == 0, res.stderr
+    r = res.json
+    assert r["verdict"] == "pass"
+    p = r["phases"]
+    for key in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s"):
+        assert p[key] is not None and p[key] >= 0, key
+    assert p["detection_s"] + p["reallocation_s"] + p["checkpoint_load_s"] <= p["recovery_s"]
+    assert 0 <= p["lost_steps"] <= r["workload"]["checkpoint_every"]
+    assert r["final_step"] == r["workload"]["steps"]  # training reached its last step
+    assert all(v["pass"] for v in r["slo"].values())
+    assert r["faults"][0]["kind"] == "process.kill" and r["faults"][0]["targets"] == ["n1/rank1"]
+
+
+def test_kill_rank_writes_the_run_directory(kill_rank):
+    _, out = kill_rank
+    result = json.loads((out / "result.json").read_text())
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    kinds = {e["kind"] for e in events}
+    assert {"fault.injected", "worker.start", "worker.exit", "ckpt.load.end", "step", "process.gone"} <= kinds
+    assert all({"ts", "kind"} <= e.keys() for e in events)
+    journal = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()]
+    assert [j["action"] for j in journal] == ["inject", "injected"]
+    assert abs(journal[1]["t_fault"] - result["faults"][0]["t_fault"]) < 1e-6
+    assert sorted(x.name for x in (out / "logs").iterdir()) == ["n0.log", "n1.log", "n2.log"]
+
+
+def test_a_run_leaves_no_process_behind(kill_rank):
+    assert lab_processes(kill_rank[0].json) == []
+
+
+def test_hang_rank_is_detected_at_the_collective_timeout(tmp_path):
+    res = drill("hang-rank", tmp_path)
+    assert res.code == 0, res.stderr
+    r = res.json
+    timeout = r["workload"]["collective_timeout"]
+    assert abs(r["phases"]["detection_s"] - timeout) <= 0.25 * timeout
+    assert r["phases"]["recovery_s"] is not None
+    assert r["checks"]["faults_reverted"]["pass"]
+    journal = [json.loads(x)["action"] for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    assert journal.index("armed") < journal.index("injected") < journal.index("reverted")
+    assert lab_processes(r) == []
+
+
+def test_uninstrumented_job_is_measured_from_logs_alone(tmp_path):
+    res = drill("kill-uninstrumented", tmp_path)
+    assert res.code == 0, res.stderr
+    r = res.json
+    for key in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s", "lost_steps"):
+        assert r["phases"][key] is not None, key
+    assert not (tmp_path / "sdk-events.jsonl").exists()
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert {e["source"] for e in events if e["kind"] != "process.gone"} <= {"log", "torchrun", "chaoskit"}
+    assert "torchrun agent" in r["phases"]["detected_by"]
+
+
+def test_abort_after_reverts_and_exits_4(tmp_path):
+    need_torch()
+    text = (SCENARIOS / "hang-rank.yaml").read_text()
+    text = text.replace("duration: 15s", "duration: 5m").replace("abort_after: 4m", "abort_after: 25s")
+    text = text.replace("at: {step: 50}", "at: {step: 5}")
+    scenario = tmp_path / "abort.yaml"
+    scenario.write_text(text)
+    res = run_cli("run", scenario, "--out", tmp_path / "run", "--json")
+    assert res.code == 4, res.stderr
+    r = res.json
+    assert r["verdict"] == "aborted"
+    assert any("abort_after" in n for n in r["notes"])
+    journal = [json.loads(x)["action"] for x in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
+    assert "reverted" in journal
+    assert lab_processes(r) == []
+
+
+def test_ctrl_c_reverts_before_exit(tmp_path):
+    need_torch()
+    text = (SCENARIOS / "hang-rank.yaml").read_text().replace("duration: 15s", "duration: 5m").replace("at: {step: 50}", "at: {step: 5}")
+    scenario = tmp_path / "hang.yaml"
+    scenario.write_text(text)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(scenario), "--out", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    journal = run_dir / "journal.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (journal.exists() and "injected" in journal.read_text()):
+        time.sleep(0.2)
+    assert "injected" in journal.read_text()
+    entries = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert [e["action"] for e in entries] == ["inject", "armed", "injected"]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    actions = [json.loads(x)["action"] for x in journal.read_text().splitlines()]
+    assert actions[-1] == "reverted"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["verdict"] == "interrupted"
+    assert lab_processes(result) == []
+
+
+def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path):
+    before = {p.pid for p in read_proc()}
+    res = run_cli("run", SCENARIOS / "kill-rank.yaml", "--dry-run", "--out", tmp_path / "run")
+    assert res.code == 0, res.stderr
+    assert "kill -s KILL <pid of rank 1>" in res.stdout
+    assert "torch.distributed.run" in res.stdout
+    assert not (tmp_path / "run").exists()
+    assert [p for p in read_proc() if p.pid not in before and "torch" in p.cmdline] == []
+    res = run_cli("run", SCENARIOS / "hang-rank.yaml", "--dry-run", "--json")
+    plan = res.json["plan"][0]
+    assert plan["kind"] == "process.hang" and plan["nodes"] == ["n0", "n1", "n2"]
+    assert [a["command"] for a in plan["actions"]][1] == "kill -s STOP <pid of rank 2>"
