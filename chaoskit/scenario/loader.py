@@ -18,6 +18,9 @@ __all__ = ["SourceMap", "load_yaml", "load_yaml_text"]
 
 PathKey = tuple[Any, ...]
 
+# libyaml's composer is ~15x faster and keeps the same marks; fall back where PyYAML lacks it.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 @dataclass
 class SourceMap:
@@ -55,7 +58,7 @@ def load_yaml(path: str | Path) -> tuple[Any, SourceMap]:
 def load_yaml_text(text: str, filename: str = "<string>") -> tuple[Any, SourceMap]:
     smap = SourceMap(filename)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         pos = SourcePos(filename, mark.line + 1, mark.column + 1) if mark else SourcePos(filename, 1, 1)
