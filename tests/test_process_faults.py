@@ -132,7 +132,7 @@ def test_hang_ends_at_its_duration_even_without_the_controller(lab_procs, tmp_pa
     ctx = RunContext(inv, Journal(tmp_path / "j.jsonl"), leases)
     fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(ranks=[3]), duration=1.0), "f0")
     [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
-    assert _state(procs[3].pid) == "T"
+    assert _wait_state(procs[3].pid, lambda s: s == "T")
     assert _wait_state(procs[3].pid, lambda s: s in ("S", "R"), timeout=3)  # the watchdog's deadline
     fired = (leases.root / inj.fault_id / "fired").read_text()
     assert "deadline" in fired
@@ -165,7 +165,7 @@ def test_hang_ends_when_the_controller_dies(lab_procs, tmp_path):
     lab, procs, _ = lab_procs
     ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, lab.lab_id, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert ctl.stdout.readline().strip() == "injected"
-    assert _state(procs[1].pid) == "T"
+    assert _wait_state(procs[1].pid, lambda s: s == "T")
     time.sleep(0.5)
     assert _state(procs[1].pid) == "T"  # still renewed while the controller lives
     ctl.kill()

@@ -85,25 +85,39 @@ def read_proc() -> list[ProcInfo]:
     return out
 
 
+_ENV_CACHE: dict[tuple[int, str, str], dict[str, str]] = {}
+
+
 def proc_info(pid: int) -> ProcInfo | None:
+    """One process from /proc, or ``None`` when it is gone or unreadable.
+
+    The environment is the costly part and cannot change without an exec, so it
+    is cached per (pid, start time, command line): an exec changes the command line.
+    """
     base = f"/proc/{pid}"
     try:
         with open(f"{base}/stat", "rb") as fh:
             stat = fh.read().decode(errors="replace")
         with open(f"{base}/cmdline", "rb") as fh:
             cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        try:
-            with open(f"{base}/environ", "rb") as fh:
-                raw = fh.read()
-        except PermissionError:
-            raw = b""
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        rest = stat[stat.rfind(")") + 2 :].split()
+        key = (pid, rest[19], cmdline)
+        env = _ENV_CACHE.get(key)
+        if env is None:
+            try:
+                with open(f"{base}/environ", "rb") as fh:
+                    raw = fh.read()
+            except PermissionError:
+                raw = b""
+            env = {}
+            for item in raw.split(b"\0"):
+                k, sep, value = item.partition(b"=")
+                if sep:
+                    env[k.decode(errors="replace")] = value.decode(errors="replace")
+            if cmdline:  # a process between fork and exec has no stable identity yet
+                if len(_ENV_CACHE) > 4096:
+                    _ENV_CACHE.clear()
+                _ENV_CACHE[key] = env
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
         return None
-    rest = stat[stat.rfind(")") + 2 :].split()
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
     return ProcInfo(pid=pid, ppid=int(rest[1]), cmdline=cmdline, env=env, state=rest[0])
-
