@@ -96,6 +96,9 @@ def _static_checks(loaded, inventory) -> None:
             return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
 
         check_static(inventory, spec.target, _world_size(sc), sc.safety.max_nodes, error)
+    for j, lf in enumerate(sc.probes.log_files):
+        if lf.node not in inventory:
+            raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
         if spec.at.step is not None and spec.at.step >= sc.workload.steps:
             raise loaded.error(
                 f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
@@ -252,7 +255,7 @@ class _Run:
         return RunOutcome(int(exit_code), result, self.run_dir)
 
     def _start(self) -> None:
-        from chaoskit.observe.probes import TORCHRUN_RULES, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
+        from chaoskit.observe.probes import TORCHRUN_RULES, FileLogProbe, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
         from chaoskit.workloads.launch import TorchrunJob
 
         sc = self.sc
@@ -264,6 +267,8 @@ class _Run:
         if events_path is not None:
             events_path.touch()
             self.threads.append(SdkLogProbe(self.bus, events_path))
+        for lf in sc.probes.log_files:
+            self.threads.append(FileLogProbe(self.log_probe, lf.node, self.run_dir.resolve() / lf.path))
         if sc.probes.process:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
         for t in self.threads:

@@ -98,6 +98,13 @@ class LogRule(StrictModel):
         return v
 
 
+class LogFile(StrictModel):
+    """A log file to tail; its lines count as output of ``node``."""
+
+    path: str = Field(..., min_length=1, description="Path of the file; relative paths are taken from the run directory.")
+    node: str = Field(..., pattern=NAME_RE, description="The node whose output this file is.")
+
+
 class Probes(StrictModel):
     """Where events come from."""
 
@@ -105,6 +112,9 @@ class Probes(StrictModel):
     torchrun: bool = Field(True, description="Built-in patterns for torchrun's own log lines (worker failures).")
     process: bool = Field(True, description="Watch the process table for workers that vanish.")
     log: list[LogRule] = Field(default_factory=list, description="Extra log-regex rules over the job's output.")
+    log_files: list[LogFile] = Field(
+        default_factory=list, description="Log files the job writes itself, read through the same rules as its output."
+    )
 
 
 class SLO(StrictModel):
