@@ -96,14 +96,14 @@ def _static_checks(loaded, inventory) -> None:
             return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
 
         check_static(inventory, spec.target, _world_size(sc), sc.safety.max_nodes, error)
-    for j, lf in enumerate(sc.probes.log_files):
-        if lf.node not in inventory:
-            raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
         if spec.at.step is not None and spec.at.step >= sc.workload.steps:
             raise loaded.error(
                 f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
                 "faults", i, "at", "step",
             )
+    for j, lf in enumerate(sc.probes.log_files):
+        if lf.node not in inventory:
+            raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
     if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
         raise loaded.error(
             "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",

@@ -134,6 +134,9 @@ def test_hang_ends_at_its_duration_even_without_the_controller(lab_procs, tmp_pa
     [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
     assert _wait_state(procs[3].pid, lambda s: s == "T")
     assert _wait_state(procs[3].pid, lambda s: s in ("S", "R"), timeout=3)  # the watchdog's deadline
+    end = time.time() + 2
+    while not (leases.root / inj.fault_id / "fired").exists() and time.time() < end:
+        time.sleep(0.02)
     fired = (leases.root / inj.fault_id / "fired").read_text()
     assert "deadline" in fired
     leases.close()
@@ -173,4 +176,8 @@ def test_hang_ends_when_the_controller_dies(lab_procs, tmp_path):
     killed = time.time()
     assert _wait_state(procs[1].pid, lambda s: s in ("S", "R"), timeout=5)
     assert time.time() - killed < 1.0 + 2.0  # TTL + slack
-    assert "lease expired" in (tmp_path / "run3" / "f0.0" / "fired").read_text()
+    fired = tmp_path / "run3" / "f0.0" / "fired"
+    end = time.time() + 2
+    while not fired.exists() and time.time() < end:  # written just after the revert ran
+        time.sleep(0.02)
+    assert "lease expired" in fired.read_text()
