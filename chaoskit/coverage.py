@@ -253,16 +253,21 @@ def detect_capabilities() -> Capabilities:
         missing["netem"] = "tc netem needs root and iproute2"
     elif not shutil.which("tc"):
         missing["netem"] = "tc (iproute2) is not installed"
-    elif not _netem_module():
-        missing["netem"] = "the sch_netem kernel module is not available (modprobe sch_netem)"
+    elif not _netem_here():
+        missing["netem"] = "this kernel has no sch_netem (loaded, built in or loadable)"
     return Capabilities(frozenset(fault_kinds()), missing)
 
 
-def _netem_module() -> bool:
-    if Path("/sys/module/sch_netem").exists():
-        return True
-    mods = Path("/lib/modules") / os.uname().release
-    return mods.is_dir() and any(mods.rglob("sch_netem.ko*"))
+def _netem_here() -> bool:
+    """The network faults' own check, run on this machine."""
+    import subprocess
+    import sys
+
+    try:
+        from chaoskit.faults.network import NETEM_CHECK
+    except ImportError:  # network faults not installed: nothing could use netem anyway
+        return False
+    return subprocess.run([sys.executable, "-c", NETEM_CHECK], capture_output=True, timeout=30).returncode == 0
 
 
 def compute_coverage(records: Iterable[dict[str, Any]], caps: Capabilities) -> dict[str, Any]:

@@ -1,5 +1,105 @@
-"""Commands registered on the main app (see chaoskit.cli.app._register_commands)."""
+"""Commands ``catalog``, ``gameday`` and ``report`` (registered by chaoskit.cli.app).
+
+Imported on every CLI start: only typer and the standard library at the top;
+everything else inside the commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+__all__ = ["register", "parse_fraction"]
+
+_EXIT_GAMEDAY = (
+    "Exit codes: 0 every scenario passed and coverage reached --min-coverage; 1 a scenario failed, "
+    "errored or aborted, or coverage is under the minimum; 2 bad input; 130 interrupted."
+)
 
 
-def register(app) -> None:  # filled in by the module's owner
-    return None
+def register(app: typer.Typer) -> None:
+    app.command("catalog")(catalog_cmd)
+    app.command("gameday", epilog=_EXIT_GAMEDAY)(gameday_cmd)
+    app.command("report", epilog="Exit codes: 0 written; 2 the folder holds no run or game day.")(report_cmd)
+
+
+def catalog_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """List the fault classes: category, scope, real-world weight, the fault kinds that
+    exercise each, and whether it can run here."""
+    from chaoskit.cli.main import current_env
+    from chaoskit.coverage import catalog, detect_capabilities, total_interruptions
+
+    env = current_env()
+    caps = detect_capabilities()
+    total = total_interruptions()
+    classes = [{**c.as_dict(), "share": c.weight / total, "runnable_here": caps.unrunnable_reason(c) is None,
+                "reason": caps.unrunnable_reason(c)} for c in catalog()]
+    if as_json:
+        import json
+
+        env.stdout.write(json.dumps({"classes": classes, "weight_total": total,
+                                     "source": "Llama 3 405B pre-training, 419 unexpected interruptions in 54 days (Llama 3 paper, Table 5)"},
+                                    indent=2) + "\n")
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"fault catalog: {len(classes)} classes; weight = share of {total} real interruptions (Llama 3 405B, 54 days)",
+                  title_justify="left")
+    table.add_column("class")
+    table.add_column("scope")
+    table.add_column("weight", justify="right")
+    table.add_column("fault kinds")
+    table.add_column("here")
+    for i, c in enumerate(classes):
+        if i and c["category"] != classes[i - 1]["category"]:
+            table.add_section()
+        here = "[green]runnable[/green]" if c["runnable_here"] else f"[yellow]not runnable:[/yellow] {escape(c['reason'])}"
+        table.add_row(f"[bold]{c['id']}[/bold]\n[dim]{escape(c['description'])}[/dim]", c["scope"],
+                      f"{c['weight']} ({c['share']:.1%})", ", ".join(c["kinds"]) or "-", here)
+    env.console().print(table)
+
+
+def gameday_cmd(
+    paths: List[Path] = typer.Argument(..., help="Scenario files or folders (searched for *.yaml)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Game-day folder (default reports/gameday-<UTC time>/); history.jsonl goes beside it."),
+    min_coverage: Optional[str] = typer.Option(None, "--min-coverage", help="Exit 1 if plain coverage is under this: a fraction (0.5) or a percentage (50%)."),
+    as_json: bool = typer.Option(False, "--json", help="Print gameday.json to stdout; progress goes to stderr."),
+) -> int:
+    """Run scenarios in turn and score fault coverage; write gameday.json, junit.xml, index.html."""
+    from chaoskit.cli.main import current_env
+    from chaoskit.gameday import run_gameday
+
+    env = current_env()
+    minimum = None if min_coverage is None else parse_fraction(min_coverage, "--min-coverage")
+    outcome = run_gameday(paths, out=out, min_coverage=minimum, console=env.console(err=as_json))
+    if as_json:
+        import json
+
+        env.stdout.write(json.dumps(outcome.summary, indent=2, default=str) + "\n")
+    return outcome.exit_code
+
+
+def report_cmd(path: Path = typer.Argument(..., help="A run folder or a game-day folder.")) -> None:
+    """Rebuild the HTML report from a run's (report.html) or a game day's (index.html) JSON files."""
+    from chaoskit.cli.main import current_env
+    from chaoskit.report.html import build_report
+
+    written = build_report(path)
+    current_env().stdout.write(f"{written}\n")
+
+
+def parse_fraction(text: str, flag: str) -> float:
+    """``0.5`` or ``50%`` -> 0.5; :class:`ScenarioError` for anything outside 0..1."""
+    from chaoskit.errors import ScenarioError
+
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ScenarioError(f"{flag} {text!r} is not a number", hint="a fraction such as 0.5 or a percentage such as 50%") from None
+    if not 0 <= value <= 1:
+        raise ScenarioError(f"{flag} {text} is outside 0..1", hint="a fraction such as 0.5 or a percentage such as 50%")
+    return value

@@ -1,0 +1,420 @@
+"""A game day: run a suite of scenarios in turn, score fault coverage, report.
+
+:func:`run_gameday` runs every scenario with :func:`chaoskit.runner.run_scenario`
+into a folder of its own (``<out>/<NN>-<name>/``), going on past failures: a
+scenario that cannot load or start (exit 2 or 3), fails its SLOs or aborts is
+recorded and the next one runs. Only Ctrl-C (or SIGTERM) stops the suite, after
+the current run reverted its faults.
+
+It writes, in ``out``:
+
+- ``gameday.json``: the record of every scenario and the coverage, rewritten
+  after each scenario (``finished: false`` until the end), so a game day that
+  dies half way still leaves what it did;
+- ``junit.xml`` for CI, ``index.html`` for people;
+
+and appends one line to ``<out>/../history.jsonl`` (``reports/history.jsonl``
+for the default ``out``), which the report draws as a trend.
+
+Exit status: 0 when every scenario passed and coverage reached the minimum,
+1 otherwise, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chaoskit.errors import ChaoskitError, ExitCode, ScenarioError
+
+__all__ = ["GamedayOutcome", "run_gameday", "summarize", "load_gameday", "read_history", "GAMEDAY_FILE", "HISTORY_FILE"]
+
+GAMEDAY_FILE = "gameday.json"
+HISTORY_FILE = "history.jsonl"
+ERROR_FILE = "error.json"
+
+
+@dataclass
+class GamedayOutcome:
+    exit_code: int
+    summary: dict[str, Any]
+    out_dir: Path
+
+
+def run_gameday(
+    paths: list[str | Path],
+    *,
+    out: Path | None = None,
+    min_coverage: float | None = None,
+    console=None,
+    capabilities=None,
+) -> GamedayOutcome:
+    """Run the scenarios under ``paths`` (files, or folders searched for YAML).
+
+    ``min_coverage`` is a fraction (0..1) of plain coverage; ``capabilities``
+    (a :class:`chaoskit.coverage.Capabilities`) defaults to probing this machine.
+    Raises :class:`ScenarioError` when there is nothing to run or ``out`` already
+    holds a game day.
+    """
+    from chaoskit.coverage import detect_capabilities
+    from chaoskit.scenario import scenario_files
+
+    files = scenario_files(list(paths))
+    if not files:
+        raise ScenarioError(f"no scenario files in {', '.join(map(str, paths))}", hint="give scenario files or folders holding *.yaml")
+    if min_coverage is not None and not 0 <= min_coverage <= 1:
+        raise ScenarioError(f"--min-coverage {min_coverage:g} is not a fraction between 0 and 1", hint="e.g. --min-coverage 0.5 or 50%")
+    started = time.time()
+    out = Path(out) if out else Path("reports") / f"gameday-{_stamp(started)}"
+    if (out / GAMEDAY_FILE).exists():
+        raise ScenarioError(f"{out} already holds a game day", hint="choose another --out, or remove that folder")
+    out.mkdir(parents=True, exist_ok=True)
+    caps = capabilities or detect_capabilities()
+    gd = _Gameday(out, [_plan(i, f) for i, f in enumerate(files, 1)], caps, min_coverage, started, console)
+    return gd.execute()
+
+
+def load_gameday(path: Path) -> dict[str, Any]:
+    """Read ``gameday.json`` from a game-day folder."""
+    return json.loads((Path(path) / GAMEDAY_FILE).read_text(encoding="utf-8"))
+
+
+def read_history(path: Path, until: str | None = None) -> list[dict[str, Any]]:
+    """Entries of a ``history.jsonl`` (bad lines skipped), oldest first; only those
+    that started at or before ``until`` (an ISO time) when given."""
+    if not Path(path).is_file():
+        return []
+    entries = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and (until is None or str(entry.get("started_at", "")) <= until):
+            entries.append(entry)
+    return sorted(entries, key=lambda e: str(e.get("started_at", "")))
+
+
+def summarize(
+    name: str,
+    records: list[dict[str, Any]],
+    caps,
+    *,
+    started: float,
+    ended: float | None = None,
+    min_coverage: float | None = None,
+    finished: bool = True,
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """The content of ``gameday.json``: the scenario records (as :func:`run_gameday`
+    keeps them), their counts, the coverage and the exit status."""
+    from chaoskit.coverage import compute_coverage
+
+    cov = compute_coverage(records, caps)
+    ran = [r for r in records if r["status"] is not None]
+    counts = {
+        "total": len(records),
+        "passed": sum(1 for r in ran if r["status"] == "pass"),
+        "failed": sum(1 for r in ran if r["status"] in ("fail", "aborted")),
+        "errored": sum(1 for r in ran if r["status"] == "error"),
+        "interrupted_scenarios": sum(1 for r in ran if r["status"] == "interrupted"),
+        "not_run": len(records) - len(ran),
+    }
+    below = min_coverage is not None and cov["plain"] < min_coverage
+    if interrupted:
+        code = ExitCode.INTERRUPTED
+    elif counts["passed"] != counts["total"] or below:
+        code = ExitCode.CHECK_FAILED
+    else:
+        code = ExitCode.OK
+    ended = time.time() if ended is None else ended
+    return {
+        "kind": "chaoskit.gameday",
+        "version": 1,
+        "name": name,
+        "finished": finished,
+        "interrupted": interrupted,
+        "started_at": _iso(started),
+        "ended_at": _iso(ended),
+        "duration_s": round(ended - started, 3),
+        "host": socket.gethostname(),
+        "capabilities": caps.as_dict(),
+        "min_coverage": min_coverage,
+        "coverage_below_minimum": below,
+        **counts,
+        "exit_code": int(code),
+        "coverage": cov,
+        "scenarios": records,
+    }
+
+
+# -- one game day ---------------------------------------------------------------------
+
+
+def _plan(index: int, path: Path) -> dict[str, Any]:
+    """Load a scenario for its name, kinds and covers; a load error is recorded, not raised."""
+    from chaoskit.coverage import catalog_by_id, resolve_covers
+    from chaoskit.scenario import load_scenario
+
+    record: dict[str, Any] = {
+        "index": index, "file": str(path), "scenario": _safe_name(path.stem), "dir": None,
+        "category": "uncategorised", "covers": [], "kinds": [], "injected_kinds": [],
+        "status": None, "verdict": None, "exit_code": None, "started_at": None, "ended_at": None,
+        "duration_s": None, "phases": None, "slo": None, "error": None,
+    }
+    try:
+        loaded = load_scenario(path)
+        sc = loaded.model
+        record["scenario"] = sc.name
+        record["kinds"] = list(dict.fromkeys(f.kind for f in sc.faults))
+        try:
+            record["covers"] = resolve_covers(sc.covers, record["kinds"])
+        except ValueError as exc:
+            raise loaded.error(str(exc), "covers") from None
+    except ScenarioError as exc:
+        record.update(status="error", exit_code=int(exc.exit_code), error=_error(exc))
+    classes = catalog_by_id()
+    if record["covers"]:
+        record["category"] = classes[record["covers"][0]].category
+    record["dir"] = f"{index:02d}-{record['scenario']}"
+    return record
+
+
+class _Gameday:
+    def __init__(self, out: Path, records: list[dict[str, Any]], caps, min_coverage: float | None, started: float, console) -> None:
+        self.out, self.records, self.caps, self.min_coverage = out, records, caps, min_coverage
+        self.started, self.console = started, console
+        self.interrupted = False
+
+    def execute(self) -> GamedayOutcome:
+        board = _Board(self.records)
+        live = _live(self.console, board)
+        try:
+            with live:
+                for record in self.records:
+                    if self.interrupted:
+                        break
+                    try:
+                        self._run_one(record, board, live)
+                    except KeyboardInterrupt:  # between runs, or while writing: stop, report what ran
+                        self.interrupted = True
+                    self._write(finished=False)
+            if self.console is not None and not self.console.is_terminal:
+                self.console.line()  # a non-terminal Live ends its last render without a newline
+        finally:
+            summary = self._write(finished=True)
+        from chaoskit.report.html import write_gameday_report
+        from chaoskit.report.junit import write_junit
+
+        write_junit(summary, self.out / "junit.xml")
+        self._append_history(summary)
+        write_gameday_report(self.out)
+        if self.console is not None:
+            _print_summary(self.console, summary, self.out)
+        return GamedayOutcome(summary["exit_code"], summary, self.out)
+
+    def _run_one(self, record: dict[str, Any], board: "_Board", live) -> None:
+        from chaoskit.runner import run_scenario
+
+        run_dir = self.out / record["dir"]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if record["status"] == "error":  # did not load: nothing to run
+            _write_json(run_dir / ERROR_FILE, record["error"])
+            board.done(record)
+            return
+        t0 = time.time()
+        record["started_at"] = _iso(t0)
+        board.start(record, t0)
+        run_console = _tap_console(board, live, record["scenario"])
+        try:
+            outcome = run_scenario(record["file"], out=run_dir, console=run_console)
+            record.update(status=outcome.result.get("verdict"), exit_code=outcome.exit_code)
+            self._take_result(record, outcome.result)
+            if outcome.exit_code == ExitCode.INTERRUPTED:
+                self.interrupted = True
+        except ChaoskitError as exc:
+            record.update(status="error", exit_code=int(exc.exit_code), error=_error(exc))
+        except KeyboardInterrupt:
+            record.update(status="interrupted", exit_code=int(ExitCode.INTERRUPTED), error={"type": "Interrupted", "message": "interrupted by Ctrl-C or SIGTERM", "hint": None})
+            self.interrupted = True
+        except Exception as exc:  # noqa: BLE001 - one broken scenario must not lose the night's report
+            record.update(status="error", exit_code=70, error={
+                "type": type(exc).__name__, "message": f"internal error: {exc}",
+                "hint": "this is a chaoskit bug; the traceback is in error.json", "traceback": traceback.format_exc(),
+            })
+        if record["status"] == "error" and (run_dir / "result.json").is_file():
+            # The runner writes result.json before raising an error from inside a live run.
+            self._take_result(record, json.loads((run_dir / "result.json").read_text(encoding="utf-8")))
+            record["status"] = "error"
+        if record["error"] is not None:
+            _write_json(run_dir / ERROR_FILE, record["error"])
+        t1 = time.time()
+        record.update(ended_at=_iso(t1), duration_s=round(t1 - t0, 3))
+        board.done(record)
+
+    @staticmethod
+    def _take_result(record: dict[str, Any], result: dict[str, Any]) -> None:
+        record["verdict"] = result.get("verdict")
+        record["injected_kinds"] = list(dict.fromkeys(f.get("kind") for f in result.get("faults") or []))
+        record["phases"] = dict(result.get("phases") or {})
+        record["slo"] = result.get("slo")
+        record["checks"] = result.get("checks")
+        record["notes"] = result.get("notes") or []
+
+    def _write(self, finished: bool) -> dict[str, Any]:
+        summary = summarize(self.out.name, self.records, self.caps, started=self.started, min_coverage=self.min_coverage,
+                            finished=finished, interrupted=self.interrupted)
+        _write_json(self.out / GAMEDAY_FILE, summary)
+        return summary
+
+    def _append_history(self, summary: dict[str, Any]) -> None:
+        cov = summary["coverage"]
+        entry = {
+            "started_at": summary["started_at"], "ended_at": summary["ended_at"], "gameday": str(self.out),
+            "scenarios": summary["total"], "passed": summary["passed"], "failed": summary["failed"],
+            "errored": summary["errored"], "plain": cov["plain"], "weighted": cov["weighted"],
+            "covered": cov["covered"], "catalog_size": cov["total"], "exit_code": summary["exit_code"],
+        }
+        with open(self.out.parent / HISTORY_FILE, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, separators=(",", ":")) + "\n")
+
+
+# -- live progress ----------------------------------------------------------------------
+
+
+class _Board:
+    """What the live display shows: each scenario, its phase and its elapsed time.
+    Rendered anew at every refresh, so elapsed times tick by themselves."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        self.current: dict[str, Any] | None = None
+        self.phase = ""
+        self.t_start = 0.0
+        self.t0 = time.time()
+
+    def start(self, record: dict[str, Any], t0: float) -> None:
+        self.current, self.phase, self.t_start = record, "starting", t0
+
+    def done(self, record: dict[str, Any]) -> None:
+        self.current = None
+
+    def __rich__(self):
+        from rich.spinner import Spinner
+        from rich.table import Table
+
+        done = sum(1 for r in self.records if r["status"] is not None)
+        table = Table(title=f"game day: {done}/{len(self.records)} scenarios, {time.time() - self.t0:.0f}s", title_justify="left")
+        table.add_column("#", justify="right")
+        table.add_column("scenario")
+        table.add_column("phase")
+        table.add_column("elapsed", justify="right")
+        for r in self.records:
+            if r is self.current:
+                table.add_row(str(r["index"]), r["scenario"], Spinner("dots", text=self.phase), f"{time.time() - self.t_start:.1f}s")
+            elif r["status"] is None:
+                table.add_row(str(r["index"]), r["scenario"], "[dim]waiting[/dim]", "")
+            else:
+                table.add_row(str(r["index"]), r["scenario"], _status_markup(r), f"{r['duration_s'] or 0:.1f}s")
+        return table
+
+
+def _status_markup(r: dict[str, Any]) -> str:
+    from rich.markup import escape
+
+    colour = {"pass": "green", "fail": "red", "error": "red", "aborted": "red"}.get(r["status"], "yellow")
+    text = f"[{colour}]{r['status'].upper()}[/{colour}]"
+    if r.get("error"):
+        text += " " + escape(r["error"]["message"][:80])
+    elif (r.get("phases") or {}).get("recovery_s") is not None:
+        text += f" recovered in {r['phases']['recovery_s']:.2f}s"
+    return text
+
+
+def _live(console, board: _Board):
+    import contextlib
+
+    if console is None:
+        return contextlib.nullcontext()
+    from rich.live import Live
+
+    return Live(board, console=console, refresh_per_second=4, transient=False)
+
+
+class _Tap:
+    """A file for the run's console: each line becomes the board's phase and is
+    printed above the live display, prefixed with the scenario's name."""
+
+    def __init__(self, board: _Board, live, name: str) -> None:
+        self.board, self.live, self.name, self.buf = board, live, name, ""
+
+    def write(self, text: str) -> int:
+        self.buf += text
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            if line.strip():
+                self.board.phase = re.sub(r"^\s*\d+\.\d+s\s+", "", line).strip()[:70]
+                if hasattr(self.live, "console"):
+                    from rich.text import Text
+
+                    self.live.console.print(Text(f"{self.name}: {line.strip()}"), highlight=False)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _tap_console(board: _Board, live, name: str):
+    from rich.console import Console
+
+    return Console(file=_Tap(board, live, name), color_system=None, force_terminal=False, width=200, highlight=False)
+
+
+def _print_summary(console, summary: dict[str, Any], out: Path) -> None:
+    cov = summary["coverage"]
+    console.print(
+        f"coverage: {cov['covered_count']}/{cov['total']} classes ({cov['plain']:.1%}), "
+        f"weighted {cov['weight_covered']}/{cov['weight_total']} real interruptions ({cov['weighted']:.1%})"
+    )
+    if summary["coverage_below_minimum"]:
+        console.print(f"[red]coverage {cov['plain']:.1%} is under the minimum {summary['min_coverage']:.1%}[/red]")
+    console.print(
+        f"scenarios: {summary['passed']} passed, {summary['failed']} failed, {summary['errored']} errored"
+        + (f", {summary['not_run']} not run (interrupted)" if summary["not_run"] else "")
+    )
+    console.print(f"report: {out / 'index.html'}  junit: {out / 'junit.xml'}")
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _error(exc: ChaoskitError) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint}
+
+
+def _safe_name(stem: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:60] or "scenario"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _stamp(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,526 @@
+"""The HTML report people review: one self-contained file, readable offline.
+
+Built from the JSON a run or a game day leaves behind (``result.json``,
+``events.jsonl``, ``error.json``, ``gameday.json``, ``history.jsonl``), so
+``chaoskit report DIR`` can rebuild it at any time, also for a run that crashed
+half way (events but no result: it renders what is there and says so).
+
+The page (Jinja2, autoescaped) has no external resource of any kind: CSS and JS
+are inline, charts are inline SVG drawn from the geometry computed here, and a
+Content-Security-Policy forbids every request. Tabs:
+
+1. node health and fault detection: node x time grid of steps/heartbeats, the
+   fault and the moment of detection;
+2. checkpoint save and restore: step over time, saves, the roll-back to the
+   restored step, lost work shaded;
+3. migration and rescheduling: which ranks ran on which node before and after;
+4. coverage: category x scope matrix, plain and weighted scores, trend;
+
+and an overview with, per scenario, a waterfall of the recovery phases against
+their SLO lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+from chaoskit.errors import ScenarioError
+
+__all__ = ["build_report", "write_run_report", "write_gameday_report", "load_run", "render_html"]
+
+RUN_REPORT = "report.html"
+GAMEDAY_REPORT = "index.html"
+
+_W = 760  # width of the timeline charts
+_LEFT = 64  # room for node names and step labels
+_BINS = 120
+
+
+def build_report(path: str | Path) -> Path:
+    """Rebuild the HTML of a game-day folder (``index.html``) or a run folder
+    (``report.html``); return the file written. Raises :class:`ScenarioError`
+    when ``path`` holds neither."""
+    from chaoskit.gameday import GAMEDAY_FILE
+
+    path = Path(path)
+    if (path / GAMEDAY_FILE).is_file():
+        return write_gameday_report(path)
+    if any((path / f).is_file() for f in ("result.json", "events.jsonl", "error.json")):
+        return write_run_report(path)
+    raise ScenarioError(
+        f"{path}: no gameday.json, result.json or events.jsonl here",
+        hint="give the folder of a run (chaoskit run --out) or of a game day (chaoskit gameday --out)",
+    )
+
+
+def write_run_report(run_dir: str | Path) -> Path:
+    from chaoskit.coverage import compute_coverage, detect_capabilities
+
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    record = {"scenario": run["name"], "covers": run["covers"], "injected_kinds": run["injected_kinds"], "status": run["status"]}
+    page = {
+        "kind": "run", "title": f"chaoskit run: {run['name']}", "runs": [run],
+        "coverage": _coverage_view(compute_coverage([record], detect_capabilities())),
+        "coverage_note": "coverage of this run alone; what cannot run here was probed when this report was built",
+        "trend": None, "gameday": None,
+    }
+    out = run_dir / RUN_REPORT
+    out.write_text(render_html(page), encoding="utf-8")
+    return out
+
+
+def write_gameday_report(gd_dir: str | Path) -> Path:
+    from chaoskit.coverage import Capabilities, compute_coverage
+    from chaoskit.gameday import HISTORY_FILE, load_gameday, read_history
+
+    gd_dir = Path(gd_dir)
+    summary = load_gameday(gd_dir)
+    runs = [load_run(gd_dir / r["dir"], r) for r in summary["scenarios"]]
+    cov = compute_coverage(summary["scenarios"], Capabilities.from_dict(summary.get("capabilities") or {}))
+    history = read_history(gd_dir.parent / HISTORY_FILE, until=summary["started_at"])
+    page = {
+        "kind": "gameday", "title": f"chaoskit game day: {summary['name']}", "runs": runs,
+        "coverage": _coverage_view(cov), "coverage_note": None,
+        "trend": _trend(history), "gameday": summary,
+    }
+    out = gd_dir / GAMEDAY_REPORT
+    out.write_text(render_html(page), encoding="utf-8")
+    return out
+
+
+def render_html(page: dict[str, Any]) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("chaoskit.report", "templates"),
+        autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+    )
+    env.filters["pct"] = lambda x: "-" if x is None else f"{x:.1%}"
+    env.filters["secs"] = lambda x: "-" if x is None else f"{x:.2f}s"
+    return env.get_template("report.html.j2").render(page=page)
+
+
+# -- one run --------------------------------------------------------------------------
+
+
+def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the page shows about one run, from its folder (and its game-day
+    record, if any). Works for a finished run, a run that crashed before writing
+    ``result.json``, and a scenario that never started (``error.json`` only)."""
+    from chaoskit.coverage import catalog_by_id, resolve_covers
+    from chaoskit.measure import measure_fault
+    from chaoskit.observe.events import read_events
+
+    run_dir = Path(run_dir)
+    record = record or {}
+    result = _read_json(run_dir / "result.json")
+    error = _read_json(run_dir / "error.json") or record.get("error")
+    events = read_events(run_dir / "events.jsonl") if (run_dir / "events.jsonl").is_file() else []
+    if result is not None:
+        faults = result.get("faults") or []
+        timing = (result.get("per_fault") or [None])[0]
+        phases, slo = result.get("phases") or {}, result.get("slo") or {}
+    else:
+        faults = [{"kind": e.get("fault_kind"), "node": e.get("node"), "targets": e.get("targets") or [], "t_fault": e["ts"]}
+                  for e in events if e.get("kind") == "fault.injected"]
+        timing = measure_fault(events, faults[0]["t_fault"]) if faults else None
+        phases, slo = dict(timing or {}), record.get("slo") or {}
+    phases = {**dict.fromkeys(_PHASE_KEYS), **phases}
+    injected = list(dict.fromkeys(f.get("kind") for f in faults if f.get("kind")))
+    covers = record.get("covers") if record.get("covers") is not None else resolve_covers(None, injected)
+    name = (result or {}).get("scenario") or record.get("scenario") or run_dir.name
+    unfinished = None
+    if record and record.get("status") is None:
+        status, unfinished = "not run", "The game day stopped before this scenario ran."
+    elif error:
+        status = "error"
+    elif result is not None:
+        status = result.get("verdict")
+    else:
+        status = "unfinished"
+    if result is None and events:
+        unfinished = "The run did not finish: result.json is missing. What follows comes from events.jsonl as far as it goes; there is no SLO verdict."
+    nodes = [n["name"] for n in ((result or {}).get("cluster") or {}).get("nodes", [])]
+    nodes += sorted({e["node"] for e in events if e.get("node") and e["node"] not in nodes})
+    t_fault = faults[0]["t_fault"] if faults else None
+    classes = catalog_by_id()
+    index = record.get("index", 1)
+    return {
+        "id": f"s{index}",
+        "index": index,
+        "name": name,
+        "file": (result or {}).get("scenario_file") or record.get("file"),
+        "dir": run_dir.name,
+        "status": status,
+        "unfinished": unfinished,
+        "error": error,
+        "notes": (result or {}).get("notes") or [],
+        "failed_checks": [k for k, c in ((result or {}).get("checks") or {}).items() if not c.get("pass")],
+        "started_at": (result or {}).get("started_at") or record.get("started_at"),
+        "duration_s": (result or {}).get("duration_s") or record.get("duration_s"),
+        "faults": [{"kind": f.get("kind"), "targets": ", ".join(f.get("targets") or [f.get("node") or "?"]),
+                    "at": None if t_fault is None else f["t_fault"] - t_fault} for f in faults],
+        "covers": covers,
+        "covers_names": [f"{c} ({classes[c].name})" for c in covers if c in classes],
+        "injected_kinds": injected,
+        "category": record.get("category") or (classes[covers[0]].category if covers and covers[0] in classes else "uncategorised"),
+        "phases": phases,
+        "phase_rows": _phase_rows(phases, slo),
+        "detected_by": phases.get("detected_by"),
+        "waterfall": _waterfall(timing, slo, t_fault),
+        "grid": _node_grid(events, nodes, t_fault, timing),
+        "ckpt": _checkpoint_chart(events, t_fault, timing),
+        "migration": _migration(events, nodes, t_fault, timing),
+    }
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+_PHASE_KEYS = ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps",
+               "restored_step", "last_step_before", "detected_by")
+_PHASE_NAMES = (
+    ("detection", "detection_s", "detection", "fault -> the system noticed"),
+    ("reallocation", "reallocation_s", "reallocation", "noticed -> new world started"),
+    ("checkpoint_load", "checkpoint_load_s", "checkpoint load", "started -> last rank loaded"),
+    ("recovery", "recovery_s", "recovery", "fault -> first step after load"),
+)
+
+
+def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
+    reasons = phases.get("reasons") or {}
+    rows = []
+    for name, key, label, meaning in _PHASE_NAMES:
+        entry = slo.get(name)
+        value = phases.get(key)
+        rows.append({
+            "label": label, "meaning": meaning,
+            "measured": f"{value:.3f}s" if value is not None else "not observed",
+            "reason": None if value is not None else (entry or {}).get("reason") or reasons.get(name),
+            "limit": f"<= {entry['limit_s']:g}s" if entry else "-",
+            "ok": None if not entry else bool(entry["pass"]),
+        })
+    lost, entry = phases.get("lost_steps"), slo.get("lost_steps")
+    before, restored = phases.get("last_step_before"), phases.get("restored_step")
+    rows.append({
+        "label": "lost work",
+        "meaning": f"step {'?' if before is None else before} before the fault, "
+                   + ("no restored step observed" if restored is None else f"restored {restored}"),
+        "measured": "not observed" if lost is None else f"{lost} steps", "reason": None,
+        "limit": f"<= {entry['limit']}" if entry else "-", "ok": None if not entry else bool(entry["pass"]),
+    })
+    return rows
+
+
+# -- geometry -------------------------------------------------------------------------
+
+
+def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
+    """Round tick values covering [lo, hi]: steps of 1, 2 or 5 x 10^n."""
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / max(1, count)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    ticks, t = [], first
+    while t <= hi + 1e-9:
+        ticks.append(round(t, 6))
+        t += step
+    return ticks
+
+
+class _Scale:
+    def __init__(self, lo: float, hi: float, a: float, b: float) -> None:
+        self.lo, self.hi, self.a, self.b = lo, hi if hi > lo else lo + 1.0, a, b
+
+    def __call__(self, v: float) -> float:
+        return round(self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a), 1)
+
+
+def _time_range(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+    if not events:
+        return None
+    return events[0]["ts"], max(events[-1]["ts"], events[0]["ts"] + 1.0)
+
+
+def _time_ticks(scale: _Scale, origin: float) -> list[dict[str, Any]]:
+    ticks = nice_ticks(scale.lo - origin, scale.hi - origin, 8)
+    return [{"x": scale(origin + t), "label": f"{t:+g}s" if t else "0"} for t in ticks if scale.lo <= origin + t <= scale.hi]
+
+
+def _marker(kind: str, x: float, y: float, title: str) -> dict[str, Any]:
+    return {"kind": kind, "x": x, "y": y, "title": title}
+
+
+def _node_grid(events: list[dict[str, Any]], nodes: list[str], t_fault: float | None, timing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Rows of nodes, columns of time bins shaded by steps/heartbeats, with the
+    fault, the detection and each worker's exit and start."""
+    span = _time_range(events)
+    if span is None or not nodes:
+        return None
+    row_h, top = 22, 26
+    scale = _Scale(span[0], span[1], _LEFT, _W - 10)
+    width = (scale.hi - scale.lo) / _BINS
+    height = top + row_h * len(nodes) + 24
+    rows, markers = [], []
+    for i, node in enumerate(nodes):
+        y = top + i * row_h
+        counts = [0] * _BINS
+        for e in events:
+            if e.get("node") == node and e.get("kind") in ("step", "heartbeat"):
+                counts[min(_BINS - 1, int((e["ts"] - scale.lo) / width))] += 1
+        peak = max(counts) or 1
+        levels = [0 if c == 0 else min(3, math.ceil(3 * c / peak)) for c in counts]
+        cells, start = [], 0
+        for b in range(1, _BINS + 1):
+            if b == _BINS or levels[b] != levels[start]:
+                if levels[start]:
+                    t0, t1 = scale.lo + start * width, scale.lo + b * width
+                    n = sum(counts[start:b])
+                    cells.append({"x": scale(t0), "w": round(scale(t1) - scale(t0), 1), "level": levels[start],
+                                  "title": f"{node}: {n} step/heartbeat events, {t0 - (t_fault or scale.lo):+.1f}s to {t1 - (t_fault or scale.lo):+.1f}s"})
+                start = b
+        rows.append({"node": node, "y": y, "cells": cells})
+        for e in events:
+            if e.get("node") != node:
+                continue
+            kind, rel = e.get("kind"), e["ts"] - (t_fault or scale.lo)
+            who = f"{node}" + (f"/rank{e['rank']}" if e.get("rank") is not None else "")
+            if kind == "fault.injected":
+                markers.append(_marker("fault", scale(e["ts"]), y + row_h / 2, f"{e.get('fault_kind')} injected on {', '.join(e.get('targets') or [node])}"))
+            elif kind == "detect":
+                markers.append(_marker("detect", scale(e["ts"]), y + row_h / 2, f"{who} noticed at {rel:+.2f}s: {e.get('why', 'detect')}"))
+            elif kind in ("worker.exit", "process.gone"):
+                markers.append(_marker("exit", scale(e["ts"]), y + row_h / 2, f"{kind} {who} at {rel:+.2f}s" + (f" (exit code {e['exitcode']})" if "exitcode" in e else "")))
+            elif kind == "worker.start":
+                markers.append(_marker("start", scale(e["ts"]), y + row_h / 2, f"worker start {who} pid {e.get('pid')} at {rel:+.2f}s"))
+    lines = []
+    if t_fault is not None:
+        lines.append({"kind": "fault", "x": scale(t_fault), "label": "fault"})
+    if timing and timing.get("t_detect") is not None:
+        lines.append({"kind": "detect", "x": scale(timing["t_detect"]), "label": f"detected +{timing['t_detect'] - t_fault:.2f}s"})
+    return {"w": _W, "h": height, "top": top, "row_h": row_h, "left": _LEFT, "bottom": top + row_h * len(nodes),
+            "rows": rows, "markers": markers, "lines": lines, "ticks": _time_ticks(scale, t_fault or scale.lo),
+            "detected_by": (timing or {}).get("detected_by")}
+
+
+def _checkpoint_chart(events: list[dict[str, Any]], t_fault: float | None, timing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Step over time: saves, the fault, the roll-back to the restored step, lost work shaded."""
+    steps = [e for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
+    span = _time_range(events)
+    if not steps or span is None:
+        return None
+    top, height = 18, 210
+    bottom = height - 24
+    max_step = max(e["step"] for e in steps)
+    y_ticks = nice_ticks(0, max_step, 5)
+    x = _Scale(span[0], span[1], _LEFT, _W - 10)
+    y = _Scale(0, max(max_step, y_ticks[-1]), bottom, top)
+    # One line per stretch of training: break it at each fault and wherever the step
+    # goes backwards (a restore); ranks may lag one another by a step.
+    faults = sorted(e["ts"] for e in events if e.get("kind") == "fault.injected")
+    segments: list[list[tuple[float, int]]] = [[]]
+    frontier, prev_ts = -1, None
+    for e in steps:
+        crossed = prev_ts is not None and any(prev_ts < f <= e["ts"] for f in faults)
+        if (crossed or e["step"] < frontier - 2) and segments[-1]:
+            segments.append([])
+            frontier = -1
+        segments[-1].append((e["ts"], e["step"]))
+        frontier, prev_ts = max(frontier, e["step"]), e["ts"]
+    paths = []
+    width = (x.hi - x.lo) / (_BINS * 2)
+    for seg in segments:
+        binned: dict[int, tuple[float, int]] = {}
+        for ts, step in seg:
+            b = int((ts - x.lo) / width)
+            if b not in binned or step > binned[b][1]:
+                binned[b] = (ts, step)
+        pts = [binned[b] for b in sorted(binned)]
+        paths.append(" ".join(f"{x(ts)},{y(step)}" for ts, step in pts))
+    rel = (lambda ts: ts - t_fault) if t_fault is not None else (lambda ts: ts - x.lo)
+    saves = [_marker("save", x(e["ts"]), y(e["step"]), f"checkpoint of step {e['step']} saved at {rel(e['ts']):+.2f}s" + (f" ({e['bytes']} bytes)" if e.get("bytes") else ""))
+             for e in events if e.get("kind") == "ckpt.save.end" and isinstance(e.get("step"), int)]
+    loads = [_marker("load", x(e["ts"]), y(e["step"]), f"rank {e.get('rank')} loaded step {e['step']} at {rel(e['ts']):+.2f}s")
+             for e in events if e.get("kind") == "ckpt.load.end" and isinstance(e.get("step"), int)]
+    chart: dict[str, Any] = {
+        "w": _W, "h": height, "top": top, "bottom": bottom, "left": _LEFT, "paths": paths, "saves": saves, "loads": loads,
+        "x_ticks": _time_ticks(x, t_fault or x.lo), "y_ticks": [{"y": y(t), "label": f"{t:g}"} for t in y_ticks],
+        "fault_x": None if t_fault is None else x(t_fault), "down": None, "lost": None, "rollback": None, "summary": None,
+    }
+    timing = timing or {}
+    before, restored, resumed = timing.get("last_step_before"), timing.get("restored_step"), timing.get("t_resumed")
+    if t_fault is not None:
+        end = resumed if resumed is not None else x.hi
+        chart["down"] = {"x": x(t_fault), "w": round(x(end) - x(t_fault), 1),
+                         "title": f"no training: {end - t_fault:.2f}s" + ("" if resumed is not None else " (training did not resume)")}
+    if t_fault is not None and before is not None and restored is not None and resumed is not None:
+        # Lost work: the band of steps computed twice, from when the restored step was
+        # first reached until the job got back past the last step before the fault.
+        reached = [e["ts"] for e in steps if e["ts"] <= t_fault and e["step"] >= restored]
+        regained = [e["ts"] for e in steps if e["ts"] >= resumed and e["step"] >= before]
+        t_from, t_to = (reached[0] if reached else t_fault), (regained[0] if regained else resumed)
+        chart["lost"] = {"x": x(t_from), "y": y(before), "w": round(x(t_to) - x(t_from), 1), "h": max(1.0, round(y(restored) - y(before), 1)),
+                         "title": f"lost work: steps {restored + 1}..{before} ({before - restored} steps), done before the fault and again after the restore"}
+        chart["rollback"] = {"x1": x(t_fault), "y1": y(before), "x2": x(resumed), "y2": y(restored),
+                             "label": f"rolled back to step {restored}"}
+        chart["summary"] = (f"last step before the fault {before}; restored from the checkpoint of step {restored}; "
+                            f"{before - restored} steps of work lost; training resumed {resumed - t_fault:.2f}s after the fault")
+    elif t_fault is not None:
+        chart["summary"] = "training did not resume after the fault" if resumed is None else "no checkpoint was restored"
+    return chart
+
+
+def _worlds(events: list[dict[str, Any]], t_fault: float, t_end: float | None) -> tuple[dict, dict]:
+    before: dict[Any, dict[str, Any]] = {}
+    after: dict[Any, dict[str, Any]] = {}
+    for e in events:
+        if e.get("kind") != "worker.start" or e.get("rank") is None:
+            continue
+        if e["ts"] <= t_fault:
+            before[e["rank"]] = e
+        elif t_end is None or e["ts"] <= t_end:
+            after[e["rank"]] = e
+    return before, after
+
+
+def _migration(events: list[dict[str, Any]], nodes: list[str], t_fault: float | None, timing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Which ranks ran on which node before the fault and in the world that replaced it."""
+    if t_fault is None or not nodes:
+        return None
+    before, after = _worlds(events, t_fault, (timing or {}).get("t_resumed"))
+    if not before and not after:
+        return None
+    ranks = sorted(set(before) | set(after), key=lambda r: (str(type(r)), r))
+    chip_h, pad, head = 20, 8, 30
+    left_x, right_x, box_w = 20, _W - 300, 280
+
+    def column(world: dict, x0: float) -> tuple[list[dict[str, Any]], dict[Any, float]]:
+        boxes, where, y = [], {}, head
+        for node in nodes:
+            mine = [r for r in ranks if r in world and world[r].get("node") == node]
+            h = pad * 2 + chip_h * max(1, len(mine))
+            chips = []
+            for j, r in enumerate(mine):
+                cy = y + pad + j * chip_h
+                e = world[r]
+                chips.append({"y": cy, "label": f"rank {r} · pid {e.get('pid')}" + (f" · restart {e['restart_count']}" if e.get("restart_count") else "")})
+                where[r] = cy + chip_h / 2
+            boxes.append({"node": node, "x": x0, "y": y, "h": h, "chips": chips, "empty": not mine})
+            y += h + 10
+        return boxes, where
+
+    left, ly = column(before, left_x)
+    right, ry = column(after, right_x)
+    links, rows, moved, stayed, lost = [], [], 0, 0, 0
+    for r in ranks:
+        b, a = before.get(r), after.get(r)
+        if b and a:
+            same = b.get("node") == a.get("node")
+            moved, stayed = moved + (not same), stayed + same
+            links.append({"x1": left_x + box_w, "y1": ly[r], "x2": right_x, "y2": ry[r], "moved": not same,
+                          "title": f"rank {r}: {b.get('node')} -> {a.get('node')}" + (" (migrated)" if not same else " (restarted in place)")})
+        elif b:
+            lost += 1
+        rows.append({"rank": r, "node_before": b and b.get("node"), "pid_before": b and b.get("pid"),
+                     "node_after": a and a.get("node"), "pid_after": a and a.get("pid"),
+                     "restart": a and a.get("restart_count"), "moved": bool(b and a and b.get("node") != a.get("node"))})
+    height = max([bx["y"] + bx["h"] for bx in left + right] + [head]) + 10
+    parts = [f"{stayed} rank{'s' if stayed != 1 else ''} restarted in place", f"{moved} migrated to another node"]
+    if lost:
+        parts.append(f"{lost} did not come back")
+    if not after:
+        parts = ["no new world formed after the fault"]
+    return {"w": _W, "h": height, "box_w": box_w, "chip_h": chip_h, "left": left, "right": right, "links": links,
+            "rows": rows, "summary": "; ".join(parts), "left_x": left_x, "right_x": right_x,
+            "world_before": len(before), "world_after": len(after)}
+
+
+def _waterfall(timing: dict[str, Any] | None, slo: dict[str, Any], t_fault: float | None) -> dict[str, Any] | None:
+    """Detection, reallocation, checkpoint load and resume from the fault, with SLO lines."""
+    if not timing or t_fault is None:
+        return None
+    rel = {k: (timing.get(k) - t_fault if timing.get(k) is not None else None) for k in ("t_detect", "t_realloc", "t_loaded", "t_resumed")}
+    spans = (
+        ("detection", 0.0 if rel["t_detect"] is not None else None, rel["t_detect"], "detection"),
+        ("reallocation", rel["t_detect"], rel["t_realloc"], "reallocation"),
+        ("checkpoint load", rel["t_realloc"], rel["t_loaded"], "checkpoint_load"),
+        ("resume", rel["t_loaded"], rel["t_resumed"], None),
+        ("recovery", 0.0 if rel["t_resumed"] is not None else None, rel["t_resumed"], "recovery"),
+    )
+    ends = [v for v in rel.values() if v is not None]
+    for _, start, _, slo_name in spans:
+        entry = slo.get(slo_name) if slo_name else None
+        if entry:
+            ends.append((start or 0.0) + entry["limit_s"])
+    hi = max(ends + [0.1]) * 1.08
+    label_w, w, row_h, top = 110, 560, 18, 6
+    x = _Scale(0.0, hi, label_w, w - 70)
+    rows, slo_marks = [], []
+    for i, (label, start, end, slo_name) in enumerate(spans):
+        y = top + i * row_h
+        entry = slo.get(slo_name) if slo_name else None
+        row: dict[str, Any] = {"label": label, "y": y, "bar": None, "startup": None, "text": "not observed", "text_x": label_w,
+                               "fail": bool(entry and not entry["pass"])}
+        if start is not None and end is not None:
+            row["bar"] = {"x": x(start), "w": max(1.0, round(x(end) - x(start), 1)), "title": f"{label}: {end - start:.3f}s (from {start:+.3f}s to {end:+.3f}s)"}
+            row["text"] = f"{end - start:.2f}s"
+            row["text_x"] = round(row["bar"]["x"] + row["bar"]["w"] + 4, 1)
+            if slo_name == "checkpoint_load" and timing.get("startup_s") is not None:
+                row["startup"] = {"x": x(start), "w": round(x(start + timing["startup_s"]) - x(start), 1), "title": f"worker start-up until the process group was ready: {timing['startup_s']:.3f}s"}
+        if entry and slo_name != "recovery":
+            sx = x((start or 0.0) + entry["limit_s"]) if start is not None else None
+            if sx is not None:
+                slo_marks.append({"x": sx, "y": y, "title": f"{label} SLO {entry['limit_s']:g}s"})
+                if abs(sx - row["text_x"]) < 40:  # keep the figure clear of the SLO mark
+                    row["text_x"] = round(sx + 5, 1)
+        rows.append(row)
+    height = top + row_h * len(spans) + 22
+    rec = slo.get("recovery")
+    return {"w": w, "h": height, "label_w": label_w, "row_h": row_h, "rows": rows, "slo_marks": slo_marks,
+            "recovery_slo": None if not rec else {"x": x(rec["limit_s"]), "label": f"recovery SLO {rec['limit_s']:g}s"},
+            "ticks": [{"x": x(t), "label": f"{t:g}s"} for t in nice_ticks(0.0, hi, 6) if t <= hi],
+            "bottom": top + row_h * len(spans)}
+
+
+# -- coverage -------------------------------------------------------------------------
+
+
+def _coverage_view(cov: dict[str, Any]) -> dict[str, Any]:
+    from chaoskit.coverage import CATEGORIES, SCOPES
+
+    total = cov["weight_total"] or 1
+    marks = {"covered": "\u2713", "failed": "\u2717", "not attempted": "\u25cb", "not runnable here": "\u2298"}
+    classes = [{**c, "share": c["weight"] / total, "css": c["status"].replace(" ", "-"), "mark": marks.get(c["status"], "")}
+               for c in cov["classes"]]
+    matrix = [{"category": cat, "cells": [[c for c in classes if c["category"] == cat and c["scope"] == scope] for scope in SCOPES]}
+              for cat in CATEGORIES]
+    return {**cov, "classes": classes, "matrix": matrix, "scopes": SCOPES}
+
+
+def _trend(history: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    entries = list(history)[-30:]
+    if not entries:
+        return None
+    w, h, left, top, bottom = 560, 170, 44, 10, 140
+    x = _Scale(0, max(1, len(entries) - 1), left + 10, w - 16)
+    y = _Scale(0.0, 1.0, bottom, top)
+    points = []
+    for i, e in enumerate(entries):
+        points.append({"x": x(i) if len(entries) > 1 else (left + w) / 2, "plain_y": y(e.get("plain") or 0), "weighted_y": y(e.get("weighted") or 0),
+                       "title": f"{e.get('started_at', '?')}: coverage {(e.get('plain') or 0):.1%}, weighted {(e.get('weighted') or 0):.1%}, "
+                                f"{e.get('passed', '?')}/{e.get('scenarios', '?')} scenarios passed"})
+    return {"w": w, "h": h, "left": left, "bottom": bottom, "points": points,
+            "plain": " ".join(f"{p['x']},{p['plain_y']}" for p in points),
+            "weighted": " ".join(f"{p['x']},{p['weighted_y']}" for p in points),
+            "y_ticks": [{"y": y(v), "label": f"{v:.0%}"} for v in (0, 0.25, 0.5, 0.75, 1.0)],
+            "first": entries[0].get("started_at", "")[:10], "last": entries[-1].get("started_at", "")[:10], "count": len(entries)}

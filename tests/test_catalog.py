@@ -1,0 +1,129 @@
+"""The fault catalog, its real-world weights, and coverage scoring."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaoskit.coverage import (
+    CATEGORIES,
+    SCOPES,
+    Capabilities,
+    catalog,
+    classes_exercised_by,
+    compute_coverage,
+    interruption_rows,
+    resolve_covers,
+    total_interruptions,
+)
+from tests.conftest import ROOT, SCENARIOS, run_cli
+
+SHARED_DATA = ROOT.parent / "shared" / "data" / "llama3_interruptions.csv"
+
+
+def test_weights_are_the_counts_of_the_shipped_data() -> None:
+    assert sum(r["interruptions"] for r in interruption_rows()) == 419 == total_interruptions()
+    weights = {c.id: c.weight for c in catalog()}
+    assert sum(weights.values()) == 419
+    # By hand from Table 5 of the Llama 3 paper and our category column:
+    assert weights["hardware.gpu"] == 148 + 17 + 6 + 6  # faulty GPU, GSP, SDC, thermal interface
+    assert weights["hardware.gpu_memory"] == 72 + 19  # HBM3, SRAM
+    assert weights["software.crash"] == 54 + 2  # software bug, dependency
+    assert weights["hardware.host"] == 32 + 2 + 2 + 2 + 2  # host maintenance, chassis, IO board, CPU, memory
+    assert weights["network.link"] == 35
+    assert weights["network.nic"] == 7
+    assert weights["software.hang"] == 7  # NCCL watchdog timeouts
+    assert weights["hardware.power"] == 3
+    assert weights["storage.disk"] == 3  # SSD
+    assert weights["network.partition"] == weights["storage.checkpoint"] == 0
+
+
+def test_shipped_data_is_the_shared_data_with_its_source() -> None:
+    shipped = ROOT / "chaoskit" / "data" / "llama3_interruptions.csv"
+    readme = (ROOT / "chaoskit" / "data" / "README.md").read_text()
+    assert "The Llama 3 Herd of Models" in readme and "Table 5" in readme
+    if not SHARED_DATA.exists():
+        pytest.skip(f"no shared data beside the repository ({SHARED_DATA})")
+    assert shipped.read_bytes() == SHARED_DATA.read_bytes()
+
+
+def test_catalog_spans_every_category_and_scope() -> None:
+    classes = catalog()
+    ids = [c.id for c in classes]
+    assert len(ids) == len(set(ids)) == 14
+    assert {c.category for c in classes} == set(CATEGORIES)
+    assert {c.scope for c in classes} == set(SCOPES)
+    for c in classes:
+        assert c.id.startswith(c.category + ".") and c.description
+
+
+def test_every_fault_kind_exercises_a_class() -> None:
+    from chaoskit.faults.registry import fault_kinds
+
+    coming = ("network.link_down", "network.blackhole", "network.degrade", "network.partition", "node.poweroff")
+    for kind in list(fault_kinds()) + list(coming):
+        assert classes_exercised_by([kind]), f"{kind} exercises no catalog class"
+
+
+def test_covers_default_from_the_fault_kinds_and_are_checked() -> None:
+    assert resolve_covers(None, ["process.kill"]) == ["software.crash"]
+    assert resolve_covers(None, ["node.poweroff"]) == ["hardware.host", "hardware.power"]
+    assert resolve_covers(["hardware.power"], ["node.poweroff"]) == ["hardware.power"]
+    with pytest.raises(ValueError, match="unknown fault class 'gpu.melt'"):
+        resolve_covers(["gpu.melt"], ["process.kill"])
+    with pytest.raises(ValueError, match="software.hang is not exercised by process.kill"):
+        resolve_covers(["software.hang"], ["process.kill"])
+
+
+def test_shipped_scenarios_cover_what_they_inject() -> None:
+    from chaoskit.scenario import load_scenario, scenario_files
+
+    covers = {}
+    for f in scenario_files([SCENARIOS]):
+        sc = load_scenario(f).model
+        covers[sc.name] = resolve_covers(sc.covers, [x.kind for x in sc.faults])
+    assert covers["kill-rank"] == covers["kill-uninstrumented"] == ["software.crash"]
+    assert covers["hang-rank"] == ["software.hang"]
+
+
+def test_coverage_statuses_and_scores() -> None:
+    caps = Capabilities(frozenset({"process.kill", "process.hang", "network.link_down"}), {"gpu": "no GPU here"})
+    records = [
+        {"scenario": "kill", "covers": ["software.crash"], "injected_kinds": ["process.kill"], "status": "pass"},
+        {"scenario": "hang", "covers": ["software.hang"], "injected_kinds": ["process.hang"], "status": "fail"},
+        {"scenario": "power", "covers": ["hardware.host", "hardware.power"], "injected_kinds": [], "status": "error"},
+        {"scenario": "later", "covers": ["network.nic"], "injected_kinds": [], "status": None},
+    ]
+    cov = compute_coverage(records, caps)
+    status = {c["id"]: c for c in cov["classes"]}
+    assert status["software.crash"]["status"] == "covered"
+    assert status["software.hang"]["status"] == "failed"
+    # node.poweroff is not installed: the error says nothing about the cluster's recovery
+    assert status["hardware.host"]["status"] == "not runnable here"
+    assert "node.poweroff is not installed" in status["hardware.host"]["reason"]
+    assert status["hardware.gpu"]["status"] == "not runnable here" and "no GPU here" in status["hardware.gpu"]["reason"]
+    # runnable (its kind is installed, it needs nothing missing) but its scenario has not run
+    assert status["network.nic"]["status"] == "not attempted"
+    assert cov["covered"] == ["software.crash"]
+    assert cov["plain"] == pytest.approx(1 / 14)
+    assert cov["weighted"] == pytest.approx(56 / 419)
+    assert sum(cov["counts"].values()) == 14
+
+
+def test_a_pass_covers_only_classes_whose_fault_it_injected() -> None:
+    caps = Capabilities(frozenset({"process.kill", "process.hang"}), {})
+    cov = compute_coverage([{"scenario": "odd", "covers": ["software.hang"], "injected_kinds": ["process.kill"], "status": "pass"}], caps)
+    assert cov["covered"] == [] and cov["plain"] == 0 and cov["weighted"] == 0
+
+
+def test_catalog_command() -> None:
+    res = run_cli("catalog", "--json")
+    assert res.code == 0, res.stderr
+    data = res.json
+    assert len(data["classes"]) == 14 and data["weight_total"] == 419
+    crash = next(c for c in data["classes"] if c["id"] == "software.crash")
+    assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill"]
+    assert crash["weight"] == 56 and crash["runnable_here"] is True
+    oom = next(c for c in data["classes"] if c["id"] == "software.oom")
+    assert oom["runnable_here"] is False and "no fault kind" in oom["reason"]
+    res = run_cli("catalog")
+    assert res.code == 0 and "software.crash" in res.stdout and "56 (13.4%)" in res.stdout and "not runnable" in res.stdout
