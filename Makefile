@@ -20,8 +20,10 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[workload,ssh,dev]'
 	touch $@ $(VENV)/.workload
 
+# One drill with its phase table, then a short game day (coverage, JUnit, HTML report).
 demo: $(VENV)/.workload
 	$(BIN)/chaoskit run scenarios/kill-rank.yaml
+	$(BIN)/chaoskit gameday scenarios/kill-uninstrumented.yaml scenarios/hang-rank.yaml
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

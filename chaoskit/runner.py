@@ -101,6 +101,12 @@ def _static_checks(loaded, inventory) -> None:
                 f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
                 "faults", i, "at", "step",
             )
+    from chaoskit.coverage import resolve_covers
+
+    try:
+        resolve_covers(sc.covers, [f.kind for f in sc.faults])
+    except ValueError as exc:
+        raise loaded.error(str(exc), "covers") from None
     for j, lf in enumerate(sc.probes.log_files):
         if lf.node not in inventory:
             raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
@@ -247,12 +253,23 @@ class _Run:
             lock.release()
         result = self._result()
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        self._write_report()
         self._active_marker.unlink(missing_ok=True)
         if self.verdict == "error":
             raise self._error
         if exit_code == ExitCode.OK and result["verdict"] != "pass":
             exit_code = ExitCode.CHECK_FAILED
         return RunOutcome(int(exit_code), result, self.run_dir)
+
+    def _write_report(self) -> None:
+        from chaoskit.report.html import write_run_report
+
+        try:
+            path = write_run_report(self.run_dir)
+        except Exception as exc:  # noqa: BLE001 - the run's data is safe in its JSON files; say so and go on
+            self.say(f"[yellow]report.html not written:[/yellow] {type(exc).__name__}: {exc} (chaoskit report {self.run_dir} retries)")
+        else:
+            self.say(f"report: {path}")
 
     def _start(self) -> None:
         from chaoskit.observe.probes import TORCHRUN_RULES, FileLogProbe, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
