@@ -20,6 +20,11 @@ GROUP = "chaoskit.faults"
 _BUILTIN = {
     "process.kill": "chaoskit.faults.process:KillFault",
     "process.hang": "chaoskit.faults.process:HangFault",
+    "network.link_down": "chaoskit.faults.network:LinkDownFault",
+    "network.blackhole": "chaoskit.faults.network:BlackholeFault",
+    "network.degrade": "chaoskit.faults.network:DegradeFault",
+    "network.partition": "chaoskit.faults.network:PartitionFault",
+    "node.poweroff": "chaoskit.faults.power:PowerOffFault",
 }
 
 

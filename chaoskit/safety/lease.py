@@ -4,6 +4,11 @@
 node; the controller renews every lease from a background thread; ``release``
 tells the watchdog its job is done. If the controller dies, the leases go stale
 and every node reverts its own faults within the TTL.
+
+A transport that reaches a remote node (SSH) implements
+:class:`~chaoskit.cluster.transports.api.WatchdogHost`: it ships the watchdog
+script to the node and starts it there, with the lease directory on the node.
+Other transports get the controller-local watchdog through ``spawn_detached``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import shutil
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +54,11 @@ class Lease:
 class LeaseManager:
     def __init__(self, root: Path, run_id: str, ttl: float) -> None:
         self.root = Path(root) / run_id
+        self.run_id = run_id
         self.ttl = ttl
+        self._remote: dict[int, Transport] = {}
+        self._renewals: dict[str, Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
         self.leases: dict[str, Lease] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,6 +66,16 @@ class LeaseManager:
 
     def arm(self, transport: Transport, fault_id: str, revert: list[str], duration: float) -> Lease:
         """Start the watchdog for one fault; return once it is running."""
+        start_watchdog = getattr(transport, "start_watchdog", None)
+        if start_watchdog is not None:
+            deadline = time.time() + duration
+            remote_dir, pid = start_watchdog(f"{self.run_id}/{fault_id}", self.ttl, duration, revert)
+            lease = Lease(fault_id, transport.node, remote_dir, deadline, revert, transport, pid)
+            with self._lock:
+                self.leases[fault_id] = lease
+                self._remote[id(transport)] = transport
+            self._ensure_renewing()
+            return lease
         directory = self.root / fault_id
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "lease").touch()
@@ -76,12 +96,31 @@ class LeaseManager:
         with self._lock:
             lease = self.leases.pop(fault_id, None)
         if lease is not None:
-            (Path(lease.directory) / "released").touch()
+            try:
+                lease.transport.touch(str(Path(lease.directory) / "released"))
+            except Exception:  # noqa: BLE001 - unreachable node: its watchdog reverts (idempotently) on its own
+                pass
+
+    def abandon(self, fault_id: str) -> None:
+        """Stop renewing a lease *without* releasing it: its watchdog reverts within the TTL.
+
+        For a revert that failed or could not be verified; ``release`` would make the
+        watchdog stand down and leave the fault in place.
+        """
+        with self._lock:
+            self.leases.pop(fault_id, None)
 
     def close(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=2)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        for transport in self._remote.values():
+            try:
+                transport.cleanup_leases(self.run_id)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - leftover files in the node's workdir, nothing armed
+                pass
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _ensure_renewing(self) -> None:
@@ -94,8 +133,18 @@ class LeaseManager:
         while not self._stop.wait(interval):
             with self._lock:
                 leases = list(self.leases.values())
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="chaoskit-lease")
             for lease in leases:
-                try:
-                    lease.transport.touch(str(Path(lease.directory) / "lease"))
-                except OSError:
-                    pass  # the watchdog decides; a missed renewal is what it is for
+                # One renewal in flight per lease: a node that does not answer delays only its own.
+                busy = self._renewals.get(lease.fault_id)
+                if busy is not None and not busy.done():
+                    continue
+                self._renewals[lease.fault_id] = self._pool.submit(self._renew, lease)
+
+    @staticmethod
+    def _renew(lease: Lease) -> None:
+        try:
+            lease.transport.touch(str(Path(lease.directory) / "lease"))
+        except Exception:  # noqa: BLE001 - the watchdog decides; a missed renewal is what it is for
+            pass

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ProcInfo", "CommandResult", "Transport", "shell_quote"]
+__all__ = ["ProcInfo", "CommandResult", "Transport", "WatchdogHost", "shell_quote"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class CommandResult:
     returncode: int
     stdout: str
     stderr: str
+    finished_at: float | None = None
+    """When the command returned, on the node's clock, where the transport knows it (a fault's ``t_fault``)."""
 
 
 class Transport(Protocol):
@@ -61,6 +63,27 @@ class Transport(Protocol):
 
     def touch(self, path: str) -> None:
         """Update a file's mtime (lease renewal)."""
+
+    def in_scope(self, pid: int) -> bool:
+        """True when ``pid`` is a live process of this node."""
+
+    def state(self, pid: int) -> str | None:
+        """One-letter process state (R, S, T when stopped, Z) or ``None`` when gone or out of scope."""
+
+
+class WatchdogHost(Protocol):
+    """A transport that starts lease watchdogs itself (the node is remote, so the
+    controller's paths mean nothing there). :class:`~chaoskit.safety.lease.LeaseManager`
+    uses it when the transport has these methods, else spawns the local watchdog."""
+
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str]) -> tuple[str, int]:
+        """Ship and start the watchdog on the node; return (its lease directory there, its pid) once it watches.
+
+        The fault's deadline is ``duration`` from now on the node's own clock.
+        """
+
+    def cleanup_leases(self, run_id: str) -> None:
+        """Remove the node-side lease directories of one run."""
 
 
 def shell_quote(argv: list[str]) -> str:

@@ -1,0 +1,323 @@
+"""The on-node agent of the SSH transport (standard library only, Python 3.6+).
+
+Nothing is installed on the node: the controller opens one SSH exec channel
+running :data:`BOOT` (``python3 -u -c ...``), sends this file's source over it,
+and from then on every command travels over that one channel. Opening a new SSH
+session costs ~100 ms on the server even over a reused connection; a request
+written to this already running process comes back in well under a millisecond.
+
+Protocol, one JSON object per line in each direction::
+
+    -> {"id": 7, "op": "run", "argv": ["ip", "link", "set", "dev", "eth0", "down"], "timeout": 10}
+    <- {"id": 7, "ok": true, "rc": 0, "stdout": "", "stderr": "", "t": 1767225600.123}
+    <- {"id": 8, "ok": false, "error": "pid 42 is not a process of this node"}
+
+The first line the agent writes is ``{"id": 0, "ok": true, "hello": VERSION, ...}``.
+Requests run concurrently (cheap ones inline, commands on threads), so replies
+may come out of order; ``id`` pairs them. Every command has a deadline the agent
+enforces itself (it kills the command's process group and answers ``rc`` 124).
+EOF on stdin ends the agent once in-flight requests are answered; processes it
+started detached (lease watchdogs) live on. No shell is ever involved: ``argv``
+is executed as given.
+
+Fed a single request followed by EOF, the same program serves one command per
+exec, which is the transport's fallback when a persistent agent cannot be kept.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+VERSION = 1
+MAX_OUTPUT = 1 << 20
+
+BOOT = (
+    "import sys;b=sys.stdin.buffer;n=int(b.readline());"
+    "exec(compile(b.read(n),'chaoskit-agent','exec'))"
+)
+"""What the controller runs with ``python3 -u -c``: read a byte count, then that much source, and run it."""
+
+
+class OpError(Exception):
+    pass
+
+
+def _own_netns():
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+
+
+def _netns_of(pid):
+    try:
+        return os.readlink("/proc/%d/ns/net" % pid)
+    except OSError:
+        return None
+
+
+def _proc(pid):
+    base = "/proc/%d" % pid
+    try:
+        with open(base + "/stat", "rb") as fh:
+            stat = fh.read().decode("utf-8", "replace")
+        with open(base + "/cmdline", "rb") as fh:
+            cmdline = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        try:
+            with open(base + "/environ", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            raw = b""
+    except (OSError, ValueError):
+        return None
+    rest = stat[stat.rfind(")") + 2:].split()
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return {"pid": pid, "ppid": int(rest[1]), "cmdline": cmdline, "env": env, "state": rest[0]}
+
+
+def _in_scope(info, scope):
+    """``scope``: {"netns": bool, "env": token or None}. True when the process belongs to the node."""
+    if info is None:
+        return False
+    scope = scope or {}
+    if scope.get("netns") and _netns_of(info["pid"]) != _own_netns():
+        return False
+    token = scope.get("env")
+    if token and info["env"].get("CHAOSKIT_SCOPE") != token:
+        return False
+    return True
+
+
+def op_ping(req):
+    return {"t": time.time(), "pid": os.getpid()}
+
+
+def op_run(req):
+    argv = [str(a) for a in req["argv"]]
+    timeout = float(req.get("timeout", 30))
+    data = req.get("stdin")
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        return {"rc": 127, "stdout": "", "stderr": "%s: %s" % (argv[0], exc.strerror), "t": time.time(), "timed_out": False}
+    timed_out = False
+    try:
+        out, err = proc.communicate(data.encode() if data is not None else None, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        out, err = proc.communicate()
+    t = time.time()
+    return {
+        "rc": 124 if timed_out else proc.returncode,
+        "stdout": out[:MAX_OUTPUT].decode("utf-8", "replace"),
+        "stderr": err[:MAX_OUTPUT].decode("utf-8", "replace"),
+        "t": t,
+        "timed_out": timed_out,
+    }
+
+
+_children = []
+_children_lock = threading.Lock()
+
+
+def _reap():
+    with _children_lock:
+        _children[:] = [p for p in _children if p.poll() is None]
+
+
+def _spawn(argv, cwd=None):
+    proc = subprocess.Popen(
+        [str(a) for a in argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        cwd=cwd,
+    )
+    with _children_lock:
+        _children.append(proc)  # polled later so a finished one does not linger as a zombie
+    return proc.pid
+
+
+def op_spawn(req):
+    try:
+        return {"pid": _spawn(req["argv"], req.get("cwd")), "t": time.time()}
+    except OSError as exc:
+        raise OpError("%s: %s" % (req["argv"][0], exc.strerror))
+
+
+def op_touch(req):
+    path = req["path"]
+    try:
+        os.utime(path, None)
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "a"):
+            pass
+    return {"t": time.time()}
+
+
+def op_write(req):
+    path = req["path"]
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+    tmp = path + ".tmp%d" % os.getpid()
+    with open(tmp, "w") as fh:
+        fh.write(req["data"])
+    os.chmod(tmp, int(req.get("mode", 0o600)))
+    os.replace(tmp, path)
+    return {}
+
+
+def op_read(req):
+    try:
+        with open(req["path"]) as fh:
+            return {"data": fh.read(MAX_OUTPUT)}
+    except FileNotFoundError:
+        return {"data": None}
+
+
+def op_rmtree(req):
+    import shutil
+
+    shutil.rmtree(req["path"], ignore_errors=True)
+    return {}
+
+
+def op_procs(req):
+    scope = req.get("scope") or {}
+    own = _own_netns() if scope.get("netns") else None
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        if own is not None and _netns_of(int(name)) != own:
+            continue  # cheap test first: the host's other processes are never read
+        info = _proc(int(name))
+        if info is not None and _in_scope(info, scope):
+            out.append(info)
+    return {"procs": out}
+
+
+def op_state(req):
+    info = _proc(int(req["pid"]))
+    return {"state": info["state"] if _in_scope(info, req.get("scope")) else None}
+
+
+def op_signal(req):
+    pid, signum = int(req["pid"]), int(req["signal"])
+    info = _proc(pid)
+    if pid <= 1 or not _in_scope(info, req.get("scope")) or info["state"] == "Z":
+        raise OpError("pid %d is not a process of this node" % pid)
+    os.kill(pid, signum)
+    return {"t": time.time()}
+
+
+def op_watchdog(req):
+    """Start the lease watchdog detached; answer once it is watching.
+
+    The deadline is computed here, on the node's clock, from ``duration``.
+    """
+    lease_dir = req["lease_dir"]
+    os.makedirs(lease_dir, mode=0o700, exist_ok=True)
+    for stale in ("released", "fired", "watchdog.pid"):
+        try:
+            os.unlink(os.path.join(lease_dir, stale))
+        except FileNotFoundError:
+            pass
+    op_touch({"path": os.path.join(lease_dir, "lease")})
+    deadline = time.time() + float(req["duration"])
+    argv = [sys.executable, req["script"], lease_dir, "%g" % float(req["ttl"]), "%.3f" % deadline, "--"]
+    pid = _spawn(argv + [str(a) for a in req["revert"]])
+    pidfile = os.path.join(lease_dir, "watchdog.pid")
+    end = time.time() + float(req.get("wait", 5))
+    while time.time() < end:
+        if os.path.exists(pidfile):
+            return {"pid": pid, "deadline": deadline, "t": time.time()}
+        time.sleep(0.005)
+    raise OpError("the watchdog did not start within %gs" % float(req.get("wait", 5)))
+
+
+INLINE = {
+    "ping": op_ping, "touch": op_touch, "write": op_write, "read": op_read,
+    "state": op_state, "signal": op_signal,
+}
+THREADED = {"run": op_run, "spawn": op_spawn, "procs": op_procs, "rmtree": op_rmtree, "watchdog": op_watchdog}
+
+
+def main():
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    write_lock = threading.Lock()
+    threads = []
+
+    def reply(obj):
+        data = (json.dumps(obj) + "\n").encode()
+        with write_lock:
+            stdout.write(data)
+            stdout.flush()
+
+    def handle(req):
+        rid = req.get("id")
+        try:
+            fn = INLINE.get(req.get("op")) or THREADED.get(req.get("op"))
+            if fn is None:
+                raise OpError("unknown op %r" % req.get("op"))
+            out = fn(req)
+            out["id"], out["ok"] = rid, True
+        except OpError as exc:
+            out = {"id": rid, "ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an answer, never a dead agent
+            out = {"id": rid, "ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+        try:
+            reply(out)
+        except (OSError, ValueError):
+            pass
+
+    reply({"id": 0, "ok": True, "hello": VERSION, "pid": os.getpid(), "uid": os.getuid(),
+           "python": sys.executable, "t": time.time()})
+    for line in iter(stdin.readline, b""):
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue
+        _reap()
+        if req.get("op") in INLINE:
+            handle(req)
+        else:
+            t = threading.Thread(target=handle, args=(req,))
+            t.daemon = True
+            t.start()
+            threads.append(t)
+            threads[:] = [x for x in threads if x.is_alive()]
+    for t in threads:
+        t.join()
+    _reap()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

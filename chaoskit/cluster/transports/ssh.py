@@ -1,0 +1,760 @@
+"""The SSH transport: one paramiko connection per host, one agent per connection.
+
+Contract:
+
+- **Host keys** are verified against the inventory's ``known_hosts``. An unknown
+  key is refused (:class:`HostKeyError`, naming the host and the key's SHA256
+  fingerprint) unless ``trust_on_first_use`` is set, which pins the key it sees
+  into ``known_hosts`` so every later connection must match it. A changed key is
+  always refused.
+- **Auth** is by key only (no agent, no password, no ``~/.ssh`` lookups).
+- **Privilege**: when the user is not root every remote command runs under
+  ``sudo -n`` (never prompts; fails instead).
+- **Fast path**: the first command starts :mod:`.agent_script` over one exec
+  channel; later commands travel over that channel as JSON lines with request
+  ids, deadlines and exit codes (~0.2 ms round trip instead of ~100 ms for a new
+  SSH session). If the agent dies it is restarted; after repeated failures the
+  transport falls back to one SSH exec per command.
+- **Deadlines**: every command has one on the node (the agent kills the
+  command's process group; in exec mode ``timeout -k``) *and* on the client: no
+  answer by ``timeout + grace`` raises :class:`~chaoskit.errors.InfraError`,
+  whatever the socket does.
+- **Quoting**: argv travels as a JSON list to the agent (no shell). In exec mode
+  each element is quoted with :func:`~.api.shell_quote`. The values in argv were
+  validated by the fault that built them; control characters are refused here
+  as a last line of defence.
+
+paramiko is imported when a transport connects, not at import time.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+from chaoskit.cluster.transports.api import CommandResult, ProcInfo, shell_quote
+from chaoskit.errors import InfraError
+
+__all__ = [
+    "SSHTransport",
+    "HostKeyError",
+    "fingerprint",
+    "parallel",
+    "connect_all",
+    "run_many",
+    "ping_many",
+    "AGENT_SOURCE",
+]
+
+T = TypeVar("T")
+
+AGENT_SOURCE = Path(__file__).with_name("agent_script.py").read_bytes()
+
+GRACE_S = 2.0
+"""Client-side slack beyond a command's own timeout before the client gives up on it."""
+AGENT_RESTARTS = 3
+"""Failed agent starts in a row before the transport falls back to one exec per command."""
+IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", "rmtree"})
+"""Requests safe to send again when the connection died after they left."""
+_LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class HostKeyError(InfraError):
+    """The node's host key is unknown or does not match ``known_hosts``."""
+
+
+class _AgentGone(Exception):
+    """The agent channel is dead (EOF, send failure).
+
+    ``sent`` tells whether the request had left: one that had may have run, so only
+    idempotent requests are retried on a new agent (a second ``ip link set down``
+    after the node's watchdog restored the link would undo the safety net).
+    """
+
+    def __init__(self, reason: str, sent: bool = False) -> None:
+        super().__init__(reason)
+        self.sent = sent
+
+
+class _OpFailed(Exception):
+    """The agent answered ``ok: false``."""
+
+
+def fingerprint(key: Any) -> str:
+    """OpenSSH-style ``SHA256:...`` fingerprint of a paramiko public key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _host_entry(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class SSHTransport:
+    """Run commands on one node over SSH (see the module docstring for the contract)."""
+
+    def __init__(
+        self,
+        node: str,
+        address: str,
+        *,
+        user: str = "root",
+        port: int = 22,
+        key_file: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        trust_on_first_use: bool = False,
+        sudo: bool | None = None,
+        python: str = "python3",
+        workdir: str | None = None,
+        process_scope: str = "all",
+        scope_token: str | None = None,
+        connect_timeout: float = 10.0,
+        command_timeout: float = 30.0,
+        use_agent: bool = True,
+    ) -> None:
+        self.node = node
+        self.address = address
+        self.user = user
+        self.port = int(port)
+        self.key_file = str(key_file) if key_file else None
+        self.known_hosts = str(known_hosts) if known_hosts else str(Path.home() / ".ssh" / "known_hosts")
+        self.trust_on_first_use = trust_on_first_use
+        self.sudo = (user != "root") if sudo is None else bool(sudo)
+        self.python = python
+        self.workdir = workdir or f"/tmp/chaoskit-{user}"
+        self.scope = {"netns": process_scope == "netns", "env": scope_token}
+        self.connect_timeout = float(connect_timeout)
+        self.command_timeout = float(command_timeout)
+        self.use_agent = use_agent
+        self.mode = "agent" if use_agent else "exec"
+        """``agent`` (one channel, JSON requests) or ``exec`` (one SSH exec per command)."""
+        self.notes: list[str] = []
+        self._client: Any = None
+        self._agent: _AgentChannel | None = None
+        self._agent_failures = 0
+        self._lock = threading.RLock()
+        self._watchdog_path: str | None = None
+
+    def __repr__(self) -> str:
+        return f"SSHTransport({self.node!r}, {self.user}@{self.address}:{self.port}, mode={self.mode})"
+
+    # -- connection ---------------------------------------------------------------------
+
+    def connect(self) -> "SSHTransport":
+        """Open the connection (verifying the host key) and start the agent; idempotent."""
+        with self._lock:
+            self._connect_locked()
+            if self.mode == "agent":
+                try:
+                    self._agent_locked()
+                except _AgentGone as exc:  # the next command retries, then falls back to exec
+                    self.notes.append(f"the agent on {self.node} did not start: {exc}")
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            if self._agent is not None:
+                self._agent.close()
+                self._agent = None
+            if self._client is not None:
+                try:
+                    self._client.close()
+                except Exception:  # noqa: BLE001
+                    pass
+                self._client = None
+
+    def __enter__(self) -> "SSHTransport":
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def connected(self) -> bool:
+        client = self._client
+        transport = client.get_transport() if client is not None else None
+        return transport is not None and transport.is_active()
+
+    def _connect_locked(self) -> None:
+        if self.connected:
+            return
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._client = None
+        self._client = self._open_client()
+
+    def _open_client(self) -> Any:
+        try:
+            import paramiko
+        except ImportError:
+            raise InfraError(
+                "the SSH transport needs paramiko", hint="pip install 'chaoskit[ssh]'"
+            ) from None
+        client = paramiko.SSHClient()
+        if os.path.exists(self.known_hosts):
+            try:
+                client.load_host_keys(self.known_hosts)
+            except (OSError, paramiko.SSHException) as exc:
+                raise InfraError(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
+        elif not self.trust_on_first_use:
+            raise HostKeyError(
+                f"known_hosts file {self.known_hosts} does not exist, so the host key of node {self.node} "
+                f"({self.address}) cannot be verified",
+                hint="point ssh.known_hosts at a file holding the node's key, or set ssh.trust_on_first_use: true",
+            )
+        policy = _PinPolicy(self) if self.trust_on_first_use else _RejectPolicy(self)
+        client.set_missing_host_key_policy(policy)
+        where = f"{self.user}@{self.address}:{self.port}"
+        try:
+            client.connect(
+                self.address,
+                port=self.port,
+                username=self.user,
+                key_filename=self.key_file,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.connect_timeout,
+                look_for_keys=False,
+                allow_agent=False,
+            )
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyError(
+                f"host key of node {self.node} ({self.address}) does not match {self.known_hosts}: "
+                f"expected {exc.expected_key.get_name()} {fingerprint(exc.expected_key)}, "
+                f"got {exc.key.get_name()} {fingerprint(exc.key)}",
+                hint="someone may be intercepting the connection; if the node was reinstalled, update known_hosts",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            raise InfraError(
+                f"ssh key authentication to {where} (node {self.node}) failed: {exc}",
+                hint=f"check ssh.user and ssh.key ({self.key_file})",
+            ) from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            client.close()
+            raise InfraError(f"cannot reach node {self.node} at {where}: {exc or type(exc).__name__}") from None
+        transport = client.get_transport()
+        transport.set_keepalive(5)
+        return client
+
+    # -- the agent ------------------------------------------------------------------------
+
+    def _remote(self, argv: list[str]) -> str:
+        return shell_quote((["sudo", "-n"] if self.sudo else []) + argv)
+
+    def _boot_command(self, timeout: float | None = None) -> str:
+        argv = [self.python, "-u", "-c", _boot_code()]
+        if timeout is not None:
+            argv = ["timeout", "-k", "2", f"{max(timeout, 0.1):.3f}", *argv]
+        return self._remote(argv)
+
+    def _agent_locked(self) -> "_AgentChannel | None":
+        if self.mode != "agent":
+            return None
+        if self._agent is not None and not self._agent.dead:
+            return self._agent
+        self._connect_locked()
+        try:
+            self._agent = _AgentChannel.start(self._client, self._boot_command(), self.connect_timeout, self.node)
+            self._agent_failures = 0
+        except _AgentGone as exc:
+            self._agent = None
+            self._agent_failures += 1
+            if self._agent_failures >= AGENT_RESTARTS:
+                self.mode = "exec"
+                self.notes.append(f"agent on {self.node} failed {AGENT_RESTARTS} times ({exc}); one exec per command from now on")
+            raise
+        return self._agent
+
+    def _call(self, op: str, timeout: float, /, **fields: Any) -> dict[str, Any]:
+        """One request with a client-side deadline of ``timeout`` (plus grace).
+
+        Without a working agent: ``run`` becomes one plain exec, anything else one
+        exec of the agent serving just that request.
+        """
+        fields["op"] = op
+        for _ in range(2):
+            try:
+                with self._lock:
+                    agent = self._agent_locked()
+            except _AgentGone:
+                continue
+            if agent is None:
+                break
+            try:
+                return agent.request(fields, timeout + GRACE_S)
+            except _AgentGone as exc:
+                with self._lock:
+                    if self._agent is agent:
+                        self._agent = None
+                if exc.sent and op not in IDEMPOTENT_OPS:
+                    raise InfraError(
+                        f"{_describe(fields)}: the connection to node {self.node} was lost while it ran ({exc}); "
+                        "its outcome is unknown"
+                    ) from None
+                continue
+            except _Deadline as exc:
+                if exc.silent:  # nothing at all came back since the request left: wedged agent or dead link
+                    with self._lock:
+                        if self._agent is agent:
+                            agent.close()
+                            self._agent = None
+                raise InfraError(f"{_describe(fields)}: no answer from node {self.node} within {timeout:g}s") from None
+        if op == "run":
+            return self._exec_run(fields["argv"], float(fields["timeout"]))
+        return self._oneshot(fields, timeout)
+
+    def _exec_run(self, argv: list[str], timeout: float) -> dict[str, Any]:
+        rc, out, err = self._exec(self._remote(["timeout", "-k", "2", f"{max(timeout, 0.1):.3f}", *argv]), timeout)
+        return {"rc": rc, "stdout": out, "stderr": err, "t": None, "timed_out": rc == 124}
+
+    def _oneshot(self, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The fallback: one SSH exec running the agent for exactly one request."""
+        request = (json.dumps({"id": 1, **fields}) + "\n").encode()
+        stdin = f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE + request
+        rc, out, err = self._exec(self._boot_command(timeout), timeout, stdin=stdin)
+        for line in out.splitlines():
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue
+            if reply.get("id") == 1:
+                if not reply.get("ok"):
+                    raise _OpFailed(reply.get("error", "failed"))
+                return reply
+        raise InfraError(f"{_describe(fields)} on node {self.node} failed (exit {rc}): {err.strip()[-300:] or 'no output'}")
+
+    def _exec(self, command: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
+        """One SSH exec with a client-side deadline; (exit status, stdout, stderr)."""
+        with self._lock:
+            self._connect_locked()
+            client = self._client
+        end = time.monotonic() + timeout + GRACE_S
+        try:
+            chan = client.get_transport().open_session(timeout=min(self.connect_timeout, timeout + GRACE_S))
+        except Exception as exc:  # noqa: BLE001 - paramiko raises several unrelated types here
+            raise InfraError(f"cannot open an SSH session on node {self.node}: {exc}") from None
+        out, err = bytearray(), bytearray()
+        try:
+            chan.exec_command(command)
+            if stdin is not None:
+                chan.settimeout(max(0.1, end - time.monotonic()))
+                chan.sendall(stdin)
+                chan.shutdown_write()
+            chan.settimeout(0.0)
+            while True:
+                got = False
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                    got = True
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    got = True
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    if chan.eof_received or chan.closed:
+                        break
+                if chan.closed and not chan.recv_ready():
+                    break
+                if time.monotonic() > end:
+                    raise InfraError(f"{command[:80]}...: no answer from node {self.node} within {timeout:g}s")
+                if not got:
+                    time.sleep(0.001)
+            rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        except InfraError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise InfraError(f"SSH exec on node {self.node} failed: {exc}") from None
+        finally:
+            chan.close()
+        return rc, out.decode(errors="replace"), err.decode(errors="replace")
+
+    # -- the Transport protocol ----------------------------------------------------------
+
+    def run(self, argv: list[str], timeout: float | None = None) -> CommandResult:
+        """Run ``argv`` on the node (no shell) with a hard deadline; raise InfraError when it misses it."""
+        argv = _checked(argv)
+        timeout = self.command_timeout if timeout is None else float(timeout)
+        try:
+            reply = self._call("run", timeout, argv=argv, timeout=timeout)
+        except _OpFailed as exc:
+            raise InfraError(f"{argv[0]} on node {self.node}: {exc}") from None
+        if reply.get("timed_out"):
+            raise InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {self.node}")
+        if reply["rc"] == 127 and not reply["stdout"]:
+            raise InfraError(f"{argv[0]}: command not found on node {self.node}: {reply['stderr'].strip()}")
+        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], reply.get("t"))
+
+    def processes(self) -> list[ProcInfo]:
+        reply = self._request("procs", self.command_timeout, scope=self.scope)
+        return [ProcInfo(p["pid"], p["ppid"], p["cmdline"], p["env"], p["state"]) for p in reply["procs"]]
+
+    def state(self, pid: int) -> str | None:
+        return self._request("state", self.command_timeout, pid=int(pid), scope=self.scope)["state"]
+
+    def in_scope(self, pid: int) -> bool:
+        return self.state(pid) not in (None, "Z")
+
+    def signal(self, pid: int, signum: int) -> float:
+        try:
+            reply = self._call("signal", self.command_timeout, pid=int(pid), signal=int(signum), scope=self.scope)
+        except _OpFailed as exc:
+            raise InfraError(f"refusing to signal pid {pid} on node {self.node}: {exc}") from None
+        return float(reply["t"])
+
+    def spawn_detached(self, argv: list[str]) -> int:
+        return int(self._request("spawn", self.command_timeout, argv=_checked(argv))["pid"])
+
+    def touch(self, path: str, timeout: float = 5.0) -> None:
+        self._request("touch", timeout, path=_checked([path])[0])
+
+    def ping(self, timeout: float = 5.0) -> float:
+        """One round trip to the node; return the node's clock."""
+        return float(self._request("ping", timeout)["t"])
+
+    def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
+        self._request("write", self.command_timeout, path=_checked([path])[0], data=data, mode=mode)
+
+    def read_file(self, path: str) -> str | None:
+        return self._request("read", self.command_timeout, path=_checked([path])[0])["data"]
+
+    def _request(self, op: str, timeout: float, /, **fields: Any) -> dict[str, Any]:
+        try:
+            return self._call(op, timeout, **fields)
+        except _OpFailed as exc:
+            raise InfraError(f"{op} on node {self.node} failed: {exc}") from None
+
+    # -- leases (WatchdogHost) -----------------------------------------------------------
+
+    def lease_dir(self, lease_id: str) -> str:
+        if not _LEASE_ID_RE.match(lease_id) or ".." in lease_id.split("/"):
+            raise ValueError(f"invalid lease id {lease_id!r}")
+        return f"{self.workdir}/leases/{lease_id}"
+
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str]) -> tuple[str, int]:
+        """Ship :mod:`chaoskit.safety.watchdog` to the node (once) and start it detached there."""
+        directory = self.lease_dir(lease_id)
+        if self._watchdog_path is None:
+            from chaoskit.safety.lease import WATCHDOG
+
+            source = Path(WATCHDOG).read_text()
+            path = f"{self.workdir}/watchdog-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
+            self.write_file(path, source, 0o700)
+            self._watchdog_path = path
+        reply = self._request(
+            "watchdog", self.command_timeout, script=self._watchdog_path, lease_dir=directory,
+            ttl=float(ttl), duration=float(duration), revert=_checked(revert), wait=5,
+        )
+        return directory, int(reply["pid"])
+
+    def lease_fired(self, directory: str) -> str | None:
+        return self.read_file(f"{directory}/fired")
+
+    def cleanup_leases(self, run_id: str) -> None:
+        self._request("rmtree", min(5.0, self.command_timeout), path=self.lease_dir(run_id))
+
+
+class _Deadline(Exception):
+    def __init__(self, silent: bool) -> None:
+        super().__init__()
+        self.silent = silent
+
+
+class _Slot:
+    __slots__ = ("event", "reply", "gone")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reply: dict[str, Any] | None = None
+        self.gone: str | None = None
+
+
+class _AgentChannel:
+    """One exec channel running the agent; requests are multiplexed by id."""
+
+    def __init__(self, chan: Any, node: str) -> None:
+        self.chan, self.node = chan, node
+        self.dead = False
+        self.reason = ""
+        self.hello: dict[str, Any] = {}
+        self._pending: dict[int, _Slot] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self.last_rx = time.monotonic()
+        self._reader = threading.Thread(target=self._read_loop, name=f"chaoskit-agent-{node}", daemon=True)
+
+    @classmethod
+    def start(cls, client: Any, command: str, timeout: float, node: str) -> "_AgentChannel":
+        try:
+            chan = client.get_transport().open_session(timeout=timeout)
+            chan.exec_command(command)
+            chan.sendall(f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE)
+        except Exception as exc:  # noqa: BLE001
+            raise _AgentGone(f"cannot start the agent: {exc}") from None
+        agent = cls(chan, node)
+        hello = _Slot()
+        agent._pending[0] = hello
+        agent._reader.start()
+        if not hello.event.wait(timeout):
+            agent.close()
+            raise _AgentGone(f"the agent did not start within {timeout:g}s")
+        if hello.gone:
+            raise _AgentGone(hello.gone)
+        agent.hello = hello.reply or {}
+        return agent
+
+    def request(self, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
+        slot = self.send(fields)
+        return self.wait(slot, timeout)
+
+    def send(self, fields: dict[str, Any]) -> tuple[int, _Slot, float]:
+        rid = next(self._ids)
+        slot = _Slot()
+        with self._lock:
+            if self.dead:
+                raise _AgentGone(self.reason)
+            self._pending[rid] = slot
+        data = (json.dumps({"id": rid, **fields}) + "\n").encode()
+        sent_at = time.monotonic()
+        try:
+            with self._send_lock:
+                self.chan.sendall(data)
+        except Exception as exc:  # noqa: BLE001
+            self._die(f"send failed: {exc}")
+            raise _AgentGone(self.reason) from None
+        return rid, slot, sent_at
+
+    def wait(self, handle: tuple[int, _Slot, float], timeout: float) -> dict[str, Any]:
+        rid, slot, sent_at = handle
+        if not slot.event.wait(timeout):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise _Deadline(silent=self.last_rx < sent_at)
+        if slot.gone is not None:
+            raise _AgentGone(slot.gone, sent=True)
+        reply = slot.reply or {}
+        if not reply.get("ok"):
+            raise _OpFailed(reply.get("error", "failed"))
+        return reply
+
+    def close(self) -> None:
+        self._die("closed")
+        try:
+            self.chan.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _read_loop(self) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                data = self.chan.recv(65536)
+                if not data:
+                    break
+                self.last_rx = time.monotonic()
+                buf += data
+                start = 0
+                while True:
+                    nl = buf.find(b"\n", start)
+                    if nl < 0:
+                        break
+                    self._dispatch(bytes(buf[start:nl]))
+                    start = nl + 1
+                del buf[:start]
+        except Exception as exc:  # noqa: BLE001
+            self._die(f"connection lost: {exc}")
+            return
+        err = b""
+        try:
+            while self.chan.recv_stderr_ready():
+                err += self.chan.recv_stderr(65536)
+        except Exception:  # noqa: BLE001
+            pass
+        detail = err.decode(errors="replace").strip().splitlines()
+        self._die("the agent exited" + (f": {detail[-1]}" if detail else ""))
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return
+        with self._lock:
+            slot = self._pending.pop(reply.get("id"), None)
+        if slot is not None:
+            slot.reply = reply
+            slot.event.set()
+
+    def _die(self, reason: str) -> None:
+        with self._lock:
+            if self.dead:
+                return
+            self.dead, self.reason = True, reason
+            pending, self._pending = self._pending, {}
+        for slot in pending.values():
+            slot.gone = reason
+            slot.event.set()
+
+
+class _RejectPolicy:
+    """Refuse a host whose key is not in known_hosts, naming the host and the key."""
+
+    def __init__(self, transport: SSHTransport) -> None:
+        self.t = transport
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        t = self.t
+        raise HostKeyError(
+            f"unknown host key for node {t.node} ({hostname}): {key.get_name()} {fingerprint(key)} "
+            f"is not in {t.known_hosts}",
+            hint="check the fingerprint out of band and add the key to known_hosts, "
+            "or set ssh.trust_on_first_use: true to pin the first key seen",
+        )
+
+
+class _PinPolicy:
+    """Trust on first use: accept the key once and pin it into known_hosts."""
+
+    _file_lock = threading.Lock()
+
+    def __init__(self, transport: SSHTransport) -> None:
+        self.t = transport
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        t = self.t
+        entry = _host_entry(t.address, t.port)
+        client.get_host_keys().add(entry, key.get_name(), key)
+        line = f"{entry} {key.get_name()} {key.get_base64()}\n"
+        with self._file_lock:
+            Path(t.known_hosts).parent.mkdir(parents=True, exist_ok=True)
+            with open(t.known_hosts, "a") as fh:
+                fh.write(line)
+        t.notes.append(f"pinned host key of {t.node} ({entry}): {key.get_name()} {fingerprint(key)}")
+
+
+def _boot_code() -> str:
+    from chaoskit.cluster.transports.agent_script import BOOT
+
+    return BOOT
+
+
+def _checked(argv: Iterable[Any]) -> list[str]:
+    out = [str(a) for a in argv]
+    if not out:
+        raise ValueError("empty command")
+    for a in out:
+        if _CONTROL_RE.search(a):
+            raise ValueError(f"refusing a command argument with control characters: {a!r}")
+    return out
+
+
+def _describe(fields: Mapping[str, Any]) -> str:
+    if fields.get("op") == "run":
+        return str(fields.get("argv", ["?"])[0])
+    return str(fields.get("op"))
+
+
+# -- fan-out ----------------------------------------------------------------------------
+
+
+def parallel(calls: Mapping[str, Callable[[], T]], max_workers: int = 32) -> dict[str, T | BaseException]:
+    """Run each call on a bounded pool of threads; every key gets its result or its exception."""
+    if not calls:
+        return {}
+    out: dict[str, T | BaseException] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(calls))), thread_name_prefix="chaoskit-fan") as pool:
+        futures = {key: pool.submit(fn) for key, fn in calls.items()}
+        for key, fut in futures.items():
+            try:
+                out[key] = fut.result()
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller per key
+                out[key] = exc
+    return out
+
+
+def connect_all(transports: Iterable[SSHTransport], max_workers: int = 16) -> None:
+    """Connect to every node (host keys verified, agents started) in parallel.
+
+    Raise the first :class:`InfraError` (in the given order) after all attempts finished.
+    """
+    ts = list(transports)
+    results = parallel({t.node: t.connect for t in ts}, max_workers)
+    for t in ts:
+        res = results[t.node]
+        if isinstance(res, BaseException):
+            raise res
+
+
+def run_many(
+    transports: Iterable[SSHTransport], argv: list[str], timeout: float = 30.0, max_workers: int = 64
+) -> dict[str, CommandResult | BaseException]:
+    """Run one command on many nodes at once; each node's result or exception.
+
+    Nodes whose agent is up get their request written straight onto its channel
+    (no thread per node, so the fan-out costs one write per node); the others go
+    through a bounded thread pool.
+    """
+    argv = _checked(argv)
+
+    def result(t: SSHTransport, reply: dict[str, Any]) -> CommandResult | BaseException:
+        if reply.get("timed_out"):
+            return InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {t.node}")
+        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], reply.get("t"))
+
+    return _fan_out(transports, {"op": "run", "argv": argv, "timeout": timeout}, timeout, result,
+                    lambda t: t.run(argv, timeout), max_workers)
+
+
+def ping_many(transports: Iterable[SSHTransport], timeout: float = 5.0) -> dict[str, float | BaseException]:
+    """One agent round trip to each node at once; each node's clock (or exception)."""
+    return _fan_out(transports, {"op": "ping"}, timeout, lambda t, reply: float(reply["t"]), lambda t: t.ping(timeout))
+
+
+def _fan_out(transports, fields, timeout, on_reply, fallback, max_workers: int = 64) -> dict[str, Any]:
+    ts = list(transports)
+    out: dict[str, Any] = {}
+    sent: list[tuple[SSHTransport, _AgentChannel, tuple[int, _Slot, float]]] = []
+    slow: list[SSHTransport] = []
+    for t in ts:
+        agent = t._agent
+        if t.mode == "agent" and agent is not None and not agent.dead:
+            try:
+                sent.append((t, agent, agent.send(dict(fields))))
+                continue
+            except _AgentGone:
+                pass
+        slow.append(t)
+    pooled = parallel({t.node: (lambda t=t: fallback(t)) for t in slow}, max_workers) if slow else {}
+    end = time.monotonic() + timeout + GRACE_S
+    what = _describe(fields)
+    for t, agent, handle in sent:
+        try:
+            out[t.node] = on_reply(t, agent.wait(handle, max(0.0, end - time.monotonic())))
+        except _Deadline:
+            out[t.node] = InfraError(f"{what}: no answer from node {t.node} within {timeout:g}s")
+        except _OpFailed as exc:
+            out[t.node] = InfraError(f"{what} on node {t.node} failed: {exc}")
+        except _AgentGone as exc:
+            out[t.node] = InfraError(f"{what} on node {t.node}: the agent went away while it ran ({exc}); its outcome is unknown")
+    out.update(pooled)
+    return {t.node: out[t.node] for t in ts}

@@ -1,0 +1,490 @@
+"""Network faults on a node's NIC: link down, blackhole, degrade, partition.
+
+Each is a lasting fault: the node's watchdog (a lease) is armed with the exact
+revert command before the fault is injected, so a controller that dies or loses
+its connection still ends with a restored node. Reverts are idempotent
+(reverting what is already gone is harmless) and verified afterwards.
+
+Every value that reaches the node's command line is validated first: interface
+names against :data:`~chaoskit.cluster.inventory_file.IFNAME_RE`, addresses with
+:mod:`ipaddress`, rates and percentages against strict patterns. The transport
+then quotes each argv element (or passes argv without any shell at all).
+
+Interfaces are named by role (``data``, ``mgmt``: the inventory maps them to
+devices) or by device name. tc faults own the root qdisc handle
+:data:`QDISC_HANDLE`; partitions own an nftables table ``inet chaoskit_<fault>``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import time
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from chaoskit.cluster.inventory_file import check_ifname
+from chaoskit.errors import InfraError, ScenarioError
+from chaoskit.faults.api import Action, Fault, FaultSpec, Injection, TargetSpec
+from chaoskit.scenario.durations import Duration
+
+if TYPE_CHECKING:  # pragma: no cover
+    from chaoskit.cluster.selectors import NodeTarget
+    from chaoskit.runner import RunContext
+
+__all__ = [
+    "LinkDownFault",
+    "BlackholeFault",
+    "DegradeFault",
+    "PartitionFault",
+    "QDISC_HANDLE",
+    "NETEM_CHECK",
+    "netem_available",
+]
+
+QDISC_HANDLE = "c4a0:"
+COMMAND_TIMEOUT_S = 10.0
+VERIFY_S = 5.0
+RATE_RE = r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$"
+
+NETEM_CHECK = r"""
+import glob, gzip, os, subprocess, sys
+if os.path.isdir('/sys/module/sch_netem'):
+    sys.exit(0)
+rel = os.uname().release
+for path in ('/lib/modules/%s/modules.builtin' % rel, '/usr/lib/modules/%s/modules.builtin' % rel):
+    try:
+        if 'sch_netem' in open(path).read():
+            sys.exit(0)
+    except OSError:
+        pass
+conf = ''
+for path in ('/proc/config.gz', '/boot/config-%s' % rel):
+    try:
+        conf = (gzip.open(path, 'rt') if path.endswith('.gz') else open(path)).read()
+        break
+    except OSError:
+        pass
+if 'CONFIG_NET_SCH_NETEM=y' in conf:
+    sys.exit(0)
+if 'CONFIG_NET_SCH_NETEM is not set' in conf:
+    sys.exit(1)
+try:
+    if subprocess.call(['modprobe', '-q', 'sch_netem'], stderr=subprocess.DEVNULL) == 0 and os.path.isdir('/sys/module/sch_netem'):
+        sys.exit(0)
+except OSError:
+    pass
+sys.exit(1)
+"""
+"""Exit 0 when the node's kernel has sch_netem (loaded, built in, or loadable); run with the node's python."""
+
+
+# -- specs ------------------------------------------------------------------------------
+
+
+class _NicSpec(FaultSpec):
+    interface: str = Field("data", description="Interface role from the inventory (data, mgmt) or a device name.")
+    duration: Duration = Field(..., description="How long the fault lasts; the node reverts it by itself after that.")
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, v: str) -> str:
+        return check_ifname(v)
+
+    @field_validator("duration")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("duration must be greater than zero")
+        return v
+
+
+class LinkDownSpec(_NicSpec):
+    """Take an interface down (``ip link set DEV down``), then up again after ``duration``."""
+
+    kind: Literal["network.link_down"]
+
+
+class BlackholeSpec(_NicSpec):
+    """Drop every packet leaving an interface (a tc ``blackhole`` root qdisc) for ``duration``."""
+
+    kind: Literal["network.blackhole"]
+
+
+class DegradeSpec(_NicSpec):
+    """Slow a link down: ``rate`` with tc ``tbf``; ``delay``, ``jitter``, ``loss``, ``corrupt`` need ``netem``."""
+
+    kind: Literal["network.degrade"]
+    rate: str | None = Field(None, description="Bandwidth cap, e.g. 10mbit, 1gbit.")
+    delay: Duration | None = Field(None, description="Added one-way latency (netem).")
+    jitter: Duration | None = Field(None, description="Latency variation around delay (netem).")
+    loss: float | None = Field(None, gt=0, le=100, description="Packet loss in percent (netem).")
+    corrupt: float | None = Field(None, gt=0, le=100, description="Corrupted packets in percent (netem).")
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(RATE_RE, v):
+            raise ValueError(f"invalid rate {v!r}: a number with a unit such as 10mbit, 500kbit, 1gbit")
+        return v
+
+    @field_validator("delay", "jitter")
+    @classmethod
+    def _non_negative(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= 60:
+            raise ValueError("must be between 0 and 60 seconds")
+        return v
+
+    @model_validator(mode="after")
+    def _something(self) -> "DegradeSpec":
+        if all(x is None for x in (self.rate, self.delay, self.loss, self.corrupt)):
+            raise ValueError("give at least one of rate, delay, loss, corrupt")
+        if self.jitter is not None and self.delay is None:
+            raise ValueError("jitter needs delay")
+        return self
+
+    @property
+    def needs_netem(self) -> bool:
+        return any(x is not None for x in (self.delay, self.jitter, self.loss, self.corrupt))
+
+
+class PartitionSpec(FaultSpec):
+    """Cut the target nodes off from their peers: nftables rules in a chaoskit-owned table
+    drop traffic both ways between the two groups (rules on the target side only)."""
+
+    kind: Literal["network.partition"]
+    peers: TargetSpec | None = Field(
+        None, description="The other side (nodes/labels); default: every other node of the inventory."
+    )
+    interface: str = Field("data", description="Which of the peers' addresses to cut (interface role), e.g. data.")
+    duration: Duration = Field(..., description="How long the partition lasts.")
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, v: str) -> str:
+        return check_ifname(v)
+
+    @field_validator("duration")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("duration must be greater than zero")
+        return v
+
+    @field_validator("peers")
+    @classmethod
+    def _node_selectors(cls, v: TargetSpec | None) -> TargetSpec | None:
+        if v is not None and any(x is not None for x in (v.ranks, v.pid, v.process, v.count, v.percent)):
+            raise ValueError("peers selects nodes: use nodes and labels only")
+        return v
+
+
+# -- faults -----------------------------------------------------------------------------
+
+
+class _NodeFault(Fault):
+    """What every network fault shares: node targets, a lease first, idempotent verified reverts."""
+
+    target_type: ClassVar[str] = "node"
+    lasting: ClassVar[bool] = True
+    tools: ClassVar[tuple[str, ...]] = ("ip",)
+
+    # What a subclass provides -------------------------------------------------------------
+
+    def effect(self, ctx: "RunContext", target: "NodeTarget", fault_id: str) -> tuple[list[str], list[str], str, dict[str, Any]]:
+        """(inject argv, revert argv, label, detail) for one node."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_reverted(cls, transport: Any, revert: list[str]) -> str | None:
+        """What is still in effect on the node given the fault's own revert argv, or ``None``."""
+        raise NotImplementedError
+
+    # The verbs ------------------------------------------------------------------------
+
+    def preflight(self, ctx: "RunContext", targets: list["NodeTarget"]) -> None:
+        """Raise before anything is armed: unreachable node, missing tool, unknown interface."""
+        for t in targets:
+            transport = _transport(ctx, t)
+            for tool in self.tools:
+                res = transport.run([tool, "-V"] if tool != "nft" else ["nft", "--version"], COMMAND_TIMEOUT_S)
+                if res.returncode != 0:
+                    raise InfraError(f"{tool} does not work on node {t.node}: {res.stderr.strip()}")
+            for device in self.devices(t):
+                res = transport.run(["ip", "link", "show", "dev", device], COMMAND_TIMEOUT_S)
+                if res.returncode != 0:
+                    raise InfraError(f"node {t.node} has no interface {device!r}: {res.stderr.strip()}")
+
+    def devices(self, target: "NodeTarget") -> list[str]:
+        return [_device(target, self.spec.interface)]
+
+    def plan(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Action]:
+        out = []
+        for i, t in enumerate(as_node_targets(ctx, targets)):
+            inject, revert, label, _ = self.effect(ctx, t, f"{self.fault_id}.{i}")
+            d = self.spec.duration
+            out.append(Action(t.node, f"arm lease: watchdog runs '{_show(revert)}' after {d:g}s or a stale lease", label))
+            out.append(Action(t.node, _show(inject), label))
+            out.append(Action(t.node, f"after {d:g}s: {_show(revert)}", label))
+        return out
+
+    def inject(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Injection]:
+        out = []
+        for i, t in enumerate(targets):
+            fid = f"{self.fault_id}.{i}"
+            transport = _transport(ctx, t)
+            inject, revert, label, detail = self.effect(ctx, t, fid)
+            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=label)
+            try:
+                res = transport.run(inject, COMMAND_TIMEOUT_S)
+            except InfraError:
+                self._undo(ctx, transport, fid, revert)
+                raise
+            if res.returncode != 0:
+                self._undo(ctx, transport, fid, revert)
+                raise InfraError(f"{self.kind} on node {t.node} failed: {_show(inject)}: {res.stderr.strip() or res.stdout.strip()}")
+            ts = res.finished_at or time.time()
+            out.append(Injection(fid, self.kind, t.node, [label], ts, {**detail, "revert": revert}))
+        return out
+
+    def revert(self, ctx: "RunContext", injection: Injection) -> None:
+        """Run the revert; a non-zero exit means it was already reverted, which :meth:`verify` confirms."""
+        ctx.transport(injection.node).run(injection.detail["revert"], COMMAND_TIMEOUT_S)
+
+    def verify(self, ctx: "RunContext", injection: Injection) -> str | None:
+        transport = ctx.transport(injection.node)
+        return _poll(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
+
+    def _undo(self, ctx: "RunContext", transport: Any, fid: str, revert: list[str]) -> None:
+        """The inject failed after the lease was armed: revert now, or let the watchdog do it within the TTL."""
+        leases = getattr(ctx, "leases", None)
+        try:
+            transport.run(revert, COMMAND_TIMEOUT_S)
+        except InfraError:
+            if leases is not None and hasattr(leases, "abandon"):
+                leases.abandon(fid)  # unreachable: stop renewing, so its watchdog reverts within the TTL
+            return
+        if leases is not None:
+            leases.release(fid)
+
+
+class LinkDownFault(_NodeFault):
+    kind = "network.link_down"
+    Spec = LinkDownSpec
+
+    def effect(self, ctx, target, fault_id):
+        dev = _device(target, self.spec.interface)
+        return (["ip", "link", "set", "dev", dev, "down"], ["ip", "link", "set", "dev", dev, "up"],
+                f"{target.node}:{dev}", {"device": dev})
+
+    @classmethod
+    def check_reverted(cls, transport, revert):
+        dev = check_ifname(revert[4])
+        res = transport.run(["ip", "-o", "link", "show", "dev", dev], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            return f"interface {dev} not found: {res.stderr.strip()}"
+        flags = res.stdout.split("<", 1)[-1].split(">", 1)[0].split(",")
+        return None if "UP" in flags else f"interface {dev} is still down"
+
+
+class _QdiscFault(_NodeFault):
+    tools = ("ip", "tc")
+
+    def qdisc(self) -> list[str]:
+        raise NotImplementedError
+
+    def effect(self, ctx, target, fault_id):
+        dev = _device(target, self.spec.interface)
+        inject = ["tc", "qdisc", "add", "dev", dev, "root", "handle", QDISC_HANDLE, *self.qdisc()]
+        revert = ["tc", "qdisc", "del", "dev", dev, "root", "handle", QDISC_HANDLE]
+        return inject, revert, f"{target.node}:{dev}", {"device": dev}
+
+    @classmethod
+    def check_reverted(cls, transport, revert):
+        dev = check_ifname(revert[4])
+        res = transport.run(["tc", "qdisc", "show", "dev", dev], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            return f"cannot read the qdiscs of {dev}: {res.stderr.strip()}"
+        left = [line for line in res.stdout.splitlines() if f" {QDISC_HANDLE} " in f"{line} "]
+        return f"chaoskit qdisc still on {dev}: {left[0].strip()}" if left else None
+
+
+class BlackholeFault(_QdiscFault):
+    kind = "network.blackhole"
+    Spec = BlackholeSpec
+
+    def qdisc(self) -> list[str]:
+        return ["blackhole"]
+
+
+class DegradeFault(_QdiscFault):
+    kind = "network.degrade"
+    Spec = DegradeSpec
+
+    def qdisc(self) -> list[str]:
+        s = self.spec
+        if not s.needs_netem:
+            burst = max(16384, int(_rate_bits(s.rate) / 8 / 100))  # 10 ms worth of bytes, at least 16 KiB
+            return ["tbf", "rate", s.rate, "burst", str(burst), "latency", "50ms"]
+        args = ["netem"]
+        if s.delay is not None:
+            args += ["delay", _ms(s.delay)] + ([_ms(s.jitter)] if s.jitter is not None else [])
+        if s.loss is not None:
+            args += ["loss", f"{s.loss:g}%"]
+        if s.corrupt is not None:
+            args += ["corrupt", f"{s.corrupt:g}%"]
+        if s.rate is not None:
+            args += ["rate", s.rate]
+        return args
+
+    def preflight(self, ctx, targets):
+        super().preflight(ctx, targets)
+        if self.spec.needs_netem:
+            for t in targets:
+                if not netem_available(_transport(ctx, t), getattr(t.info, "ssh", None)):
+                    raise InfraError(
+                        f"netem is not available on node {t.node}: its kernel has no sch_netem, "
+                        "so delay, jitter, loss and corrupt cannot be injected",
+                        hint="load it (modprobe sch_netem) or build the kernel with CONFIG_NET_SCH_NETEM; "
+                        "rate alone works with tbf",
+                    )
+
+    def inject(self, ctx, targets):
+        if self.spec.needs_netem:
+            self.preflight(ctx, targets)
+        return super().inject(ctx, targets)
+
+
+class PartitionFault(_NodeFault):
+    kind = "network.partition"
+    Spec = PartitionSpec
+    tools = ("nft",)
+
+    def devices(self, target):
+        return []
+
+    def peers(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Any]:
+        from chaoskit.cluster.selectors import select_nodes
+
+        chosen = {t.node for t in targets}
+        spec = self.spec.peers
+        nodes = select_nodes(ctx.inventory, spec) if spec is not None else ctx.inventory.nodes
+        peers = [n for n in nodes if n.name not in chosen]
+        if not peers:
+            raise ScenarioError(f"{self.kind}: no peer node is left on the other side of the partition")
+        return peers
+
+    def peer_addresses(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        out = []
+        for node in self.peers(ctx, targets):
+            iface = getattr(node, "interfaces", {}).get(self.spec.interface)
+            address = iface.address if iface is not None and iface.address else node.address
+            try:
+                out.append(ipaddress.ip_address(address))
+            except ValueError:
+                raise InfraError(
+                    f"{self.kind} needs the IP address of node {node.name} on {self.spec.interface!r}; "
+                    f"{address!r} is a host name",
+                    hint=f"add interfaces: {{{self.spec.interface}: {{name: ..., address: ...}}}} to node {node.name}",
+                ) from None
+        return out
+
+    def effect(self, ctx, target, fault_id):
+        table = _table(fault_id)
+        addresses = self.peer_addresses(ctx, [target])
+        rules = [f"add table inet {table}",
+                 f"add chain inet {table} input {{ type filter hook input priority -300 ; policy accept ; }}",
+                 f"add chain inet {table} output {{ type filter hook output priority -300 ; policy accept ; }}"]
+        for family in ("ip", "ip6"):
+            group = [str(a) for a in addresses if (a.version == 4) == (family == "ip")]
+            if group:
+                members = ", ".join(group)
+                rules.append(f"add rule inet {table} input {family} saddr {{ {members} }} drop")
+                rules.append(f"add rule inet {table} output {family} daddr {{ {members} }} drop")
+        label = f"{target.node}|{','.join(n.name for n in self.peers(ctx, [target]))}"
+        return ["nft", " ; ".join(rules)], ["nft", "delete", "table", "inet", table], label, {"table": table, "peers": [str(a) for a in addresses]}
+
+    @classmethod
+    def check_reverted(cls, transport, revert):
+        table = revert[4]
+        if not re.match(r"^chaoskit_[A-Za-z0-9_]+$", table):
+            raise ValueError(f"not a chaoskit table: {table!r}")
+        res = transport.run(["nft", "list", "tables"], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            return f"cannot list nft tables: {res.stderr.strip()}"
+        return f"nft table inet {table} is still there" if f"table inet {table}" in res.stdout.splitlines() else None
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def as_node_targets(ctx: "RunContext", targets: list[Any]) -> list[Any]:
+    """NodeTargets for ``targets``; a dry run may hand in placeholders that only carry ``.node``."""
+    from chaoskit.cluster.selectors import NodeTarget
+
+    return [t if hasattr(t, "info") else NodeTarget(ctx.inventory[t.node]) for t in targets]
+
+
+def netem_available(transport: Any, ssh: Any = None) -> bool:
+    python = getattr(ssh, "python", None) or "python3"
+    res = transport.run([python, "-c", NETEM_CHECK], COMMAND_TIMEOUT_S)
+    return res.returncode == 0
+
+
+def _transport(ctx: "RunContext", target: "NodeTarget") -> Any:
+    transport = ctx.transport(target.node)
+    if transport is None:
+        raise InfraError(f"node {target.node} has no transport")
+    if type(transport).__name__ == "LocalTransport":
+        raise InfraError(
+            f"network faults need a node with a network stack of its own; node {target.node} is a process-lab node",
+            hint="use the netns lab (chaoskit lab up --kind netns) or an SSH inventory",
+        )
+    return transport
+
+
+def _device(target: "NodeTarget", interface: str) -> str:
+    info = target.info
+    lookup = getattr(info, "interface", None)
+    if lookup is not None:
+        return check_ifname(lookup(interface).name)
+    if interface in ("data", "mgmt"):
+        raise InfraError(f"node {target.node} has no {interface!r} interface in the inventory")
+    return check_ifname(interface)
+
+
+def _table(fault_id: str) -> str:
+    return "chaoskit_" + re.sub(r"[^A-Za-z0-9_]", "_", fault_id)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:g}ms"
+
+
+def _rate_bits(rate: str) -> float:
+    m = re.match(r"^([0-9.]+)([a-z]+)$", rate)
+    assert m is not None
+    value, unit = float(m.group(1)), m.group(2)
+    scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+             "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}[unit]
+    return value * scale
+
+
+def _show(argv: list[str]) -> str:
+    from chaoskit.cluster.transports.api import shell_quote
+
+    return shell_quote(argv)
+
+
+def _poll(check, timeout: float) -> str | None:
+    end = time.time() + timeout
+    problem = None
+    while True:
+        try:
+            problem = check()
+        except InfraError as exc:
+            problem = str(exc)
+        if problem is None or time.time() >= end:
+            return problem
+        time.sleep(0.1)

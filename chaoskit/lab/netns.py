@@ -1,0 +1,546 @@
+"""The network-namespace lab: N nodes on this machine that chaoskit reaches over SSH.
+
+Needs root. Each node is a network namespace with two interfaces, ``eth0`` on a
+*data* bridge and ``eth1`` on a *mgmt* bridge, and its own OpenSSH server (its
+own host key) listening in that namespace. The controller (this machine's root
+namespace) has an address on the mgmt bridge only, so a NIC fault on ``data``
+leaves SSH up, exactly like a cluster with a separate management network.
+
+``up`` writes, under the lab's directory, a user key, a ``known_hosts`` file and
+an ``inventory.yaml`` that chaoskit loads like any real cluster's. ``down``
+leaves no namespace, link, bridge, qdisc, nft table or process behind.
+
+Names: lab id ``ck<4 hex>``; namespaces ``<id>-n0``..; bridges ``<id>d``/``<id>m``;
+host-side veths ``<id>d<i>``/``<id>m<i>``. Addresses: 10.77.<2k>.0/24 (data) and
+10.77.<2k+1>.0/24 (mgmt, the controller is .254), with slot ``k`` picked so that
+no route on this machine overlaps. Traffic never leaves these bridges.
+
+Power: ``python -m chaoskit.lab.netns power off|on|status --dir DIR NODE`` is the
+inventory's power command. *off* downs the node's links and kills every process
+in its namespace; *on* "boots" it: network state reset (chaoskit qdiscs and nft
+rules gone, links up) and sshd restarted; *status* exits 0 when the node is on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaoskit.errors import InfraError
+
+__all__ = ["NetnsLab", "netns_lab_dir", "require_netns_tools"]
+
+SUBNET = "10.77"
+SSH_PORT = 22
+PRIVSEP_DIR = Path("/run/sshd")
+PRIVSEP_MARK = ".made-by-chaoskit-netns-lab"
+TOOLS = ("ip", "tc", "nft", "sshd", "ssh-keygen")
+_SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
+
+
+def netns_lab_dir() -> Path:
+    from chaoskit.state import state_dir
+
+    return state_dir() / "lab" / "netns"
+
+
+def require_netns_tools() -> dict[str, str]:
+    """Paths of the tools the lab needs; :class:`InfraError` naming what is missing (or not root)."""
+    if os.geteuid() != 0:
+        raise InfraError("the netns lab needs root (network namespaces, bridges, sshd)", hint="run it with sudo")
+    found = {name: shutil.which(name, path=os.environ.get("PATH", "") + ":" + _SBIN) for name in TOOLS}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise InfraError(
+            f"the netns lab needs {', '.join(missing)}",
+            hint="apt-get install -y iproute2 nftables openssh-server openssh-client",
+        )
+    return {k: v for k, v in found.items() if v}
+
+
+@dataclass
+class NetnsLab:
+    lab_id: str
+    directory: Path
+    nodes: int
+    spare: int = 0
+    slot: int = 0
+    sshd: str = "/usr/sbin/sshd"
+    created: float = field(default_factory=time.time)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, nodes: int, spare: int = 0, directory: str | os.PathLike[str] | None = None) -> "NetnsLab":
+        """Build the lab and return once every node's sshd answers. On failure nothing is left."""
+        if nodes < 1 or spare < 0 or nodes + spare > 200:
+            raise InfraError(f"a netns lab has 1..200 nodes (asked for {nodes} + {spare} spare)")
+        tools = require_netns_tools()
+        directory = Path(directory or netns_lab_dir()).resolve()
+        if (directory / "lab.json").exists():
+            raise InfraError(f"a netns lab is already up in {directory}", hint="chaoskit lab down")
+        if directory.exists() and any(directory.iterdir()):
+            raise InfraError(f"{directory} is not empty; a netns lab needs a directory of its own")
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o700)
+        with _host_lock():  # two labs built at once must not pick the same id or subnet
+            lab = cls(_new_lab_id(), directory, nodes, spare, _free_slot(), tools["sshd"])
+            lab._save("building")
+            try:
+                lab._build()
+            except BaseException:
+                lab.down()
+                raise
+        lab._save("up")
+        return lab
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str] | None = None) -> "NetnsLab | None":
+        path = Path(directory or netns_lab_dir()) / "lab.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data.pop("state", None)
+        data["directory"] = Path(data["directory"])
+        return cls(**data)
+
+    def down(self) -> None:
+        """Kill every process of the lab, delete its namespaces and bridges, remove its directory."""
+        for node in self.node_names():
+            self._kill_node(node)
+        self._kill_controller_side()
+        for ns in self._namespaces():
+            _run(["ip", "netns", "del", ns], check=False)
+        for link in self._host_links():
+            _run(["ip", "link", "del", link], check=False)
+        _remove_privsep_dir()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- names and paths ------------------------------------------------------------------
+
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(self.nodes + self.spare)]
+
+    def index(self, node: str) -> int:
+        names = self.node_names()
+        if node not in names:
+            raise InfraError(f"node {node!r} is not in netns lab {self.lab_id} ({', '.join(names)})")
+        return names.index(node)
+
+    def netns(self, node: str) -> str:
+        return f"{self.lab_id}-{node}"
+
+    @property
+    def data_bridge(self) -> str:
+        return f"{self.lab_id}d"
+
+    @property
+    def mgmt_bridge(self) -> str:
+        return f"{self.lab_id}m"
+
+    def data_address(self, node: str) -> str:
+        return f"{SUBNET}.{2 * self.slot}.{self.index(node) + 1}"
+
+    def mgmt_address(self, node: str) -> str:
+        return f"{SUBNET}.{2 * self.slot + 1}.{self.index(node) + 1}"
+
+    @property
+    def controller_address(self) -> str:
+        return f"{SUBNET}.{2 * self.slot + 1}.254"
+
+    @property
+    def key_path(self) -> Path:
+        return self.directory / "id_ed25519"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.directory / "known_hosts"
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.directory / "inventory.yaml"
+
+    def node_dir(self, node: str) -> Path:
+        return self.directory / "nodes" / node
+
+    def exec_argv(self, node: str, argv: list[str]) -> list[str]:
+        """``argv`` run inside the node's namespace, from the controller (e.g. a torchrun agent)."""
+        return ["ip", "netns", "exec", self.netns(node), *argv]
+
+    def power_argv(self, node: str, action: str) -> list[str]:
+        return [sys.executable, "-m", "chaoskit.lab.netns", "power", action, "--dir", str(self.directory), node]
+
+    def pids(self, node: str) -> list[int]:
+        """Every process in the node's namespace."""
+        res = _run(["ip", "netns", "pids", self.netns(node)], check=False)
+        return [int(p) for p in res.stdout.split() if p.isdigit()]
+
+    # -- inventory ------------------------------------------------------------------------
+
+    def inventory_document(self) -> dict[str, Any]:
+        nodes = []
+        for i, node in enumerate(self.node_names()):
+            nodes.append({
+                "name": node,
+                "address": self.mgmt_address(node),
+                "labels": {"rack": f"r{i // 2}", "role": "worker" if i < self.nodes else "spare", "lab": "netns"},
+                "interfaces": {
+                    "data": {"name": "eth0", "address": self.data_address(node)},
+                    "mgmt": {"name": "eth1", "address": self.mgmt_address(node)},
+                },
+                "gpus": 0,
+                "processes": "netns",
+                "workdir": str(self.node_dir(node) / "work"),
+                "power": {a: self.power_argv(node, a) for a in ("off", "on", "status")},
+            })
+        return {
+            "name": self.lab_id,
+            "ssh": {"user": "root", "port": SSH_PORT, "key": self.key_path.name, "known_hosts": self.known_hosts_path.name},
+            "nodes": nodes,
+        }
+
+    def inventory(self, **kwargs: Any):
+        """The lab's inventory with SSH transports (lazy: each connects on first use)."""
+        from chaoskit.cluster.inventory_file import load_inventory
+
+        return load_inventory(self.inventory_path, **kwargs)
+
+    # -- power ----------------------------------------------------------------------------
+
+    def power(self, node: str, action: str) -> bool:
+        """``off``/``on``/``status``; return whether the node is on afterwards."""
+        self.index(node)
+        ns = self.netns(node)
+        if action == "off":
+            for dev in ("eth0", "eth1"):
+                _run(["ip", "-n", ns, "link", "set", "dev", dev, "down"], check=False)
+            self._kill_node(node)
+            (self.node_dir(node) / "power").write_text("off\n")
+            return False
+        if action == "on":
+            from chaoskit.faults.network import QDISC_HANDLE
+
+            _run(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"], check=False)
+            for dev in ("eth0", "eth1"):
+                _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root", "handle", QDISC_HANDLE], check=False)
+            for dev in ("lo", "eth0", "eth1"):
+                _run(["ip", "-n", ns, "link", "set", "dev", dev, "up"])
+            if not self._sshd_alive(node):
+                self._start_sshd(node)
+                self._wait_ssh([node])
+            (self.node_dir(node) / "power").write_text("on\n")
+            return True
+        if action == "status":
+            res = _run(["ip", "-n", ns, "-o", "link", "show", "dev", "eth1"], check=False)
+            return res.returncode == 0 and ",UP" in res.stdout and self._sshd_alive(node)
+        raise ValueError(f"unknown power action {action!r}")
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "kind": "netns", "id": self.lab_id, "directory": str(self.directory),
+            "inventory": str(self.inventory_path),
+            "nodes": [
+                {"name": n, "netns": self.netns(n), "address": self.mgmt_address(n),
+                 "data_address": self.data_address(n), "on": self.power(n, "status"), "processes": len(self.pids(n))}
+                for n in self.node_names()
+            ],
+        }
+
+    # -- building -------------------------------------------------------------------------
+
+    def _save(self, state: str) -> None:
+        data = asdict(self)
+        data["directory"] = str(self.directory)
+        data["state"] = state
+        tmp = self.directory / "lab.json.tmp"
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(self.directory / "lab.json")
+
+    def _build(self) -> None:
+        d = self.directory
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"chaoskit-{self.lab_id}", "-f", str(self.key_path)])
+        (d / "authorized_keys").write_text(Path(str(self.key_path) + ".pub").read_text())
+        (d / "authorized_keys").chmod(0o600)
+        for bridge in (self.data_bridge, self.mgmt_bridge):
+            _run(["ip", "link", "add", "name", bridge, "type", "bridge"])
+            _run(["ip", "link", "set", "dev", bridge, "up"])
+        _run(["ip", "addr", "add", f"{self.controller_address}/24", "dev", self.mgmt_bridge])
+        if not PRIVSEP_DIR.exists():
+            # sshd needs its privilege separation directory; mark it ours so `down` removes it.
+            PRIVSEP_DIR.mkdir(mode=0o755, parents=True)
+            (PRIVSEP_DIR / PRIVSEP_MARK).touch()
+        known = []
+        for i, node in enumerate(self.node_names()):
+            ns = self.netns(node)
+            nd = self.node_dir(node)
+            (nd / "work").mkdir(parents=True, exist_ok=True)
+            _run(["ip", "netns", "add", ns])
+            for role, dev, bridge, addr in (
+                ("d", "eth0", self.data_bridge, self.data_address(node)),
+                ("m", "eth1", self.mgmt_bridge, self.mgmt_address(node)),
+            ):
+                host_end = f"{self.lab_id}{role}{i}"
+                _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", dev, "netns", ns])
+                _run(["ip", "link", "set", "dev", host_end, "master", bridge, "up"])
+                _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
+            for dev in ("lo", "eth0", "eth1"):
+                _run(["ip", "-n", ns, "link", "set", "dev", dev, "up"])
+            key = nd / "ssh_host_ed25519_key"
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.lab_id}-{node}", "-f", str(key)])
+            pub = Path(str(key) + ".pub").read_text().split()
+            known.append(f"{self.mgmt_address(node)} {pub[0]} {pub[1]}\n")
+            (nd / "sshd_config").write_text(self._sshd_config(node))
+            (nd / "power").write_text("on\n")
+            self._start_sshd(node)
+        self.known_hosts_path.write_text("".join(known))
+        self._wait_ssh(self.node_names())
+        import yaml
+
+        header = f"# chaoskit netns lab {self.lab_id}: generated by `chaoskit lab up --kind netns`; removed by `lab down`.\n"
+        self.inventory_path.write_text(header + yaml.safe_dump(self.inventory_document(), sort_keys=False, width=200))
+
+    def _sshd_config(self, node: str) -> str:
+        nd = self.node_dir(node)
+        return "\n".join([
+            f"# sshd of chaoskit netns lab {self.lab_id}, node {node}",
+            f"Port {SSH_PORT}",
+            "ListenAddress 0.0.0.0",
+            f"HostKey {nd / 'ssh_host_ed25519_key'}",
+            f"PidFile {nd / 'sshd.pid'}",
+            f"AuthorizedKeysFile {self.directory / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            # The lab directory may sit under a world-writable /tmp; the key files are ours.
+            "StrictModes no",
+            "UseDNS no",
+            "PrintMotd no",
+            "PrintLastLog no",
+            "MaxSessions 64",
+            "MaxStartups 256:30:512",
+            "LoginGraceTime 20",
+            "LogLevel ERROR",
+            "",
+        ])
+
+    def _start_sshd(self, node: str) -> None:
+        nd = self.node_dir(node)
+        (nd / "sshd.pid").unlink(missing_ok=True)
+        _run(["ip", "netns", "exec", self.netns(node), self.sshd, "-f", str(nd / "sshd_config"), "-E", str(nd / "sshd.log")])
+
+    def _sshd_alive(self, node: str) -> bool:
+        try:
+            pid = int((self.node_dir(node) / "sshd.pid").read_text().split()[0])
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().split(") ", 1)[1][:1] != "Z"
+        except (OSError, ValueError, IndexError):
+            return False
+
+    def _wait_ssh(self, nodes: list[str], timeout: float = 15.0) -> None:
+        pending = list(nodes)
+        end = time.time() + timeout
+        while pending and time.time() < end:
+            for node in list(pending):
+                try:
+                    with socket.create_connection((self.mgmt_address(node), SSH_PORT), timeout=0.5) as s:
+                        s.settimeout(0.5)
+                        if s.recv(4).startswith(b"SSH-"):
+                            pending.remove(node)
+                except OSError:
+                    pass
+            if pending:
+                time.sleep(0.05)
+        if pending:
+            log = (self.node_dir(pending[0]) / "sshd.log")
+            detail = log.read_text().strip()[-300:] if log.exists() else ""
+            raise InfraError(f"sshd of node(s) {', '.join(pending)} did not answer within {timeout:g}s" + (f": {detail}" if detail else ""))
+
+    # -- tearing down ---------------------------------------------------------------------
+
+    def _kill_node(self, node: str, timeout: float = 5.0) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            pids = [p for p in self.pids(node) if p != os.getpid()]
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+
+    def _kill_controller_side(self) -> None:
+        """Processes on the controller started for this lab (power-fault watchdogs name its directory)."""
+        marker = str(self.directory).encode()
+        skip = {os.getpid(), os.getppid()}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in skip:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                    cmdline = fh.read()
+            except OSError:
+                continue
+            if marker in cmdline and b"chaoskit" in cmdline:
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _namespaces(self) -> list[str]:
+        res = _run(["ip", "netns", "list"], check=False)
+        names = {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
+        return sorted(n for n in names if n.startswith(f"{self.lab_id}-"))
+
+    def _host_links(self) -> list[str]:
+        res = _run(["ip", "-o", "link", "show"], check=False)
+        out = []
+        for line in res.stdout.splitlines():
+            parts = line.split(":", 2)
+            if len(parts) < 2:
+                continue
+            name = parts[1].strip().split("@", 1)[0]
+            if name.startswith(self.lab_id):
+                out.append(name)
+        # Bridges last: deleting a veth first keeps the bridge's port list short.
+        return sorted(out, key=lambda n: n in (self.data_bridge, self.mgmt_bridge))
+
+
+def _run(argv: list[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise InfraError(f"{argv[0]}: command not found") from None
+    except subprocess.TimeoutExpired:
+        raise InfraError(f"{' '.join(argv)}: no answer within {timeout:g}s") from None
+    if check and res.returncode != 0:
+        raise InfraError(f"{' '.join(argv)} failed: {(res.stderr or res.stdout).strip()}")
+    return res
+
+
+class _host_lock:
+    """Held while a lab picks its id and subnet and builds, so two labs never pick the same.
+
+    An abstract unix socket: nothing on disk, released when the holder exits or dies.
+    """
+
+    NAME = b"\0chaoskit-netns-lab-build"
+
+    def __enter__(self) -> "_host_lock":
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        end = time.time() + 120
+        while True:
+            try:
+                self.sock.bind(self.NAME)
+                return self
+            except OSError:
+                if time.time() > end:
+                    self.sock.close()
+                    raise InfraError("another netns lab has been building for 2 minutes; giving up") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+def _new_lab_id() -> str:
+    taken = _run(["ip", "-o", "link", "show"], check=False).stdout + _run(["ip", "netns", "list"], check=False).stdout
+    for _ in range(100):
+        lab_id = f"ck{secrets.token_hex(2)}"
+        if lab_id not in taken:
+            return lab_id
+    raise InfraError("cannot find a free netns lab id")
+
+
+def _free_slot() -> int:
+    """A k such that 10.77.2k.0/24 and 10.77.2k+1.0/24 overlap no address or route here."""
+    used = _run(["ip", "-4", "route", "show", "table", "all"], check=False).stdout + _run(["ip", "-4", "addr"], check=False).stdout
+    for k in range(128):
+        if f"{SUBNET}.{2 * k}." not in used and f"{SUBNET}.{2 * k + 1}." not in used:
+            return k
+    raise InfraError(f"no free /24 pair left in {SUBNET}.0.0/16 for a netns lab")
+
+
+def _remove_privsep_dir() -> None:
+    """Remove /run/sshd if a lab created it and no sshd (another lab's, the system's) still runs."""
+    if not (PRIVSEP_DIR / PRIVSEP_MARK).exists():
+        return
+    if _sshd_running():
+        return
+    try:
+        (PRIVSEP_DIR / PRIVSEP_MARK).unlink()
+        PRIVSEP_DIR.rmdir()
+    except OSError:
+        pass
+
+
+def _sshd_running() -> bool:
+    """A live sshd anywhere on the machine (zombies waiting to be reaped do not count)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        comm, _, rest = stat.partition(" (")[2].rpartition(") ")
+        if comm == "sshd" and not rest.startswith("Z"):
+            return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaoskit.lab.netns``: the lab's power commands, and up/down/status for debugging."""
+    parser = argparse.ArgumentParser(prog="python -m chaoskit.lab.netns")
+    parser.add_argument("--dir", dest="directory", default=None)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_power = sub.add_parser("power")
+    p_power.add_argument("action", choices=["off", "on", "status"])
+    p_power.add_argument("--dir", dest="directory", default=argparse.SUPPRESS)
+    p_power.add_argument("node")
+    p_up = sub.add_parser("up")
+    p_up.add_argument("--nodes", type=int, default=2)
+    p_up.add_argument("--spare", type=int, default=0)
+    sub.add_parser("down")
+    sub.add_parser("status")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            lab = NetnsLab.create(args.nodes, args.spare, args.directory)
+            print(lab.inventory_path)
+            return 0
+        lab = NetnsLab.load(args.directory)
+        if lab is None:
+            print("no netns lab is up", file=sys.stderr)
+            return 3
+        if args.cmd == "down":
+            lab.down()
+            return 0
+        if args.cmd == "status":
+            print(json.dumps(lab.status(), indent=2))
+            return 0
+        on = lab.power(args.node, args.action)
+        print("on" if on else "off")
+        return 0 if on or args.action == "off" else 1
+    except InfraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Undo what a crashed run left armed, from its journal alone.
+
+The journal records every lasting fault as ``armed`` (with its exact revert argv
+and node) before it is injected, and ``reverted`` once it was undone. A run that
+died in between leaves ``armed`` records without a match; :func:`rollback_journal`
+runs each one's revert on its node (or on the controller for faults whose revert
+runs there, such as power), verifies it where the fault kind knows how, and
+appends a ``reverted`` record so a second rollback does nothing. Leases of the
+run are released so their watchdogs stand down.
+
+Reverts are idempotent, so rolling back a fault whose watchdog already reverted
+it is harmless. Nodes that are not in the inventory are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chaoskit.errors import InfraError
+from chaoskit.safety.journal import Journal, read_journal, unreverted
+
+__all__ = ["RollbackOutcome", "CrashedRun", "find_crashed_runs", "rollback_journal", "rollback_crashed"]
+
+REVERT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class RollbackOutcome:
+    fault_id: str
+    kind: str
+    node: str
+    command: list[str]
+    ok: bool
+    problem: str | None = None
+
+
+@dataclass
+class CrashedRun:
+    run_id: str
+    pid: int
+    run_dir: Path
+    marker: Path
+    info: dict[str, Any]
+
+    @property
+    def journal(self) -> Path:
+        return self.run_dir / "journal.jsonl"
+
+
+def find_crashed_runs(state: Path | None = None) -> list[CrashedRun]:
+    """Runs whose active marker (``<state>/runs/<run id>.json``) names a process that is gone."""
+    if state is None:
+        from chaoskit.state import state_dir
+
+        state = state_dir()
+    out = []
+    for marker in sorted((Path(state) / "runs").glob("*.json")):
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(info.get("pid", 0))
+        if pid and _alive(pid):
+            continue
+        out.append(CrashedRun(marker.stem, pid, Path(info.get("run_dir", "")), marker, info))
+    return out
+
+
+def rollback_journal(
+    journal_path: Path, inventory: Any, *, run_id: str | None = None, timeout: float = REVERT_TIMEOUT_S
+) -> list[RollbackOutcome]:
+    """Revert every fault the journal shows armed and not reverted; return one outcome per fault."""
+    from chaoskit.cluster.transports.local import LocalTransport
+    from chaoskit.faults.registry import fault_kinds
+
+    journal_path = Path(journal_path)
+    pending = unreverted(read_journal(journal_path)) if journal_path.exists() else []
+    if not pending:
+        return []
+    run_id = run_id or journal_path.parent.name
+    kinds = fault_kinds()
+    journal = Journal(journal_path)
+    outcomes = []
+    try:
+        for entry in pending:
+            fid, kind, node = entry["fault_id"], entry.get("kind", "?"), entry.get("node", "?")
+            revert = [str(a) for a in entry.get("revert") or []]
+            cls = kinds.get(kind)
+            outcome = RollbackOutcome(fid, kind, node, revert, False)
+            outcomes.append(outcome)
+            if node not in inventory:
+                outcome.problem = f"node {node!r} is not in the inventory; not touched"
+                continue
+            if not revert:
+                outcome.problem = "the journal has no revert command for it"
+                continue
+            on_controller = getattr(cls, "revert_runs_on", "node") == "controller"
+            transport = LocalTransport(node) if on_controller else inventory[node].conn
+            try:
+                res = transport.run(revert, timeout)
+                outcome.problem = _check(cls, transport, revert, inventory[node], res)
+            except (InfraError, ValueError) as exc:
+                outcome.problem = str(exc)
+            outcome.ok = outcome.problem is None
+            if outcome.ok:
+                _release_lease(transport, run_id, fid)
+                journal.record("reverted", fault_id=fid, kind=kind, node=node, verified=True, problem=None, by="rollback")
+    finally:
+        journal.close()
+    return outcomes
+
+
+def rollback_crashed(inventory_for: Any, state: Path | None = None) -> dict[str, list[RollbackOutcome]]:
+    """Roll back every crashed run; ``inventory_for(crashed_run)`` gives the inventory to act through.
+
+    A run's marker is removed once all its faults are reverted.
+    """
+    results = {}
+    for run in find_crashed_runs(state):
+        outcomes = rollback_journal(run.journal, inventory_for(run), run_id=run.run_id)
+        results[run.run_id] = outcomes
+        if all(o.ok for o in outcomes):
+            run.marker.unlink(missing_ok=True)
+    return results
+
+
+def _check(cls: Any, transport: Any, revert: list[str], node: Any, res: Any) -> str | None:
+    check = getattr(cls, "check_reverted", None)
+    if check is None:
+        return None  # no kind-specific check: the (idempotent) revert ran
+    if getattr(cls, "revert_runs_on", "node") == "controller":
+        if res.returncode != 0:
+            return f"revert exited {res.returncode}: {res.stderr.strip() or res.stdout.strip()}"
+        return check(transport, revert, node=node)
+    return check(transport, revert)
+
+
+def _release_lease(transport: Any, run_id: str, fault_id: str) -> None:
+    """Tell the fault's watchdog (if still waiting) to stand down."""
+    try:
+        lease_dir = getattr(transport, "lease_dir", None)
+        if lease_dir is not None:
+            transport.touch(f"{lease_dir(f'{run_id}/{fault_id}')}/released")
+            return
+        from chaoskit.safety.lease import default_lease_root
+
+        directory = default_lease_root() / run_id / fault_id
+        if directory.exists():
+            (directory / "released").touch()
+    except (InfraError, OSError, ValueError):
+        pass  # the watchdog reverting again later is harmless
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return True
