@@ -63,17 +63,6 @@ def _world_size(sc) -> int:
     return sc.lab.nodes * sc.workload.nproc_per_node
 
 
-def _build_cluster(sc):
-    from chaoskit.lab.process import ProcessLab
-
-    spec = sc.lab
-    lab = ProcessLab.load()
-    if lab is not None and lab.nodes == spec.nodes:
-        return lab, lab.inventory(), False
-    lab = ProcessLab.create(spec.nodes)
-    return lab, lab.inventory(), True
-
-
 def _faults(sc) -> list[Fault]:
     from chaoskit.faults.registry import get_fault
 
@@ -82,9 +71,9 @@ def _faults(sc) -> list[Fault]:
 
 def check_scenario(loaded) -> None:
     """Every check that needs the cluster but touches nothing (``validate`` runs it too)."""
-    from chaoskit.lab.process import ProcessLab
+    from chaoskit.cluster.handle import preview_inventory
 
-    _static_checks(loaded, ProcessLab("check", loaded.model.lab.nodes).inventory())
+    _static_checks(loaded, preview_inventory(loaded.model.lab))
 
 
 def _static_checks(loaded, inventory) -> None:
@@ -96,6 +85,11 @@ def _static_checks(loaded, inventory) -> None:
             return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
 
         check_static(inventory, spec.target, _world_size(sc), sc.safety.max_nodes, error)
+        peers = getattr(spec, "peers", None)
+        for name in (peers.nodes if peers is not None else None) or []:
+            if name not in inventory:
+                raise loaded.error(f"faults.{i}.peers: node {name!r} is not in the inventory ({', '.join(inventory.names())})",
+                                   "faults", i, "peers", "nodes")
         if spec.at.step is not None and spec.at.step >= sc.workload.steps:
             raise loaded.error(
                 f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
@@ -163,21 +157,28 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
 
     loaded = load_scenario(path)
     sc = loaded.model
-    lab, inventory, ephemeral = _build_cluster(sc)
-    _static_checks(loaded, inventory)
+    check_scenario(loaded)
 
+    from chaoskit.cluster.handle import open_cluster, preview_cluster
     from chaoskit.workloads.launch import TorchrunJob, torch_available
 
     run_id = f"{_utc_stamp()}-{sc.name}"
     if dry_run:
-        job = TorchrunJob(inventory, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
-        plan = plan_scenario(loaded, inventory, job.commands())
-        result = {"scenario": sc.name, "verdict": "dry-run", "cluster": _cluster_info(lab, inventory),
+        cluster = preview_cluster(sc.lab)
+        job = TorchrunJob(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
+        plan = plan_scenario(loaded, cluster.inventory, job.commands())
+        result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
         if not torch_available() and sc.workload.launch != "command":
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, result, None, plan)
-    return _Run(loaded, lab, inventory, ephemeral, run_id, out, console).execute()
+    cluster = open_cluster(sc.lab)
+    try:
+        run = _Run(loaded, cluster, run_id, out, console)
+    except BaseException:
+        cluster.teardown()
+        raise
+    return run.execute()
 
 
 def _utc_stamp() -> str:
@@ -188,15 +189,11 @@ def _iso(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _cluster_info(lab, inventory) -> dict[str, Any]:
-    return {"kind": "process-lab", "id": lab.lab_id, "nodes": [{"name": n.name, "labels": n.labels} for n in inventory.nodes]}
-
-
 class _Run:
     """One live run. ``execute`` always reverts, stops the job and writes result.json."""
 
-    def __init__(self, loaded, lab, inventory, ephemeral: bool, run_id: str, out: Path | None, console) -> None:
-        self.loaded, self.sc, self.lab, self.inventory, self.ephemeral = loaded, loaded.model, lab, inventory, ephemeral
+    def __init__(self, loaded, cluster, run_id: str, out: Path | None, console) -> None:
+        self.loaded, self.sc, self.cluster, self.inventory = loaded, loaded.model, cluster, cluster.inventory
         self.run_id = run_id
         self.run_dir = Path(out) if out else Path("reports") / run_id
         self.t0 = time.time()
@@ -215,7 +212,11 @@ class _Run:
         from chaoskit.state import state_dir
 
         sc = self.sc
-        lock = ClusterLock(state_dir(), self.lab.lab_id).acquire()
+        try:
+            lock = ClusterLock(state_dir(), self.cluster.id).acquire()
+        except BaseException:
+            self.cluster.teardown()
+            raise
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.bus = EventBus(self.run_dir / "events.jsonl")
         self.journal = Journal(self.run_dir / "journal.jsonl")
@@ -224,10 +225,12 @@ class _Run:
         self.deadline = self.t0 + sc.safety.abort_after
         self._active_marker = state_dir() / "runs" / f"{self.run_id}.json"
         self._active_marker.parent.mkdir(parents=True, exist_ok=True)
-        self._active_marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": str(self.run_dir.resolve()), "lab": self.lab.lab_id}))
+        self._active_marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": str(self.run_dir.resolve()), "lab": self.cluster.id,
+                                                    "inventory": self.cluster.details.get("inventory")}))
         exit_code = ExitCode.OK
         restore = _install_sigterm()
         try:
+            self._preflight()
             self._start()
             self._baseline()
             for fault in _faults(sc):
@@ -271,6 +274,16 @@ class _Run:
         else:
             self.say(f"report: {path}")
 
+    def _preflight(self) -> None:
+        """Reach every node and let each fault check its targets, before anything starts."""
+        from chaoskit.cluster.selectors import resolve_nodes
+
+        self.cluster.connect()
+        for fault in _faults(self.sc):
+            check = getattr(fault, "preflight", None)
+            if check is not None and fault.target_type == "node":
+                check(self.ctx, resolve_nodes(self.inventory, fault.spec.target))
+
     def _start(self) -> None:
         from chaoskit.observe.probes import TORCHRUN_RULES, FileLogProbe, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
         from chaoskit.workloads.launch import TorchrunJob
@@ -290,8 +303,13 @@ class _Run:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
         for t in self.threads:
             t.start()
-        self.job = TorchrunJob(self.inventory, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
-        self.say(f"lab [bold]{self.lab.lab_id}[/bold]: {len(self.inventory.nodes)} nodes x {sc.workload.nproc_per_node} worker(s); starting the {sc.workload.launch} job ({sc.workload.steps} steps)")
+        self.job = TorchrunJob(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
+        spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
+        self.say(
+            f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "
+            f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
+            f"starting the {sc.workload.launch} job ({sc.workload.steps} steps)"
+        )
         self.job.start()
 
     def _baseline(self) -> None:
@@ -381,10 +399,14 @@ class _Run:
 
         try:
             fault.revert(self.ctx, inj)
-        finally:
-            inj.reverted = True
+            problem = fault.verify(self.ctx, inj)
+        except InfraError as exc:
+            problem = str(exc)
+        inj.reverted = True
+        if problem is None:
             self.leases.release(inj.fault_id)
-        problem = fault.verify(self.ctx, inj)
+        else:  # leave the node's watchdog armed: it reverts by itself when the lease goes stale
+            self.leases.abandon(inj.fault_id)
         ts = time.time()
         self.journal.record("reverted", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, verified=problem is None, problem=problem)
         self.bus.publish(make_event("fault.reverted", ts, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, source="chaoskit"))
@@ -403,8 +425,7 @@ class _Run:
             self.leases.close()
             self.bus.close()
             self.journal.close()
-            if self.ephemeral:
-                self.lab.kill_all()
+            self.cluster.teardown()
 
     def _wait(self, predicate, timeout: float, what: str, quiet: bool = False) -> bool:
         """Wait for ``predicate`` while the job runs; abort on the safety deadline."""
@@ -464,7 +485,7 @@ class _Run:
             "ended_at": _iso(time.time()),
             "duration_s": round(time.time() - self.t0, 3),
             "run_dir": str(self.run_dir),
-            "cluster": _cluster_info(self.lab, self.inventory),
+            "cluster": self.cluster.info(),
             "workload": self.sc.workload.model_dump(),
             "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault} for _, inj in self.injections],
             "phases": phases,

@@ -153,7 +153,11 @@ class ProcessWatcher(threading.Thread):
         while not self.stop_event.is_set():
             now: dict[tuple[str, int], int | None] = {}
             for node, transport in self.transports.items():
-                for proc in transport.processes():
+                try:
+                    procs = transport.processes()
+                except Exception:  # noqa: BLE001 - an unreachable node (powered off, NIC down) has no workers we can see
+                    procs = []
+                for proc in procs:
                     if proc.is_worker and proc.state != "Z":
                         now[(node, proc.pid)] = proc.rank
             ts = time.time()

@@ -38,10 +38,23 @@ EVENT_KINDS = (
 
 
 class LabSpec(StrictModel):
-    """A built-in lab cluster that the run brings up (and tears down) itself."""
+    """A built-in lab cluster that the run uses (``chaoskit lab up``) or brings up and tears down itself."""
 
-    kind: Literal["process"] = Field("process", description="process: nodes are local process groups (no root).")
-    nodes: int = Field(3, ge=1, le=64, description="Number of nodes.")
+    kind: Literal["process", "netns"] = Field(
+        "process",
+        description=(
+            "process: nodes are local process groups (no root). netns: each node is a network namespace "
+            "with its own NICs (data, mgmt) and sshd, reached over SSH (needs root, iproute2, openssh-server)."
+        ),
+    )
+    nodes: int = Field(3, ge=1, le=64, description="Nodes the job runs on.")
+    spare: int = Field(0, ge=0, le=16, description="netns only: idle nodes whose torchrun agents wait to take over.")
+
+    @model_validator(mode="after")
+    def _spare(self) -> "LabSpec":
+        if self.spare and self.kind != "netns":
+            raise ValueError("spare nodes need kind: netns")
+        return self
 
 
 class Workload(StrictModel):
@@ -155,7 +168,7 @@ class ScenarioBase(StrictModel):
     name: str = Field(..., pattern=NAME_RE, description="Short identifier, used in report paths.")
     description: str = ""
     cluster: Union[Literal["lab"], LabSpec] = Field(
-        "lab", description="'lab' (the built-in process lab, 3 nodes) or a lab spec {kind: process, nodes: N}."
+        "lab", description="'lab' (the built-in process lab, 3 nodes) or a lab spec {kind: process|netns, nodes: N, spare: K}."
     )
     workload: Workload = Field(default_factory=Workload)
     probes: Probes = Field(default_factory=Probes)

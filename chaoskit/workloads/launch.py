@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.errors import InfraError
 
@@ -39,18 +38,22 @@ def torch_available() -> bool:
 
 
 class TorchrunJob:
-    """The reference (or a user's) training job, one torchrun agent per lab node."""
+    """The reference (or a user's) training job: one torchrun agent per node of the cluster.
+
+    Agents on spare nodes join too; torchrun keeps them waiting (its rendezvous
+    "redundancy list") until a node of the world is lost.
+    """
 
     def __init__(
         self,
-        inventory: Inventory,
+        cluster,  # chaoskit.cluster.handle.ClusterHandle
         workload,  # chaoskit.scenario.model.Workload
         run_dir: Path,
         run_id: str,
         events_path: Path | None,
         on_line: LineSink | None = None,
     ) -> None:
-        self.inventory, self.workload, self.run_dir, self.run_id = inventory, workload, Path(run_dir).resolve(), run_id
+        self.cluster, self.workload, self.run_dir, self.run_id = cluster, workload, Path(run_dir).resolve(), run_id
         self.events_path, self.on_line = events_path, on_line
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.log_dir = self.run_dir / "logs"
@@ -71,20 +74,23 @@ class TorchrunJob:
             return [str(Path(__file__).with_name("plain_train.py")), *args]
         return list(w.command)
 
-    def agent_argv(self, index: int) -> list[str]:
+    def agent_argv(self, node: str) -> list[str]:
         w = self.workload
-        n = len(self.inventory.nodes)
+        n = len(self.cluster.job_nodes)
+        host = node == self.cluster.agent_nodes[0]
         return [
+            *self.cluster.launch_prefix(node),
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(n), "--nproc-per-node", str(w.nproc_per_node),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
-            "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if index == 0 else 'false'}",
+            "--nnodes", f"{n}:{n}", "--nproc-per-node", str(w.nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.cluster.rdzv_host}:{self.port}",
+            "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if host else 'false'}",
             "--max-restarts", str(w.max_restarts), "--monitor-interval", "0.1",
+            *self.cluster.agent_args(node),
             *self.script_argv(),
         ]
 
     def commands(self) -> dict[str, list[str]]:
-        return {node.name: self.agent_argv(i) for i, node in enumerate(self.inventory.nodes)}
+        return {node: self.agent_argv(node) for node in self.cluster.agent_nodes}
 
     def start(self) -> None:
         if not torch_available() and self.workload.launch != "command":
@@ -94,13 +100,11 @@ class TorchrunJob:
             )
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for i, node in enumerate(self.inventory.nodes):
-            transport = node.conn
-            assert isinstance(transport, LocalTransport)
+        for node in self.cluster.agent_nodes:
             env = dict(os.environ)
             env.update({
-                LocalTransport.SCOPE_ENV: transport.scope or "",
-                "CHAOSKIT_NODE": node.name,
+                LocalTransport.SCOPE_ENV: self.cluster.scope(node),
+                "CHAOSKIT_NODE": node,
                 "CHAOSKIT_CKPT_DIR": str(self.ckpt_dir),
                 "PYTHONUNBUFFERED": "1",
                 "OMP_NUM_THREADS": "1",
@@ -108,17 +112,18 @@ class TorchrunJob:
                 # with the agent mixes rounds when agents restart at different counts and can
                 # deadlock init_process_group (seen with torch 2.13 on three local agents).
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                **self.cluster.launch_env(node),
             })
             if self.events_path is not None:
                 env["CHAOSKIT_EVENTS"] = str(self.events_path)
             else:
                 env.pop("CHAOSKIT_EVENTS", None)
             proc = subprocess.Popen(
-                self.agent_argv(i), env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
+                self.agent_argv(node), env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             )
-            self.agents[node.name] = proc
-            t = threading.Thread(target=self._pump, args=(node.name, proc), daemon=True, name=f"chaoskit-log-{node.name}")
+            self.agents[node] = proc
+            t = threading.Thread(target=self._pump, args=(node, proc), daemon=True, name=f"chaoskit-log-{node}")
             t.start()
             self._readers.append(t)
 
@@ -133,7 +138,15 @@ class TorchrunJob:
                     self.on_line(node, raw.decode(errors="replace").rstrip("\n"), ts)
 
     def running(self) -> bool:
-        return any(p.poll() is None for p in self.agents.values())
+        """Whether the job goes on: some agent of the world (not a spare still waiting) is alive."""
+        if not any(p.poll() is None for p in self.agents.values()):
+            return False
+        done = [p.poll() for n, p in self.agents.items() if n in self.cluster.job_nodes]
+        # torchrun agents exit 0 once training finished; a spare that never joined keeps waiting.
+        return not (done and all(code == 0 for code in done) and self._only_spares_left())
+
+    def _only_spares_left(self) -> bool:
+        return all(p.poll() is not None for n, p in self.agents.items() if n in self.cluster.job_nodes)
 
     def returncodes(self) -> dict[str, int | None]:
         return {n: p.poll() for n, p in self.agents.items()}
@@ -145,8 +158,8 @@ class TorchrunJob:
         return not self.running()
 
     def stop(self, grace: float = 5.0) -> None:
-        """Stop every agent and worker of the job (SIGTERM, then SIGKILL)."""
-        scopes = [n.conn for n in self.inventory.nodes if isinstance(n.conn, LocalTransport)]
+        """Stop every agent and worker of the job (SIGTERM, then SIGKILL), on every node."""
+        scopes = [LocalTransport(node, self.cluster.scope(node)) for node in self.cluster.agent_nodes]
         for sig, wait in ((signal.SIGCONT, 0.0), (signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
             for scope in scopes:
                 for p in scope.processes():
