@@ -226,7 +226,7 @@ class _Run:
         self._active_marker = state_dir() / "runs" / f"{self.run_id}.json"
         self._active_marker.parent.mkdir(parents=True, exist_ok=True)
         self._active_marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": str(self.run_dir.resolve()), "lab": self.cluster.id,
-                                                    "inventory": self.cluster.details.get("inventory")}))
+                                                    "kind": self.cluster.kind, **self.cluster.details}))
         exit_code = ExitCode.OK
         restore = _install_sigterm()
         try:

@@ -148,3 +148,46 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path):
     plan = res.json["plan"][0]
     assert plan["kind"] == "process.hang" and plan["nodes"] == ["n0", "n1", "n2"]
     assert [a["command"] for a in plan["actions"]][1] == "kill -s STOP <pid of rank 2>"
+
+
+def test_rollback_after_the_controller_is_killed(tmp_path):
+    """SIGKILL chaoskit mid-hang: `chaoskit rollback` reverts the fault and stops the lab it left."""
+    need_torch()
+    text = (SCENARIOS / "hang-rank.yaml").read_text().replace("duration: 15s", "duration: 5m").replace("at: {step: 50}", "at: {step: 5}")
+    text = text.replace("lease_ttl: 15s", "lease_ttl: 2m")  # rollback, not the lease, must be what reverts it
+    scenario = tmp_path / "hang.yaml"
+    scenario.write_text(text)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(scenario), "--out", str(run_dir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    journal = run_dir / "journal.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (journal.exists() and "injected" in journal.read_text()):
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    armed = next(json.loads(x) for x in journal.read_text().splitlines() if '"armed"' in x)
+    pid = int(armed["revert"][-1])
+    state = lambda: read_proc_state(pid)  # noqa: E731
+    assert state() == "T"
+    [marker] = (Path(os.environ["CHAOSKIT_STATE_DIR"]) / "runs").glob("*.json")
+    lab = {"cluster": {"id": json.loads(marker.read_text())["lab"]}}
+    assert lab_processes(lab) != []  # the crashed run left its job running
+    res = run_cli("rollback", "--json")
+    assert res.code == 0, res.stderr
+    [run] = res.json["runs"]
+    assert [f["ok"] for f in run["faults"]] == [True]
+    assert run["lab"] and "stopped" in run["lab"]
+    assert state() != "T"
+    actions = [json.loads(x)["action"] for x in journal.read_text().splitlines()]
+    assert actions[-1] == "reverted"
+    assert lab_processes(lab) == []
+    assert not marker.exists()
+    assert run_cli("rollback").stdout.startswith("nothing to roll back")
+
+
+def read_proc_state(pid: int) -> str | None:
+    from chaoskit.cluster.transports.local import proc_info
+
+    info = proc_info(pid)
+    return info.state if info else None

@@ -126,65 +126,137 @@ def schema(output: Optional[Path] = typer.Option(None, "--output", "-o", help="W
         current_env().stdout.write(text)
 
 
+@app.command(epilog=EXIT_CODES_HELP)
+def rollback(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> int:
+    """Undo what crashed runs left behind: revert their armed faults, stop the labs they made."""
+    from chaoskit.errors import ExitCode
+    from chaoskit.safety.cleanup import inventory_for, teardown_lab
+    from chaoskit.safety.rollback import find_crashed_runs, rollback_journal
+
+    out = current_env().stdout
+    report = []
+    failed = False
+    for run in find_crashed_runs():
+        outcomes = rollback_journal(run.journal, inventory_for(run), run_id=run.run_id) if run.journal.exists() else []
+        failed |= any(not o.ok for o in outcomes)
+        lab = teardown_lab(run) if all(o.ok for o in outcomes) else None
+        if all(o.ok for o in outcomes):
+            run.marker.unlink(missing_ok=True)
+        report.append({"run": run.run_id, "faults": [o.__dict__ for o in outcomes], "lab": lab})
+        if not as_json:
+            out.write(f"run {run.run_id} (pid {run.pid} is gone):\n")
+            for o in outcomes:
+                out.write(f"  {'reverted' if o.ok else 'FAILED  '} {o.kind} on {o.node}" + (f": {o.problem}" if o.problem else "") + "\n")
+            if not outcomes:
+                out.write("  no fault was left armed\n")
+            if lab:
+                out.write(f"  {lab}\n")
+    if as_json:
+        _print_json({"runs": report})
+    elif not report:
+        out.write("nothing to roll back: no crashed run found\n")
+    return ExitCode.INFRA if failed else ExitCode.OK
+
+
 @lab_app.command("up")
 def lab_up(
-    nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes."),
-    kind: str = typer.Option("process", "--kind", help="process: nodes are local process groups (no root needed)."),
+    nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes the job runs on."),
+    kind: str = typer.Option("process", "--kind", help="process: local process groups (no root); netns: network namespaces with sshd (root)."),
+    spare: int = typer.Option(0, "--spare", min=0, max=16, help="netns: extra idle nodes that can take over."),
 ) -> None:
     """Create a lab that runs reuse (otherwise each run makes and removes its own)."""
     from chaoskit.errors import ScenarioError
+
+    out = current_env().stdout
+    if kind == "netns":
+        from chaoskit.lab.netns import NetnsLab
+
+        existing = NetnsLab.load()
+        if existing is not None:
+            out.write(f"netns lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first\n")
+            return
+        lab = NetnsLab.create(nodes, spare=spare)
+        out.write(f"netns lab {lab.lab_id} up: {nodes} nodes + {spare} spare ({', '.join(lab.node_names())})\n")
+        out.write(f"inventory: {lab.inventory_path}\n")
+        return
+    if kind != "process":
+        raise ScenarioError(f"unknown lab kind {kind!r}", hint="available: process, netns")
+    if spare:
+        raise ScenarioError("--spare needs --kind netns")
     from chaoskit.lab.process import ProcessLab
 
-    if kind != "process":
-        raise ScenarioError(f"unknown lab kind {kind!r}", hint="available: process")
     existing = ProcessLab.load()
     if existing is not None:
-        current_env().stdout.write(f"lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first\n")
+        out.write(f"lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first\n")
         return
     lab = ProcessLab.create(nodes, persistent=True)
-    current_env().stdout.write(f"lab {lab.lab_id} up: {nodes} process nodes ({', '.join(lab.node_names())})\n")
+    out.write(f"lab {lab.lab_id} up: {nodes} process nodes ({', '.join(lab.node_names())})\n")
 
 
 @lab_app.command("down")
 def lab_down() -> None:
-    """Stop every process of the lab and forget it. Safe to run twice."""
+    """Stop every process of the labs, remove their namespaces, links and rules. Safe to run twice."""
     from chaoskit.lab.process import ProcessLab
 
+    out = current_env().stdout
+    found = False
     lab = ProcessLab.load()
-    if lab is None:
-        current_env().stdout.write("no lab is up\n")
-        return
-    n = lab.down()
-    current_env().stdout.write(f"lab {lab.lab_id} down: {n} process(es) stopped\n")
+    if lab is not None:
+        found = True
+        n = lab.down()
+        out.write(f"lab {lab.lab_id} down: {n} process(es) stopped\n")
+    netns = _netns_lab()
+    if netns is not None:
+        found = True
+        netns.down()
+        out.write(f"netns lab {netns.lab_id} down\n")
+    if not found:
+        out.write("no lab is up\n")
+
+
+def _netns_lab():
+    import os
+
+    if os.geteuid() != 0:
+        return None
+    from chaoskit.lab.netns import NetnsLab
+
+    return NetnsLab.load()
 
 
 @lab_app.command("status")
 def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Show the lab's nodes and the processes running on them."""
+    """Show the labs' nodes and the processes running on them."""
     from chaoskit.lab.process import ProcessLab
 
     lab = ProcessLab.load()
-    if lab is None:
-        if as_json:
-            _print_json({"up": False})
-        else:
-            current_env().stdout.write("no lab is up ('chaoskit lab up' makes one; runs make their own otherwise)\n")
-        return
-    procs = lab.processes()
-    if as_json:
-        _print_json({"up": True, "id": lab.lab_id, "nodes": lab.node_names(),
-                     "processes": [{"node": n, "pid": p, "cmdline": c} for n, p, c in procs]})
-        return
+    netns = _netns_lab()
     out = current_env().stdout
-    out.write(f"lab {lab.lab_id}: {lab.nodes} process nodes\n")
-    for name in lab.node_names():
-        mine = [p for p in procs if p[0] == name]
-        out.write(f"  {name}: {len(mine)} process(es)\n")
+    if as_json:
+        data: dict = {"up": lab is not None or netns is not None}
+        if lab is not None:
+            procs = lab.processes()
+            data.update({"id": lab.lab_id, "nodes": lab.node_names(),
+                         "processes": [{"node": n, "pid": p, "cmdline": c} for n, p, c in procs]})
+        if netns is not None:
+            data["netns"] = netns.status()
+        _print_json(data)
+        return
+    if lab is None and netns is None:
+        out.write("no lab is up ('chaoskit lab up' makes one; runs make their own otherwise)\n")
+        return
+    if lab is not None:
+        procs = lab.processes()
+        out.write(f"lab {lab.lab_id}: {lab.nodes} process nodes\n")
+        for name in lab.node_names():
+            out.write(f"  {name}: {sum(1 for p in procs if p[0] == name)} process(es)\n")
+    if netns is not None:
+        st = netns.status()
+        out.write(f"netns lab {st['id']}: inventory {st['inventory']}\n")
+        for n in st["nodes"]:
+            out.write(f"  {n['name']}: {'on ' if n['on'] else 'OFF'} mgmt {n['address']} data {n['data_address']}, {n['processes']} process(es)\n")
 
 
-# Commands that live in their own modules register themselves here. Each module
-# must stay cheap to import (heavy imports inside the command functions), since
-# this runs on every `chaoskit` start-up.
 def _register_commands() -> None:
     import importlib
 

@@ -82,6 +82,7 @@ def _process(spec) -> ClusterHandle:
         id=lab.lab_id, kind="process-lab", inventory=inventory, job_nodes=inventory.names(),
         rdzv_host="127.0.0.1", scope=lab.scope,
         teardown=(lambda: lab.kill_all()) if ephemeral else (lambda: None),
+        details={"ephemeral": ephemeral},
     )
 
 
@@ -121,7 +122,7 @@ def _netns(spec) -> ClusterHandle:
         agent_args=lambda node: ["--local-addr", lab.data_address(node)],
         connect=lambda: connect_all([n.conn for n in inventory.nodes]),
         teardown=teardown,
-        details={"inventory": str(lab.inventory_path), "directory": str(lab.directory)},
+        details={"inventory": str(lab.inventory_path), "directory": str(lab.directory), "ephemeral": ephemeral},
     )
 
 
