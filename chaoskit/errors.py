@@ -17,6 +17,7 @@ __all__ = [
     "SafetyAbort",
     "Interrupted",
     "SourcePos",
+    "OutcomeUnknown",
 ]
 
 
@@ -80,6 +81,10 @@ class InfraError(ChaoskitError):
     """A target or the infrastructure failed: unreachable, missing tool (exit 3)."""
 
     exit_code = ExitCode.INFRA
+
+
+class OutcomeUnknown(InfraError):
+    """The connection to a node dropped while a command ran: it may or may not have taken effect."""
 
 
 class SafetyAbort(ChaoskitError):

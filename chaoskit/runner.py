@@ -172,6 +172,12 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         if not torch_available() and sc.workload.launch != "command":
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, result, None, plan)
+    run_dir = Path(out) if out else Path("reports") / run_id
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ScenarioError(
+            f"--out {run_dir} already holds files; a run needs an empty folder",
+            hint="pick another --out, or remove that folder",
+        )
     cluster = open_cluster(sc.lab)
     try:
         run = _Run(loaded, cluster, run_id, out, console)
@@ -322,6 +328,9 @@ class _Run:
             )
         self.t_baseline = time.time()
         self.say(f"steady state: step {self.bus.last_step} reached")
+        spares = self.job.start_spares()
+        if spares:
+            self.say(f"spare node(s) {', '.join(spares)} waiting to take over")
 
     def _inject(self, fault: Fault) -> None:
         from chaoskit.cluster.selectors import resolve_nodes, resolve_processes
@@ -467,6 +476,8 @@ class _Run:
         reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)
         if any(f.lasting for f, _ in self.injections):
             checks["faults_reverted"] = {"pass": reverted_ok}
+        if phases_full and phases_full["t_detect"] is None and self.verdict is None and checks.get("training_finished", {}).get("pass"):
+            self.notes.append("the job showed no sign of the fault: nothing detected it and training never stopped")
         verdict = self.verdict
         if verdict is None:
             verdict = "pass" if all(v["pass"] for v in slo.values()) and all(c["pass"] for c in checks.values()) else "fail"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.cluster.inventory_file import check_ifname
-from chaoskit.errors import InfraError, ScenarioError
+from chaoskit.errors import InfraError, OutcomeUnknown, ScenarioError
 from chaoskit.faults.api import Action, Fault, FaultSpec, Injection, TargetSpec
 from chaoskit.scenario.durations import Duration
 
@@ -46,6 +46,8 @@ __all__ = [
 QDISC_HANDLE = "c4a0:"
 COMMAND_TIMEOUT_S = 10.0
 VERIFY_S = 5.0
+RECONNECT_MARGIN_S = 15.0
+OWN_LINK_TIMEOUT_S = 1.0
 RATE_RE = r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$"
 
 NETEM_CHECK = r"""
@@ -236,8 +238,19 @@ class _NodeFault(Fault):
             transport = _transport(ctx, t)
             inject, revert, label, detail = self.effect(ctx, t, fid)
             ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=label)
+            own_link = _cuts_own_connection(t, self.devices(t))
+            t_sent = time.time()
             try:
-                res = transport.run(inject, COMMAND_TIMEOUT_S)
+                # No answer can come back over a link the command takes down: don't wait long for one.
+                res = transport.run(inject, OWN_LINK_TIMEOUT_S if own_link else COMMAND_TIMEOUT_S)
+            except OutcomeUnknown:
+                if not own_link:
+                    self._undo(ctx, transport, fid, revert)
+                    raise
+                # The fault took the very link this connection uses: it is in effect, and the
+                # node's watchdog (armed above) brings the link back when its time is up.
+                out.append(Injection(fid, self.kind, t.node, [label], t_sent, {**detail, "revert": revert, "connection_lost": True}))
+                continue
             except InfraError:
                 self._undo(ctx, transport, fid, revert)
                 raise
@@ -249,8 +262,24 @@ class _NodeFault(Fault):
         return out
 
     def revert(self, ctx: "RunContext", injection: Injection) -> None:
-        """Run the revert; a non-zero exit means it was already reverted, which :meth:`verify` confirms."""
-        ctx.transport(injection.node).run(injection.detail["revert"], COMMAND_TIMEOUT_S)
+        """Run the revert; a non-zero exit means it was already reverted, which :meth:`verify` confirms.
+
+        When the fault cut the controller's own connection, the node is unreachable until its
+        watchdog restores the link: keep trying for the lease's TTL plus a margin.
+        """
+        transport = ctx.transport(injection.node)
+        patience = 0.0
+        if injection.detail.get("connection_lost"):
+            patience = getattr(getattr(ctx, "leases", None), "ttl", 15.0) + RECONNECT_MARGIN_S
+        deadline = time.time() + patience
+        while True:
+            try:
+                transport.run(injection.detail["revert"], COMMAND_TIMEOUT_S)
+                return
+            except InfraError:
+                if time.time() >= deadline:
+                    raise
+                time.sleep(0.5)
 
     def verify(self, ctx: "RunContext", injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
@@ -442,6 +471,16 @@ def _transport(ctx: "RunContext", target: "NodeTarget") -> Any:
             hint="use the netns lab (chaoskit lab up --kind netns) or an SSH inventory",
         )
     return transport
+
+
+def _cuts_own_connection(target: "NodeTarget", devices: list[str]) -> bool:
+    """Whether one of ``devices`` carries the address the controller reaches the node at."""
+    interfaces = getattr(target.info, "interfaces", None) or {}
+    address = getattr(target.info, "address", None)
+    for spec in interfaces.values():
+        if getattr(spec, "name", None) in devices and getattr(spec, "address", None) == address:
+            return True
+    return False
 
 
 def _device(target: "NodeTarget", interface: str) -> str:

@@ -39,7 +39,8 @@ def render_result(console, result: dict[str, Any]) -> None:
         "lost work", "[yellow]not observed[/yellow]" if lost is None else f"{lost} step{'' if lost == 1 else 's'}",
         f"<= {entry['limit']}" if entry else "-",
         ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else "",
-        f"step {phases.get('last_step_before')} before the fault, restored {phases.get('restored_step')}",
+        f"step {phases.get('last_step_before')} before the fault, restored {phases.get('restored_step')}"
+        if phases.get("restored_step") is not None else f"step {phases.get('last_step_before')} before the fault; nothing restored",
     )
     console.print(table)
     if phases.get("detected_by"):

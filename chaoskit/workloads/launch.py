@@ -92,7 +92,8 @@ class TorchrunJob:
     def commands(self) -> dict[str, list[str]]:
         return {node: self.agent_argv(node) for node in self.cluster.agent_nodes}
 
-    def start(self) -> None:
+    def start(self, nodes: list[str] | None = None) -> None:
+        """Start the agents of ``nodes`` (default: the job's nodes; spares come with :meth:`start_spares`)."""
         if not torch_available() and self.workload.launch != "command":
             raise InfraError(
                 "PyTorch is not installed, so the reference training job cannot start",
@@ -100,7 +101,7 @@ class TorchrunJob:
             )
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for node in self.cluster.agent_nodes:
+        for node in self.cluster.job_nodes if nodes is None else nodes:
             env = dict(os.environ)
             env.update({
                 LocalTransport.SCOPE_ENV: self.cluster.scope(node),
@@ -126,6 +127,14 @@ class TorchrunJob:
             t = threading.Thread(target=self._pump, args=(node, proc), daemon=True, name=f"chaoskit-log-{node}")
             t.start()
             self._readers.append(t)
+
+    def start_spares(self) -> list[str]:
+        """Start the spare nodes' agents once the world has formed: they wait in torchrun's
+        redundancy list and join the next world when a node of this one is lost."""
+        spares = [n for n in self.cluster.agent_nodes if n not in self.cluster.job_nodes and n not in self.agents]
+        if spares:
+            self.start(spares)
+        return spares
 
     def _pump(self, node: str, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None

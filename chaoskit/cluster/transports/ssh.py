@@ -33,6 +33,7 @@ import base64
 import hashlib
 import itertools
 import json
+import logging
 import os
 import re
 import threading
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from chaoskit.cluster.transports.api import CommandResult, ProcInfo, shell_quote
-from chaoskit.errors import InfraError
+from chaoskit.errors import InfraError, OutcomeUnknown
 
 __all__ = [
     "SSHTransport",
@@ -63,6 +64,10 @@ GRACE_S = 2.0
 """Client-side slack beyond a command's own timeout before the client gives up on it."""
 AGENT_RESTARTS = 3
 """Failed agent starts in a row before the transport falls back to one exec per command."""
+# paramiko logs protocol oddities (e.g. "Success for unrequested channel!" after a link drops) at
+# ERROR; with no handler configured Python prints them on stderr. chaoskit reports what matters itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
 IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", "rmtree"})
 """Requests safe to send again when the connection died after they left."""
 _LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -309,7 +314,7 @@ class SSHTransport:
                     if self._agent is agent:
                         self._agent = None
                 if exc.sent and op not in IDEMPOTENT_OPS:
-                    raise InfraError(
+                    raise OutcomeUnknown(
                         f"{_describe(fields)}: the connection to node {self.node} was lost while it ran ({exc}); "
                         "its outcome is unknown"
                     ) from None
@@ -320,7 +325,10 @@ class SSHTransport:
                         if self._agent is agent:
                             agent.close()
                             self._agent = None
-                raise InfraError(f"{_describe(fields)}: no answer from node {self.node} within {timeout:g}s") from None
+                message = f"{_describe(fields)}: no answer from node {self.node} within {timeout:g}s"
+                if op not in IDEMPOTENT_OPS:  # it was sent: it may have run
+                    raise OutcomeUnknown(message + "; its outcome is unknown") from None
+                raise InfraError(message) from None
         if op == "run":
             return self._exec_run(fields["argv"], float(fields["timeout"]))
         return self._oneshot(fields, timeout)
@@ -755,6 +763,6 @@ def _fan_out(transports, fields, timeout, on_reply, fallback, max_workers: int =
         except _OpFailed as exc:
             out[t.node] = InfraError(f"{what} on node {t.node} failed: {exc}")
         except _AgentGone as exc:
-            out[t.node] = InfraError(f"{what} on node {t.node}: the agent went away while it ran ({exc}); its outcome is unknown")
+            out[t.node] = OutcomeUnknown(f"{what} on node {t.node}: the agent went away while it ran ({exc}); its outcome is unknown")
     out.update(pooled)
     return {t.node: out[t.node] for t in ts}
