@@ -26,13 +26,17 @@ def _drill(name: str, out: Path) -> dict:
     return res.json
 
 
-def _nothing_left() -> None:
+def _nothing_left(result: dict) -> None:
+    """The run's own lab is gone: no namespace, link, nft table of it (other labs may be up beside it)."""
+    lab = result["cluster"]["id"]
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "ck" not in netns, netns
+    assert lab not in netns, netns
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert not [l for l in links.splitlines() if ": ck" in l], links
+    assert lab not in links, links
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert "chaoskit" not in tables
+    procs = subprocess.run(["pgrep", "-af", lab], capture_output=True, text=True).stdout
+    assert [line for line in procs.splitlines() if "pgrep" not in line] == []
 
 
 @pytest.mark.parametrize("name", ["nic-drop", "partition"])
@@ -47,7 +51,7 @@ def test_network_fault_is_detected_at_the_collective_timeout_and_recovered(name,
     assert r["checks"]["faults_reverted"]["pass"] and r["final_step"] == r["workload"]["steps"]
     journal = [json.loads(x)["action"] for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
     assert journal.index("armed") < journal.index("injected") < journal.index("reverted")
-    _nothing_left()
+    _nothing_left(r)
 
 
 def test_node_poweroff_a_spare_takes_over(tmp_path):
@@ -61,7 +65,7 @@ def test_node_poweroff_a_spare_takes_over(tmp_path):
     assert after == {"n0", "n2", "n3"}  # n1 is off; the spare n3 joined the new world
     assert r["phases"]["reallocation_s"] is not None
     assert any(e["kind"] == "process.gone" and e["node"] == "n1" for e in events)
-    _nothing_left()
+    _nothing_left(r)
 
 
 def test_dropping_the_controllers_own_link_still_ends_restored(tmp_path):
@@ -73,4 +77,4 @@ def test_dropping_the_controllers_own_link_still_ends_restored(tmp_path):
     assert reverted and reverted[0]["verified"] is True
     assert r["phases"]["detection_s"] is None  # training runs on the data network: it never noticed
     assert any("no sign of the fault" in n for n in r["notes"])
-    _nothing_left()
+    _nothing_left(r)
