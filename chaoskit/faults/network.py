@@ -27,7 +27,7 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.cluster.inventory_file import check_ifname
 from chaoskit.errors import InfraError, OutcomeUnknown, ScenarioError
 from chaoskit.faults.api import Action, Fault, FaultSpec, Injection, TargetSpec
-from chaoskit.scenario.durations import Duration
+from chaoskit.scenario.durations import Duration, PositiveDuration
 
 if TYPE_CHECKING:  # pragma: no cover
     from chaoskit.cluster.selectors import NodeTarget
@@ -87,19 +87,12 @@ sys.exit(1)
 
 class _NicSpec(FaultSpec):
     interface: str = Field("data", description="Interface role from the inventory (data, mgmt) or a device name.")
-    duration: Duration = Field(..., description="How long the fault lasts; the node reverts it by itself after that.")
+    duration: PositiveDuration = Field(..., description="How long the fault lasts; the node reverts it by itself after that.")
 
     @field_validator("interface")
     @classmethod
     def _interface(cls, v: str) -> str:
         return check_ifname(v)
-
-    @field_validator("duration")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("duration must be greater than zero")
-        return v
 
 
 class LinkDownSpec(_NicSpec):
@@ -160,19 +153,12 @@ class PartitionSpec(FaultSpec):
         None, description="The other side (nodes/labels); default: every other node of the inventory."
     )
     interface: str = Field("data", description="Which of the peers' addresses to cut (interface role), e.g. data.")
-    duration: Duration = Field(..., description="How long the partition lasts.")
+    duration: PositiveDuration = Field(..., description="How long the partition lasts.")
 
     @field_validator("interface")
     @classmethod
     def _interface(cls, v: str) -> str:
         return check_ifname(v)
-
-    @field_validator("duration")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("duration must be greater than zero")
-        return v
 
     @field_validator("peers")
     @classmethod

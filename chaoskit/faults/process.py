@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from chaoskit.cluster.transports.api import ProcInfo
 from chaoskit.faults.api import Action, Fault, FaultSpec, Injection, signal_number
-from chaoskit.scenario.durations import Duration
+from chaoskit.scenario.durations import PositiveDuration
 
 if TYPE_CHECKING:  # pragma: no cover
     from chaoskit.runner import RunContext
@@ -48,14 +48,7 @@ class HangSpec(FaultSpec):
     """Freeze the selected processes with SIGSTOP, then SIGCONT them after ``duration``."""
 
     kind: Literal["process.hang"]
-    duration: Duration = Field(..., description="How long the processes stay frozen.")
-
-    @field_validator("duration")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("duration must be greater than zero")
-        return v
+    duration: PositiveDuration = Field(..., description="How long the processes stay frozen.")
 
 
 class KillFault(Fault):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer, WithJsonSchema
 
-__all__ = ["Duration", "parse_duration", "format_duration"]
+__all__ = ["Duration", "PositiveDuration", "parse_duration", "format_duration"]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -53,3 +53,13 @@ Duration = Annotated[
         }
     ),
 ]
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("duration must be greater than zero")
+    return seconds
+
+
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
+"""A :data:`Duration` that must be greater than zero (fault durations, time limits)."""

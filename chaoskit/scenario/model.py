@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.faults.api import NAME_RE, StrictModel
-from chaoskit.scenario.durations import Duration
+from chaoskit.scenario.durations import Duration, PositiveDuration
 
 __all__ = [
     "LabSpec",
@@ -49,22 +49,34 @@ class LabSpec(StrictModel):
     )
     nodes: int = Field(3, ge=1, le=64, description="Nodes the job runs on.")
     spare: int = Field(0, ge=0, le=16, description="netns only: idle nodes whose torchrun agents wait to take over.")
+    ray: bool = Field(
+        False,
+        description=(
+            "process only: join the nodes into a Ray cluster (a head plus one 'ray start' per node); faults then "
+            "run through a ChaosAgent actor pinned to each node, and Ray marking a node DEAD counts as detection. "
+            "Needs pip install 'chaoskit[ray]'."
+        ),
+    )
 
     @model_validator(mode="after")
     def _spare(self) -> "LabSpec":
         if self.spare and self.kind != "netns":
             raise ValueError("spare nodes need kind: netns")
+        if self.ray and self.kind != "process":
+            raise ValueError("ray: true needs kind: process")
         return self
 
 
 class Workload(StrictModel):
     """The training job the drill runs against."""
 
-    launch: Literal["reference", "uninstrumented", "command"] = Field(
+    launch: Literal["reference", "uninstrumented", "command", "ray-train"] = Field(
         "reference",
         description=(
             "reference: the SDK-instrumented PyTorch DDP job; uninstrumented: the same job with no chaoskit "
-            "import (measure it with log probes); command: your own script under torchrun."
+            "import (measure it with log probes); command: your own script under torchrun; ray-train: a Ray Train "
+            "TorchTrainer (one worker per node, FailureConfig(max_failures=max_restarts), checkpoints through "
+            "ray.train.report) on a lab with ray: true."
         ),
     )
     command: list[str] | None = Field(None, description="launch: command only: the training script and its arguments.")
@@ -144,15 +156,8 @@ class Safety(StrictModel):
     """Blast radius and time limits."""
 
     max_nodes: int = Field(1, ge=1, description="Refuse a fault that would touch more nodes than this.")
-    abort_after: Duration = Field(300.0, description="Give up, revert everything and exit 4 after this long.")
-    lease_ttl: Duration = Field(15.0, description="A lasting fault reverts by itself if not renewed for this long.")
-
-    @field_validator("abort_after", "lease_ttl")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be greater than zero")
-        return v
+    abort_after: PositiveDuration = Field(300.0, description="Give up, revert everything and exit 4 after this long.")
+    lease_ttl: PositiveDuration = Field(15.0, description="A lasting fault reverts by itself if not renewed for this long.")
 
 
 class SteadyState(StrictModel):
