@@ -104,6 +104,8 @@ def _static_checks(loaded, inventory) -> None:
     for j, lf in enumerate(sc.probes.log_files):
         if lf.node not in inventory:
             raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
+    if sc.workload.launch == "ray-train" and not sc.lab.ray:
+        raise loaded.error("workload.launch: ray-train needs a Ray lab: cluster: {kind: process, ray: true}", "workload", "launch")
     if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
         raise loaded.error(
             "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",
@@ -160,12 +162,12 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     check_scenario(loaded)
 
     from chaoskit.cluster.handle import open_cluster, preview_cluster
-    from chaoskit.workloads.launch import TorchrunJob, torch_available
+    from chaoskit.workloads.launch import torch_available
 
     run_id = f"{_utc_stamp()}-{sc.name}"
     if dry_run:
         cluster = preview_cluster(sc.lab)
-        job = TorchrunJob(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
+        job = _job_class(sc.workload)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
         plan = plan_scenario(loaded, cluster.inventory, job.commands())
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
@@ -185,6 +187,17 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         cluster.teardown()
         raise
     return run.execute()
+
+
+def _job_class(workload):
+    """The job runner for ``workload.launch``: torchrun agents, or a Ray Train driver."""
+    if workload.launch == "ray-train":
+        from chaoskit.workloads.ray_train import RayTrainJob
+
+        return RayTrainJob
+    from chaoskit.workloads.launch import TorchrunJob
+
+    return TorchrunJob
 
 
 def _utc_stamp() -> str:
@@ -292,7 +305,6 @@ class _Run:
 
     def _start(self) -> None:
         from chaoskit.observe.probes import TORCHRUN_RULES, FileLogProbe, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
-        from chaoskit.workloads.launch import TorchrunJob
 
         sc = self.sc
         rules = list(TORCHRUN_RULES) if sc.probes.torchrun else []
@@ -307,9 +319,13 @@ class _Run:
             self.threads.append(FileLogProbe(self.log_probe, lf.node, self.run_dir.resolve() / lf.path))
         if sc.probes.process:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
+        if self.cluster.details.get("ray_address"):
+            from chaoskit.observe.ray_nodes import RayNodeProbe
+
+            self.threads.append(RayNodeProbe(self.bus, self.cluster.details["ray_address"], self.inventory.names()))
         for t in self.threads:
             t.start()
-        self.job = TorchrunJob(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
+        self.job = _job_class(sc.workload)(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
         self.say(
             f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "

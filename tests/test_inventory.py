@@ -245,3 +245,14 @@ def test_dry_run_plans_show_the_exact_commands_without_connecting(tmp_path):
     assert power.lasting
     assert power.plan(ctx, resolve_nodes(inv, power.spec.target))[1].command.endswith("chassis power off")
     assert not any(n.conn.connected for n in inv.nodes)
+
+
+def test_ray_inventories_are_checked_before_anything_connects(tmp_path):
+    from chaoskit.cluster.inventory_file import load_inventory_file
+
+    assert "transport: ray" in str(load_error(tmp_path, NODE + "    transport: ray\n"))  # no ray: at the top
+    assert "ray: auto" in str(load_error(tmp_path, "name: lab\nnodes: []\n"))  # neither nodes nor ray
+    assert "neither auto nor HOST:PORT" in str(load_error(tmp_path, "name: lab\nray: head;reboot\n"))
+    assert "invalid address" in str(load_error(tmp_path, "name: lab\nray: 'a;b:6379'\n"))
+    assert load_inventory_file(write(tmp_path, "name: lab\nray: auto\n")).model.nodes == []
+    assert load_inventory_file(write(tmp_path, "name: lab\nray: 10.0.0.1:6379\n" + NODE[len("name: lab\n"):])).model.ray == "10.0.0.1:6379"

@@ -163,6 +163,7 @@ def lab_up(
     nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes the job runs on."),
     kind: str = typer.Option("process", "--kind", help="process: local process groups (no root); netns: network namespaces with sshd (root)."),
     spare: int = typer.Option(0, "--spare", min=0, max=16, help="netns: extra idle nodes that can take over."),
+    ray: bool = typer.Option(False, "--ray", help="process: join the nodes into a Ray cluster (head + one 'ray start' per node)."),
 ) -> None:
     """Create a lab that runs reuse (otherwise each run makes and removes its own)."""
     from chaoskit.errors import ScenarioError
@@ -190,6 +191,23 @@ def lab_up(
         out.write(f"lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first\n")
         return
     lab = ProcessLab.create(nodes, persistent=True)
+    if ray:
+        import time
+
+        from chaoskit.lab.ray import RayLab, ray_available
+
+        if not ray_available():
+            lab.down()
+            raise ScenarioError("--ray needs Ray", hint="pip install 'chaoskit[ray]'")
+        t0 = time.time()
+        try:
+            ray_lab = RayLab.start(lab, persistent=True)
+        except BaseException:
+            lab.down()
+            raise
+        out.write(f"lab {lab.lab_id} up: {nodes} process nodes ({', '.join(lab.node_names())}) "
+                  f"joined into Ray at {ray_lab.address} in {time.time() - t0:.1f}s\n")
+        return
     out.write(f"lab {lab.lab_id} up: {nodes} process nodes ({', '.join(lab.node_names())})\n")
 
 
@@ -203,7 +221,11 @@ def lab_down() -> None:
     lab = ProcessLab.load()
     if lab is not None:
         found = True
-        n = lab.down()
+        from chaoskit.lab.ray import RayLab
+
+        ray_lab = RayLab.load(lab)
+        n = ray_lab.down() if ray_lab is not None else 0
+        n += lab.down()
         out.write(f"lab {lab.lab_id} down: {n} process(es) stopped\n")
     netns = _netns_lab()
     if netns is not None:
@@ -236,7 +258,10 @@ def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         data: dict = {"up": lab is not None or netns is not None}
         if lab is not None:
             procs = lab.processes()
-            data.update({"id": lab.lab_id, "nodes": lab.node_names(),
+            from chaoskit.lab.ray import RayLab
+
+            ray_lab = RayLab.load(lab)
+            data.update({"id": lab.lab_id, "nodes": lab.node_names(), "ray": ray_lab.address if ray_lab else None,
                          "processes": [{"node": n, "pid": p, "cmdline": c} for n, p, c in procs]})
         if netns is not None:
             data["netns"] = netns.status()
@@ -247,7 +272,10 @@ def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         return
     if lab is not None:
         procs = lab.processes()
-        out.write(f"lab {lab.lab_id}: {lab.nodes} process nodes\n")
+        from chaoskit.lab.ray import RayLab
+
+        ray_lab = RayLab.load(lab)
+        out.write(f"lab {lab.lab_id}: {lab.nodes} process nodes" + (f", Ray at {ray_lab.address}" if ray_lab else "") + "\n")
         for name in lab.node_names():
             out.write(f"  {name}: {sum(1 for p in procs if p[0] == name)} process(es)\n")
     if netns is not None:

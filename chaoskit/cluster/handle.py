@@ -1,7 +1,8 @@
 """The cluster a run acts on: its inventory plus how the job is started on each node.
 
 :func:`open_cluster` turns a scenario's ``cluster:`` into a :class:`ClusterHandle`:
-the process lab (nodes are local process scopes) or the network-namespace lab
+the process lab (nodes are local process scopes; with ``ray: true`` joined into a
+Ray cluster whose ChaosAgent actors carry the faults) or the network-namespace lab
 (each node a namespace with its own NICs and sshd, reached over SSH). A lab
 that ``chaoskit lab up`` made is reused; otherwise the run makes its own and
 tears it down at the end.
@@ -55,6 +56,10 @@ def preview_inventory(spec) -> Inventory:
     from chaoskit.lab.process import ProcessLab
 
     if spec.kind == "process":
+        if getattr(spec, "ray", False):
+            from chaoskit.lab.ray import RayLab
+
+            return RayLab(ProcessLab("check", spec.nodes), "127.0.0.1:6379").inventory()
         return ProcessLab("check", spec.nodes).inventory()
     nodes = []
     for i in range(spec.nodes + spec.spare):
@@ -77,12 +82,51 @@ def _process(spec) -> ClusterHandle:
     ephemeral = lab is None or lab.nodes != spec.nodes
     if ephemeral:
         lab = ProcessLab.create(spec.nodes)
+    if getattr(spec, "ray", False):
+        return _ray(lab, ephemeral)
     inventory = lab.inventory()
     return ClusterHandle(
         id=lab.lab_id, kind="process-lab", inventory=inventory, job_nodes=inventory.names(),
         rdzv_host="127.0.0.1", scope=lab.scope,
         teardown=(lambda: lab.kill_all()) if ephemeral else (lambda: None),
         details={"ephemeral": ephemeral},
+    )
+
+
+def _ray(lab, lab_ephemeral: bool) -> ClusterHandle:
+    """The process lab joined into Ray: the one ``lab up --ray`` left, or one started for this run."""
+    from chaoskit.lab.ray import RayLab
+
+    ray_lab = None if lab_ephemeral else RayLab.load(lab)
+    ray_ephemeral = ray_lab is None
+    if ray_ephemeral:
+        try:
+            ray_lab = RayLab.start(lab)
+        except BaseException:
+            if lab_ephemeral:
+                lab.kill_all()
+            raise
+    inventory = ray_lab.inventory()
+
+    def connect() -> None:
+        for node in inventory.nodes:
+            node.conn.connect()  # start every ChaosAgent now, each bounded by its start timeout
+
+    def teardown() -> None:
+        import ray
+
+        for node in inventory.nodes:
+            node.conn.close()
+        ray.shutdown()
+        if ray_ephemeral:
+            ray_lab.down()
+        if lab_ephemeral:
+            lab.kill_all()
+
+    return ClusterHandle(
+        id=lab.lab_id, kind="ray-lab", inventory=inventory, job_nodes=inventory.names(),
+        rdzv_host="127.0.0.1", scope=lab.scope, connect=connect, teardown=teardown,
+        details={"ephemeral": lab_ephemeral, "ray_address": ray_lab.address, "ray_ephemeral": ray_ephemeral},
     )
 
 
@@ -137,8 +181,8 @@ def preview_cluster(spec) -> ClusterHandle:
     inventory = preview_inventory(spec)
     names = inventory.names()
     if spec.kind == "process":
-        return ClusterHandle(id="(new process lab)", kind="process-lab", inventory=inventory, job_nodes=names,
-                             rdzv_host="127.0.0.1", scope=lambda node: f"<lab>.{node}")
+        return ClusterHandle(id="(new process lab)", kind="ray-lab" if getattr(spec, "ray", False) else "process-lab",
+                             inventory=inventory, job_nodes=names, rdzv_host="127.0.0.1", scope=lambda node: f"<lab>.{node}")
     return ClusterHandle(
         id="(new netns lab)", kind="netns-lab", inventory=inventory, job_nodes=names[: spec.nodes],
         rdzv_host=f"<mgmt address of {names[0]}>", scope=lambda node: f"<lab>.{node}",

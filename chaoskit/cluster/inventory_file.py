@@ -195,7 +195,9 @@ class NodeSpec(StrictModel):
 
     name: str = Field(..., pattern=NAME_RE, description="Unique node name, used by selectors.")
     address: str = Field(..., description="Where the controller reaches it (IP or host name).")
-    transport: Literal["ssh"] = Field("ssh", description="How chaoskit reaches it.")
+    transport: Literal["ssh", "ray"] = Field(
+        "ssh", description="How chaoskit reaches it: ssh, or ray (a ChaosAgent actor; needs ray: at the top level)."
+    )
     ssh: SshSettings | None = Field(None, description="Overrides of the top-level ssh settings.")
     labels: dict[str, str] = Field(default_factory=dict, description="Selector labels, e.g. {rack: r1, role: worker}.")
     interfaces: dict[str, InterfaceSpec] = Field(default_factory=dict, description="NICs by role: data, mgmt, ...")
@@ -247,7 +249,35 @@ class InventoryFile(StrictModel):
 
     name: str = Field(..., pattern=NAME_RE, description="Cluster name (runs are locked per cluster).")
     ssh: SshSettings = Field(default_factory=SshSettings, description="Defaults for every node.")
-    nodes: list[NodeSpec] = Field(..., min_length=1)
+    ray: str | None = Field(
+        None,
+        description=(
+            "auto (RAY_ADDRESS, or the Ray cluster started on this machine) or the Ray head's HOST:PORT. Nodes are "
+            "discovered from Ray with their labels and reached through ChaosAgent actors; a node started with the "
+            "resource chaoskit_node_<name> gets that name. Listed nodes with transport: ray add labels and power commands."
+        ),
+    )
+    nodes: list[NodeSpec] = Field(default_factory=list, description="The nodes (may be empty with ray:).")
+
+    @field_validator("ray")
+    @classmethod
+    def _ray(cls, v: str | None) -> str | None:
+        if v is None or v == "auto":
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"ray: {v!r} is neither auto nor HOST:PORT")
+        check_address(host)
+        return v
+
+    @model_validator(mode="after")
+    def _nodes_or_ray(self) -> "InventoryFile":
+        if not self.nodes and self.ray is None:
+            raise ValueError("nodes: list at least one node, or set ray: auto to discover them from Ray")
+        for node in self.nodes:
+            if node.transport == "ray" and self.ray is None:
+                raise ValueError(f"node {node.name} has transport: ray but the inventory has no ray: (auto or HOST:PORT)")
+        return self
 
     def ssh_for(self, node: NodeSpec) -> SshSettings:
         """The node's effective SSH settings: its own keys over the top-level ones."""
@@ -319,12 +349,30 @@ def load_inventory_file(path: str | Path) -> LoadedInventory:
 
 def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None = None) -> Inventory:
     """Nodes with their SSH transports (not connected yet: each connects on first use;
-    :func:`chaoskit.cluster.transports.ssh.connect_all` connects them all at once)."""
+    :func:`chaoskit.cluster.transports.ssh.connect_all` connects them all at once).
+
+    With ``ray:`` the live Ray nodes are discovered too (a GCS query, no driver):
+    listed ``transport: ray`` nodes take theirs, and unlisted ones are added."""
     from chaoskit.cluster.transports.ssh import SSHTransport
 
     base = loaded.path.resolve().parent
     nodes: list[Node] = []
-    for spec in loaded.model.nodes:
+    discovered: dict[str, tuple[dict[str, str], Any]] = {}
+    if loaded.model.ray is not None:
+        from chaoskit.cluster.transports.ray import discover_nodes
+
+        discovered = {name: (labels, conn) for name, labels, conn in discover_nodes(loaded.model.ray)}
+    for i, spec in enumerate(loaded.model.nodes):
+        if spec.transport == "ray":
+            if spec.name not in discovered:
+                raise loaded.error(f"nodes.{i}.name: no live Ray node is named {spec.name!r} (found: "
+                                   f"{', '.join(sorted(discovered)) or 'none'})", "nodes", i, "name")
+            labels, conn = discovered.pop(spec.name)
+            nodes.append(InventoryNode(
+                name=spec.name, address=spec.address, transport="ray", labels={**labels, **spec.labels}, gpus=spec.gpus,
+                conn=conn, interfaces=dict(spec.interfaces), power=spec.power, processes=spec.processes, workdir=spec.workdir,
+            ))
+            continue
         ssh = loaded.model.ssh_for(spec)
         conn = SSHTransport(
             spec.name,
@@ -346,6 +394,9 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
             gpus=spec.gpus, conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,
             processes=spec.processes, workdir=spec.workdir,
         ))
+    for name, (labels, conn) in discovered.items():  # Ray's nodes the file does not list
+        if name not in {n.name for n in nodes}:
+            nodes.append(InventoryNode(name=name, address="", transport="ray", labels=labels, conn=conn))
     return Inventory(loaded.model.name, nodes)
 
 

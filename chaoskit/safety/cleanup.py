@@ -43,6 +43,11 @@ def teardown_lab(run: CrashedRun) -> str | None:
             return None
         lab.down()
         return f"netns lab {lab.lab_id} removed"
+    if info.get("kind") == "ray-lab" and info.get("lab"):
+        from chaoskit.lab.ray import stop_lab_processes
+
+        n = stop_lab_processes(info["lab"])
+        return f"Ray lab {info['lab']}: {n} process(es) stopped" if n else None
     from chaoskit.lab.process import ProcessLab
 
     n = ProcessLab(info.get("lab", ""), 0).kill_all()

@@ -1,0 +1,331 @@
+"""The Ray transport: faults run through a ChaosAgent actor pinned to the node.
+
+One :class:`ChaosAgent` per target node, placed with
+``NodeAffinitySchedulingStrategy(soft=False)`` on the Ray node that carries the
+node's custom resource (``chaoskit_node_<name>``), so it can run nowhere else.
+It is started on the first call, and that first call is bounded by
+``start_timeout``: a node whose raylet cannot place it fails the preflight
+instead of hanging the run. When the actor dies (its node was powered off and
+came back with a new Ray node id), the next call re-resolves the node id and
+starts a new one.
+
+On the node the agent acts exactly like :class:`~chaoskit.cluster.transports.local.LocalTransport`:
+only processes whose environment carries the node's ``CHAOSKIT_SCOPE`` are
+seen or signalled. Leases (``start_watchdog``) ship the standard-library
+watchdog to the node and start it outside the actor's process tree, so a killed
+agent leaves the watchdog to revert the fault when the lease goes stale.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from chaoskit.cluster.transports.api import CommandResult, ProcInfo
+from chaoskit.errors import InfraError
+
+__all__ = ["RayTransport", "ChaosAgent", "connect_ray", "find_node_id", "discover_nodes"]
+
+# A launcher that starts argv in a session of its own and exits at once: the
+# started process is then no child of the actor's worker, which Ray may kill
+# with its children when the worker exits.
+_LAUNCHER = (
+    "import subprocess,sys\n"
+    "p = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,\n"
+    "                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)\n"
+    "print(p.pid)\n"
+)
+
+
+class ChaosAgent:
+    """Runs on the node (as a Ray actor); every method acts inside the node's scope only."""
+
+    def __init__(self, node: str, scope: str | None) -> None:
+        from chaoskit.cluster.transports.local import LocalTransport
+
+        # Without a scope given, the node's scope is the mark its raylet was started with (the lab sets it).
+        self.local = LocalTransport(node, scope or os.environ.get(LocalTransport.SCOPE_ENV))
+        self.lease_root = Path(tempfile.gettempdir()) / "chaoskit-ray" / "leases"
+
+    def where(self) -> dict[str, Any]:
+        """Who and where the agent is: its pid, Ray node id, scope mark and clock."""
+        import ray
+
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "scope_env": os.environ.get("CHAOSKIT_SCOPE"), "t": time.time()}
+
+    def processes(self) -> list[ProcInfo]:
+        return self.local.processes()
+
+    def in_scope(self, pid: int) -> bool:
+        return self.local.in_scope(pid)
+
+    def state(self, pid: int) -> str | None:
+        return self.local.state(pid)
+
+    def signal(self, pid: int, signum: int) -> float:
+        return self.local.signal(pid, signum)
+
+    def run(self, argv: list[str], timeout: float) -> CommandResult:
+        result = self.local.run(argv, timeout)
+        return CommandResult(result.argv, result.returncode, result.stdout, result.stderr, time.time())
+
+    def spawn_detached(self, argv: list[str]) -> int:
+        out = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise InfraError(f"could not start {argv[0]} on node {self.local.node}: {out.stderr.strip()}")
+        return int(out.stdout.strip())
+
+    def touch(self, path: str) -> None:
+        Path(path).touch()
+
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], source: str) -> tuple[str, int]:
+        directory = self.lease_root / lease_id
+        directory.mkdir(parents=True, exist_ok=True)
+        script = self.lease_root.parent / "watchdog.py"
+        if not script.exists() or script.read_text() != source:
+            tmp = script.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(source)
+            tmp.replace(script)
+        (directory / "lease").touch()
+        deadline = time.time() + duration
+        pid = self.spawn_detached([sys.executable, str(script), str(directory), f"{ttl:g}", f"{deadline:.3f}", "--", *revert])
+        for _ in range(500):  # the watchdog writes its pid file once it is watching
+            if (directory / "watchdog.pid").exists():
+                break
+            time.sleep(0.01)
+        return str(directory), pid
+
+    def read_file(self, path: str) -> str | None:
+        try:
+            return Path(path).read_text()
+        except FileNotFoundError:
+            return None
+
+    def cleanup_leases(self, run_id: str) -> None:
+        shutil.rmtree(self.lease_root / run_id, ignore_errors=True)
+
+
+_CONNECT_LOCK = threading.Lock()
+
+
+def connect_ray(address: str) -> None:
+    """Join the Ray cluster at ``address`` as a driver (once per process)."""
+    import ray
+
+    with _CONNECT_LOCK:
+        if ray.is_initialized():
+            return
+        _errors_to_stderr()
+        try:
+            ray.init(address=address, namespace="chaoskit", log_to_driver=False, logging_level="ERROR",
+                     configure_logging=False)
+        except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ...: the cluster is not there
+            raise InfraError(f"cannot join the Ray cluster at {address}: {exc}",
+                             hint="is it up? 'chaoskit lab up --ray' or 'ray status'") from None
+
+
+def _errors_to_stderr() -> None:
+    """A Ray driver prints the cluster's error messages ("node ... marked dead") on stdout, even
+    with ``log_to_driver=False`` (ray/_private/worker.py, listen_error_messages); chaoskit's stdout
+    is ``--json`` output, so they go to stderr instead."""
+    import ray._private.worker as ray_worker
+
+    original = ray_worker.print_to_stdstream
+    if getattr(original, "_chaoskit", False):
+        return
+
+    def to_stderr(data, ignore_prefix: bool):
+        return original({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr._chaoskit = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = to_stderr
+
+
+def find_node_id(resource: str, address: str | None = None) -> str | None:
+    """The id of the live Ray node that carries ``resource``, or ``None``."""
+    if address is not None:
+        from chaoskit.lab.ray import node_table
+
+        table = node_table(address)
+    else:
+        import ray
+
+        table = ray.nodes()
+    for entry in table:
+        if entry.get("Alive") and entry.get("Resources", {}).get(resource):
+            return entry["NodeID"]
+    return None
+
+
+def discover_nodes(address: str = "auto") -> list[tuple[str, dict[str, str], "RayTransport"]]:
+    """(name, labels, transport) of every live Ray node but a head that holds no chaoskit node.
+
+    A node started with a ``chaoskit_node_<name>`` resource (the lab's are) gets that
+    name and is found again after a restart; any other is named ``ray-<first 8 hex
+    of its node id>`` and pinned to that id. Labels are Ray's node labels, with
+    characters selectors do not accept replaced by ``-``.
+    """
+    import re
+
+    from chaoskit.lab.ray import RESOURCE_PREFIX, node_table
+
+    out = []
+    for entry in node_table(address):
+        if not entry.get("Alive"):
+            continue
+        resources = entry.get("Resources") or {}
+        named = sorted(k[len(RESOURCE_PREFIX):] for k in resources if k.startswith(RESOURCE_PREFIX))
+        if not named and "node:__internal_head__" in resources and not resources.get("CPU") and not resources.get("GPU"):
+            continue  # a head that runs nothing (the lab's)
+        name = named[0] if named else f"ray-{entry['NodeID'][:8]}"
+        labels = {re.sub(r"[^A-Za-z0-9._-]", "-", str(k)): re.sub(r"[^A-Za-z0-9._-]", "-", str(v))
+                  for k, v in (entry.get("Labels") or {}).items() if k != "ray.io/node-id"}
+        labels["ray"] = "yes"
+        conn = RayTransport(name, None, address=address, resource=f"{RESOURCE_PREFIX}{name}" if named else None,
+                            node_id=None if named else entry["NodeID"])
+        out.append((name, labels, conn))
+    return out
+
+
+class RayTransport:
+    """A node reached through its ChaosAgent actor (see the module docstring)."""
+
+    def __init__(self, node: str, scope: str | None, *, address: str, resource: str | None = None,
+                 node_id: str | None = None, start_timeout: float = 30.0, call_timeout: float = 10.0) -> None:
+        if resource is None and node_id is None:
+            raise ValueError("a RayTransport needs the node's resource or its Ray node id")
+        self.node, self.scope, self.address, self.resource = node, scope, address, resource
+        self.start_timeout, self.call_timeout = start_timeout, call_timeout
+        self.node_id: str | None = None
+        self.pinned_id = node_id
+        """A node known only by its Ray id (discovered without a chaoskit resource) cannot be re-resolved."""
+        self._actor: Any = None
+        self._lock = threading.Lock()
+        self._watchdog_source: str | None = None
+
+    # -- Transport ---------------------------------------------------------------------------
+
+    def processes(self) -> list[ProcInfo]:
+        return self._call("processes")
+
+    def in_scope(self, pid: int) -> bool:
+        return self._call("in_scope", int(pid))
+
+    def state(self, pid: int) -> str | None:
+        return self._call("state", int(pid))
+
+    def signal(self, pid: int, signum: int) -> float:
+        return self._call("signal", int(pid), int(signum))
+
+    def run(self, argv: list[str], timeout: float) -> CommandResult:
+        return self._call("run", [str(a) for a in argv], float(timeout), timeout=float(timeout) + self.call_timeout)
+
+    def spawn_detached(self, argv: list[str]) -> int:
+        return self._call("spawn_detached", [str(a) for a in argv])
+
+    def touch(self, path: str) -> None:
+        self._call("touch", str(path), timeout=5.0)
+
+    # -- WatchdogHost ------------------------------------------------------------------------
+
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str]) -> tuple[str, int]:
+        if self._watchdog_source is None:
+            from chaoskit.safety.lease import WATCHDOG
+
+            self._watchdog_source = Path(WATCHDOG).read_text()
+        return tuple(self._call("start_watchdog", lease_id, float(ttl), float(duration), [str(a) for a in revert],
+                                self._watchdog_source))  # type: ignore[return-value]
+
+    def lease_fired(self, directory: str) -> str | None:
+        return self._call("read_file", f"{directory}/fired")
+
+    def cleanup_leases(self, run_id: str) -> None:
+        self._call("cleanup_leases", run_id, timeout=5.0)
+
+    # -- the agent ---------------------------------------------------------------------------
+
+    def connect(self) -> dict[str, Any]:
+        """Start the agent now (else the first call does); return where it runs."""
+        return self._call("where")
+
+    def ping(self, timeout: float = 5.0) -> float:
+        """One round trip to the node's agent (started if needed); return the node's clock."""
+        return float(self._call("where", timeout=timeout)["t"])
+
+    @property
+    def agent(self) -> Any:
+        """The live actor handle, or ``None`` before the first call (tests kill it through this)."""
+        return self._actor
+
+    def close(self) -> None:
+        """Stop the agent (a later call starts a new one)."""
+        with self._lock:
+            actor, self._actor = self._actor, None
+        if actor is not None:
+            import ray
+
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+
+    def _agent(self) -> Any:
+        with self._lock:
+            if self._actor is not None:
+                return self._actor
+            import ray
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            connect_ray(self.address)
+            if self.resource is not None:
+                node_id = find_node_id(self.resource)
+                missing = f"no live Ray node carries the resource {self.resource}"
+            else:
+                node_id = self.pinned_id if any(e["NodeID"] == self.pinned_id and e["Alive"] for e in ray.nodes()) else None
+                missing = f"Ray node {self.pinned_id} is not alive (a restarted node has a new id: discover the inventory again)"
+            if node_id is None:
+                raise InfraError(f"node {self.node}: {missing}",
+                                 hint="is the node up? 'ray status' lists the nodes and their resources")
+            actor = ray.remote(ChaosAgent).options(
+                num_cpus=0, max_concurrency=8, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(self.node, self.scope)
+            try:
+                where = ray.get(actor.where.remote(), timeout=self.start_timeout)
+            except Exception as exc:  # noqa: BLE001 - GetTimeoutError, ActorDiedError, ...
+                ray.kill(actor)
+                raise InfraError(f"node {self.node}: the ChaosAgent did not start within {self.start_timeout:g}s "
+                                 f"({type(exc).__name__})") from None
+            if where["node_id"] != node_id:  # soft=False makes this impossible; check rather than trust
+                ray.kill(actor)
+                raise InfraError(f"node {self.node}: the ChaosAgent landed on Ray node {where['node_id']}, not {node_id}")
+            self.node_id, self._actor = node_id, actor
+            return actor
+
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        actor = self._agent()
+        try:
+            return ray.get(getattr(actor, method).remote(*args), timeout=timeout or self.call_timeout)
+        except GetTimeoutError:
+            raise InfraError(f"{method} on node {self.node}: no answer from the ChaosAgent within "
+                             f"{timeout or self.call_timeout:g}s") from None
+        except RayActorError as exc:
+            with self._lock:  # the node is gone or restarted: the next call re-resolves its Ray node id
+                if self._actor is actor:
+                    self._actor, self.node_id = None, None
+            raise InfraError(f"{method} on node {self.node}: the ChaosAgent died ({type(exc).__name__})") from None
+        except RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            message = getattr(cause, "message", None) or str(cause or exc).strip().splitlines()[-1]
+            raise InfraError(message if isinstance(cause, InfraError) else f"{method} on node {self.node} failed: {message}") from None

@@ -1,0 +1,345 @@
+"""A Ray cluster on the process lab: a head plus one ``ray start`` per lab node.
+
+Each node's Ray processes (raylet, its workers, the ChaosAgent actor that runs
+faults there) are started with the node's ``CHAOSKIT_SCOPE`` in their
+environment, so they belong to that node exactly like its torchrun agent does:
+selectors see them, ``lab down`` stops them, and powering the node off kills
+them all. Every node also carries a custom resource naming it
+(``chaoskit_node_n1: 1``), which is how :class:`~chaoskit.cluster.transports.ray.RayTransport`
+finds the node's Ray id.
+
+Ray's Python processes rename themselves, which can blank their environment
+as /proc shows it; :func:`scope_pids` therefore also follows the process tree
+down from the marked raylet, so power-off and ``down`` miss none of them.
+Each node offers 2 logical CPUs, so a Ray Train worker group (one worker per
+node, SPREAD) can re-form on the surviving nodes when one is powered off.
+
+The head holds no CPUs (nothing is scheduled there) and lives in a scope of its
+own, ``<lab id>.ray-head``; a Ray Train driver gets ``<lab id>.ray-driver``. Ray's failure detector is tightened on the lab
+(``RAY_health_check_*``) so that a dead node is declared within a few seconds;
+the detection a drill measures is Ray's own, with these settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaoskit.cluster.inventory import Inventory, Node
+from chaoskit.cluster.transports.local import LocalTransport, read_proc
+from chaoskit.errors import InfraError
+from chaoskit.lab.process import ProcessLab
+from chaoskit.state import state_dir
+
+__all__ = ["RayLab", "ray_lab_state_path", "node_resource", "HEAD_NODE", "ray_available"]
+
+HEAD_NODE = "ray-head"
+RESOURCE_PREFIX = "chaoskit_node_"
+
+# Ray's defaults declare a node dead after 5 missed checks 3 s apart; the lab uses 1 s x 3.
+HEALTH_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
+              "RAY_health_check_initial_delay_ms": "1000", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def node_resource(node: str) -> str:
+    """The custom Ray resource that names a chaoskit node."""
+    return f"{RESOURCE_PREFIX}{node}"
+
+
+def ray_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
+def ray_lab_state_path() -> Path:
+    return state_dir() / "lab" / "ray.json"
+
+
+def _ray_cli() -> str:
+    here = Path(sys.executable).with_name("ray")
+    found = str(here) if here.exists() else shutil.which("ray")
+    if not found:
+        raise InfraError("the ray command is not installed", hint="pip install 'chaoskit[ray]'")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RayLab:
+    """A Ray cluster whose nodes are the process lab's nodes."""
+
+    lab: ProcessLab
+    address: str
+    num_cpus: int = 2
+    object_store_bytes: int = 80 * 1024 * 1024
+    persistent: bool = False
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, lab: ProcessLab, *, num_cpus: int = 2, object_store_mb: int = 80,
+              persistent: bool = False, timeout: float = 90.0) -> "RayLab":
+        """Start the head and one Ray node per lab node; return once every node is alive in Ray's table."""
+        port = _free_port()
+        ray_lab = cls(lab, f"127.0.0.1:{port}", num_cpus, object_store_mb * 1024 * 1024, persistent)
+        try:
+            ray_lab._ray_start(HEAD_NODE, ["--head", f"--port={port}", "--num-cpus=0",
+                                           "--include-dashboard=false", "--disable-usage-stats",
+                                           f"--resources={json.dumps({'chaoskit_head': 1})}"])
+            for node in lab.node_names():
+                ray_lab.start_node(node, wait=False)
+            ray_lab.wait_alive(lab.node_names(), timeout)
+        except BaseException:
+            ray_lab.down()
+            raise
+        if persistent:
+            path = ray_lab_state_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"lab_id": lab.lab_id, "address": ray_lab.address, "num_cpus": num_cpus,
+                                        "object_store_mb": object_store_mb}))
+        return ray_lab
+
+    @classmethod
+    def load(cls, lab: ProcessLab | None = None) -> "RayLab | None":
+        """The Ray lab ``chaoskit lab up --ray`` left, when it belongs to ``lab`` (default: the lab that is up)."""
+        lab = lab or ProcessLab.load()
+        path = ray_lab_state_path()
+        if lab is None or not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        if data.get("lab_id") != lab.lab_id:
+            return None
+        return cls(lab, data["address"], int(data["num_cpus"]), int(data["object_store_mb"]) * 1024 * 1024, True)
+
+    def start_node(self, node: str, wait: bool = True, timeout: float = 60.0) -> None:
+        """``ray start`` one lab node (again, after a power-off) with the node's scope and resource."""
+        self._ray_start(node, [f"--address={self.address}", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
+                               "--disable-usage-stats", f"--resources={json.dumps({node_resource(node): 1})}"])
+        if wait:
+            self.wait_alive([node], timeout)
+
+    def kill_node(self, node: str) -> int:
+        """Power a node off: SIGKILL its raylet and every other process of the node at once; return how many."""
+        killed = 0
+        for _ in range(5):  # a worker forking while we kill gets caught on the next pass
+            pids = scope_pids({self.lab.scope(node)})
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        return killed
+
+    def down(self) -> int:
+        """Stop every Ray process of the lab (head included); return how many processes there were."""
+        n = _stop_scopes({self.lab.scope(node) for node in [HEAD_NODE, "ray-driver", *self.lab.node_names()]})
+        if self.persistent:
+            ray_lab_state_path().unlink(missing_ok=True)
+        return n
+
+    # -- what runs use ---------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        """The lab's nodes, each reached through a ChaosAgent actor pinned to it, with lab power commands."""
+        from chaoskit.cluster.inventory_file import InventoryNode, PowerCommands
+        from chaoskit.cluster.transports.ray import RayTransport
+
+        base = self.lab.inventory()
+        nodes: list[Node] = []
+        for n in base.nodes:
+            conn = RayTransport(n.name, self.lab.scope(n.name), address=self.address, resource=node_resource(n.name))
+            power = PowerCommands(**{a: self.power_argv(n.name, a) for a in ("off", "on", "status")}, timeout=90)
+            nodes.append(InventoryNode(n.name, n.address, "ray", {**n.labels, "ray": "yes"}, n.gpus, conn, power=power))
+        return Inventory(base.name, nodes)
+
+    def power_argv(self, node: str, action: str) -> list[str]:
+        """The inventory's power command for a lab node (run on the controller)."""
+        return [sys.executable, "-m", "chaoskit.lab.ray", "power", action, "--lab", self.lab.lab_id,
+                "--nodes", str(self.lab.nodes), "--address", self.address, "--num-cpus", str(self.num_cpus),
+                "--object-store-mb", str(self.object_store_bytes // (1024 * 1024)), node]
+
+    def power(self, node: str, action: str) -> bool:
+        """off: kill the node's raylet and every process of the node; on: ``ray start`` it again; return whether it is on."""
+        if action == "off":
+            self.kill_node(node)
+            return False
+        if action == "on":
+            if not self.alive_nodes().get(node) or not self._raylet_running(node):
+                self.start_node(node)
+            return True
+        if action == "status":
+            return bool(self.alive_nodes().get(node)) and self._raylet_running(node)
+        raise ValueError(f"unknown power action {action!r}")
+
+    def _raylet_running(self, node: str) -> bool:
+        scope = self.lab.scope(node)
+        return any(p.env.get(LocalTransport.SCOPE_ENV) == scope and p.state != "Z" and "raylet" in p.cmdline.split(" ")[0]
+                   for p in read_proc())
+
+    def alive_nodes(self) -> dict[str, bool]:
+        """Lab node name -> alive in Ray's node table (a node never seen is absent)."""
+        out: dict[str, bool] = {}
+        for entry in _ray_list_nodes(self.address):
+            for name in self.lab.node_names():
+                if entry.get("resources", {}).get(node_resource(name)):
+                    out[name] = out.get(name, False) or entry["alive"]
+        return out
+
+    def wait_alive(self, nodes: list[str], timeout: float) -> None:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                alive = self.alive_nodes()
+            except InfraError:
+                alive = {}
+            missing = [n for n in nodes if not alive.get(n)]
+            if not missing:
+                return
+            if time.time() > deadline:
+                raise InfraError(f"Ray nodes {', '.join(missing)} not alive within {timeout:g}s",
+                                 hint="see the logs under /tmp/ray/session_latest/logs")
+            time.sleep(0.2)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _ray_start(self, node: str, args: list[str]) -> None:
+        env = {**os.environ, **HEALTH_ENV, LocalTransport.SCOPE_ENV: self.lab.scope(node)}
+        env.pop("RAY_ADDRESS", None)
+        argv = [_ray_cli(), "start", "--node-ip-address=127.0.0.1", f"--object-store-memory={self.object_store_bytes}",
+                "--include-log-monitor=false", *args]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise InfraError(f"ray start for node {node} failed (exit {proc.returncode}): {' | '.join(tail)}")
+
+def scope_pids(scopes: set[str] | None = None, prefix: str | None = None) -> list[int]:
+    """Live processes of ``scopes`` (or of every scope starting with ``prefix``): those
+    carrying the mark, and every descendant of theirs.
+
+    Ray's Python processes rename themselves (setproctitle), which can blank their
+    environment as /proc shows it, so the mark alone misses the raylet's agents
+    and workers; they are the raylet's children, so the process tree finds them.
+    """
+    def marked(scope: str | None) -> bool:
+        return bool(scope) and (scope in (scopes or ()) or (prefix is not None and scope.startswith(prefix)))
+
+    procs = [p for p in read_proc() if p.state != "Z"]
+    members = {p.pid for p in procs if marked(p.env.get(LocalTransport.SCOPE_ENV))}
+    children: dict[int, list[int]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p.pid)
+    stack = list(members)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in members:
+                members.add(child)
+                stack.append(child)
+    return sorted(members)
+
+
+def stop_lab_processes(lab_id: str) -> int:
+    """Stop every process of a lab, Ray's renamed ones included (``chaoskit rollback`` after a crash)."""
+    return _stop_scopes(set(), prefix=f"{lab_id}.")
+
+
+def _stop_scopes(scopes: set[str], grace: float = 3.0, prefix: str | None = None) -> int:
+    """SIGTERM every process of ``scopes`` at once, SIGKILL what is left after ``grace``."""
+    first = scope_pids(scopes, prefix)
+    known: dict[int, str] = {}
+    for sig, wait in ((signal.SIGCONT, 0.0), (signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        # Children orphaned by an earlier signal lose their parent link: keep every process seen,
+        # known by pid and command line so that a reused pid is never signalled.
+        known.update({pid: _cmdline(pid) for pid in scope_pids(scopes, prefix)})
+        for pid, cmdline in list(known.items()):
+            if _cmdline(pid) != cmdline:
+                del known[pid]
+                continue
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                del known[pid]
+        deadline = time.time() + wait
+        while time.time() < deadline and any(_cmdline(pid) == c for pid, c in known.items()):
+            time.sleep(0.05)
+    return len(first)
+
+
+def _cmdline(pid: int) -> str | None:
+    """The command line of a live process, ``None`` when it is gone or a zombie."""
+    from chaoskit.cluster.transports.local import proc_info
+
+    info = proc_info(pid)
+    return info.cmdline if info is not None and info.state != "Z" else None
+
+
+def _ray_list_nodes(address: str) -> list[dict]:
+    """Ray's node table, read from the GCS (no driver: this process does not join the cluster)."""
+    return [{"node_id": e["NodeID"], "alive": bool(e["Alive"]), "resources": e.get("Resources", {}),
+             "labels": e.get("Labels", {})} for e in node_table(address)]
+
+
+_STATES: dict[str, object] = {}
+
+
+def node_table(address: str) -> list[dict]:
+    """``ray.nodes()`` of the cluster at ``address``, without ``ray.init``; raise InfraError when the GCS is gone."""
+    from ray._private.internal_api import get_state_from_address
+
+    try:
+        state = _STATES.get(address)
+        if state is None:
+            state = _STATES[address] = get_state_from_address(address)
+        return state.node_table()  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - every GCS failure means the same to us
+        _STATES.pop(address, None)
+        raise InfraError(f"Ray GCS at {address}: {type(exc).__name__}: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaoskit.lab.ray power off|on|status ... NODE``: the Ray lab's power commands."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m chaoskit.lab.ray")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_power = sub.add_parser("power")
+    p_power.add_argument("action", choices=["off", "on", "status"])
+    p_power.add_argument("--lab", required=True)
+    p_power.add_argument("--nodes", type=int, required=True)
+    p_power.add_argument("--address", required=True)
+    p_power.add_argument("--num-cpus", type=int, default=2)
+    p_power.add_argument("--object-store-mb", type=int, default=80)
+    p_power.add_argument("node")
+    args = parser.parse_args(argv)
+    lab = RayLab(ProcessLab(args.lab, args.nodes), args.address, args.num_cpus, args.object_store_mb * 1024 * 1024)
+    if args.node not in lab.lab.node_names():
+        print(f"error: {args.node} is not a node of lab {args.lab}", file=sys.stderr)
+        return 2
+    try:
+        on = lab.power(args.node, args.action)
+    except InfraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    print("on" if on else "off")
+    return 0 if on or args.action == "off" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
