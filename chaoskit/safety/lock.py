@@ -28,13 +28,22 @@ class ClusterLock:
                 f"cluster {self.path.stem!r} is locked by {holder}",
                 hint="wait for that run to finish; one run per cluster at a time",
             ) from None
+        try:
+            same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if not same_file:  # the holder released (and removed) it between our open and flock: start over
+            os.close(fd)
+            return self.acquire()
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}".encode())
         self._fd = fd
         return self
 
     def release(self) -> None:
+        """Remove the lock file and let go: nothing is left behind for labs that come and go."""
         if self._fd is not None:
+            self.path.unlink(missing_ok=True)
             os.close(self._fd)
             self._fd = None
 
