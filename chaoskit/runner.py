@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.errors import ExitCode, InfraError, ScenarioError
-from chaoskit.faults.api import Action, Fault, Injection
+from chaoskit.faults.api import Fault, Injection
 
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario", "check_scenario"]
 

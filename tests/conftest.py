@@ -63,6 +63,26 @@ def need_root_tool(tool: str) -> None:
     need(shutil.which(tool) is not None, f"{tool} (apt-get install ...)")
 
 
+def proc_state(pid: int) -> str | None:
+    """One-letter state of a process (R, S, T when stopped, Z), ``None`` once it is gone."""
+    from chaoskit.cluster.transports.local import proc_info
+
+    info = proc_info(pid)
+    return info.state if info else None
+
+
+def wait_state(pid: int, predicate, timeout: float = 5.0) -> bool:
+    """Poll until ``predicate(proc_state(pid))`` holds; ``False`` after ``timeout``."""
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate(proc_state(pid)):
+            return True
+        time.sleep(0.02)
+    return False
+
+
 @pytest.fixture(autouse=True)
 def _private_state(tmp_path_factory, monkeypatch):
     """Each test gets its own chaoskit state dir (locks, leases, labs)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.transports.local import read_proc
-from tests.conftest import ROOT, SCENARIOS, need_torch, run_cli
+from tests.conftest import ROOT, SCENARIOS, need_torch, proc_state, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -168,7 +168,7 @@ def test_rollback_after_the_controller_is_killed(tmp_path):
     proc.wait()
     armed = next(json.loads(x) for x in journal.read_text().splitlines() if '"armed"' in x)
     pid = int(armed["revert"][-1])
-    state = lambda: read_proc_state(pid)  # noqa: E731
+    state = lambda: proc_state(pid)  # noqa: E731
     assert state() == "T"
     [marker] = (Path(os.environ["CHAOSKIT_STATE_DIR"]) / "runs").glob("*.json")
     lab = {"cluster": {"id": json.loads(marker.read_text())["lab"]}}
@@ -185,9 +185,3 @@ def test_rollback_after_the_controller_is_killed(tmp_path):
     assert not marker.exists()
     assert run_cli("rollback").stdout.startswith("nothing to roll back")
 
-
-def read_proc_state(pid: int) -> str | None:
-    from chaoskit.cluster.transports.local import proc_info
-
-    info = proc_info(pid)
-    return info.state if info else None

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.selectors import resolve_processes
-from chaoskit.cluster.transports.local import LocalTransport, proc_info
 from chaoskit.errors import InfraError
 from chaoskit.faults.api import TargetSpec
 from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
@@ -21,20 +20,9 @@ from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
+from tests.conftest import proc_state, wait_state
 
 
-def _state(pid: int) -> str | None:
-    info = proc_info(pid)
-    return info.state if info else None
-
-
-def _wait_state(pid: int, predicate, timeout: float = 5.0) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate(_state(pid)):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture
@@ -49,7 +37,7 @@ def lab_procs():
     outsider = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # worker"],
                                 env=dict(os.environ, RANK="1", TORCHELASTIC_RUN_ID="t"))
     for p in procs + [outsider]:
-        _wait_state(p.pid, lambda s: s is not None)
+        wait_state(p.pid, lambda s: s is not None)
     time.sleep(0.2)
     yield lab, procs, outsider
     for p in procs + [outsider]:
@@ -111,12 +99,12 @@ def test_hang_is_reverted_by_the_controller(lab_procs, tmp_path):
     ctx = RunContext(inv, journal, leases)
     fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(ranks=[0]), duration=30), "f0")
     [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
-    assert _wait_state(procs[0].pid, lambda s: s == "T")
+    assert wait_state(procs[0].pid, lambda s: s == "T")
     entries = read_journal(tmp_path / "journal.jsonl")
     assert entries[0]["action"] == "armed" and entries[0]["revert"] == ["kill", "-s", "CONT", str(procs[0].pid)]
     fault.revert(ctx, inj)
     leases.release(inj.fault_id)
-    assert _wait_state(procs[0].pid, lambda s: s in ("S", "R"))
+    assert wait_state(procs[0].pid, lambda s: s in ("S", "R"))
     assert fault.verify(ctx, inj) is None
     time.sleep(0.3)
     lease_dir = Path(leases.root / inj.fault_id)
@@ -132,8 +120,8 @@ def test_hang_ends_at_its_duration_even_without_the_controller(lab_procs, tmp_pa
     ctx = RunContext(inv, Journal(tmp_path / "j.jsonl"), leases)
     fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(ranks=[3]), duration=1.0), "f0")
     [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
-    assert _wait_state(procs[3].pid, lambda s: s == "T")
-    assert _wait_state(procs[3].pid, lambda s: s in ("S", "R"), timeout=3)  # the watchdog's deadline
+    assert wait_state(procs[3].pid, lambda s: s == "T")
+    assert wait_state(procs[3].pid, lambda s: s in ("S", "R"), timeout=3)  # the watchdog's deadline
     end = time.time() + 2
     while not (leases.root / inj.fault_id / "fired").exists() and time.time() < end:
         time.sleep(0.02)
@@ -168,13 +156,13 @@ def test_hang_ends_when_the_controller_dies(lab_procs, tmp_path):
     lab, procs, _ = lab_procs
     ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, lab.lab_id, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert ctl.stdout.readline().strip() == "injected"
-    assert _wait_state(procs[1].pid, lambda s: s == "T")
+    assert wait_state(procs[1].pid, lambda s: s == "T")
     time.sleep(0.5)
-    assert _state(procs[1].pid) == "T"  # still renewed while the controller lives
+    assert proc_state(procs[1].pid) == "T"  # still renewed while the controller lives
     ctl.kill()
     ctl.wait()
     killed = time.time()
-    assert _wait_state(procs[1].pid, lambda s: s in ("S", "R"), timeout=5)
+    assert wait_state(procs[1].pid, lambda s: s in ("S", "R"), timeout=5)
     assert time.time() - killed < 1.0 + 2.0  # TTL + slack
     fired = tmp_path / "run3" / "f0.0" / "fired"
     end = time.time() + 2

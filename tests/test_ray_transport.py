@@ -19,23 +19,11 @@ from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import need
+from tests.conftest import need, proc_state, wait_state
 
 WORKER = "import time; time.sleep(600)  # ray-worker"
 
 
-def _state(pid: int) -> str | None:
-    info = proc_info(pid)
-    return info.state if info else None
-
-
-def _wait_state(pid: int, predicate, timeout: float = 5.0) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate(_state(pid)):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +58,7 @@ def workers(ray_lab):
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env))
     outsider = subprocess.Popen([sys.executable, "-c", WORKER], env=dict(os.environ, RANK="1", TORCHELASTIC_RUN_ID="t"))
     for p in procs + [outsider]:
-        _wait_state(p.pid, lambda s: s is not None)
+        wait_state(p.pid, lambda s: s is not None)
     yield procs, outsider
     for p in procs + [outsider]:
         if p.poll() is None:
@@ -120,14 +108,14 @@ def test_a_fault_fanned_out_reaches_every_selected_node(ray_lab, workers, tmp_pa
     injections = fault.inject(ctx, targets)
     assert sorted(i.node for i in injections) == ["n0", "n1", "n2"]
     for p in procs:
-        assert _wait_state(p.pid, lambda s: s == "T")
-    assert _state(outsider.pid) != "T"
+        assert wait_state(p.pid, lambda s: s == "T")
+    assert proc_state(outsider.pid) != "T"
     for inj in injections:
         fault.revert(ctx, inj)
         leases.release(inj.fault_id)
         assert fault.verify(ctx, inj) is None
     for p in procs:
-        assert _wait_state(p.pid, lambda s: s in ("S", "R"))
+        assert wait_state(p.pid, lambda s: s in ("S", "R"))
     leases.close()
 
 
@@ -151,17 +139,17 @@ def test_a_killed_agent_leaves_the_lease_to_revert_the_hang(ray_lab, workers, tm
     ctx = RunContext(inv, Journal(tmp_path / "j.jsonl"), leases)
     fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(ranks=[2]), duration=300), "f0")
     [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
-    assert _wait_state(procs[2].pid, lambda s: s == "T")
+    assert wait_state(procs[2].pid, lambda s: s == "T")
     lease = leases.leases[inj.fault_id]
     agent_pid = inv["n2"].conn.connect()["pid"]
     time.sleep(1.5)
-    assert _state(procs[2].pid) == "T"  # renewed through the agent while it lives
+    assert proc_state(procs[2].pid) == "T"  # renewed through the agent while it lives
     ray.kill(inv["n2"].conn.agent)
     leases.abandon(inj.fault_id)  # the controller is gone too: nobody renews
     killed = time.time()
-    assert _wait_state(agent_pid, lambda s: s in (None, "Z"), timeout=5)
-    assert _state(lease.watchdog_pid) not in (None, "Z")  # the watchdog is no child of the agent
-    assert _wait_state(procs[2].pid, lambda s: s in ("S", "R"), timeout=6)
+    assert wait_state(agent_pid, lambda s: s in (None, "Z"), timeout=5)
+    assert proc_state(lease.watchdog_pid) not in (None, "Z")  # the watchdog is no child of the agent
+    assert wait_state(procs[2].pid, lambda s: s in ("S", "R"), timeout=6)
     assert time.time() - killed < 1.0 + 3.0
     fired = None
     end = time.time() + 3

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -171,12 +170,3 @@ class ProcessWatcher(threading.Thread):
         self.stop_event.set()
         self.join(timeout=2)
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -13,7 +13,6 @@ Other transports get the controller-local watchdog through ``spawn_detached``.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import threading
