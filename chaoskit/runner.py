@@ -214,7 +214,8 @@ class _Run:
     def __init__(self, loaded, cluster, run_id: str, out: Path | None, console) -> None:
         self.loaded, self.sc, self.cluster, self.inventory = loaded, loaded.model, cluster, cluster.inventory
         self.run_id = run_id
-        self.run_dir = Path(out) if out else Path("reports") / run_id
+        # Absolute: the job runs with the run directory as its working directory.
+        self.run_dir = (Path(out) if out else Path("reports") / run_id).resolve()
         self.t0 = time.time()
         self.say = _Progress(console, self.t0)
         self.injections: list[tuple[Fault, Injection]] = []

@@ -33,8 +33,15 @@ def drill(name: str, out: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def kill_rank(tmp_path_factory):
-    out = tmp_path_factory.mktemp("kill-rank")
-    return drill("kill-rank", out), out
+    """kill-rank as a new user runs it: from a folder of their own, no --out (reports/<time>-kill-rank/)."""
+    need_torch()
+    home = tmp_path_factory.mktemp("user")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(home)
+        res = run_cli("run", SCENARIOS / "kill-rank.yaml", "--json")
+    [out] = (home / "reports").iterdir()
+    assert out.name.endswith("-kill-rank") and res.json["run_dir"] == str(out)
+    return res, out
 
 
 def test_kill_rank_measures_every_phase(kill_rank):
