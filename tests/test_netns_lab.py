@@ -88,6 +88,8 @@ def test_a_lab_that_fails_to_build_leaves_nothing(tmp_path, monkeypatch):
         seen.append(self.lab_id)
         raise InfraError(f"sshd of {node} refused to start (simulated)")
 
+    # Stand-in for one thing only: an sshd that fails to start (cannot be made to fail on demand).
+    # The bridges, namespaces and links built before it are real, and so is the clean-up checked below.
     monkeypatch.setattr(netns.NetnsLab, "_start_sshd", broken_sshd)
     directory = tmp_path / "lab"
     with pytest.raises(InfraError, match="simulated"):
@@ -99,6 +101,7 @@ def test_a_lab_that_fails_to_build_leaves_nothing(tmp_path, monkeypatch):
 def test_lab_needs_root_and_tools_with_a_clear_error(monkeypatch):
     from chaoskit.lab import netns
 
+    # The tests run as root with every tool installed: pretend otherwise to see the user's error.
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pytest.raises(InfraError, match="needs root"):
         netns.require_netns_tools()

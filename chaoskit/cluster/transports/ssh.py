@@ -168,15 +168,19 @@ class SSHTransport:
 
     def close(self) -> None:
         with self._lock:
-            if self._agent is not None:
-                self._agent.close()
-                self._agent = None
-            if self._client is not None:
-                try:
-                    self._client.close()
-                except Exception:  # noqa: BLE001
-                    pass
-                self._client = None
+            self._drop_locked()
+
+    def _drop_locked(self) -> None:
+        """Close the agent channel and the connection (the caller holds the lock)."""
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001 - a connection already gone cannot be closed twice
+                pass
+            self._client = None
 
     def __enter__(self) -> "SSHTransport":
         return self.connect()
@@ -193,15 +197,7 @@ class SSHTransport:
     def _connect_locked(self) -> None:
         if self.connected:
             return
-        if self._agent is not None:
-            self._agent.close()
-            self._agent = None
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._client = None
+        self._drop_locked()
         self._client = self._open_client()
 
     def _open_client(self) -> Any:
