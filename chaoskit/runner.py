@@ -73,7 +73,7 @@ def check_scenario(loaded) -> None:
     """Every check that needs the cluster but touches nothing (``validate`` runs it too)."""
     from chaoskit.cluster.handle import preview_inventory
 
-    _static_checks(loaded, preview_inventory(loaded.model.lab))
+    _static_checks(loaded, preview_inventory(loaded.model.lab, loaded.path.parent))
 
 
 def _static_checks(loaded, inventory) -> None:
@@ -166,7 +166,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
 
     run_id = f"{_utc_stamp()}-{sc.name}"
     if dry_run:
-        cluster = preview_cluster(sc.lab)
+        cluster = preview_cluster(sc.lab, loaded.path.parent)
         job = _job_class(sc.workload)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
         plan = plan_scenario(loaded, cluster.inventory, job.commands())
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
@@ -180,7 +180,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
             f"--out {run_dir} already holds files; a run needs an empty folder",
             hint="pick another --out, or remove that folder",
         )
-    cluster = open_cluster(sc.lab)
+    cluster = open_cluster(sc.lab, loaded.path.parent)
     try:
         run = _Run(loaded, cluster, run_id, out, console)
     except BaseException:
@@ -311,13 +311,17 @@ class _Run:
         rules = list(TORCHRUN_RULES) if sc.probes.torchrun else []
         rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
         self.log_probe = LogRegexProbe(self.bus, rules)
-        events_path = self.run_dir / "sdk-events.jsonl" if sc.probes.sdk and sc.workload.launch != "uninstrumented" else None
+        from chaoskit.workloads.launch import job_dir
+
+        self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id)
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        events_path = self.job_dir / "sdk-events.jsonl" if sc.probes.sdk and sc.workload.launch != "uninstrumented" else None
         self.threads: list[Any] = []
         if events_path is not None:
             events_path.touch()
             self.threads.append(SdkLogProbe(self.bus, events_path))
         for lf in sc.probes.log_files:
-            self.threads.append(FileLogProbe(self.log_probe, lf.node, self.run_dir.resolve() / lf.path))
+            self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
         if sc.probes.process:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
         if self.cluster.details.get("ray_address"):
@@ -451,7 +455,20 @@ class _Run:
             self.leases.close()
             self.bus.close()
             self.journal.close()
+            self._collect_job_dir()
             self.cluster.teardown()
+
+    def _collect_job_dir(self) -> None:
+        """With a shared job folder (docker lab): keep the SDK's events with the run, drop the checkpoints."""
+        job_dir = getattr(self, "job_dir", None)
+        if job_dir is None or job_dir == self.run_dir:
+            return
+        import shutil
+
+        events = job_dir / "sdk-events.jsonl"
+        if events.exists():
+            shutil.copy2(events, self.run_dir / "sdk-events.jsonl")
+        shutil.rmtree(job_dir, ignore_errors=True)
 
     def _wait(self, predicate, timeout: float, what: str, quiet: bool = False) -> bool:
         """Wait for ``predicate`` while the job runs; abort on the safety deadline."""

@@ -3,14 +3,16 @@
 :func:`open_cluster` turns a scenario's ``cluster:`` into a :class:`ClusterHandle`:
 the process lab (nodes are local process scopes; with ``ray: true`` joined into a
 Ray cluster whose ChaosAgent actors carry the faults) or the network-namespace lab
-(each node a namespace with its own NICs and sshd, reached over SSH). A lab
-that ``chaoskit lab up`` made is reused; otherwise the run makes its own and
-tears it down at the end.
+(each node a namespace with its own NICs and sshd, reached over SSH) or the
+Docker lab (each node a container of ``docker-compose.yml``, reached through the
+engine). A lab that ``chaoskit lab up`` made is reused; otherwise the run makes
+its own and tears it down at the end.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from chaoskit.cluster.inventory import Inventory
@@ -36,6 +38,14 @@ class ClusterHandle:
     connect: Callable[[], None] = lambda: None
     teardown: Callable[[], None] = lambda: None
     details: dict[str, Any] = field(default_factory=dict)
+    python: str | None = None
+    """The Python that runs torchrun on the nodes (``None``: this one, ``sys.executable``)."""
+    launch_wrap: Callable[[str, list[str], dict[str, str], Path], list[str]] | None = None
+    """For nodes that do not inherit the controller's environment: (node, argv, job env, job folder) -> the argv to run here."""
+    shared_dir: Path | None = None
+    """A folder every node sees at the same path; the job's checkpoints and SDK events go there when set."""
+    job_transport: Callable[[str], Any] | None = None
+    """How to reach a node's job processes to stop them (default: local process scopes)."""
 
     @property
     def agent_nodes(self) -> list[str]:
@@ -50,11 +60,44 @@ class ClusterHandle:
         }
 
 
-def preview_inventory(spec) -> Inventory:
+def compose_file(spec, base: Path | None = None) -> Path:
+    """The compose file of a docker lab spec: ``compose:`` relative to the scenario, else the nearest one."""
+    from chaoskit.lab.docker import find_compose
+
+    if spec.compose:
+        path = Path(spec.compose)
+        return path if path.is_absolute() else (base or Path.cwd()) / path
+    return find_compose(base)
+
+
+def preview_inventory(spec, base: Path | None = None) -> Inventory:
     """The inventory a lab spec would have, built without touching anything (for validation)."""
     from chaoskit.cluster.inventory import Node
     from chaoskit.lab.process import ProcessLab
 
+    if spec.kind == "docker":
+        from chaoskit.errors import ScenarioError
+        from chaoskit.lab.docker import load_compose
+
+        project = load_compose(compose_file(spec, base))
+        services = project.services
+        if spec.nodes + spec.spare > len(services):
+            raise ScenarioError(
+                f"cluster: {spec.nodes} nodes + {spec.spare} spare, but {project.path} has {len(services)} services",
+                hint="add services to the compose file, or ask for fewer nodes",
+            )
+        from chaoskit.cluster.inventory_file import InterfaceSpec, InventoryNode, PowerCommands
+        from chaoskit.cluster.transports.docker import power_argv
+
+        nodes = []
+        for s in services[: spec.nodes + spec.spare]:
+            container = f"{project.name}-{s.name}-1"
+            nodes.append(InventoryNode(
+                s.name, address=container, transport="docker", labels={**_service_labels(s), "lab": "docker"},
+                interfaces={"data": InterfaceSpec(name="eth0")},
+                power=PowerCommands(**{a: power_argv(container, a) for a in ("off", "on", "status")}),
+            ))
+        return Inventory(f"docker-{project.name}", nodes)
     if spec.kind == "process":
         if getattr(spec, "ray", False):
             from chaoskit.lab.ray import RayLab
@@ -68,11 +111,95 @@ def preview_inventory(spec) -> Inventory:
     return Inventory("check", nodes)
 
 
-def open_cluster(spec) -> ClusterHandle:
+def _service_labels(service) -> dict[str, str]:
+    return {k.removeprefix("io.chaoskit."): v for k, v in service.labels.items() if k.startswith("io.chaoskit.")}
+
+
+def open_cluster(spec, base: Path | None = None) -> ClusterHandle:
     """Attach to the lab ``spec`` asks for, making one when none is up (needs root for netns)."""
     if spec.kind == "netns":
         return _netns(spec)
+    if spec.kind == "docker":
+        return _docker(spec, compose_file(spec, base))
     return _process(spec)
+
+
+def _docker(spec, compose: Path) -> ClusterHandle:
+    """The compose project's containers: the ones already up, or brought up for this run and removed after it."""
+    from chaoskit.lab.docker import DockerLab
+
+    lab = DockerLab.load(compose)
+    ephemeral = lab is None
+    if ephemeral:
+        lab = DockerLab.up(compose)
+    try:
+        return _docker_handle(spec, lab, ephemeral)
+    except BaseException:
+        if ephemeral:
+            lab.down()
+        raise
+
+
+def _docker_handle(spec, lab, ephemeral: bool) -> ClusterHandle:
+    import shutil
+
+    from chaoskit.errors import InfraError
+
+    shared = lab.project.shared_dir()
+    if shared is None:
+        raise InfraError(
+            f"{lab.project.path}: no node mounts a host folder at the same path (HOST:HOST), so chaoskit could not "
+            "read the job's events",
+            hint="keep the shared volume of chaoskit's docker-compose.yml",
+        )
+    if shutil.which("docker") is None:
+        raise InfraError("the docker lab starts the job with the docker CLI, which is not installed",
+                         hint="apt-get install docker.io (or docker-ce-cli)")
+    inventory = lab.inventory()
+    names = inventory.names()
+    missing = [s.name for s in lab.project.services[: spec.nodes + spec.spare] if s.name not in names]
+    if missing:
+        raise InfraError(f"docker lab {lab.project.name}: no container for {', '.join(missing)}",
+                         hint="'chaoskit lab down' then 'chaoskit lab up --kind docker'")
+    used = names[: spec.nodes + spec.spare]
+    from chaoskit.cluster.inventory import Inventory
+
+    inventory = Inventory(inventory.name, [inventory[n] for n in used])
+    containers = {n.name: n.address for n in inventory.nodes}
+    addresses = {n.name: n.interfaces["data"].address for n in inventory.nodes}
+    running = lab.containers()
+    for node in used:
+        if running[node].status != "running":
+            raise InfraError(f"docker lab node {node} ({containers[node]}) is not running",
+                             hint="'chaoskit lab down' then 'chaoskit lab up --kind docker'")
+
+    def wrap(node: str, argv: list[str], env: dict[str, str], cwd: Path) -> list[str]:
+        flags = [f for k, v in sorted(env.items()) for f in ("-e", f"{k}={v}")]
+        return ["docker", "exec", "-i", "-w", str(cwd), *flags, containers[node], *argv]
+
+    def teardown() -> None:
+        for node in inventory.nodes:
+            node.conn.close()
+        if ephemeral:
+            lab.down()
+
+    return ClusterHandle(
+        id=lab.lab_id, kind="docker-lab", inventory=inventory, job_nodes=used[: spec.nodes],
+        rdzv_host=addresses[used[0]], scope=lab.scope,
+        launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
+        agent_args=lambda node: ["--local-addr", addresses[node]],
+        connect=lambda: connect_all_docker(inventory),
+        teardown=teardown,
+        details={"compose": str(lab.project.path), "project": lab.project.name, "shared": str(shared), "ephemeral": ephemeral},
+        python="/opt/chaoskit/bin/python", launch_wrap=wrap, shared_dir=shared,
+        job_transport=lambda node: inventory[node].conn,
+    )
+
+
+def connect_all_docker(inventory: Inventory) -> None:
+    from chaoskit.cluster.transports.ssh import connect_all
+
+    connect_all([n.conn for n in inventory.nodes])
 
 
 def _process(spec) -> ClusterHandle:
@@ -176,10 +303,19 @@ def _token() -> str:
     return secrets.token_hex(3)
 
 
-def preview_cluster(spec) -> ClusterHandle:
+def preview_cluster(spec, base: Path | None = None) -> ClusterHandle:
     """A handle for ``--dry-run``: the inventory and commands a run would use, nothing created."""
-    inventory = preview_inventory(spec)
+    inventory = preview_inventory(spec, base)
     names = inventory.names()
+    if spec.kind == "docker":
+        project = inventory.name.removeprefix("docker-")
+        return ClusterHandle(
+            id=f"(docker lab {project})", kind="docker-lab", inventory=inventory, job_nodes=names[: spec.nodes],
+            rdzv_host=f"<address of {names[0]}>", scope=lambda node: f"{project}.{node}",
+            agent_args=lambda node: ["--local-addr", f"<address of {node}>"],
+            python="/opt/chaoskit/bin/python",
+            launch_wrap=lambda node, argv, env, cwd: ["docker", "exec", "-i", f"{project}-{node}-1", *argv],
+        )
     if spec.kind == "process":
         return ClusterHandle(id="(new process lab)", kind="ray-lab" if getattr(spec, "ray", False) else "process-lab",
                              inventory=inventory, job_nodes=names, rdzv_host="127.0.0.1", scope=lambda node: f"<lab>.{node}")

@@ -40,15 +40,24 @@ EVENT_KINDS = (
 class LabSpec(StrictModel):
     """A built-in lab cluster that the run uses (``chaoskit lab up``) or brings up and tears down itself."""
 
-    kind: Literal["process", "netns"] = Field(
+    kind: Literal["process", "netns", "docker"] = Field(
         "process",
         description=(
             "process: nodes are local process groups (no root). netns: each node is a network namespace "
-            "with its own NICs (data, mgmt) and sshd, reached over SSH (needs root, iproute2, openssh-server)."
+            "with its own NICs (data, mgmt) and sshd, reached over SSH (needs root, iproute2, openssh-server). "
+            "docker: each node is a container of docker-compose.yml, reached through the docker engine "
+            "(needs a docker engine, the node image and pip install 'chaoskit[docker]')."
         ),
     )
     nodes: int = Field(3, ge=1, le=64, description="Nodes the job runs on.")
-    spare: int = Field(0, ge=0, le=16, description="netns only: idle nodes whose torchrun agents wait to take over.")
+    spare: int = Field(0, ge=0, le=16, description="netns and docker: idle nodes whose torchrun agents wait to take over.")
+    compose: str | None = Field(
+        None,
+        description=(
+            "docker only: the compose file whose services are the nodes, relative to the scenario file "
+            "(default: the nearest docker-compose.yml in the scenario's folder or a parent)."
+        ),
+    )
     ray: bool = Field(
         False,
         description=(
@@ -60,10 +69,12 @@ class LabSpec(StrictModel):
 
     @model_validator(mode="after")
     def _spare(self) -> "LabSpec":
-        if self.spare and self.kind != "netns":
-            raise ValueError("spare nodes need kind: netns")
+        if self.spare and self.kind == "process":
+            raise ValueError("spare nodes need kind: netns or docker")
         if self.ray and self.kind != "process":
             raise ValueError("ray: true needs kind: process")
+        if self.compose is not None and self.kind != "docker":
+            raise ValueError("compose: needs kind: docker")
         return self
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.errors import InfraError
 
-__all__ = ["TorchrunJob", "free_port", "torch_available"]
+__all__ = ["TorchrunJob", "free_port", "job_dir", "torch_available"]
 
 LineSink = Callable[[str, str, float], None]
 
@@ -29,6 +29,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def job_dir(cluster, run_dir: Path, run_id: str) -> Path:
+    """Where the job's own files go (checkpoints, the SDK's events): the cluster's shared folder
+    when its nodes are not this machine, else the run directory."""
+    shared = getattr(cluster, "shared_dir", None)
+    return Path(shared) / run_id if shared is not None else Path(run_dir)
+
+
+def _processes(scope) -> list:
+    """The scope's processes; none when its node cannot be reached (a powered-off container)."""
+    try:
+        return scope.processes()
+    except InfraError:
+        return []
 
 
 def torch_available() -> bool:
@@ -55,7 +70,8 @@ class TorchrunJob:
     ) -> None:
         self.cluster, self.workload, self.run_dir, self.run_id = cluster, workload, Path(run_dir).resolve(), run_id
         self.events_path, self.on_line = events_path, on_line
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.job_dir = job_dir(cluster, self.run_dir, run_id)
+        self.ckpt_dir = self.job_dir / "checkpoints"
         self.log_dir = self.run_dir / "logs"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._readers: list[threading.Thread] = []
@@ -75,12 +91,12 @@ class TorchrunJob:
         return list(w.command)
 
     def agent_argv(self, node: str) -> list[str]:
+        """The torchrun agent's command line as it runs on the node."""
         w = self.workload
         n = len(self.cluster.job_nodes)
         host = node == self.cluster.agent_nodes[0]
         return [
-            *self.cluster.launch_prefix(node),
-            sys.executable, "-m", "torch.distributed.run",
+            self.cluster.python or sys.executable, "-m", "torch.distributed.run",
             "--nnodes", f"{n}:{n}", "--nproc-per-node", str(w.nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.cluster.rdzv_host}:{self.port}",
             "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if host else 'false'}",
@@ -89,8 +105,33 @@ class TorchrunJob:
             *self.script_argv(),
         ]
 
+    def launch_argv(self, node: str) -> list[str]:
+        """What this machine runs to start the node's agent (e.g. ``ip netns exec NS ...``, ``docker exec ...``)."""
+        argv = self.agent_argv(node)
+        if self.cluster.launch_wrap is not None:
+            return self.cluster.launch_wrap(node, argv, self.job_env(node), self.job_dir)
+        return [*self.cluster.launch_prefix(node), *argv]
+
+    def job_env(self, node: str) -> dict[str, str]:
+        """The variables the job needs on ``node``, on top of the environment it inherits."""
+        env = {
+            LocalTransport.SCOPE_ENV: self.cluster.scope(node),
+            "CHAOSKIT_NODE": node,
+            "CHAOSKIT_CKPT_DIR": str(self.ckpt_dir),
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            # Each rendezvous round gets a fresh TCPStore hosted by rank 0. The store shared
+            # with the agent mixes rounds when agents restart at different counts and can
+            # deadlock init_process_group (seen with torch 2.13 on three local agents).
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            **self.cluster.launch_env(node),
+        }
+        if self.events_path is not None:
+            env["CHAOSKIT_EVENTS"] = str(self.events_path)
+        return env
+
     def commands(self) -> dict[str, list[str]]:
-        return {node: self.agent_argv(node) for node in self.cluster.agent_nodes}
+        return {node: self.launch_argv(node) for node in self.cluster.agent_nodes}
 
     def start(self, nodes: list[str] | None = None) -> None:
         """Start the agents of ``nodes`` (default: the job's nodes; spares come with :meth:`start_spares`)."""
@@ -103,24 +144,11 @@ class TorchrunJob:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for node in self.cluster.job_nodes if nodes is None else nodes:
             env = dict(os.environ)
-            env.update({
-                LocalTransport.SCOPE_ENV: self.cluster.scope(node),
-                "CHAOSKIT_NODE": node,
-                "CHAOSKIT_CKPT_DIR": str(self.ckpt_dir),
-                "PYTHONUNBUFFERED": "1",
-                "OMP_NUM_THREADS": "1",
-                # Each rendezvous round gets a fresh TCPStore hosted by rank 0. The store shared
-                # with the agent mixes rounds when agents restart at different counts and can
-                # deadlock init_process_group (seen with torch 2.13 on three local agents).
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                **self.cluster.launch_env(node),
-            })
-            if self.events_path is not None:
-                env["CHAOSKIT_EVENTS"] = str(self.events_path)
-            else:
-                env.pop("CHAOSKIT_EVENTS", None)
+            env.pop("CHAOSKIT_EVENTS", None)
+            if self.cluster.launch_wrap is None:  # the agent inherits this environment; elsewhere the wrap passes job_env
+                env.update(self.job_env(node))
             proc = subprocess.Popen(
-                self.agent_argv(node), env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
+                self.launch_argv(node), env=env, cwd=self.job_dir, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             )
             self.agents[node] = proc
@@ -168,16 +196,19 @@ class TorchrunJob:
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop every agent and worker of the job (SIGTERM, then SIGKILL), on every node."""
-        scopes = [LocalTransport(node, self.cluster.scope(node)) for node in self.cluster.agent_nodes]
+        if self.cluster.job_transport is not None:
+            scopes = [self.cluster.job_transport(node) for node in self.cluster.agent_nodes]
+        else:
+            scopes = [LocalTransport(node, self.cluster.scope(node)) for node in self.cluster.agent_nodes]
         for sig, wait in ((signal.SIGCONT, 0.0), (signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
             for scope in scopes:
-                for p in scope.processes():
+                for p in _processes(scope):
                     try:
-                        os.kill(p.pid, sig)
-                    except ProcessLookupError:
+                        scope.signal(p.pid, sig)
+                    except (ProcessLookupError, InfraError):
                         pass
             deadline = time.time() + wait
-            while time.time() < deadline and any(s.processes() for s in scopes):
+            while time.time() < deadline and any(_processes(s) for s in scopes):
                 time.sleep(0.05)
         for proc in self.agents.values():
             try:

@@ -277,7 +277,7 @@ class SSHTransport:
             return self._agent
         self._connect_locked()
         try:
-            self._agent = _AgentChannel.start(self._client, self._boot_command(), self.connect_timeout, self.node)
+            self._agent = self._start_agent()
             self._agent_failures = 0
         except _AgentGone as exc:
             self._agent = None
@@ -287,6 +287,10 @@ class SSHTransport:
                 self.notes.append(f"agent on {self.node} failed {AGENT_RESTARTS} times ({exc}); one exec per command from now on")
             raise
         return self._agent
+
+    def _start_agent(self) -> "_AgentChannel":
+        """Open one exec channel running the agent (the docker transport opens a docker exec instead)."""
+        return _AgentChannel.start(self._client, self._boot_command(), self.connect_timeout, self.node)
 
     def _call(self, op: str, timeout: float, /, **fields: Any) -> dict[str, Any]:
         """One request with a client-side deadline of ``timeout`` (plus grace).
@@ -513,8 +517,17 @@ class _AgentChannel:
         try:
             chan = client.get_transport().open_session(timeout=timeout)
             chan.exec_command(command)
+        except Exception as exc:  # noqa: BLE001
+            raise _AgentGone(f"cannot start the agent: {exc}") from None
+        return cls.over(chan, timeout, node)
+
+    @classmethod
+    def over(cls, chan: Any, timeout: float, node: str) -> "_AgentChannel":
+        """Ship the agent's source down ``chan`` (a channel already running :data:`BOOT`) and wait for its hello."""
+        try:
             chan.sendall(f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE)
         except Exception as exc:  # noqa: BLE001
+            chan.close()
             raise _AgentGone(f"cannot start the agent: {exc}") from None
         agent = cls(chan, node)
         hello = _Slot()

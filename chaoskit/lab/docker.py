@@ -1,0 +1,448 @@
+"""The Docker lab: ``docker-compose.yml``'s services as nodes, brought up through the docker SDK.
+
+chaoskit reads the compose file itself (the subset a lab needs: image, build,
+init, cap_add, networks, volumes, labels, hostname, environment, command) and
+creates what Compose would, with Compose's own names and labels
+(``<project>-<service>-1``, ``<project>_<network>``, ``com.docker.compose.*``).
+So a lab made by ``chaoskit lab up --kind docker`` shows up in ``docker compose
+ps``, and one made by ``docker compose up`` is found and used by chaoskit: the
+engine is the only state; nothing is kept on the side.
+
+Nodes are the services in file order: the first ``nodes`` form the job's world,
+the next ``spare`` wait as spares. Every node is reached with
+:class:`~chaoskit.cluster.transports.docker.DockerTransport` (docker exec), its
+NIC on the lab network is ``data``, and its power commands kill and start the
+container. The job's files live in the one bind mount that has the same path on
+the host and in the nodes (the lab's shared storage).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaoskit.errors import InfraError, ScenarioError, SourcePos
+
+__all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose"]
+
+PROJECT = "com.docker.compose.project"
+SERVICE = "com.docker.compose.service"
+NUMBER = "com.docker.compose.container-number"
+ONEOFF = "com.docker.compose.oneoff"
+CONFIG_FILES = "com.docker.compose.project.config_files"
+WORKING_DIR = "com.docker.compose.project.working_dir"
+NETWORK = "com.docker.compose.network"
+VOLUME = "com.docker.compose.volume"
+MADE_BY = "io.chaoskit.lab"
+"""Set on everything ``chaoskit lab up`` creates (value: the compose file), so ``lab down`` can say what it removed."""
+
+DEFAULT_COMPOSE = "docker-compose.yml"
+READY_TIMEOUT_S = 60.0
+
+_SERVICE_KEYS = {"image", "build", "init", "cap_add", "networks", "volumes", "labels", "hostname", "environment", "command", "entrypoint"}
+_TOP_KEYS = {"name", "version", "services", "networks", "volumes"}
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_VAR_RE = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+@dataclass
+class Service:
+    name: str
+    image: str
+    build: dict[str, Any] | None = None
+    init: bool = False
+    cap_add: list[str] = field(default_factory=list)
+    networks: list[str] = field(default_factory=list)
+    binds: list[tuple[str, str, str]] = field(default_factory=list)
+    """(host path or named volume, path in the container, mode)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    hostname: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    command: list[str] | None = None
+    entrypoint: list[str] | None = None
+
+
+@dataclass
+class ComposeProject:
+    path: Path
+    name: str
+    services: list[Service]
+    networks: dict[str, dict[str, Any]]
+    volumes: dict[str, dict[str, Any]]
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    def shared_dir(self) -> Path | None:
+        """The bind mount that has the same path on the host and in every node: the job's shared storage."""
+        for svc in self.services:
+            for source, target, _ in svc.binds:
+                if source.startswith("/") and source == target:
+                    return Path(source)
+        return None
+
+
+def find_compose(start: Path | None = None) -> Path:
+    """``docker-compose.yml`` in ``start`` (default: the working directory) or one of its parents."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        candidate = d / DEFAULT_COMPOSE
+        if candidate.is_file():
+            return candidate
+    raise ScenarioError(
+        f"no {DEFAULT_COMPOSE} in {here} or its parents",
+        hint="run from chaoskit's repository, or pass --compose PATH (cluster: {kind: docker, compose: PATH} in a scenario)",
+    )
+
+
+def load_compose(path: str | Path, environ: dict[str, str] | None = None) -> ComposeProject:
+    """Parse the subset of the Compose format a lab uses; an unsupported key is an error, not ignored."""
+    import yaml
+
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise ScenarioError(f"compose file {path} does not exist")
+    # Compose files use YAML merge keys (<<: *node), which scenarios refuse; a plain safe load
+    # here, so errors name the key path rather than a line.
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise ScenarioError(f"YAML syntax error: {exc.problem}",
+                            pos=SourcePos(str(path), mark.line + 1 if mark else 1, mark.column + 1 if mark else 1)) from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"cannot read compose file {path}: {exc}") from None
+    env = dict(os.environ if environ is None else environ)
+
+    def error(message: str, *where: Any) -> ScenarioError:
+        return ScenarioError(f"{'.'.join(str(w) for w in where) + ': ' if where else ''}{message}", pos=SourcePos(str(path), 1, 1))
+
+    if not isinstance(data, dict):
+        raise error("a compose file is a mapping (services:, networks:)")
+    data = _interpolate(data, env, error)
+    for key in data:
+        if key not in _TOP_KEYS and not str(key).startswith("x-"):
+            raise error(f"chaoskit's docker lab does not read {key!r} (it reads {', '.join(sorted(_TOP_KEYS))})", key)
+    name = str(data.get("name") or env.get("COMPOSE_PROJECT_NAME") or path.parent.name).lower()
+    if not _NAME_RE.match(name):
+        raise error(f"invalid project name {name!r}: lower-case letters, digits, - and _", "name")
+    networks = {str(k): dict(v or {}) for k, v in (data.get("networks") or {}).items()}
+    volumes = {str(k): dict(v or {}) for k, v in (data.get("volumes") or {}).items()}
+    services_doc = data.get("services")
+    if not isinstance(services_doc, dict) or not services_doc:
+        raise error("services: at least one service (one per node)", "services")
+    services = []
+    for sname, doc in services_doc.items():
+        sname = str(sname)
+        if not _NAME_RE.match(sname):
+            raise error(f"invalid service name {sname!r}", "services", sname)
+        if not isinstance(doc, dict):
+            raise error("a service is a mapping", "services", sname)
+        for key in doc:
+            if key not in _SERVICE_KEYS:
+                raise error(f"chaoskit's docker lab does not read {key!r} (it reads {', '.join(sorted(_SERVICE_KEYS))})", "services", sname, key)
+        image = doc.get("image")
+        if not image:
+            raise error("image: the node image (e.g. chaoskit-node:latest)", "services", sname)
+        nets = doc.get("networks") or ["default"]
+        nets = list(nets) if isinstance(nets, (list, dict)) else [nets]
+        for n in nets:
+            if n != "default" and n not in networks:
+                raise error(f"network {n!r} is not declared under networks:", "services", sname, "networks")
+        binds = []
+        for i, v in enumerate(doc.get("volumes") or []):
+            if not isinstance(v, str):
+                raise error("use the short syntax SOURCE:TARGET[:ro]", "services", sname, "volumes", i)
+            parts = v.split(":")
+            if len(parts) not in (2, 3) or not parts[1].startswith("/"):
+                raise error(f"volume {v!r}: SOURCE:TARGET[:ro] with an absolute TARGET", "services", sname, "volumes", i)
+            source = parts[0]
+            if source.startswith("."):
+                source = str((path.parent / source).resolve())
+            elif not source.startswith("/") and source not in volumes:
+                raise error(f"named volume {source!r} is not declared under volumes:", "services", sname, "volumes", i)
+            binds.append((source, parts[1], parts[2] if len(parts) == 3 else "rw"))
+        build = doc.get("build")
+        if isinstance(build, str):
+            build = {"context": build}
+        services.append(Service(
+            name=sname, image=str(image), build=build, init=bool(doc.get("init", False)),
+            cap_add=[str(c) for c in doc.get("cap_add") or []], networks=[str(n) for n in nets], binds=binds,
+            labels=_mapping(doc.get("labels")), hostname=doc.get("hostname"), environment=_mapping(doc.get("environment")),
+            command=_argv(doc.get("command")), entrypoint=_argv(doc.get("entrypoint")),
+        ))
+    if any("default" in s.networks for s in services):
+        networks.setdefault("default", {})
+    return ComposeProject(path, name, services, networks, volumes)
+
+
+def _interpolate(value: Any, env: dict[str, str], error) -> Any:
+    """Compose's ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``$VAR`` and ``$$``."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, env, error) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, env, error) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        var = m.group(1) or m.group(4)
+        op, default = m.group(2), m.group(3) or ""
+        got = env.get(var)
+        if op == ":-":
+            return got if got else default
+        if op == "-":
+            return default if got is None else got
+        return got or ""
+
+    return _VAR_RE.sub(sub, value)
+
+
+def _mapping(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): "" if v is None else str(v) for k, v in value.items()}
+    return dict(str(item).split("=", 1) if "=" in str(item) else (str(item), "") for item in value)
+
+
+def _argv(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        import shlex
+
+        return shlex.split(value)
+    return [str(v) for v in value]
+
+
+class DockerLab:
+    """A compose project's containers, as the engine reports them."""
+
+    def __init__(self, project: ComposeProject, client: Any) -> None:
+        self.project, self.client = project, client
+
+    # -- finding -----------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, compose: str | Path | None = None) -> "DockerLab | None":
+        """The lab of ``compose`` (default: the nearest docker-compose.yml) when its containers exist."""
+        from chaoskit.cluster.transports.docker import docker_client
+
+        project = load_compose(compose or find_compose())
+        lab = cls(project, docker_client())
+        return lab if lab.containers() else None
+
+    @property
+    def lab_id(self) -> str:
+        return f"docker-{self.project.name}"
+
+    def containers(self) -> dict[str, Any]:
+        """The project's node containers by service name (running or not)."""
+        found = self.client.containers.list(all=True, filters={"label": [f"{PROJECT}={self.project.name}"]})
+        out = {}
+        for c in found:
+            service = c.labels.get(SERVICE)
+            if service and c.labels.get(ONEOFF, "False") != "True":
+                out[service] = c
+        return {s.name: out[s.name] for s in self.project.services if s.name in out}
+
+    def node_names(self) -> list[str]:
+        return [s.name for s in self.project.services]
+
+    def container_name(self, service: str) -> str:
+        return f"{self.project.name}-{service}-1"
+
+    # -- up ------------------------------------------------------------------------------
+
+    @classmethod
+    def up(cls, compose: str | Path | None = None, *, build: bool = False, say=lambda msg: None) -> "DockerLab":
+        """Create the project's networks, volumes and containers and start them (what ``docker compose up -d`` does)."""
+        from chaoskit.cluster.transports.docker import docker_client
+
+        project = load_compose(compose or find_compose())
+        lab = cls(project, docker_client())
+        if lab.containers():
+            raise InfraError(
+                f"docker lab {project.name!r} is already up ({', '.join(lab.containers())})",
+                hint="use it as it is, or 'chaoskit lab down' first",
+            )
+        try:
+            lab._ensure_images(build, say)
+            lab._create(say)
+            lab.wait_ready()
+        except BaseException:
+            lab.down()
+            raise
+        return lab
+
+    def _ensure_images(self, build: bool, say) -> None:
+        import docker.errors
+
+        for svc in {s.image: s for s in self.project.services}.values():
+            try:
+                self.client.images.get(svc.image)
+                if not build:
+                    continue
+            except docker.errors.ImageNotFound:
+                pass
+            if svc.build is None:
+                raise InfraError(f"image {svc.image} is not on this engine and service {svc.name} has no build:",
+                                 hint=f"docker pull {svc.image}, or add build: to the service")
+            context = (self.project.directory / svc.build.get("context", ".")).resolve()
+            dockerfile = svc.build.get("dockerfile", "Dockerfile")
+            say(f"building {svc.image} from {context / dockerfile} (the first build takes a few minutes)")
+            try:
+                self.client.images.build(path=str(context), dockerfile=dockerfile, tag=svc.image, rm=True,
+                                         buildargs={k: str(v) for k, v in (svc.build.get("args") or {}).items()},
+                                         labels={MADE_BY: str(self.project.path)})
+            except (docker.errors.BuildError, docker.errors.APIError) as exc:
+                raise InfraError(
+                    f"building {svc.image} failed: {str(exc).strip().splitlines()[-1][:300]}",
+                    hint="without Docker Hub or PyPI, build it with docker/build-offline.sh (a debootstrap base, local wheels)",
+                ) from None
+
+    def _labels(self, **extra: str) -> dict[str, str]:
+        return {PROJECT: self.project.name, CONFIG_FILES: str(self.project.path),
+                WORKING_DIR: str(self.project.directory), MADE_BY: str(self.project.path), **extra}
+
+    def _create(self, say) -> None:
+        import docker.types
+
+        p = self.project
+        for name, spec in p.networks.items():
+            labels = {**self._labels(**{NETWORK: name}), **_mapping(spec.get("labels"))}
+            self.client.networks.create(f"{p.name}_{name}", driver=spec.get("driver", "bridge"), labels=labels)
+        for name, spec in p.volumes.items():
+            labels = {**self._labels(**{VOLUME: name}), **_mapping(spec.get("labels"))}
+            self.client.volumes.create(f"{p.name}_{name}", labels=labels)
+        shared = p.shared_dir()
+        if shared is not None:
+            shared.mkdir(parents=True, exist_ok=True)
+        for svc in p.services:
+            mounts = []
+            for source, target, mode in svc.binds:
+                is_bind = source.startswith("/")
+                if is_bind:
+                    Path(source).mkdir(parents=True, exist_ok=True)
+                mounts.append(docker.types.Mount(target, source if is_bind else f"{p.name}_{source}",
+                                                 type="bind" if is_bind else "volume", read_only=mode == "ro"))
+            first, *others = svc.networks
+            container = self.client.containers.create(
+                svc.image, name=self.container_name(svc.name), hostname=svc.hostname or svc.name,
+                labels={**self._labels(**{SERVICE: svc.name, NUMBER: "1", ONEOFF: "False"}), **svc.labels},
+                cap_add=svc.cap_add or None, init=svc.init or None, mounts=mounts, environment=svc.environment,
+                command=svc.command, entrypoint=svc.entrypoint, detach=True,
+                network=f"{p.name}_{first}",
+                networking_config={f"{p.name}_{first}": self.client.api.create_endpoint_config(aliases=[svc.name])},
+            )
+            for net in others:
+                self.client.networks.get(f"{p.name}_{net}").connect(container, aliases=[svc.name])
+            container.start()
+            say(f"{svc.name}: container {container.name} started")
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Every node's container runs and answers a docker exec."""
+        end = time.monotonic() + timeout
+        for name, transport in ((n.name, n.conn) for n in self.inventory().nodes):
+            while True:
+                try:
+                    transport.ping(timeout=5.0)
+                    break
+                except InfraError as exc:
+                    transport.close()
+                    if time.monotonic() > end:
+                        raise InfraError(f"docker lab node {name} is not ready after {timeout:g}s: {exc}") from None
+                    time.sleep(0.2)
+            transport.close()
+
+    # -- using ---------------------------------------------------------------------------
+
+    def address(self, service: str) -> str:
+        """The node's IP address on its first network."""
+        c = self.containers().get(service)
+        if c is None:
+            raise InfraError(f"docker lab node {service} has no container")
+        c.reload()
+        nets = c.attrs["NetworkSettings"]["Networks"]
+        svc = next(s for s in self.project.services if s.name == service)
+        net = nets.get(f"{self.project.name}_{svc.networks[0]}") or next(iter(nets.values()), None)
+        if not net or not net.get("IPAddress"):
+            raise InfraError(f"docker lab node {service} has no address (is it running?)")
+        return net["IPAddress"]
+
+    def scope(self, node: str) -> str:
+        return f"{self.project.name}.{node}"
+
+    def inventory(self, python: str = "/opt/chaoskit/bin/python"):
+        """Nodes with docker transports (connected on first use), ``data`` NICs and kill/start power."""
+        from chaoskit.cluster.inventory import Inventory
+        from chaoskit.cluster.inventory_file import InterfaceSpec, InventoryNode, PowerCommands
+        from chaoskit.cluster.transports.docker import DockerTransport, power_argv
+
+        containers = self.containers()
+        nodes = []
+        for i, svc in enumerate(self.project.services):
+            c = containers.get(svc.name)
+            if c is None:
+                continue
+            labels = {k.removeprefix("io.chaoskit."): v for k, v in svc.labels.items() if k.startswith("io.chaoskit.")}
+            labels.setdefault("lab", "docker")
+            try:
+                address = self.address(svc.name)
+                interfaces = {"data": InterfaceSpec(name="eth0", address=address)}
+            except InfraError:  # powered off: no address until it starts again
+                interfaces = {"data": InterfaceSpec(name="eth0")}
+            nodes.append(InventoryNode(
+                name=svc.name, address=c.name, transport="docker", labels=labels,
+                conn=DockerTransport(svc.name, c.name, python=python, scope_token=self.scope(svc.name)),
+                interfaces=interfaces,
+                power=PowerCommands(off=power_argv(c.name, "off"), on=power_argv(c.name, "on"), status=power_argv(c.name, "status")),
+            ))
+        return Inventory(self.lab_id, nodes)
+
+    def status(self) -> dict[str, Any]:
+        containers = self.containers()
+        return {
+            "kind": "docker", "id": self.lab_id, "compose": str(self.project.path),
+            "shared": str(self.project.shared_dir() or ""),
+            "nodes": [
+                {"name": s, "container": c.name, "state": c.status, "image": c.attrs.get("Config", {}).get("Image", "")}
+                for s, c in containers.items()
+            ],
+        }
+
+    # -- down ----------------------------------------------------------------------------
+
+    def down(self) -> dict[str, list[str]]:
+        """Remove the project's containers, networks and volumes (whoever made them). Safe to run twice."""
+        import docker.errors
+
+        removed: dict[str, list[str]] = {"containers": [], "networks": [], "volumes": []}
+        label = {"label": [f"{PROJECT}={self.project.name}"]}
+        for c in self.client.containers.list(all=True, filters=label):
+            try:
+                c.remove(force=True, v=True)
+                removed["containers"].append(c.name)
+            except docker.errors.NotFound:
+                pass
+        for n in self.client.networks.list(filters=label):
+            try:
+                n.remove()
+                removed["networks"].append(n.name)
+            except docker.errors.NotFound:
+                pass
+        for v in self.client.volumes.list(filters=label):
+            try:
+                v.remove(force=True)
+                removed["volumes"].append(v.name)
+            except docker.errors.NotFound:
+                pass
+        return removed
