@@ -44,9 +44,13 @@ class RunContext:
             raise InfraError(f"refusing to touch {node!r}: it is not in the inventory")
         return self.inventory[node].conn
 
-    def arm(self, transport, fault_id: str, kind: str, revert: list[str], duration: float, target: str = "") -> None:
-        """Journal the fault, then start its on-node watchdog, before it is injected."""
-        self.journal.record("armed", fault_id=fault_id, kind=kind, node=transport.node, target=target, revert=revert, duration_s=duration)
+    def arm(self, transport, fault_id: str, kind: str, revert: list[str], duration: float, target: str = "",
+            on: str = "node") -> None:
+        """Journal the fault, then start its watchdog, before it is injected.
+
+        ``on="controller"``: the revert runs on this machine (power, docker network), and so does the watchdog."""
+        self.journal.record("armed", fault_id=fault_id, kind=kind, node=transport.node, target=target, revert=revert,
+                            duration_s=duration, on=on)
         self.leases.arm(transport, fault_id, revert, duration)
 
 

@@ -161,14 +161,37 @@ def rollback(as_json: bool = typer.Option(False, "--json", help="Machine-readabl
 @lab_app.command("up")
 def lab_up(
     nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes the job runs on."),
-    kind: str = typer.Option("process", "--kind", help="process: local process groups (no root); netns: network namespaces with sshd (root)."),
+    kind: str = typer.Option(
+        "process", "--kind",
+        help="process: local process groups (no root); netns: network namespaces with sshd (root); "
+             "docker: the services of docker-compose.yml as containers (a docker engine).",
+    ),
     spare: int = typer.Option(0, "--spare", min=0, max=16, help="netns: extra idle nodes that can take over."),
     ray: bool = typer.Option(False, "--ray", help="process: join the nodes into a Ray cluster (head + one 'ray start' per node)."),
+    compose: Optional[Path] = typer.Option(
+        None, "--compose", help="docker: the compose file (default: docker-compose.yml here or in a parent folder)."
+    ),
+    build: bool = typer.Option(False, "--build", help="docker: rebuild the node image even when it exists."),
 ) -> None:
     """Create a lab that runs reuse (otherwise each run makes and removes its own)."""
     from chaoskit.errors import ScenarioError
 
     out = current_env().stdout
+    if kind == "docker":
+        import time
+
+        from chaoskit.lab.docker import DockerLab
+
+        existing = DockerLab.load(compose)
+        if existing is not None:
+            out.write(f"docker lab {existing.project.name} is already up ({', '.join(existing.containers())}); "
+                      "'chaoskit lab down' first\n")
+            return
+        t0 = time.time()
+        lab = DockerLab.up(compose, build=build, say=lambda msg: out.write(f"  {msg}\n"))
+        out.write(f"docker lab {lab.project.name} up in {time.time() - t0:.1f}s: {', '.join(lab.containers())} "
+                  f"(from {lab.project.path})\n")
+        return
     if kind == "netns":
         from chaoskit.lab.netns import NetnsLab
 
@@ -181,7 +204,7 @@ def lab_up(
         out.write(f"inventory: {lab.inventory_path}\n")
         return
     if kind != "process":
-        raise ScenarioError(f"unknown lab kind {kind!r}", hint="available: process, netns")
+        raise ScenarioError(f"unknown lab kind {kind!r}", hint="available: process, netns, docker")
     if spare:
         raise ScenarioError("--spare needs --kind netns")
     from chaoskit.lab.process import ProcessLab
@@ -212,8 +235,10 @@ def lab_up(
 
 
 @lab_app.command("down")
-def lab_down() -> None:
-    """Stop every process of the labs, remove their namespaces, links and rules. Safe to run twice."""
+def lab_down(
+    compose: Optional[Path] = typer.Option(None, "--compose", help="docker: the compose file whose project to remove."),
+) -> None:
+    """Stop every process of the labs, remove their namespaces, links, rules, containers, networks and volumes. Safe to run twice."""
     from chaoskit.lab.process import ProcessLab
 
     out = current_env().stdout
@@ -232,8 +257,32 @@ def lab_down() -> None:
         found = True
         netns.down()
         out.write(f"netns lab {netns.lab_id} down\n")
+    for docker_lab in _docker_labs(compose):
+        found = True
+        removed = docker_lab.down()
+        out.write(f"docker lab {docker_lab.project.name} down: removed " + "; ".join(
+            f"{len(v)} {k} ({', '.join(v)})" if v else f"0 {k}" for k, v in removed.items()) + "\n")
     if not found:
         out.write("no lab is up\n")
+
+
+def _docker_labs(compose: Optional[Path] = None) -> list:
+    """Docker labs on the engine: projects chaoskit made (by label) and the compose file's project.
+
+    No docker SDK or no engine means no docker lab, unless --compose asked for one."""
+    import importlib.util
+
+    if compose is None and importlib.util.find_spec("docker") is None:
+        return []
+    from chaoskit.errors import InfraError, ScenarioError
+    from chaoskit.lab.docker import DockerLab
+
+    try:
+        return DockerLab.find(compose)
+    except (InfraError, ScenarioError):
+        if compose is not None:
+            raise
+        return []
 
 
 def _netns_lab():
@@ -253,9 +302,12 @@ def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-reada
 
     lab = ProcessLab.load()
     netns = _netns_lab()
+    docker_labs = _docker_labs()
     out = current_env().stdout
     if as_json:
-        data: dict = {"up": lab is not None or netns is not None}
+        data: dict = {"up": lab is not None or netns is not None or bool(docker_labs)}
+        if docker_labs:
+            data["docker"] = [d.status() for d in docker_labs]
         if lab is not None:
             procs = lab.processes()
             from chaoskit.lab.ray import RayLab
@@ -267,9 +319,14 @@ def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-reada
             data["netns"] = netns.status()
         _print_json(data)
         return
-    if lab is None and netns is None:
+    if lab is None and netns is None and not docker_labs:
         out.write("no lab is up ('chaoskit lab up' makes one; runs make their own otherwise)\n")
         return
+    for d in docker_labs:
+        st = d.status()
+        out.write(f"docker lab {d.project.name}: {st['compose'] or '(compose file unknown)'}\n")
+        for n in st["nodes"]:
+            out.write(f"  {n['name']}: {n['container']} {n['state']} ({n['image']})\n")
     if lab is not None:
         procs = lab.processes()
         from chaoskit.lab.ray import RayLab

@@ -154,6 +154,14 @@ class PartitionSpec(FaultSpec):
     )
     interface: str = Field("data", description="Which of the peers' addresses to cut (interface role), e.g. data.")
     duration: PositiveDuration = Field(..., description="How long the partition lasts.")
+    method: Literal["nft", "disconnect"] = Field(
+        "nft",
+        description=(
+            "nft: drop the peers' traffic with nftables rules on the target nodes. disconnect: docker nodes "
+            "only: disconnect the container from its networks through the engine (it loses every peer at once, "
+            "as when a switch port dies), then connect it back with its address and names."
+        ),
+    )
 
     @field_validator("interface")
     @classmethod
@@ -166,6 +174,12 @@ class PartitionSpec(FaultSpec):
         if v is not None and any(x is not None for x in (v.ranks, v.pid, v.process, v.count, v.percent)):
             raise ValueError("peers selects nodes: use nodes and labels only")
         return v
+
+    @model_validator(mode="after")
+    def _disconnect_has_no_peers(self) -> "PartitionSpec":
+        if self.method == "disconnect" and self.peers is not None:
+            raise ValueError("method: disconnect cuts the node off from every peer on its networks; peers: needs method: nft")
+        return self
 
 
 # -- faults -----------------------------------------------------------------------------
@@ -376,6 +390,85 @@ class PartitionFault(_NodeFault):
     Spec = PartitionSpec
     tools = ("nft",)
 
+    # method: disconnect -- the engine takes the container off its networks; the commands and the
+    # lease's watchdog run on the controller, as for power.
+
+    def _disconnect(self) -> bool:
+        return self.spec.method == "disconnect"
+
+    def _container(self, ctx: "RunContext", target: Any) -> str:
+        transport = ctx.transport(target.node)
+        container = getattr(transport, "container", None)
+        if container is None:
+            raise InfraError(f"{self.kind} with method: disconnect needs a docker node; {target.node} is reached by "
+                             f"{type(transport).__name__}", hint="use method: nft (the default) on other nodes")
+        return container
+
+    def _disconnect_commands(self, ctx: "RunContext", target: Any) -> tuple[list[str], list[str], str, dict[str, Any]]:
+        from chaoskit.cluster.transports.docker import network_argv, networks_of
+
+        container = self._container(ctx, target)
+        nets = networks_of(container)
+        if not nets:
+            raise InfraError(f"container {container} of node {target.node} is on no network")
+        back = [f"{name}={n['ip']}={','.join(n['aliases'])}={n['device']}" for name, n in sorted(nets.items())]
+        return (network_argv("disconnect", container, sorted(nets)), network_argv("connect", container, back),
+                f"{target.node}|{','.join(sorted(nets))}", {"container": container, "networks": sorted(nets)})
+
+    def preflight(self, ctx, targets):
+        if not self._disconnect():
+            return super().preflight(ctx, targets)
+        for t in targets:
+            self._disconnect_commands(ctx, t)
+
+    def plan(self, ctx, targets):
+        if not self._disconnect():
+            return super().plan(ctx, targets)
+        out = []
+        d = self.spec.duration
+        for t in as_node_targets(ctx, targets):
+            container = self._container(ctx, t)
+            out.append(Action(t.node, f"arm lease on the controller: watchdog reconnects {container} after {d:g}s or a stale lease", t.node))
+            out.append(Action(t.node, f"on the controller: disconnect {container} from its networks (docker engine)", t.node))
+            out.append(Action(t.node, f"after {d:g}s, on the controller: connect it back, same address and aliases", t.node))
+        return out
+
+    def inject(self, ctx, targets):
+        if not self._disconnect():
+            return super().inject(ctx, targets)
+        from chaoskit.cluster.transports.local import LocalTransport
+        from chaoskit.faults.power import run_power_command
+
+        out = []
+        for i, t in enumerate(targets):
+            fid = f"{self.fault_id}.{i}"
+            inject, revert, label, detail = self._disconnect_commands(ctx, t)
+            ctx.arm(LocalTransport(t.node), fid, self.kind, revert, self.spec.duration, target=label, on="controller")
+            res = run_power_command(inject, COMMAND_TIMEOUT_S, t.node)
+            ts = time.time()
+            if res.returncode != 0:
+                run_power_command(revert, COMMAND_TIMEOUT_S, t.node)
+                ctx.leases.release(fid)
+                raise InfraError(f"{self.kind}: disconnecting node {t.node} failed: {res.stderr.strip() or res.stdout.strip()}")
+            out.append(Injection(fid, self.kind, t.node, [label], ts, {**detail, "revert": revert, "on": "controller"}))
+        return out
+
+    def revert(self, ctx, injection):
+        if injection.detail.get("on") != "controller":
+            return super().revert(ctx, injection)
+        from chaoskit.faults.power import run_power_command
+
+        res = run_power_command(injection.detail["revert"], COMMAND_TIMEOUT_S, injection.node)
+        if res.returncode != 0:
+            raise InfraError(f"reconnecting node {injection.node} failed: {res.stderr.strip() or res.stdout.strip()}")
+
+    def verify(self, ctx, injection):
+        if injection.detail.get("on") != "controller":
+            return super().verify(ctx, injection)
+        from chaoskit.cluster.transports.local import LocalTransport
+
+        return _poll(lambda: self.check_reverted(LocalTransport(injection.node), injection.detail["revert"]), VERIFY_S)
+
     def devices(self, target):
         return []
 
@@ -421,7 +514,11 @@ class PartitionFault(_NodeFault):
         return ["nft", " ; ".join(rules)], ["nft", "delete", "table", "inet", table], label, {"table": table, "peers": [str(a) for a in addresses]}
 
     @classmethod
-    def check_reverted(cls, transport, revert):
+    def check_reverted(cls, transport, revert, node=None):
+        if len(revert) > 4 and revert[2] == "chaoskit.cluster.transports.docker":  # method: disconnect, on the controller
+            status = [*revert[:4], "status", *revert[5:]]
+            res = transport.run(status, COMMAND_TIMEOUT_S)
+            return None if res.returncode == 0 else (res.stderr.strip() or f"{revert[5]} is still disconnected")
         table = revert[4]
         if not re.match(r"^chaoskit_[A-Za-z0-9_]+$", table):
             raise ValueError(f"not a chaoskit table: {table!r}")

@@ -240,6 +240,37 @@ class DockerLab:
         lab = cls(project, docker_client())
         return lab if lab.containers() else None
 
+    @classmethod
+    def find(cls, compose: str | Path | None = None) -> list["DockerLab"]:
+        """Every docker lab on the engine: the projects chaoskit made (by label), and ``compose``'s
+        (default: the nearest docker-compose.yml) when its containers exist, whoever made them."""
+        from chaoskit.cluster.transports.docker import docker_client
+
+        client = docker_client(timeout=10)
+        labs: dict[str, DockerLab] = {}
+        if compose is not None:
+            project = load_compose(compose)
+        else:
+            try:
+                project = load_compose(find_compose())
+            except ScenarioError:
+                project = None
+        if project is not None:
+            lab = cls(project, client)
+            if lab.containers():
+                labs[project.name] = lab
+        if compose is None:
+            for c in client.containers.list(all=True, filters={"label": MADE_BY}):
+                name, path = c.labels.get(PROJECT), c.labels.get(MADE_BY, "")
+                if not name or name in labs:
+                    continue
+                try:
+                    made = load_compose(path)
+                except ScenarioError:  # the file moved or went: its project name is enough to remove the lab
+                    made = ComposeProject(Path(path), name, [], {}, {})
+                labs[name] = cls(made, client)
+        return list(labs.values())
+
     @property
     def lab_id(self) -> str:
         return f"docker-{self.project.name}"

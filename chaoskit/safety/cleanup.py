@@ -20,6 +20,11 @@ def inventory_for(run: CrashedRun) -> Inventory:
     """The inventory to revert a crashed run's faults through."""
     from chaoskit.cluster.transports.local import LocalTransport
 
+    if run.info.get("kind") == "docker-lab" and run.info.get("compose"):
+        from chaoskit.lab.docker import DockerLab, load_compose
+        from chaoskit.cluster.transports.docker import docker_client
+
+        return DockerLab(load_compose(run.info["compose"]), docker_client()).inventory()
     inventory_file = run.info.get("inventory")
     if inventory_file:
         from chaoskit.cluster.inventory_file import load_inventory
@@ -43,6 +48,14 @@ def teardown_lab(run: CrashedRun) -> str | None:
             return None
         lab.down()
         return f"netns lab {lab.lab_id} removed"
+    if info.get("kind") == "docker-lab" and info.get("compose"):
+        from chaoskit.lab.docker import DockerLab
+
+        lab = DockerLab.load(info["compose"])
+        if lab is None:
+            return None
+        removed = lab.down()
+        return f"docker lab {lab.project.name} removed: {', '.join(removed['containers']) or 'no containers'}"
     if info.get("kind") == "ray-lab" and info.get("lab"):
         from chaoskit.lab.ray import stop_lab_processes
 

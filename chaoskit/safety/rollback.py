@@ -98,11 +98,11 @@ def rollback_journal(
             if not revert:
                 outcome.problem = "the journal has no revert command for it"
                 continue
-            on_controller = getattr(cls, "revert_runs_on", "node") == "controller"
+            on_controller = entry.get("on") == "controller" or getattr(cls, "revert_runs_on", "node") == "controller"
             transport = LocalTransport(node) if on_controller else inventory[node].conn
             try:
                 res = transport.run(revert, timeout)
-                outcome.problem = _check(cls, transport, revert, inventory[node], res)
+                outcome.problem = _check(cls, transport, revert, inventory[node], res, on_controller)
             except (InfraError, ValueError) as exc:
                 outcome.problem = str(exc)
             outcome.ok = outcome.problem is None
@@ -128,11 +128,11 @@ def rollback_crashed(inventory_for: Any, state: Path | None = None) -> dict[str,
     return results
 
 
-def _check(cls: Any, transport: Any, revert: list[str], node: Any, res: Any) -> str | None:
+def _check(cls: Any, transport: Any, revert: list[str], node: Any, res: Any, on_controller: bool) -> str | None:
     check = getattr(cls, "check_reverted", None)
     if check is None:
         return None  # no kind-specific check: the (idempotent) revert ran
-    if getattr(cls, "revert_runs_on", "node") == "controller":
+    if on_controller:
         if res.returncode != 0:
             return f"revert exited {res.returncode}: {res.stderr.strip() or res.stdout.strip()}"
         return check(transport, revert, node=node)

@@ -27,7 +27,7 @@ from typing import Any
 from chaoskit.cluster.transports.ssh import GRACE_S, SSHTransport, _AgentChannel, _AgentGone, _boot_code
 from chaoskit.errors import InfraError
 
-__all__ = ["DockerTransport", "docker_client", "power_argv"]
+__all__ = ["DockerTransport", "docker_client", "network_argv", "networks_of", "power_argv"]
 
 DEFAULT_PYTHON = "python3"
 
@@ -255,16 +255,102 @@ def power(action: str, container: str) -> int:
     return 2
 
 
+def networks_of(container: str) -> dict[str, dict[str, Any]]:
+    """The container's networks: name -> {ip, aliases}."""
+    import docker.errors
+
+    try:
+        c = docker_client().containers.get(container)
+    except docker.errors.NotFound:
+        raise InfraError(f"container {container} does not exist") from None
+    nets = c.attrs["NetworkSettings"]["Networks"] or {}
+    devices = _devices_by_address(c)
+    return {name: {"ip": n.get("IPAddress") or "", "aliases": [a for a in n.get("Aliases") or [] if a != c.id[:12]],
+                   "device": devices.get(n.get("IPAddress") or "", "")}
+            for name, n in nets.items()}
+
+
+def _devices_by_address(c: Any) -> dict[str, str]:
+    """IPv4 address -> device name inside the container (``ip -o -4 addr``)."""
+    code, out = c.exec_run(["ip", "-o", "-4", "addr", "show"])
+    found = {}
+    for line in (out or b"").decode(errors="replace").splitlines():
+        parts = line.split()
+        if code == 0 and len(parts) >= 4 and parts[2] == "inet":
+            found[parts[3].split("/")[0]] = parts[1].split("@")[0]
+    return found
+
+
+def _rename(c: Any, address: str, device: str) -> None:
+    """Give the NIC that holds ``address`` its old name back: the engine names a reconnected NIC
+    eth1, eth2..., and the job (GLOO_SOCKET_IFNAME) and later faults know it by its old one."""
+    from chaoskit.cluster.inventory_file import check_ifname
+
+    now = _devices_by_address(c).get(address)
+    if not now or now == device:
+        return
+    device, now = check_ifname(device), check_ifname(now)
+    for argv in (["ip", "link", "set", "dev", now, "down"], ["ip", "link", "set", "dev", now, "name", device],
+                 ["ip", "link", "set", "dev", device, "up"]):
+        code, out = c.exec_run(argv)
+        if code != 0:
+            raise InfraError(f"renaming {now} to {device} in {c.name} failed: {(out or b'').decode(errors='replace').strip()}")
+
+
+def network_argv(action: str, container: str, networks: list[str]) -> list[str]:
+    """The controller command that disconnects a container from ``networks`` or connects it back
+    (each ``NAME`` or, for connect, ``NAME=IP=ALIAS,ALIAS=DEVICE`` to keep its address, names and NIC name)."""
+    return [sys.executable, "-m", "chaoskit.cluster.transports.docker", "network", action, container, *networks]
+
+
+def network(action: str, container: str, networks: list[str]) -> int:
+    """``disconnect`` / ``connect`` the container and the networks, or ``status``: exit 0 when it is on all of them."""
+    import docker.errors
+
+    client = docker_client()
+    try:
+        c = client.containers.get(container)
+    except docker.errors.NotFound:
+        print(f"container {container} does not exist", file=sys.stderr)
+        return 2
+    current = set((c.attrs["NetworkSettings"]["Networks"] or {}))
+    for spec in networks:
+        name, ip, aliases, device = (spec.split("=") + ["", "", ""])[:4]
+        if action == "disconnect" and name in current:
+            client.networks.get(name).disconnect(c, force=True)
+        elif action == "connect" and name not in current:
+            net = client.networks.get(name)
+            kwargs: dict[str, Any] = {"aliases": [a for a in aliases.split(",") if a] or None}
+            try:  # the same address when the network allows it (a user-configured subnet), so peers still reach it
+                net.connect(c, ipv4_address=ip or None, **kwargs)
+            except docker.errors.APIError:
+                net.connect(c, **kwargs)
+            if device:
+                c.reload()
+                _rename(c, c.attrs["NetworkSettings"]["Networks"][name]["IPAddress"], device)
+        elif action == "status" and name not in current:
+            print(f"container {container} is not on network {name}", file=sys.stderr)
+            return 1
+        elif action not in ("connect", "disconnect", "status"):
+            print(f"unknown network action {action!r}: disconnect, connect or status", file=sys.stderr)
+            return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 3 or args[0] != "power":
-        print("usage: python -m chaoskit.cluster.transports.docker power off|on|status CONTAINER", file=sys.stderr)
-        return 2
+    usage = ("usage: python -m chaoskit.cluster.transports.docker power off|on|status CONTAINER\n"
+             "       python -m chaoskit.cluster.transports.docker network disconnect|connect|status CONTAINER NETWORK[=IP=ALIASES=DEVICE]...")
     try:
-        return power(args[1], args[2])
+        if len(args) == 3 and args[0] == "power":
+            return power(args[1], args[2])
+        if len(args) >= 4 and args[0] == "network":
+            return network(args[1], args[2], args[3:])
     except InfraError as exc:
         print(str(exc), file=sys.stderr)
         return 3
+    print(usage, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
