@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench schema clean
+.PHONY: demo test bench schema docker-image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: $(VENV)/.dev
 
 bench: $(VENV)/.dev
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# The Docker lab's node image, built without any registry (docker/build-offline.sh says how);
+# with Docker Hub and PyPI, `docker compose build` builds the same docker/Dockerfile.
+docker-image: $(VENV)/.dev
+	PYTHON=$(BIN)/python docker/build-offline.sh
 
 schema: $(VENV)/.workload
 	$(BIN)/chaoskit schema -o chaoskit.schema.json

@@ -38,7 +38,9 @@ WORKING_DIR = "com.docker.compose.project.working_dir"
 NETWORK = "com.docker.compose.network"
 VOLUME = "com.docker.compose.volume"
 MADE_BY = "io.chaoskit.lab"
-"""Set on everything ``chaoskit lab up`` creates (value: the compose file), so ``lab down`` can say what it removed."""
+"""Set on everything ``chaoskit lab up`` creates (value: the compose file), so ``lab down`` finds it from anywhere."""
+STATE = "io.chaoskit.state"
+"""The chaoskit state folder of whoever made it: ``lab status``/``down`` list only their own labs by label."""
 
 DEFAULT_COMPOSE = "docker-compose.yml"
 READY_TIMEOUT_S = 60.0
@@ -128,7 +130,8 @@ def load_compose(path: str | Path, environ: dict[str, str] | None = None) -> Com
     for key in data:
         if key not in _TOP_KEYS and not str(key).startswith("x-"):
             raise error(f"chaoskit's docker lab does not read {key!r} (it reads {', '.join(sorted(_TOP_KEYS))})", key)
-    name = str(data.get("name") or env.get("COMPOSE_PROJECT_NAME") or path.parent.name).lower()
+    # Compose's order: COMPOSE_PROJECT_NAME, then name:, then the folder's name.
+    name = str(env.get("COMPOSE_PROJECT_NAME") or data.get("name") or path.parent.name).lower()
     if not _NAME_RE.match(name):
         raise error(f"invalid project name {name!r}: lower-case letters, digits, - and _", "name")
     networks = {str(k): dict(v or {}) for k, v in (data.get("networks") or {}).items()}
@@ -242,8 +245,9 @@ class DockerLab:
 
     @classmethod
     def find(cls, compose: str | Path | None = None) -> list["DockerLab"]:
-        """Every docker lab on the engine: the projects chaoskit made (by label), and ``compose``'s
-        (default: the nearest docker-compose.yml) when its containers exist, whoever made them."""
+        """The docker labs to show or remove: ``compose``'s project (default: the nearest
+        docker-compose.yml) when its containers exist, whoever made them; without ``compose``,
+        also every project ``chaoskit lab up`` made with this state folder (found by label)."""
         from chaoskit.cluster.transports.docker import docker_client
 
         client = docker_client(timeout=10)
@@ -260,12 +264,14 @@ class DockerLab:
             if lab.containers():
                 labs[project.name] = lab
         if compose is None:
-            for c in client.containers.list(all=True, filters={"label": MADE_BY}):
+            from chaoskit.state import state_dir
+
+            for c in client.containers.list(all=True, filters={"label": [MADE_BY, f"{STATE}={state_dir()}"]}):
                 name, path = c.labels.get(PROJECT), c.labels.get(MADE_BY, "")
                 if not name or name in labs:
                     continue
-                try:
-                    made = load_compose(path)
+                try:  # the file under the name it was brought up with (COMPOSE_PROJECT_NAME may differ now)
+                    made = load_compose(path, environ={**os.environ, "COMPOSE_PROJECT_NAME": name})
                 except ScenarioError:  # the file moved or went: its project name is enough to remove the lab
                     made = ComposeProject(Path(path), name, [], {}, {})
                 labs[name] = cls(made, client)
@@ -294,11 +300,12 @@ class DockerLab:
     # -- up ------------------------------------------------------------------------------
 
     @classmethod
-    def up(cls, compose: str | Path | None = None, *, build: bool = False, say=lambda msg: None) -> "DockerLab":
+    def up(cls, compose: str | Path | None = None, *, project: ComposeProject | None = None, build: bool = False,
+           say=lambda msg: None) -> "DockerLab":
         """Create the project's networks, volumes and containers and start them (what ``docker compose up -d`` does)."""
         from chaoskit.cluster.transports.docker import docker_client
 
-        project = load_compose(compose or find_compose())
+        project = project or load_compose(compose or find_compose())
         lab = cls(project, docker_client())
         if lab.containers():
             raise InfraError(
@@ -341,8 +348,10 @@ class DockerLab:
                 ) from None
 
     def _labels(self, **extra: str) -> dict[str, str]:
-        return {PROJECT: self.project.name, CONFIG_FILES: str(self.project.path),
-                WORKING_DIR: str(self.project.directory), MADE_BY: str(self.project.path), **extra}
+        from chaoskit.state import state_dir
+
+        return {PROJECT: self.project.name, CONFIG_FILES: str(self.project.path), WORKING_DIR: str(self.project.directory),
+                MADE_BY: str(self.project.path), STATE: str(state_dir()), **extra}
 
     def _create(self, say) -> None:
         import docker.types

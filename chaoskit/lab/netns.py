@@ -124,8 +124,30 @@ class NetnsLab:
             _run(["ip", "netns", "del", ns], check=False)
         for link in self._host_links():
             _run(["ip", "link", "del", link], check=False)
+        self._forwarding("-D")
         _remove_privsep_dir()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _forwarding(self, action: str) -> None:
+        """Insert (``-I``) or delete (``-D``) an iptables rule that lets frames cross the lab's bridges.
+
+        With br_netfilter loaded, bridged frames traverse iptables' FORWARD chain, and dockerd
+        (which loads it) sets that chain's policy to DROP: without this rule the lab's nodes
+        could not reach each other on a machine that runs docker. The rule matches only frames
+        that enter and leave one of this lab's bridges, and ``down`` deletes it."""
+        try:
+            enabled = Path("/proc/sys/net/bridge/bridge-nf-call-iptables").read_text().strip() == "1"
+        except OSError:
+            enabled = False
+        if (action == "-I" and not enabled) or shutil.which("iptables") is None:
+            return
+        for bridge in (self.data_bridge, self.mgmt_bridge):
+            rule = ["FORWARD", "-i", bridge, "-o", bridge, "-m", "comment", "--comment", f"chaoskit lab {self.lab_id}", "-j", "ACCEPT"]
+            if action == "-I":
+                _run(["iptables", "-I", *rule])
+            else:
+                while _run(["iptables", "-D", *rule], check=False).returncode == 0:
+                    pass
 
     # -- names and paths ------------------------------------------------------------------
 
@@ -275,6 +297,7 @@ class NetnsLab:
         for bridge in (self.data_bridge, self.mgmt_bridge):
             _run(["ip", "link", "add", "name", bridge, "type", "bridge"])
             _run(["ip", "link", "set", "dev", bridge, "up"])
+        self._forwarding("-I")
         _run(["ip", "addr", "add", f"{self.controller_address}/24", "dev", self.mgmt_bridge])
         if not PRIVSEP_DIR.exists():
             # sshd needs its privilege separation directory; mark it ours so `down` removes it.
