@@ -326,3 +326,64 @@ def test_power_commands_refuse_unknown_containers():
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "usage:" in res.stderr
     assert os.environ.get("CHAOSKIT_STATE_DIR")  # private state dir: nothing of the user's is touched
+
+
+CONTROLLER = r"""
+import sys, time
+from pathlib import Path
+from chaoskit.cluster.selectors import resolve_nodes
+from chaoskit.faults.registry import get_fault
+from chaoskit.runner import RunContext
+from chaoskit.safety.cleanup import inventory_for
+from chaoskit.safety.journal import Journal
+from chaoskit.safety.lease import LeaseManager, default_lease_root
+from chaoskit.safety.rollback import CrashedRun
+
+compose, project, run_dir = sys.argv[1:4]
+run_dir = Path(run_dir)
+run = CrashedRun("r", 0, run_dir, run_dir / "marker", {"kind": "docker-lab", "compose": compose, "project": project})
+inventory = inventory_for(run)
+ctx = RunContext(inventory, Journal(run_dir / "journal.jsonl"), LeaseManager(default_lease_root(), run_dir.name, 60.0))
+for kind, node, extra in (("network.link_down", "n2", {}), ("network.partition", "n1", {"method": "disconnect"})):
+    cls = get_fault(kind)
+    spec = cls.Spec.model_validate({"kind": kind, "target": {"nodes": [node]}, "duration": "10m", **extra})
+    cls(spec, "f" + node).inject(ctx, resolve_nodes(inventory, spec.target))
+print("injected", flush=True)
+time.sleep(600)
+"""
+
+
+def test_rollback_undoes_what_a_sigkilled_controller_left_in_the_containers(docker_lab, tmp_path, clean_docker_lab):
+    """A controller arms and injects a NIC fault (node-side lease) and a disconnect (controller-side
+    lease), then dies by SIGKILL. Its leases would only fire after 60 s: rollback, from the journal
+    alone, reverts both now, and a second rollback finds nothing to do."""
+    import signal
+
+    from chaoskit.safety.cleanup import inventory_for
+    from chaoskit.safety.rollback import CrashedRun, rollback_journal
+
+    run_dir = tmp_path / "crashed"
+    run_dir.mkdir()
+    info = {"kind": "docker-lab", "compose": str(fx().COMPOSE), "project": docker_lab.project.name}
+    assert tcp(docker_lab, "n0", "n1") and tcp(docker_lab, "n0", "n2")
+    proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, info["compose"], info["project"], str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "injected", proc.stderr.read() if proc.poll() is not None else ""
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert not tcp(docker_lab, "n0", "n2") and not tcp(docker_lab, "n0", "n1")
+    inventory = inventory_for(CrashedRun("crashed", proc.pid, run_dir, run_dir / "m", info))
+    try:
+        outcomes = rollback_journal(run_dir / "journal.jsonl", inventory, run_id="crashed")
+        assert [(o.kind, o.node, o.ok, o.problem) for o in outcomes] == [
+            ("network.link_down", "n2", True, None), ("network.partition", "n1", True, None)]
+        assert tcp(docker_lab, "n0", "n2") and tcp(docker_lab, "n0", "n1")
+        assert rollback_journal(run_dir / "journal.jsonl", inventory, run_id="crashed") == []
+        # Both watchdogs stood down: the controller's (disconnect) and the one in n2's container (NIC).
+        assert fx().wait_until(lambda: subprocess.run(["pgrep", "-f", "leases/crashed/fn1"]).returncode != 0, 10)
+        assert fx().wait_until(lambda: docker_lab.containers()["n2"].exec_run(["pgrep", "-f", "watchdog"]).exit_code != 0, 10)
+    finally:
+        for n in inventory.nodes:
+            n.conn.close()

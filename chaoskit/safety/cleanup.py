@@ -21,10 +21,7 @@ def inventory_for(run: CrashedRun) -> Inventory:
     from chaoskit.cluster.transports.local import LocalTransport
 
     if run.info.get("kind") == "docker-lab" and run.info.get("compose"):
-        from chaoskit.lab.docker import DockerLab, load_compose
-        from chaoskit.cluster.transports.docker import docker_client
-
-        return DockerLab(load_compose(run.info["compose"]), docker_client()).inventory()
+        return _docker_lab(run.info).inventory()
     inventory_file = run.info.get("inventory")
     if inventory_file:
         from chaoskit.cluster.inventory_file import load_inventory
@@ -49,10 +46,8 @@ def teardown_lab(run: CrashedRun) -> str | None:
         lab.down()
         return f"netns lab {lab.lab_id} removed"
     if info.get("kind") == "docker-lab" and info.get("compose"):
-        from chaoskit.lab.docker import DockerLab
-
-        lab = DockerLab.load(info["compose"])
-        if lab is None:
+        lab = _docker_lab(info)
+        if not lab.containers():
             return None
         removed = lab.down()
         return f"docker lab {lab.project.name} removed: {', '.join(removed['containers']) or 'no containers'}"
@@ -65,3 +60,14 @@ def teardown_lab(run: CrashedRun) -> str | None:
 
     n = ProcessLab(info.get("lab", ""), 0).kill_all()
     return f"process lab {info.get('lab')}: {n} process(es) stopped" if n else None
+
+
+def _docker_lab(info: dict[str, Any]):
+    """The docker lab a run used: its compose file under the project name it ran with."""
+    import os
+
+    from chaoskit.cluster.transports.docker import docker_client
+    from chaoskit.lab.docker import DockerLab, load_compose
+
+    environ = {**os.environ, **({"COMPOSE_PROJECT_NAME": info["project"]} if info.get("project") else {})}
+    return DockerLab(load_compose(info["compose"], environ=environ), docker_client())
