@@ -101,6 +101,28 @@ def test_disconnect_partitions_take_no_peers(tmp_path):
     assert res.code == 2 and "peers: needs method: nft" in res.stdout + res.stderr
 
 
+def test_dry_run_shows_the_docker_commands_without_an_engine(monkeypatch):
+    from tests.conftest import SCENARIOS
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # nothing may be contacted
+    res = run_cli("run", "--dry-run", "--json", SCENARIOS / "docker-node-poweroff.yaml")
+    assert res.code == 0, res.stderr
+    job = res.json["job"]
+    assert sorted(job) == ["n0", "n1", "n2"]
+    assert job["n1"].startswith("docker exec -i -w /tmp/chaoskit-docker/") and " chaoskit-n1-1 /opt/chaoskit/bin/python -m torch" in job["n1"]
+    [fault] = res.json["plan"]
+    assert "power off chaoskit-n1-1" in fault["actions"][1]["command"]
+
+
+def test_runs_need_an_engine_and_say_how_to_get_one(monkeypatch):
+    from tests.conftest import SCENARIOS
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    res = run_cli("run", SCENARIOS / "docker-nic-drop.yaml")
+    assert res.code == 3
+    assert "no docker engine answers" in res.stderr and "apt-get install docker.io" in res.stderr
+
+
 # -- on the engine ----------------------------------------------------------------------------------
 
 

@@ -308,13 +308,15 @@ def preview_cluster(spec, base: Path | None = None) -> ClusterHandle:
     inventory = preview_inventory(spec, base)
     names = inventory.names()
     if spec.kind == "docker":
-        project = inventory.name.removeprefix("docker-")
+        from chaoskit.lab.docker import load_compose
+
+        project = load_compose(compose_file(spec, base))
         return ClusterHandle(
-            id=f"(docker lab {project})", kind="docker-lab", inventory=inventory, job_nodes=names[: spec.nodes],
-            rdzv_host=f"<address of {names[0]}>", scope=lambda node: f"{project}.{node}",
+            id=f"(docker lab {project.name})", kind="docker-lab", inventory=inventory, job_nodes=names[: spec.nodes],
+            rdzv_host=f"<address of {names[0]}>", scope=lambda node: f"{project.name}.{node}",
             agent_args=lambda node: ["--local-addr", f"<address of {node}>"],
-            python="/opt/chaoskit/bin/python",
-            launch_wrap=lambda node, argv, env, cwd: ["docker", "exec", "-i", f"{project}-{node}-1", *argv],
+            python="/opt/chaoskit/bin/python", shared_dir=project.shared_dir(),
+            launch_wrap=lambda node, argv, env, cwd: ["docker", "exec", "-i", "-w", str(cwd), f"{project.name}-{node}-1", *argv],
         )
     if spec.kind == "process":
         return ClusterHandle(id="(new process lab)", kind="ray-lab" if getattr(spec, "ray", False) else "process-lab",
