@@ -30,29 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-INJECT = ["ip", "link", "set", "dev", "eth0", "down"]
-REVERT = ["ip", "link", "set", "dev", "eth0", "up"]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def ms(values: list[float]) -> dict[str, float]:
-    return {"p50": round(1000 * pct(values, 0.5), 3), "p95": round(1000 * pct(values, 0.95), 3)}
-
-
-def time_transport(transport, samples: int) -> list[float]:
-    out = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        res = transport.run(INJECT, 10)
-        out.append(time.perf_counter() - t0)
-        assert res.returncode == 0, res.stderr
-        transport.run(REVERT, 10)
-    return out
-
+from bench.common import INJECT, REVERT, ms, pct, time_run  # noqa: E402
 
 def time_cli(container: str, samples: int) -> list[float]:
     out = []
@@ -89,9 +67,9 @@ def main() -> int:
         t0 = time.perf_counter()
         transport.connect()
         first_s = time.perf_counter() - t0
-        agent = time_transport(transport, args.samples)
+        agent = time_run(transport, args.samples)
         transport.mode = "exec"
-        oneshot = time_transport(transport, max(10, args.samples // 4))
+        oneshot = time_run(transport, max(10, args.samples // 4))
         transport.mode = "agent"
         cli = time_cli(node.address, max(10, args.samples // 4))
         transport.close()

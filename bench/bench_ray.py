@@ -40,10 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+from bench.common import INJECT, ms, pct, time_run  # noqa: E402
 
 
 def rss_by_node(lab) -> dict[str, float]:
@@ -66,21 +63,6 @@ def time_signal(transport, pid: int, samples: int) -> list[float]:
         transport.signal(pid, signal.SIGSTOP)
         out.append(time.perf_counter() - t0)
         os.kill(pid, signal.SIGCONT)
-    return out
-
-
-INJECT = ["ip", "link", "set", "dev", "eth0", "down"]
-REVERT = ["ip", "link", "set", "dev", "eth0", "up"]
-
-
-def time_run(transport, samples: int) -> list[float]:
-    out = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        res = transport.run(INJECT, 10)
-        out.append(time.perf_counter() - t0)
-        assert res.returncode == 0, res.stderr
-        transport.run(REVERT, 10)
     return out
 
 
@@ -126,8 +108,8 @@ def ray_beside_ssh(nodes: int, samples: int) -> dict:
         for n in inventory.nodes:
             n.conn.close()
         return {"nodes": nodes, "samples": samples,
-                "ssh": {"p50": round(1000 * pct(ssh_times, 0.5), 3), "p95": round(1000 * pct(ssh_times, 0.95), 3)},
-                "ray": {"p50": round(1000 * pct(ray_times, 0.5), 3), "p95": round(1000 * pct(ray_times, 0.95), 3)}}
+                "ssh": ms(ssh_times),
+                "ray": ms(ray_times)}
     finally:
         import ray
         import shutil
@@ -189,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         ray_times = time_signal(node0.conn, pid0, args.samples)
         local_times = time_signal(LocalTransport(node0.name, lab.scope(node0.name)), pid0, args.samples)
         result["inject_ms"] = {
-            "ray": {"p50": round(1000 * pct(ray_times, 0.5), 3), "p95": round(1000 * pct(ray_times, 0.95), 3)},
-            "local": {"p50": round(1000 * pct(local_times, 0.5), 3), "p95": round(1000 * pct(local_times, 0.95), 3)},
+            "ray": ms(ray_times),
+            "local": ms(local_times),
         }
         result["ray_over_local_p50"] = round(pct(ray_times, 0.5) / pct(local_times, 0.5), 1)
 

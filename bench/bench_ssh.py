@@ -35,13 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-INJECT = ["ip", "link", "set", "dev", "eth0", "down"]
-REVERT = ["ip", "link", "set", "dev", "eth0", "up"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+from bench.common import INJECT, REVERT, pct, time_run  # noqa: E402
 
 
 def ssh_argv(lab, node: str, control: str | None) -> list[str]:
@@ -66,17 +62,6 @@ def time_openssh(lab, node: str, transport, samples: int, control: str | None) -
     if control:
         subprocess.run(ssh_argv(lab, node, control)[:-1] + ["-O", "exit", f"root@{lab.mgmt_address(node)}"],
                        capture_output=True, timeout=30)
-    return out
-
-
-def time_chaoskit(transport, samples: int) -> list[float]:
-    out = []
-    for _ in range(samples):
-        start = time.perf_counter()
-        res = transport.run(INJECT, 10)
-        out.append(time.perf_counter() - start)
-        assert res.returncode == 0, res.stderr
-        transport.run(REVERT, 10)
     return out
 
 
@@ -156,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         connect_s = time.perf_counter() - t0
         node = inventory.nodes[0].name
         t = transports[0]
-        ours = time_chaoskit(t, args.samples)
+        ours = time_run(t, args.samples)
         master = time_openssh(lab, node, t, args.samples, control)
         fresh = time_openssh(lab, node, t, max(10, args.samples // 2), None)
         arm = time_arm(inventory, 10)

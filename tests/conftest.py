@@ -7,6 +7,7 @@ message outside CI; with ``CI`` set a missing tool fails the test instead.
 from __future__ import annotations
 
 import io
+from contextlib import contextmanager
 import json
 import os
 import shutil
@@ -94,3 +95,46 @@ def _private_state(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+@contextmanager
+def connected(inventory):
+    """Every node of ``inventory`` connected (agents started) for the block, closed after it."""
+    from chaoskit.cluster.transports.ssh import connect_all
+
+    connect_all([n.conn for n in inventory.nodes])
+    try:
+        yield inventory
+    finally:
+        for n in inventory.nodes:
+            n.conn.close()
+
+
+@contextmanager
+def fault_context(inventory, tmp_path, ttl: float = 2.0):
+    """A RunContext over ``inventory``: a journal and leases with a short TTL, closed after the block."""
+    import time
+
+    from chaoskit.runner import RunContext
+    from chaoskit.safety.journal import Journal
+    from chaoskit.safety.lease import LeaseManager
+
+    journal = Journal(tmp_path / "journal.jsonl")
+    leases = LeaseManager(tmp_path / "leases", f"run-{os.getpid()}-{time.time_ns() % 10**9}", ttl=ttl)
+    try:
+        yield RunContext(inventory, journal, leases)
+    finally:
+        leases.close()
+        journal.close()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate`` until it holds; its last value after ``timeout``."""
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -12,23 +12,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-IN_CI = bool(os.environ.get("CI"))
+from tests.conftest import wait_until
+
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 IMAGE = "chaoskit-node:latest"
-
-
-def require(ok: bool, reason: str) -> None:
-    if ok:
-        return
-    if IN_CI:
-        pytest.fail(f"CI is set but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def docker_problem() -> str | None:
@@ -52,8 +44,11 @@ def docker_problem() -> str | None:
 
 
 def require_docker() -> None:
+    """Skip (outside CI) or fail (in CI) without an engine, the SDK, the CLI or the image."""
+    from tests.conftest import need
+
     problem = docker_problem()
-    require(problem is None, problem or "")
+    need(problem is None, problem or "")
 
 
 def project_env(tmp: Path, tag: str) -> dict[str, str]:
@@ -71,15 +66,6 @@ def leftovers(project: str) -> dict[str, list[str]]:
         assert res.returncode == 0, res.stderr
         out[what] = res.stdout.split()
     return out
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 @pytest.fixture(scope="session")
@@ -102,44 +88,36 @@ def docker_lab(tmp_path_factory):
 
 @pytest.fixture
 def docker_inventory(docker_lab):
-    from chaoskit.cluster.transports.ssh import connect_all
+    from tests.conftest import connected
 
-    inventory = docker_lab.inventory()
-    connect_all([n.conn for n in inventory.nodes])
-    try:
+    with connected(docker_lab.inventory()) as inventory:
         yield inventory
-    finally:
-        for n in inventory.nodes:
-            n.conn.close()
 
 
 @pytest.fixture
 def docker_ctx(docker_inventory, tmp_path):
     """A RunContext over the docker lab (journal + leases with a short TTL)."""
-    from chaoskit.runner import RunContext
-    from chaoskit.safety.journal import Journal
-    from chaoskit.safety.lease import LeaseManager
+    from tests.conftest import fault_context
 
-    journal = Journal(tmp_path / "journal.jsonl")
-    leases = LeaseManager(tmp_path / "leases", f"run-{os.getpid()}-{time.time_ns() % 10**9}", ttl=2.0)
-    ctx = RunContext(docker_inventory, journal, leases)
-    try:
+    with fault_context(docker_inventory, tmp_path) as ctx:
         yield ctx
-    finally:
-        leases.close()
-        journal.close()
 
 
 def node_clean(lab, node: str) -> str | None:
-    """What a fault left on a lab node (container stopped, NIC down or renamed, qdisc, nft table), or ``None``."""
+    """What a fault left on a lab node (container stopped or disconnected, NIC down, qdisc, nft table), or ``None``."""
     c = lab.containers().get(node)
     if c is None or c.status != "running":
         return f"{node}: container not running"
-    code, out = c.exec_run(["ip", "-o", "link", "show", "dev", "eth0"])
+    try:
+        address = lab.address(node)
+    except Exception as exc:  # noqa: BLE001 - no address: disconnected
+        return f"{node}: {exc}"
+    dev = lab.device(node, address)
+    code, out = c.exec_run(["ip", "-o", "link", "show", "dev", dev])
     text = out.decode(errors="replace")
     if code != 0 or ",UP" not in text:
-        return f"{node}: eth0 not up: {text.strip()}"
-    code, out = c.exec_run(["tc", "qdisc", "show", "dev", "eth0"])
+        return f"{node}: {dev} not up: {text.strip()}"
+    code, out = c.exec_run(["tc", "qdisc", "show", "dev", dev])
     if "c4a0:" in out.decode(errors="replace"):
         return f"{node}: chaoskit qdisc left: {out.decode().strip()}"
     code, out = c.exec_run(["nft", "list", "tables"])

@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
+
+from tests.conftest import wait_until  # noqa: F401 - tests use fx().wait_until
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -68,15 +69,6 @@ def host_snapshot() -> dict[str, str]:
     }
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 def ns_run(lab, node: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """Run a command inside a lab node's namespace directly (not over SSH): the test's own eyes."""
     return subprocess.run(lab.exec_argv(node, list(argv)), capture_output=True, text=True, timeout=10)
@@ -114,32 +106,19 @@ def netns_lab(tmp_path_factory):
 @pytest.fixture(scope="session")
 def lab_inventory(netns_lab):
     """The lab's inventory, every node connected over SSH with its agent running."""
-    from chaoskit.cluster.transports.ssh import connect_all
+    from tests.conftest import connected
 
-    inventory = netns_lab.inventory()
-    connect_all([n.conn for n in inventory.nodes])
-    try:
+    with connected(netns_lab.inventory()) as inventory:
         yield inventory
-    finally:
-        for n in inventory.nodes:
-            n.conn.close()
 
 
 @pytest.fixture
 def fault_ctx(lab_inventory, tmp_path):
     """A RunContext over the lab (journal + leases with a short TTL), closed after the test."""
-    from chaoskit.runner import RunContext
-    from chaoskit.safety.journal import Journal
-    from chaoskit.safety.lease import LeaseManager
+    from tests.conftest import fault_context
 
-    journal = Journal(tmp_path / "journal.jsonl")
-    leases = LeaseManager(tmp_path / "leases", f"run-{os.getpid()}-{time.time_ns() % 10**9}", ttl=2.0)
-    ctx = RunContext(lab_inventory, journal, leases)
-    try:
+    with fault_context(lab_inventory, tmp_path) as ctx:
         yield ctx
-    finally:
-        leases.close()
-        journal.close()
 
 
 @pytest.fixture

@@ -55,3 +55,12 @@ def test_docker_nic_drop_recovers_after_the_link_returns(tmp_path, monkeypatch):
     assert 7.0 < p["detection_s"] < 10.0, p  # the 8 s collective timeout
     assert p["reallocation_s"] is not None and p["checkpoint_load_s"] is not None
     assert r["checks"]["faults_reverted"]["pass"]
+
+
+def test_docker_partition_by_network_disconnect(tmp_path, monkeypatch):
+    r = _drill("docker-partition", tmp_path, monkeypatch)
+    assert r["verdict"] == "pass"
+    assert 7.0 < r["phases"]["detection_s"] < 10.0, r["phases"]
+    assert r["phases"]["recovery_s"] is not None
+    journal = (tmp_path / "run" / "journal.jsonl").read_text()
+    assert '"on": "controller"' in journal and '"verified": true' in journal

@@ -260,10 +260,15 @@ def test_network_faults_cut_the_node_inside_its_container_and_are_reverted(docke
 
     inj = inject_and_finish(docker_ctx, fault, in_effect)
     assert tcp(lab, "n0", "n1") and tcp(lab, "n2", "n1")
-    assert lab.address("n1") == address  # a reconnected container keeps its address and its NIC's name
+    assert lab.address("n1") == address  # a reconnected container keeps its address (and its names)
     if fields.get("method") == "disconnect":
         assert inj.detail["on"] == "controller"
         assert '"on": "controller"' in docker_ctx.journal.path.read_text()
+        # The engine named the NIC anew; the lab's inventory finds it by address, and a second
+        # disconnect cuts the node again (a NIC renamed behind the engine's back would stay).
+        device = lab.inventory()["n1"].interfaces["data"].name
+        assert lab.device("n1", address) == device
+        inject_and_finish(docker_ctx, make(kind, target={"nodes": ["n1"]}, duration="30s", **fields), in_effect)
 
 
 def test_degrade_shapes_the_rate_with_tbf(docker_lab, docker_ctx, clean_docker_lab):

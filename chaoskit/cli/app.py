@@ -182,6 +182,10 @@ def lab_up(
 
         from chaoskit.lab.docker import DockerLab
 
+        if nodes != 3 or spare:
+            raise ScenarioError("--nodes and --spare do not apply to --kind docker: the compose file's services are the nodes",
+                                hint="add or remove services in docker-compose.yml; a scenario picks how many it uses")
+
         existing = DockerLab.load(compose)
         if existing is not None:
             out.write(f"docker lab {existing.project.name} is already up ({', '.join(existing.containers())}); "

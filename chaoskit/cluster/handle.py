@@ -186,7 +186,8 @@ def _docker_handle(spec, lab, ephemeral: bool) -> ClusterHandle:
     return ClusterHandle(
         id=lab.lab_id, kind="docker-lab", inventory=inventory, job_nodes=used[: spec.nodes],
         rdzv_host=addresses[used[0]], scope=lab.scope,
-        launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
+        # No GLOO_SOCKET_IFNAME: gloo takes the address of the node's host name (the engine writes it
+        # into /etc/hosts), which survives a disconnect and reconnect; the NIC's name does not.
         agent_args=lambda node: ["--local-addr", addresses[node]],
         connect=lambda: connect_all_docker(inventory),
         teardown=teardown,

@@ -159,7 +159,8 @@ class PartitionSpec(FaultSpec):
         description=(
             "nft: drop the peers' traffic with nftables rules on the target nodes. disconnect: docker nodes "
             "only: disconnect the container from its networks through the engine (it loses every peer at once, "
-            "as when a switch port dies), then connect it back with its address and names."
+            "as when a switch port dies), then connect it back with its address and names (the engine names the "
+            "NIC anew, e.g. eth1; chaoskit finds docker NICs by address)."
         ),
     )
 
@@ -411,7 +412,7 @@ class PartitionFault(_NodeFault):
         nets = networks_of(container)
         if not nets:
             raise InfraError(f"container {container} of node {target.node} is on no network")
-        back = [f"{name}={n['ip']}={','.join(n['aliases'])}={n['device']}" for name, n in sorted(nets.items())]
+        back = [f"{name}={n['ip']}={','.join(n['aliases'])}" for name, n in sorted(nets.items())]
         return (network_argv("disconnect", container, sorted(nets)), network_argv("connect", container, back),
                 f"{target.node}|{','.join(sorted(nets))}", {"container": container, "networks": sorted(nets)})
 

@@ -418,6 +418,13 @@ class DockerLab:
             raise InfraError(f"docker lab node {service} has no address (is it running?)")
         return net["IPAddress"]
 
+    def device(self, service: str, address: str) -> str:
+        """The name of the NIC that holds ``address`` in the node (eth0 at first; the engine names a
+        reconnected NIC anew, so it is looked up, not assumed)."""
+        from chaoskit.cluster.transports.docker import _devices_by_address
+
+        return _devices_by_address(self.containers()[service]).get(address, "eth0")
+
     def scope(self, node: str) -> str:
         return f"{self.project.name}.{node}"
 
@@ -437,7 +444,7 @@ class DockerLab:
             labels.setdefault("lab", "docker")
             try:
                 address = self.address(svc.name)
-                interfaces = {"data": InterfaceSpec(name="eth0", address=address)}
+                interfaces = {"data": InterfaceSpec(name=self.device(svc.name, address), address=address)}
             except InfraError:  # powered off: no address until it starts again
                 interfaces = {"data": InterfaceSpec(name="eth0")}
             nodes.append(InventoryNode(

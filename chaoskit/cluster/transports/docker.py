@@ -224,15 +224,22 @@ def _short(exc: BaseException) -> str:
 # -- power, run on the controller (python -m chaoskit.cluster.transports.docker power ...) ------------
 
 
-def power(action: str, container: str) -> int:
-    """``off`` kills the container (SIGKILL), ``on`` starts it and waits until it runs, ``status`` exits 0 when it runs."""
+def _container(client: Any, name: str) -> Any:
+    """The container, or ``None`` after saying on stderr that it does not exist."""
     import docker.errors
 
-    client = docker_client()
     try:
-        c = client.containers.get(container)
+        return client.containers.get(name)
     except docker.errors.NotFound:
-        print(f"container {container} does not exist", file=sys.stderr)
+        print(f"container {name} does not exist", file=sys.stderr)
+        return None
+
+
+def power(action: str, container: str) -> int:
+    """``off`` kills the container (SIGKILL), ``on`` starts it and waits until it runs, ``status`` exits 0 when it runs."""
+    client = docker_client()
+    c = _container(client, container)
+    if c is None:
         return 2
     if action == "status":
         return 0 if c.status == "running" else 1
@@ -281,25 +288,13 @@ def _devices_by_address(c: Any) -> dict[str, str]:
     return found
 
 
-def _rename(c: Any, address: str, device: str) -> None:
-    """Give the NIC that holds ``address`` its old name back: the engine names a reconnected NIC
-    eth1, eth2..., and the job (GLOO_SOCKET_IFNAME) and later faults know it by its old one."""
-    from chaoskit.cluster.inventory_file import check_ifname
-
-    now = _devices_by_address(c).get(address)
-    if not now or now == device:
-        return
-    device, now = check_ifname(device), check_ifname(now)
-    for argv in (["ip", "link", "set", "dev", now, "down"], ["ip", "link", "set", "dev", now, "name", device],
-                 ["ip", "link", "set", "dev", device, "up"]):
-        code, out = c.exec_run(argv)
-        if code != 0:
-            raise InfraError(f"renaming {now} to {device} in {c.name} failed: {(out or b'').decode(errors='replace').strip()}")
-
-
 def network_argv(action: str, container: str, networks: list[str]) -> list[str]:
     """The controller command that disconnects a container from ``networks`` or connects it back
-    (each ``NAME`` or, for connect, ``NAME=IP=ALIAS,ALIAS=DEVICE`` to keep its address, names and NIC name)."""
+    (each ``NAME`` or, for connect, ``NAME=IP=ALIAS,ALIAS`` to keep its address and names).
+
+    The engine names a reconnected NIC anew (eth1, eth2...): chaoskit finds a docker node's NICs
+    by address, never by a remembered name. (Renaming it back would hide it from the engine,
+    whose next disconnect would then leave it in place.)"""
     return [sys.executable, "-m", "chaoskit.cluster.transports.docker", "network", action, container, *networks]
 
 
@@ -308,14 +303,12 @@ def network(action: str, container: str, networks: list[str]) -> int:
     import docker.errors
 
     client = docker_client()
-    try:
-        c = client.containers.get(container)
-    except docker.errors.NotFound:
-        print(f"container {container} does not exist", file=sys.stderr)
+    c = _container(client, container)
+    if c is None:
         return 2
     current = set((c.attrs["NetworkSettings"]["Networks"] or {}))
     for spec in networks:
-        name, ip, aliases, device = (spec.split("=") + ["", "", ""])[:4]
+        name, ip, aliases = (spec.split("=") + ["", ""])[:3]
         if action == "disconnect" and name in current:
             client.networks.get(name).disconnect(c, force=True)
         elif action == "connect" and name not in current:
@@ -325,9 +318,7 @@ def network(action: str, container: str, networks: list[str]) -> int:
                 net.connect(c, ipv4_address=ip or None, **kwargs)
             except docker.errors.APIError:
                 net.connect(c, **kwargs)
-            if device:
-                c.reload()
-                _rename(c, c.attrs["NetworkSettings"]["Networks"][name]["IPAddress"], device)
+
         elif action == "status" and name not in current:
             print(f"container {container} is not on network {name}", file=sys.stderr)
             return 1
@@ -340,7 +331,7 @@ def network(action: str, container: str, networks: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     usage = ("usage: python -m chaoskit.cluster.transports.docker power off|on|status CONTAINER\n"
-             "       python -m chaoskit.cluster.transports.docker network disconnect|connect|status CONTAINER NETWORK[=IP=ALIASES=DEVICE]...")
+             "       python -m chaoskit.cluster.transports.docker network disconnect|connect|status CONTAINER NETWORK[=IP=ALIASES]...")
     try:
         if len(args) == 3 and args[0] == "power":
             return power(args[1], args[2])
