@@ -51,6 +51,7 @@ def test_compose_variables_and_project_name_follow_compose(tmp_path):
         "services:\n"
         "  a:\n"
         "    image: ${IMG:-chaoskit-node:latest}\n"
+        "    labels: [io.chaoskit.role=worker]\n"
         "    environment:\n      PRICE: $$5\n      WHO: ${WHO-nobody}\n      EMPTY: ${UNSET}\n"
         "    volumes: ['${SHARED:-/tmp/x}:${SHARED:-/tmp/x}', './data:/data:ro']\n"
     )
@@ -71,6 +72,8 @@ def test_compose_variables_and_project_name_follow_compose(tmp_path):
     ("services:\n  n0:\n    image: x\n    volumes: [cache:/cache]\n", "named volume 'cache' is not declared"),
     ("services: {}\n", "services: at least one service"),
     ("secrets: {}\nservices:\n  n0: {image: x}\n", "does not read 'secrets'"),
+    ("services:\n  db: {image: postgres}\n  n0: {image: x, labels: {io.chaoskit.role: worker}}\n",
+     "db: no io.chaoskit.role label, so this is not a chaoskit lab"),
 ])
 def test_what_the_lab_cannot_honour_is_an_error_not_ignored(tmp_path, body, message):
     from chaoskit.lab.docker import load_compose
@@ -414,3 +417,29 @@ def test_rollback_undoes_what_a_sigkilled_controller_left_in_the_containers(dock
     finally:
         for n in inventory.nodes:
             n.conn.close()
+
+
+def test_lab_down_leaves_other_compose_projects_alone(tmp_path, monkeypatch):
+    """`chaoskit lab down` run in another project's folder: that project's docker-compose.yml is not
+    a chaoskit lab (no io.chaoskit.role labels), so its running container is not touched."""
+    fx().require_docker()
+    from chaoskit.cluster.transports.docker import docker_client
+
+    project = f"foreignck{os.getpid() % 100000}"
+    (tmp_path / "docker-compose.yml").write_text(f"name: {project}\nservices:\n  web:\n    image: {fx().IMAGE}\n")
+    client = docker_client()
+    c = client.containers.run(fx().IMAGE, name=f"{project}-web-1", detach=True, init=True,
+                              labels={"com.docker.compose.project": project, "com.docker.compose.service": "web"})
+    try:
+        monkeypatch.chdir(tmp_path)
+        res = run_cli("lab", "down")
+        assert res.code == 0 and "no lab is up" in res.stdout
+        assert "no lab is up" in run_cli("lab", "status").stdout
+        c.reload()
+        assert c.status == "running"
+        res = run_cli("lab", "down", "--compose", tmp_path / "docker-compose.yml")
+        assert res.code == 2 and "not a chaoskit lab" in res.stderr
+        c.reload()
+        assert c.status == "running"
+    finally:
+        c.remove(force=True)

@@ -42,6 +42,9 @@ MADE_BY = "io.chaoskit.lab"
 STATE = "io.chaoskit.state"
 """The chaoskit state folder of whoever made it: ``lab status``/``down`` list only their own labs by label."""
 
+ROLE = "io.chaoskit.role"
+"""The label every service of a lab carries (worker or spare): a compose file without it is not a lab."""
+
 DEFAULT_COMPOSE = "docker-compose.yml"
 READY_TIMEOUT_S = 60.0
 
@@ -179,6 +182,14 @@ def load_compose(path: str | Path, environ: dict[str, str] | None = None) -> Com
             labels=_mapping(doc.get("labels")), hostname=doc.get("hostname"), environment=_mapping(doc.get("environment")),
             command=_argv(doc.get("command")), entrypoint=_argv(doc.get("entrypoint")),
         ))
+    unmarked = [s.name for s in services if ROLE not in s.labels]
+    if unmarked:
+        # The opt-in that keeps chaoskit off compose files that are not its labs: `lab down` or a
+        # run never touches a project whose services do not say they are lab nodes.
+        raise error(
+            f"{', '.join(unmarked)}: no {ROLE} label, so this is not a chaoskit lab and chaoskit will not act on it",
+            "services", unmarked[0], "labels",
+        )
     if any("default" in s.networks for s in services):
         networks.setdefault("default", {})
     return ComposeProject(path, name, services, networks, volumes)
@@ -255,7 +266,7 @@ class DockerLab:
         if compose is not None:
             project = load_compose(compose)
         else:
-            try:
+            try:  # the nearest compose file, if it is a chaoskit lab (another project's file is never touched)
                 project = load_compose(find_compose())
             except ScenarioError:
                 project = None
