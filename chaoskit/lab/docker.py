@@ -294,7 +294,7 @@ class DockerLab:
 
     def containers(self) -> dict[str, Any]:
         """The project's node containers by service name (running or not)."""
-        found = self.client.containers.list(all=True, filters={"label": [f"{PROJECT}={self.project.name}"]})
+        found = self.client.containers.list(all=True, filters={"label": [f"{PROJECT}={self.project.name}", ROLE]})
         out = {}
         for c in found:
             service = c.labels.get(SERVICE)
@@ -485,7 +485,9 @@ class DockerLab:
 
         removed: dict[str, list[str]] = {"containers": [], "networks": [], "volumes": []}
         label = {"label": [f"{PROJECT}={self.project.name}"]}
-        for c in self.client.containers.list(all=True, filters=label):
+        # Only lab nodes (a project of the same name that is not a lab keeps its containers); a
+        # network or volume still in use by such a container is refused by the engine and kept.
+        for c in self.client.containers.list(all=True, filters={"label": [*label["label"], ROLE]}):
             try:
                 c.remove(force=True, v=True)
                 removed["containers"].append(c.name)
@@ -497,10 +499,16 @@ class DockerLab:
                 removed["networks"].append(n.name)
             except docker.errors.NotFound:
                 pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 403:  # 403: other containers still use it
+                    raise
         for v in self.client.volumes.list(filters=label):
             try:
-                v.remove(force=True)
+                v.remove()
                 removed["volumes"].append(v.name)
             except docker.errors.NotFound:
                 pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: in use
+                    raise
         return removed
