@@ -493,22 +493,16 @@ class DockerLab:
                 removed["containers"].append(c.name)
             except docker.errors.NotFound:
                 pass
-        for n in self.client.networks.list(filters=label):
-            try:
-                n.remove()
-                removed["networks"].append(n.name)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                if exc.status_code != 403:  # 403: other containers still use it
-                    raise
-        for v in self.client.volumes.list(filters=label):
-            try:
-                v.remove()
-                removed["volumes"].append(v.name)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                if exc.status_code != 409:  # 409: in use
-                    raise
+        # 403 (network) and 409 (volume): other containers still use it.
+        for kind, items, in_use in (("networks", self.client.networks.list(filters=label), 403),
+                                    ("volumes", self.client.volumes.list(filters=label), 409)):
+            for item in items:
+                try:
+                    item.remove()
+                    removed[kind].append(item.name)
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError as exc:
+                    if exc.status_code != in_use:
+                        raise
         return removed
