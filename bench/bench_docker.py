@@ -48,7 +48,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from chaoskit.errors import ChaoskitError
+    from chaoskit.core.errors import ChaoskitError
     from chaoskit.lab.docker import DockerLab, load_compose
 
     compose = Path(__file__).resolve().parents[1] / "docker-compose.yml"

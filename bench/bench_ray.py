@@ -75,7 +75,8 @@ def ray_beside_ssh(nodes: int, samples: int) -> dict:
     from chaoskit.cluster.transports.ray import RayTransport
     from chaoskit.cluster.transports.ssh import connect_all
     from chaoskit.lab.netns import NetnsLab
-    from chaoskit.lab.ray import HEALTH_ENV, _free_port, _ray_cli, _stop_scopes, node_resource
+    from chaoskit.cluster.transports.ray import node_resource
+    from chaoskit.lab.ray import HEALTH_ENV, _free_port, _ray_cli, _stop_scopes
 
     own_dir = tempfile.mkdtemp(prefix="chaoskit-bench-ray-")
     lab = NetnsLab.create(nodes, directory=Path(own_dir) / "lab")

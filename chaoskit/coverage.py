@@ -28,10 +28,15 @@ import functools
 import io
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
+
+from chaoskit.faults.network import NETEM_CHECK
+from chaoskit.faults.registry import fault_kinds
 
 __all__ = [
     "CATEGORIES",
@@ -239,8 +244,6 @@ class Capabilities:
 
 def detect_capabilities() -> Capabilities:
     """Probe this machine: installed fault kinds, GPU, root, iproute2, tc netem."""
-    from chaoskit.faults.registry import fault_kinds
-
     missing: dict[str, str] = {}
     if not (Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi")):
         missing["gpu"] = "no GPU here (no /dev/nvidia0, no nvidia-smi)"
@@ -260,13 +263,6 @@ def detect_capabilities() -> Capabilities:
 
 def _netem_here() -> bool:
     """The network faults' own check, run on this machine."""
-    import subprocess
-    import sys
-
-    try:
-        from chaoskit.faults.network import NETEM_CHECK
-    except ImportError:  # network faults not installed: nothing could use netem anyway
-        return False
     return subprocess.run([sys.executable, "-c", NETEM_CHECK], capture_output=True, timeout=30).returncode == 0
 
 

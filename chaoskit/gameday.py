@@ -32,12 +32,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaoskit.errors import ChaoskitError, ExitCode, ScenarioError
+from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
+from chaoskit.core.files import GAMEDAY_FILE, HISTORY_FILE
+from chaoskit.coverage import (
+    catalog_by_id,
+    compute_coverage,
+    detect_capabilities,
+    resolve_covers,
+)
+from chaoskit.report.html import write_gameday_report, write_run_report
+from chaoskit.report.junit import write_junit
+from chaoskit.runner import run_scenario
+from chaoskit.scenario import load_scenario, scenario_files
 
-__all__ = ["GamedayOutcome", "run_gameday", "summarize", "load_gameday", "read_history", "GAMEDAY_FILE", "HISTORY_FILE"]
+__all__ = ["GamedayOutcome", "run_gameday", "summarize"]
 
-GAMEDAY_FILE = "gameday.json"
-HISTORY_FILE = "history.jsonl"
 ERROR_FILE = "error.json"
 
 
@@ -63,9 +72,6 @@ def run_gameday(
     Raises :class:`ScenarioError` when there is nothing to run or ``out`` already
     holds a game day.
     """
-    from chaoskit.coverage import detect_capabilities
-    from chaoskit.scenario import scenario_files
-
     files = scenario_files(list(paths))
     if not files:
         raise ScenarioError(f"no scenario files in {', '.join(map(str, paths))}", hint="give scenario files or folders holding *.yaml")
@@ -81,27 +87,6 @@ def run_gameday(
     return gd.execute()
 
 
-def load_gameday(path: Path) -> dict[str, Any]:
-    """Read ``gameday.json`` from a game-day folder."""
-    return json.loads((Path(path) / GAMEDAY_FILE).read_text(encoding="utf-8"))
-
-
-def read_history(path: Path, until: str | None = None) -> list[dict[str, Any]]:
-    """Entries of a ``history.jsonl`` (bad lines skipped), oldest first; only those
-    that started at or before ``until`` (an ISO time) when given."""
-    if not Path(path).is_file():
-        return []
-    entries = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(entry, dict) and (until is None or str(entry.get("started_at", "")) <= until):
-            entries.append(entry)
-    return sorted(entries, key=lambda e: str(e.get("started_at", "")))
-
-
 def summarize(
     name: str,
     records: list[dict[str, Any]],
@@ -115,7 +100,6 @@ def summarize(
 ) -> dict[str, Any]:
     """The content of ``gameday.json``: the scenario records (as :func:`run_gameday`
     keeps them), their counts, the coverage and the exit status."""
-    from chaoskit.coverage import compute_coverage
 
     cov = compute_coverage(records, caps)
     ran = [r for r in records if r["status"] is not None]
@@ -160,8 +144,6 @@ def summarize(
 
 def _plan(index: int, path: Path) -> dict[str, Any]:
     """Load a scenario for its name, kinds and covers; a load error is recorded, not raised."""
-    from chaoskit.coverage import catalog_by_id, resolve_covers
-    from chaoskit.scenario import load_scenario
 
     record: dict[str, Any] = {
         "index": index, "file": str(path), "scenario": _safe_name(path.stem), "dir": None,
@@ -210,8 +192,6 @@ class _Gameday:
                 self.console.line()  # a non-terminal Live ends its last render without a newline
         finally:
             summary = self._write(finished=True)
-        from chaoskit.report.html import write_gameday_report
-        from chaoskit.report.junit import write_junit
 
         write_junit(summary, self.out / "junit.xml")
         self._append_history(summary)
@@ -221,8 +201,6 @@ class _Gameday:
         return GamedayOutcome(summary["exit_code"], summary, self.out)
 
     def _run_one(self, record: dict[str, Any], board: "_Board", live) -> None:
-        from chaoskit.runner import run_scenario
-
         run_dir = self.out / record["dir"]
         run_dir.mkdir(parents=True, exist_ok=True)
         if record["status"] == "error":  # did not load: nothing to run
@@ -234,7 +212,8 @@ class _Gameday:
         board.start(record, t0)
         run_console = _tap_console(board, live, record["scenario"])
         try:
-            outcome = run_scenario(record["file"], out=run_dir, console=run_console)
+            outcome = run_scenario(record["file"], out=run_dir, console=run_console, capabilities=self.caps,
+                                   after_run=write_run_report)
             record.update(status=outcome.result.get("verdict"), exit_code=outcome.exit_code)
             self._take_result(record, outcome.result)
             if outcome.exit_code == ExitCode.INTERRUPTED:
@@ -245,7 +224,7 @@ class _Gameday:
             record.update(status="interrupted", exit_code=int(ExitCode.INTERRUPTED), error={"type": "Interrupted", "message": "interrupted by Ctrl-C or SIGTERM", "hint": None})
             self.interrupted = True
         except Exception as exc:  # noqa: BLE001 - one broken scenario must not lose the night's report
-            record.update(status="error", exit_code=70, error={
+            record.update(status="error", exit_code=int(ExitCode.INTERNAL), error={
                 "type": type(exc).__name__, "message": f"internal error: {exc}",
                 "hint": "this is a chaoskit bug; the traceback is in error.json", "traceback": traceback.format_exc(),
             })

@@ -12,17 +12,47 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shutil
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from chaoskit.errors import ExitCode, InfraError, ScenarioError
-from chaoskit.faults.api import Fault, Injection
+from chaoskit.backends.api import ClusterHandle
+from chaoskit.backends.registry import CLUSTERS, backend
+from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.selectors import (
+    check_static,
+    resolve_nodes,
+    resolve_processes,
+    subset,
+)
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
+from chaoskit.core.state import state_dir
+from chaoskit.coverage import Capabilities, detect_capabilities, resolve_covers
+from chaoskit.faults.api import Fault, Injection, Leases
+from chaoskit.faults.registry import get_fault
+from chaoskit.measure import measure_fault, slo_verdict
+from chaoskit.observe.events import EventBus, make_event
+from chaoskit.observe.probes import (
+    TORCHRUN_RULES,
+    FileLogProbe,
+    LogRegexProbe,
+    LogRule,
+    ProcessWatcher,
+    SdkLogProbe,
+)
+from chaoskit.safety.journal import Journal
+from chaoskit.safety.lease import LeaseManager, default_lease_root
+from chaoskit.safety.lock import ClusterLock
+from chaoskit.scenario import LoadedScenario, load_scenario
+from chaoskit.workloads.launch import TorchrunJob, job_dir, torch_available
+from chaoskit.workloads.ray_train import RayTrainJob
 
-__all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario", "check_scenario"]
+__all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario", "check_scenario", "preview_cluster"]
 
 
 @dataclass
@@ -34,18 +64,20 @@ class RunOutcome:
 
 
 class RunContext:
-    """What a fault may use while it acts: the inventory's transports, the journal, leases."""
+    """What a fault may use while it acts (:class:`~chaoskit.faults.api.FaultContext`): the inventory's
+    transports, the journal, leases. A dry run's has neither journal nor leases."""
 
-    def __init__(self, inventory, journal=None, leases=None, bus=None) -> None:
+    def __init__(self, inventory: Inventory, journal: Journal | None = None, leases: Leases | None = None,
+                 bus: EventBus | None = None) -> None:
         self.inventory, self.journal, self.leases, self.bus = inventory, journal, leases, bus
 
-    def transport(self, node: str):
+    def transport(self, node: str) -> Transport:
         if node not in self.inventory:
             raise InfraError(f"refusing to touch {node!r}: it is not in the inventory")
         return self.inventory[node].conn
 
-    def arm(self, transport, fault_id: str, kind: str, revert: list[str], duration: float, target: str = "",
-            on: str = "node") -> None:
+    def arm(self, transport: Transport, fault_id: str, kind: str, revert: list[str], duration: float | None,
+            target: str = "", on: str = "node") -> None:
         """Journal the fault, then start its watchdog, before it is injected.
 
         ``on="controller"``: the revert runs on this machine (power, docker network), and so does the watchdog."""
@@ -63,32 +95,34 @@ class _Progress:
             self.console.print(f"[dim]{time.time() - self.t0:7.2f}s[/dim]  {message}")
 
 
-def _world_size(sc) -> int:
-    return sc.lab.nodes * sc.workload.nproc_per_node
+def _world_size(sc, cluster: ClusterHandle) -> int:
+    return len(cluster.job_nodes) * sc.workload.nproc_per_node
+
+
+def preview_cluster(loaded: LoadedScenario) -> ClusterHandle:
+    """The handle the scenario's cluster would give, built without touching anything."""
+    return backend(loaded.model.cluster.kind).preview(loaded.model.cluster, loaded.path.parent)
 
 
 def _faults(sc) -> list[Fault]:
-    from chaoskit.faults.registry import get_fault
-
     return [get_fault(spec.kind)(spec, f"f{i}") for i, spec in enumerate(sc.faults)]
 
 
-def check_scenario(loaded) -> None:
-    """Every check that needs the cluster but touches nothing (``validate`` runs it too)."""
-    from chaoskit.cluster.handle import preview_inventory
+def check_scenario(loaded: LoadedScenario) -> ClusterHandle:
+    """Every check that needs the cluster but touches nothing (``validate`` runs it too); return the preview."""
+    cluster = preview_cluster(loaded)
+    _static_checks(loaded, cluster)
+    return cluster
 
-    _static_checks(loaded, preview_inventory(loaded.model.lab, loaded.path.parent))
 
-
-def _static_checks(loaded, inventory) -> None:
-    from chaoskit.cluster.selectors import check_static
-
+def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
+    inventory = cluster.inventory
     sc = loaded.model
     for i, spec in enumerate(sc.faults):
         def error(message: str, *sub: Any, _i: int = i) -> ScenarioError:
             return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
 
-        check_static(inventory, spec.target, _world_size(sc), sc.safety.max_nodes, error)
+        check_static(inventory, spec.target, _world_size(sc, cluster), sc.safety.max_nodes, error)
         peers = getattr(spec, "peers", None)
         for name in (peers.nodes if peers is not None else None) or []:
             if name not in inventory:
@@ -99,8 +133,6 @@ def _static_checks(loaded, inventory) -> None:
                 f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
                 "faults", i, "at", "step",
             )
-    from chaoskit.coverage import resolve_covers
-
     try:
         resolve_covers(sc.covers, [f.kind for f in sc.faults])
     except ValueError as exc:
@@ -108,8 +140,10 @@ def _static_checks(loaded, inventory) -> None:
     for j, lf in enumerate(sc.probes.log_files):
         if lf.node not in inventory:
             raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
-    if sc.workload.launch == "ray-train" and not sc.lab.ray:
-        raise loaded.error("workload.launch: ray-train needs a Ray lab: cluster: {kind: process, ray: true}", "workload", "launch")
+    if sc.workload.launch not in backend(sc.cluster.kind).launches:
+        able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
+        raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
+                           f"it needs kind: {' or '.join(able)}", "workload", "launch")
     if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
         raise loaded.error(
             "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",
@@ -117,12 +151,13 @@ def _static_checks(loaded, inventory) -> None:
         )
 
 
-def plan_scenario(loaded, inventory, job_commands: dict[str, list[str]]) -> list[dict[str, Any]]:
+def plan_scenario(loaded: LoadedScenario, cluster: ClusterHandle) -> list[dict[str, Any]]:
     """What a run would do, without doing it (``--dry-run``)."""
     sc = loaded.model
+    inventory = cluster.inventory
     ctx = RunContext(inventory)
     plan = []
-    world = _world_size(sc)
+    world = _world_size(sc, cluster)
     per_node = sc.workload.nproc_per_node
     for fault in _faults(sc):
         spec = fault.spec
@@ -147,8 +182,6 @@ class _Placeholder:
 
 
 def _placeholder_targets(target, nodes: list[str], world: int, per_node: int) -> list[Any]:
-    from chaoskit.cluster.selectors import subset
-
     if target.ranks is not None:
         items = [_Placeholder(nodes[min(r // per_node, len(nodes) - 1)] if nodes else "?", r) for r in target.ranks]
     elif target.pid is not None or target.process is not None:
@@ -158,21 +191,22 @@ def _placeholder_targets(target, nodes: list[str], world: int, per_node: int) ->
     return subset(items, target)
 
 
-def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = False, console=None) -> RunOutcome:
-    from chaoskit.scenario import load_scenario
+def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = False, console=None,
+                 capabilities: Capabilities | None = None, after_run: Callable[[Path], Any] | None = None) -> RunOutcome:
+    """Run one scenario (or, with ``dry_run``, plan it); see the module docstring for what raises.
 
+    ``capabilities``: what this machine can do, recorded in result.json (probed when not given);
+    ``after_run(run_dir)``: called once the run's files are written, errors included (the CLI renders
+    the HTML report there); what it raises is reported as a progress line, never lost with the run."""
     loaded = load_scenario(path)
     sc = loaded.model
-    check_scenario(loaded)
-
-    from chaoskit.cluster.handle import open_cluster, preview_cluster
-    from chaoskit.workloads.launch import torch_available
+    preview = check_scenario(loaded)
 
     run_id = f"{_utc_stamp()}-{sc.name}"
     if dry_run:
-        cluster = preview_cluster(sc.lab, loaded.path.parent)
+        cluster = preview
         job = _job_class(sc.workload)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
-        plan = plan_scenario(loaded, cluster.inventory, job.commands())
+        plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
         if not torch_available() and sc.workload.launch != "command":
@@ -184,9 +218,9 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
             f"--out {run_dir} already holds files; a run needs an empty folder",
             hint="pick another --out, or remove that folder",
         )
-    cluster = open_cluster(sc.lab, loaded.path.parent)
+    cluster = backend(sc.cluster.kind).open(sc.cluster, loaded.path.parent)
     try:
-        run = _Run(loaded, cluster, run_id, out, console)
+        run = _Run(loaded, cluster, run_id, out, console, capabilities or detect_capabilities(), after_run)
     except BaseException:
         cluster.teardown()
         raise
@@ -195,13 +229,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
 
 def _job_class(workload):
     """The job runner for ``workload.launch``: torchrun agents, or a Ray Train driver."""
-    if workload.launch == "ray-train":
-        from chaoskit.workloads.ray_train import RayTrainJob
-
-        return RayTrainJob
-    from chaoskit.workloads.launch import TorchrunJob
-
-    return TorchrunJob
+    return RayTrainJob if workload.launch == "ray-train" else TorchrunJob
 
 
 def _utc_stamp() -> str:
@@ -215,7 +243,9 @@ def _iso(ts: float) -> str:
 class _Run:
     """One live run. ``execute`` always reverts, stops the job and writes result.json."""
 
-    def __init__(self, loaded, cluster, run_id: str, out: Path | None, console) -> None:
+    def __init__(self, loaded: LoadedScenario, cluster: ClusterHandle, run_id: str, out: Path | None, console,
+                 capabilities: Capabilities, after_run: Callable[[Path], Any] | None) -> None:
+        self.capabilities, self.after_run = capabilities, after_run
         self.loaded, self.sc, self.cluster, self.inventory = loaded, loaded.model, cluster, cluster.inventory
         self.run_id = run_id
         # Absolute: the job runs with the run directory as its working directory.
@@ -229,12 +259,6 @@ class _Run:
     # -- stages -------------------------------------------------------------------------
 
     def execute(self) -> RunOutcome:
-        from chaoskit.observe.events import EventBus
-        from chaoskit.safety.journal import Journal
-        from chaoskit.safety.lease import LeaseManager, default_lease_root
-        from chaoskit.safety.lock import ClusterLock
-        from chaoskit.state import state_dir
-
         sc = self.sc
         try:
             lock = ClusterLock(state_dir(), self.cluster.id).acquire()
@@ -260,7 +284,7 @@ class _Run:
             for fault in _faults(sc):
                 self._inject(fault)
             self._observe()
-        except _Abort as exc:
+        except SafetyAbort as exc:
             self.verdict = "aborted"
             self.notes.append(str(exc))
             self.say(f"[red]aborted:[/red] {exc}")
@@ -280,7 +304,7 @@ class _Run:
             lock.release()
         result = self._result()
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-        self._write_report()
+        self._after_run()
         self._active_marker.unlink(missing_ok=True)
         if self.verdict == "error":
             raise self._error
@@ -288,35 +312,29 @@ class _Run:
             exit_code = ExitCode.CHECK_FAILED
         return RunOutcome(int(exit_code), result, self.run_dir)
 
-    def _write_report(self) -> None:
-        from chaoskit.report.html import write_run_report
-
+    def _after_run(self) -> None:
+        if self.after_run is None:
+            return
         try:
-            path = write_run_report(self.run_dir)
+            said = self.after_run(self.run_dir)
         except Exception as exc:  # noqa: BLE001 - the run's data is safe in its JSON files; say so and go on
-            self.say(f"[yellow]report.html not written:[/yellow] {type(exc).__name__}: {exc} (chaoskit report {self.run_dir} retries)")
+            self.say(f"[yellow]after the run:[/yellow] {type(exc).__name__}: {exc}")
         else:
-            self.say(f"report: {path}")
+            if said:
+                self.say(str(said))
 
     def _preflight(self) -> None:
         """Reach every node and let each fault check its targets, before anything starts."""
-        from chaoskit.cluster.selectors import resolve_nodes
-
         self.cluster.connect()
         for fault in _faults(self.sc):
-            check = getattr(fault, "preflight", None)
-            if check is not None and fault.target_type == "node":
-                check(self.ctx, resolve_nodes(self.inventory, fault.spec.target))
+            if fault.target_type == "node":
+                fault.preflight(self.ctx, resolve_nodes(self.inventory, fault.spec.target))
 
     def _start(self) -> None:
-        from chaoskit.observe.probes import TORCHRUN_RULES, FileLogProbe, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
-
         sc = self.sc
         rules = list(TORCHRUN_RULES) if sc.probes.torchrun else []
         rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
         self.log_probe = LogRegexProbe(self.bus, rules)
-        from chaoskit.workloads.launch import job_dir
-
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         events_path = self.job_dir / "sdk-events.jsonl" if sc.probes.sdk and sc.workload.launch != "uninstrumented" else None
@@ -328,10 +346,7 @@ class _Run:
             self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
         if sc.probes.process:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
-        if self.cluster.details.get("ray_address"):
-            from chaoskit.observe.ray_nodes import RayNodeProbe
-
-            self.threads.append(RayNodeProbe(self.bus, self.cluster.details["ray_address"], self.inventory.names()))
+        self.threads.extend(self.cluster.probes(self.bus))
         for t in self.threads:
             t.start()
         self.job = _job_class(sc.workload)(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
@@ -358,14 +373,11 @@ class _Run:
             self.say(f"spare node(s) {', '.join(spares)} waiting to take over")
 
     def _inject(self, fault: Fault) -> None:
-        from chaoskit.cluster.selectors import resolve_nodes, resolve_processes
-        from chaoskit.observe.events import make_event
-
         spec = fault.spec
         if spec.at.step is not None:
             ok = self._wait(lambda: (self.bus.last_step or 0) >= spec.at.step, self.deadline - time.time(), what=f"step {spec.at.step}")
             if not ok:
-                raise _Abort(f"the job never reached step {spec.at.step}")
+                raise SafetyAbort(f"the job never reached step {spec.at.step}")
         else:
             self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
         resolve = resolve_nodes if fault.target_type == "node" else resolve_processes
@@ -394,8 +406,6 @@ class _Run:
                 self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
 
     def _observe(self) -> None:
-        from chaoskit.measure import measure_fault
-
         sc = self.sc
         t_fault = self.injections[0][1].t_fault if self.injections else time.time()
         announced: set[str] = set()
@@ -418,7 +428,7 @@ class _Run:
 
     def _check_abort(self) -> None:
         if time.time() > self.deadline:
-            raise _Abort(f"safety.abort_after ({self.sc.safety.abort_after:g}s) reached; every fault reverted")
+            raise SafetyAbort(f"safety.abort_after ({self.sc.safety.abort_after:g}s) reached; every fault reverted")
 
     def _revert_due(self, force: bool = False) -> None:
         for fault, inj in self.injections:
@@ -429,8 +439,6 @@ class _Run:
                 self._revert(fault, inj)
 
     def _revert(self, fault: Fault, inj: Injection) -> None:
-        from chaoskit.observe.events import make_event
-
         try:
             fault.revert(self.ctx, inj)
             problem = fault.verify(self.ctx, inj)
@@ -467,8 +475,6 @@ class _Run:
         job_dir = getattr(self, "job_dir", None)
         if job_dir is None or job_dir == self.run_dir:
             return
-        import shutil
-
         events = job_dir / "sdk-events.jsonl"
         if events.exists():
             shutil.copy2(events, self.run_dir / "sdk-events.jsonl")
@@ -493,8 +499,6 @@ class _Run:
     # -- results ------------------------------------------------------------------------
 
     def _result(self) -> dict[str, Any]:
-        from chaoskit.measure import measure_fault, slo_verdict
-
         events = self.bus.snapshot()
         per_fault = []
         for fault, inj in self.injections:
@@ -543,11 +547,8 @@ class _Run:
             "per_fault": per_fault,
             "final_step": final_step,
             "notes": self.notes,
+            "capabilities": self.capabilities.as_dict(),
         }
-
-
-class _Abort(Exception):
-    pass
 
 
 def _install_sigterm():

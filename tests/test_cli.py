@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from chaoskit.errors import ExitCode
+from chaoskit.core.errors import ExitCode
 from tests.conftest import ROOT, run_cli
 
 HEAVY = ("torch", "ray", "paramiko", "docker", "numpy", "jinja2")
@@ -68,7 +68,7 @@ def test_usage_errors_exit_2_with_a_hint():
 
 
 def test_exit_codes_are_the_documented_ones():
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 130]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 70, 130]
     readme = (ROOT / "README.md").read_text()
     for code in ExitCode:
         assert f"| {int(code)} " in readme, f"README's exit-code table lacks {int(code)}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.errors import InfraError, ScenarioError
+from chaoskit.core.errors import InfraError, ScenarioError
 from tests.conftest import run_cli
 
 pytest_plugins = ["tests.docker_fixtures"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.errors import ScenarioError
+from chaoskit.core.errors import ScenarioError
 
 EXAMPLE = """\
 # An inventory: the nodes chaoskit may touch and how to reach them.

@@ -15,17 +15,22 @@ def test_lab_up_status_down():
     res = run_cli("lab", "up", "--nodes", "2")
     assert res.code == 0 and "2 process nodes" in res.stdout
     res = run_cli("lab", "status", "--json")
-    data = res.json
-    assert data["up"] and data["nodes"] == ["n0", "n1"]
+    [lab] = res.json["labs"]
+    assert res.json["up"] and lab["kind"] == "process" and [n["name"] for n in lab["nodes"]] == ["n0", "n1"]
     # a process of node n1, as a run would start it
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                            env=dict(os.environ, CHAOSKIT_SCOPE=f"{data['id']}.n1"))
+                            env=dict(os.environ, CHAOSKIT_SCOPE=f"{lab['id']}.n1"))
+
+    def processes() -> list[tuple[str, int]]:
+        [lab] = run_cli("lab", "status", "--json").json["labs"]
+        return [(n["name"], p["pid"]) for n in lab["nodes"] for p in n["processes"]]
+
     try:
         for _ in range(50):
-            if run_cli("lab", "status", "--json").json["processes"]:
+            if processes():
                 break
-        procs = run_cli("lab", "status", "--json").json["processes"]
-        assert [(p["node"], p["pid"]) for p in procs] == [("n1", proc.pid)]
+        assert processes() == [("n1", proc.pid)]
+        assert "n1: 1 process(es)" in run_cli("lab", "status").stdout
         res = run_cli("lab", "down")
         assert res.code == 0 and "1 process(es) stopped" in res.stdout
         assert proc.wait(timeout=10) is not None
@@ -45,4 +50,19 @@ def test_a_second_lab_up_is_refused_politely():
 
 def test_unknown_lab_kind_is_bad_input():
     res = run_cli("lab", "up", "--kind", "moon")
-    assert res.code == 2 and "unknown lab kind" in res.stderr
+    assert res.code == 2 and "unknown cluster kind 'moon'" in res.stderr
+    assert "known kinds: docker, netns, process, ray" in res.stderr
+
+
+def test_a_flag_that_does_not_apply_to_the_kind_is_bad_input():
+    res = run_cli("lab", "up", "--kind", "process", "--spare", "1")
+    assert res.code == 2 and "--spare does not apply to --kind process" in res.stderr
+    res = run_cli("lab", "up", "--nodes", "0")
+    assert res.code == 2 and "--nodes: Input should be greater than or equal to 1" in res.stderr
+    assert "no lab is up" in run_cli("lab", "status").stdout
+
+
+def test_lab_kinds_lists_every_backend():
+    res = run_cli("lab", "kinds")
+    assert res.code == 0
+    assert [line.split()[0] for line in res.stdout.splitlines()] == ["docker", "netns", "process", "ray"]

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 from chaoskit.safety.lock import ClusterLock
 
 HOLDER = textwrap.dedent("""

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 
 pytest_plugins = ["tests.netns_fixtures"]
 

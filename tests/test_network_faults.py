@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 
 pytest_plugins = ["tests.netns_fixtures"]
 
@@ -171,7 +171,7 @@ def test_power_off_reverts_from_the_controller_when_its_lease_goes_stale(netns_l
 
 
 def test_power_off_without_power_on_needs_allow_irreversible(fault_ctx, lab_inventory):
-    from chaoskit.errors import ScenarioError
+    from chaoskit.core.errors import ScenarioError
 
     node = lab_inventory["n0"]
     saved = node.power

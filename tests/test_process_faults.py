@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.selectors import resolve_processes
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 from chaoskit.faults.api import TargetSpec
 from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.lab.process import ProcessLab

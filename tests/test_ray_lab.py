@@ -1,4 +1,4 @@
-"""``chaoskit lab up --ray``: a Ray head plus one Ray node per lab node; ``lab down`` stops every Ray process."""
+"""``chaoskit lab up --kind ray``: a Ray head plus one Ray node per lab node; ``lab down`` stops every Ray process."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def _live(pid: int) -> bool:
 
 def test_lab_up_ray_status_down():
     need(importlib.util.find_spec("ray") is not None, "ray (pip install 'chaoskit[ray]')")
-    from chaoskit.lab.ray import HEAD_NODE, RayLab, node_resource, node_table, scope_pids
+    from chaoskit.cluster.transports.ray import node_resource, node_table
+    from chaoskit.lab.ray import HEAD_NODE, RayLab, scope_pids
 
-    res = run_cli("lab", "up", "--nodes", "3", "--ray")
+    res = run_cli("lab", "up", "--nodes", "3", "--kind", "ray")
     ray_lab = RayLab.load()
     tree: list[int] = []
     try:
@@ -30,8 +31,8 @@ def test_lab_up_ray_status_down():
         assert "joined into Ray at 127.0.0.1:" in res.stdout
         assert ray_lab is not None
         lab = ray_lab.lab
-        status = run_cli("lab", "status", "--json").json
-        assert status["ray"] == ray_lab.address
+        [status] = run_cli("lab", "status", "--json").json["labs"]
+        assert status["kind"] == "ray" and status["extra"]["ray_address"] == ray_lab.address
         table = [e for e in node_table(ray_lab.address) if e["Alive"]]
         assert len(table) == 4  # the head and n0, n1, n2
         for name in ("n0", "n1", "n2"):

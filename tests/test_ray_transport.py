@@ -13,7 +13,7 @@ import pytest
 
 from chaoskit.cluster.selectors import resolve_processes
 from chaoskit.cluster.transports.local import proc_info
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 from chaoskit.faults.api import TargetSpec
 from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.runner import RunContext

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 
 pytest_plugins = ["tests.netns_fixtures"]
 

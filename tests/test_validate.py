@@ -78,7 +78,7 @@ def test_missing_file_is_bad_input(tmp_path: Path):
 
 
 def test_durations_accept_the_documented_forms():
-    from chaoskit.scenario.durations import parse_duration
+    from chaoskit.core.durations import parse_duration
 
     assert parse_duration("250ms") == 0.25
     assert parse_duration("30s") == 30

@@ -1,6 +1,6 @@
-"""The Typer app. Thin: parse, call, print. Heavy modules load inside commands.
+"""The Typer app. Thin: parse, call, print. Heavy third-party modules load inside the modules that use them.
 
-Exit codes (see :class:`chaoskit.errors.ExitCode`): 0 every check passed;
+Exit codes (see :class:`chaoskit.core.errors.ExitCode`): 0 every check passed;
 1 an SLO or steady-state check failed; 2 bad input; 3 a target or the
 infrastructure failed; 4 aborted by a safety limit; 130 interrupted.
 """
@@ -8,13 +8,25 @@ infrastructure failed; 4 aborted by a safety limit; 130 interrupted.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+from pydantic import ValidationError
 
 from chaoskit import __version__
-from chaoskit.cli.main import current_env
+from chaoskit.backends.registry import CLUSTERS, backend
+from chaoskit.cli import gameday_cmd, simulate_cmd
+from chaoskit.cli.env import current_env
+from chaoskit.core.errors import ExitCode, ScenarioError
+from chaoskit.crash import recover
+from chaoskit.report.html import write_run_report
+from chaoskit.report.summary import render_plan, render_result
+from chaoskit.runner import check_scenario, run_scenario
+from chaoskit.safety.rollback import find_crashed_runs
+from chaoskit.scenario import scenario_files, validate_file
+from chaoskit.scenario.schema import schema_text
 
 app = typer.Typer(
     name="chaoskit",
@@ -59,13 +71,11 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved targets and exact actions; touch nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print result.json to stdout; progress goes to stderr."),
 ) -> int:
-    """Run one drill: start the job, inject the faults, measure the recovery, write result.json."""
-    from chaoskit.report.summary import render_plan, render_result
-    from chaoskit.runner import run_scenario
-
+    """Run one drill: start the job, inject the faults, measure the recovery, write result.json and report.html."""
     env = current_env()
     console = env.console(err=as_json)
-    outcome = run_scenario(scenario, out=out, dry_run=dry_run, console=None if dry_run else console)
+    outcome = run_scenario(scenario, out=out, dry_run=dry_run, console=None if dry_run else console,
+                           after_run=lambda run_dir: f"report: {write_run_report(run_dir)}")
     if as_json:
         _print_json(outcome.result)
     elif dry_run:
@@ -81,10 +91,6 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> int:
     """Check scenarios without touching anything. Every error reads file:line:col: message."""
-    from chaoskit.errors import ExitCode, ScenarioError
-    from chaoskit.runner import check_scenario
-    from chaoskit.scenario import scenario_files, validate_file
-
     env = current_env()
     files = scenario_files(paths)
     if not files:
@@ -117,8 +123,6 @@ def validate(
 @app.command()
 def schema(output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout.")) -> None:
     """Print the JSON Schema of scenarios (for editors: yaml-language-server)."""
-    from chaoskit.scenario.schema import schema_text
-
     text = schema_text()
     if output:
         output.write_text(text)
@@ -129,113 +133,67 @@ def schema(output: Optional[Path] = typer.Option(None, "--output", "-o", help="W
 @app.command(epilog=EXIT_CODES_HELP)
 def rollback(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> int:
     """Undo what crashed runs left behind: revert their armed faults, stop the labs they made."""
-    from chaoskit.errors import ExitCode
-    from chaoskit.safety.cleanup import inventory_for, teardown_lab
-    from chaoskit.safety.rollback import find_crashed_runs, rollback_journal
-
     out = current_env().stdout
     report = []
-    failed = False
-    for run in find_crashed_runs():
-        outcomes = rollback_journal(run.journal, inventory_for(run), run_id=run.run_id) if run.journal.exists() else []
-        failed |= any(not o.ok for o in outcomes)
-        lab = teardown_lab(run) if all(o.ok for o in outcomes) else None
-        if all(o.ok for o in outcomes):
-            run.marker.unlink(missing_ok=True)
-        report.append({"run": run.run_id, "faults": [o.__dict__ for o in outcomes], "lab": lab})
+    for done in map(recover, find_crashed_runs()):
+        run = done.run
+        report.append({"run": run.run_id, "faults": [o.__dict__ for o in done.faults], "lab": done.lab})
         if not as_json:
             out.write(f"run {run.run_id} (pid {run.pid} is gone):\n")
-            for o in outcomes:
+            for o in done.faults:
                 out.write(f"  {'reverted' if o.ok else 'FAILED  '} {o.kind} on {o.node}" + (f": {o.problem}" if o.problem else "") + "\n")
-            if not outcomes:
+            if not done.faults:
                 out.write("  no fault was left armed\n")
-            if lab:
-                out.write(f"  {lab}\n")
+            if done.lab:
+                out.write(f"  {done.lab}\n")
     if as_json:
         _print_json({"runs": report})
     elif not report:
         out.write("nothing to roll back: no crashed run found\n")
-    return ExitCode.INFRA if failed else ExitCode.OK
+    return ExitCode.INFRA if any(not all(f["ok"] for f in r["faults"]) for r in report) else ExitCode.OK
+
+
+def _kinds_help() -> str:
+    return "; ".join(f"{name}: {CLUSTERS.get(name).summary}" for name in CLUSTERS.names())
 
 
 @lab_app.command("up")
 def lab_up(
-    nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes the job runs on."),
-    kind: str = typer.Option(
-        "process", "--kind",
-        help="process: local process groups (no root); netns: network namespaces with sshd (root); "
-             "docker: the services of docker-compose.yml as containers (a docker engine).",
-    ),
-    spare: int = typer.Option(0, "--spare", min=0, max=16, help="netns: extra idle nodes that can take over."),
-    ray: bool = typer.Option(False, "--ray", help="process: join the nodes into a Ray cluster (head + one 'ray start' per node)."),
+    kind: str = typer.Option("process", "--kind", help="The kind of lab (see 'chaoskit lab kinds')."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Number of nodes the job runs on (default 3)."),
+    spare: Optional[int] = typer.Option(None, "--spare", help="Extra idle nodes that can take over (netns)."),
     compose: Optional[Path] = typer.Option(
         None, "--compose", help="docker: the compose file (default: docker-compose.yml here or in a parent folder)."
     ),
     build: bool = typer.Option(False, "--build", help="docker: rebuild the node image even when it exists."),
 ) -> None:
     """Create a lab that runs reuse (otherwise each run makes and removes its own)."""
-    from chaoskit.errors import ScenarioError
+    env = current_env()
+    chosen = backend(kind)
+    given = {k: v for k, v in {"nodes": nodes, "spare": spare, "compose": str(compose) if compose else None}.items()
+             if v is not None}
+    try:
+        spec = chosen.Spec.model_validate({"kind": kind, **given})
+    except ValidationError as exc:
+        raise ScenarioError(_flag_error(exc, kind), hint=f"see 'chaoskit lab up --help'") from None
+    if build and kind != "docker":
+        raise ScenarioError(f"--build does not apply to --kind {kind}")
+    env.stdout.write(chosen.lab_up(spec, Path.cwd(), say=lambda msg: env.stdout.write(f"{msg}\n"), rebuild=build) + "\n")
 
-    out = current_env().stdout
-    if kind == "docker":
-        import time
 
-        from chaoskit.lab.docker import DockerLab
+def _flag_error(exc: ValidationError, kind: str) -> str:
+    err = exc.errors(include_url=False)[0]
+    flag = "--" + str(err["loc"][0]) if err["loc"] else "a flag"
+    if err["type"] == "extra_forbidden":
+        return f"{flag} does not apply to --kind {kind}"
+    return f"{flag}: {err['msg'].removeprefix('Value error, ')}"
 
-        if nodes != 3 or spare:
-            raise ScenarioError("--nodes and --spare do not apply to --kind docker: the compose file's services are the nodes",
-                                hint="add or remove services in docker-compose.yml; a scenario picks how many it uses")
 
-        existing = DockerLab.load(compose)
-        if existing is not None:
-            out.write(f"docker lab {existing.project.name} is already up ({', '.join(existing.containers())}); "
-                      "'chaoskit lab down' first\n")
-            return
-        t0 = time.time()
-        lab = DockerLab.up(compose, build=build, say=lambda msg: out.write(f"  {msg}\n"))
-        out.write(f"docker lab {lab.project.name} up in {time.time() - t0:.1f}s: {', '.join(lab.containers())} "
-                  f"(from {lab.project.path})\n")
-        return
-    if kind == "netns":
-        from chaoskit.lab.netns import NetnsLab
-
-        existing = NetnsLab.load()
-        if existing is not None:
-            out.write(f"netns lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first\n")
-            return
-        lab = NetnsLab.create(nodes, spare=spare)
-        out.write(f"netns lab {lab.lab_id} up: {nodes} nodes + {spare} spare ({', '.join(lab.node_names())})\n")
-        out.write(f"inventory: {lab.inventory_path}\n")
-        return
-    if kind != "process":
-        raise ScenarioError(f"unknown lab kind {kind!r}", hint="available: process, netns, docker")
-    if spare:
-        raise ScenarioError("--spare needs --kind netns")
-    from chaoskit.lab.process import ProcessLab
-
-    existing = ProcessLab.load()
-    if existing is not None:
-        out.write(f"lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first\n")
-        return
-    lab = ProcessLab.create(nodes, persistent=True)
-    if ray:
-        import time
-
-        from chaoskit.lab.ray import RayLab, ray_available
-
-        if not ray_available():
-            lab.down()
-            raise ScenarioError("--ray needs Ray", hint="pip install 'chaoskit[ray]'")
-        t0 = time.time()
-        try:
-            ray_lab = RayLab.start(lab, persistent=True)
-        except BaseException:
-            lab.down()
-            raise
-        out.write(f"lab {lab.lab_id} up: {nodes} process nodes ({', '.join(lab.node_names())}) "
-                  f"joined into Ray at {ray_lab.address} in {time.time() - t0:.1f}s\n")
-        return
-    out.write(f"lab {lab.lab_id} up: {nodes} process nodes ({', '.join(lab.node_names())})\n")
+@lab_app.command("kinds")
+def lab_kinds() -> None:
+    """List the kinds of cluster: what a node is, and what each needs."""
+    for name in CLUSTERS.names():
+        current_env().stdout.write(f"{name:8} {CLUSTERS.get(name).summary}\n")
 
 
 @lab_app.command("down")
@@ -243,114 +201,27 @@ def lab_down(
     compose: Optional[Path] = typer.Option(None, "--compose", help="docker: the compose file whose project to remove."),
 ) -> None:
     """Stop every process of the labs, remove their namespaces, links, rules, containers, networks and volumes. Safe to run twice."""
-    from chaoskit.lab.process import ProcessLab
-
     out = current_env().stdout
-    found = False
-    lab = ProcessLab.load()
-    if lab is not None:
-        found = True
-        from chaoskit.lab.ray import RayLab
-
-        ray_lab = RayLab.load(lab)
-        n = ray_lab.down() if ray_lab is not None else 0
-        n += lab.down()
-        out.write(f"lab {lab.lab_id} down: {n} process(es) stopped\n")
-    netns = _netns_lab()
-    if netns is not None:
-        found = True
-        netns.down()
-        out.write(f"netns lab {netns.lab_id} down\n")
-    for docker_lab in _docker_labs(compose):
-        found = True
-        removed = docker_lab.down()
-        out.write(f"docker lab {docker_lab.project.name} down: removed " + "; ".join(
-            f"{len(v)} {k} ({', '.join(v)})" if v else f"0 {k}" for k, v in removed.items()) + "\n")
-    if not found:
-        out.write("no lab is up\n")
-
-
-def _docker_labs(compose: Optional[Path] = None) -> list:
-    """Docker labs on the engine: projects chaoskit made (by label) and the compose file's project.
-
-    No docker SDK or no engine means no docker lab, unless --compose asked for one."""
-    import importlib.util
-
-    if compose is None and importlib.util.find_spec("docker") is None:
-        return []
-    from chaoskit.errors import InfraError, ScenarioError
-    from chaoskit.lab.docker import DockerLab
-
-    try:
-        return DockerLab.find(compose)
-    except (InfraError, ScenarioError):
-        if compose is not None:
-            raise
-        return []
-
-
-def _netns_lab():
-    import os
-
-    if os.geteuid() != 0:
-        return None
-    from chaoskit.lab.netns import NetnsLab
-
-    return NetnsLab.load()
+    lines = [line for name in CLUSTERS.names() for line in backend(name).lab_down(compose)]
+    out.write("".join(f"{line}\n" for line in lines) or "no lab is up\n")
 
 
 @lab_app.command("status")
 def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Show the labs' nodes and the processes running on them."""
-    from chaoskit.lab.process import ProcessLab
-
-    lab = ProcessLab.load()
-    netns = _netns_lab()
-    docker_labs = _docker_labs()
+    labs = [lab for name in CLUSTERS.names() for lab in backend(name).lab_status()]
     out = current_env().stdout
     if as_json:
-        data: dict = {"up": lab is not None or netns is not None or bool(docker_labs)}
-        if docker_labs:
-            data["docker"] = [d.status() for d in docker_labs]
-        if lab is not None:
-            procs = lab.processes()
-            from chaoskit.lab.ray import RayLab
-
-            ray_lab = RayLab.load(lab)
-            data.update({"id": lab.lab_id, "nodes": lab.node_names(), "ray": ray_lab.address if ray_lab else None,
-                         "processes": [{"node": n, "pid": p, "cmdline": c} for n, p, c in procs]})
-        if netns is not None:
-            data["netns"] = netns.status()
-        _print_json(data)
+        _print_json({"up": bool(labs), "labs": [asdict(lab) for lab in labs]})
         return
-    if lab is None and netns is None and not docker_labs:
+    if not labs:
         out.write("no lab is up ('chaoskit lab up' makes one; runs make their own otherwise)\n")
         return
-    for d in docker_labs:
-        st = d.status()
-        out.write(f"docker lab {d.project.name}: {st['compose'] or '(compose file unknown)'}\n")
-        for n in st["nodes"]:
-            out.write(f"  {n['name']}: {n['container']} {n['state']} ({n['image']})\n")
-    if lab is not None:
-        procs = lab.processes()
-        from chaoskit.lab.ray import RayLab
-
-        ray_lab = RayLab.load(lab)
-        out.write(f"lab {lab.lab_id}: {lab.nodes} process nodes" + (f", Ray at {ray_lab.address}" if ray_lab else "") + "\n")
-        for name in lab.node_names():
-            out.write(f"  {name}: {sum(1 for p in procs if p[0] == name)} process(es)\n")
-    if netns is not None:
-        st = netns.status()
-        out.write(f"netns lab {st['id']}: inventory {st['inventory']}\n")
-        for n in st["nodes"]:
-            out.write(f"  {n['name']}: {'on ' if n['on'] else 'OFF'} mgmt {n['address']} data {n['data_address']}, {n['processes']} process(es)\n")
+    for lab in labs:
+        out.write(f"{lab.summary}\n")
+        for n in lab.nodes:
+            out.write(f"  {n['name']}: {n['detail']}\n")
 
 
-def _register_commands() -> None:
-    import importlib
-
-    for name in ("chaoskit.cli.simulate_cmd", "chaoskit.cli.gameday_cmd"):
-        importlib.import_module(name).register(app)
-
-
-_register_commands()
+gameday_cmd.register(app)
+simulate_cmd.register(app)

@@ -1,15 +1,21 @@
 """Commands ``catalog``, ``gameday`` and ``report`` (registered by chaoskit.cli.app).
 
-Imported on every CLI start: only typer and the standard library at the top;
-everything else inside the commands.
+Imported on every CLI start; chaoskit's modules at the top, heavy third-party ones where used.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from chaoskit.cli.env import current_env
+from chaoskit.core.errors import ScenarioError
+from chaoskit.coverage import catalog, detect_capabilities, total_interruptions
+from chaoskit.gameday import run_gameday
+from chaoskit.report.html import build_report
 
 __all__ = ["register", "parse_fraction"]
 
@@ -28,17 +34,12 @@ def register(app: typer.Typer) -> None:
 def catalog_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List the fault classes: category, scope, real-world weight, the fault kinds that
     exercise each, and whether it can run here."""
-    from chaoskit.cli.main import current_env
-    from chaoskit.coverage import catalog, detect_capabilities, total_interruptions
-
     env = current_env()
     caps = detect_capabilities()
     total = total_interruptions()
     classes = [{**c.as_dict(), "share": c.weight / total, "runnable_here": caps.unrunnable_reason(c) is None,
                 "reason": caps.unrunnable_reason(c)} for c in catalog()]
     if as_json:
-        import json
-
         env.stdout.write(json.dumps({"classes": classes, "weight_total": total,
                                      "source": "Llama 3 405B pre-training, 419 unexpected interruptions in 54 days (Llama 3 paper, Table 5)"},
                                     indent=2) + "\n")
@@ -69,32 +70,22 @@ def gameday_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print gameday.json to stdout; progress goes to stderr."),
 ) -> int:
     """Run scenarios in turn and score fault coverage; write gameday.json, junit.xml, index.html."""
-    from chaoskit.cli.main import current_env
-    from chaoskit.gameday import run_gameday
-
     env = current_env()
     minimum = None if min_coverage is None else parse_fraction(min_coverage, "--min-coverage")
     outcome = run_gameday(paths, out=out, min_coverage=minimum, console=env.console(err=as_json))
     if as_json:
-        import json
-
         env.stdout.write(json.dumps(outcome.summary, indent=2, default=str) + "\n")
     return outcome.exit_code
 
 
 def report_cmd(path: Path = typer.Argument(..., help="A run folder or a game-day folder.")) -> None:
     """Rebuild the HTML report from a run's (report.html) or a game day's (index.html) JSON files."""
-    from chaoskit.cli.main import current_env
-    from chaoskit.report.html import build_report
-
     written = build_report(path)
     current_env().stdout.write(f"{written}\n")
 
 
 def parse_fraction(text: str, flag: str) -> float:
     """``0.5`` or ``50%`` -> 0.5; :class:`ScenarioError` for anything outside 0..1."""
-    from chaoskit.errors import ScenarioError
-
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)

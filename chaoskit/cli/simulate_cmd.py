@@ -12,6 +12,10 @@ from typing import Optional
 
 import typer
 
+from chaoskit.cli.env import current_env
+from chaoskit.core.durations import parse_duration
+from chaoskit.core.errors import ScenarioError
+
 __all__ = ["register"]
 
 # Defaults reproduce the Llama 3 405B pre-training snapshot ("The Llama 3 Herd of
@@ -109,8 +113,6 @@ def simulate(
     Closed forms (E = N p, cluster MTBF, availability, lost work ~ tau/2, goodput,
     Young's and Daly's checkpoint intervals) next to a vectorised Monte Carlo.
     """
-    from chaoskit.cli.main import current_env
-    from chaoskit.errors import ScenarioError
 
     env = current_env()
     console = env.console()
@@ -198,8 +200,6 @@ def _duration(flag: str, text: str) -> float:
     seconds, or with a leading number of days (``2d``, ``1d12h``) for long spans."""
     import re
 
-    from chaoskit.errors import ScenarioError
-    from chaoskit.scenario.durations import parse_duration
 
     value = text.strip()
     days = 0.0
@@ -219,7 +219,6 @@ def _duration(flag: str, text: str) -> float:
 
 
 def _erasure(text: str) -> tuple[int, int]:
-    from chaoskit.errors import ScenarioError
 
     parts = text.replace(" ", "").split("+")
     if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) < 1:
@@ -230,7 +229,6 @@ def _erasure(text: str) -> tuple[int, int]:
 def _write_svg(path: Path, model, result: dict, trials: int, seed: int) -> None:
     import numpy as np
 
-    from chaoskit.errors import ScenarioError
     from chaoskit.sim import montecarlo as mc
     from chaoskit.sim.plot import goodput_svg, interval_range
 

@@ -1,19 +1,132 @@
-"""The nodes a run may touch. Nothing outside the inventory is ever acted on."""
+"""The nodes a run may touch, and what chaoskit knows of each. Nothing outside the inventory is ever acted on.
+
+A :class:`Node` carries everything a fault may need: its transport, labels, NICs
+by role, power commands and SSH settings. The models of those parts
+(:class:`InterfaceSpec`, :class:`PowerCommands`, :class:`SshSettings`) are the
+inventory file's syntax too (:mod:`chaoskit.cluster.inventory_file` loads it).
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, field_validator, model_validator
+
+from chaoskit.core.durations import Duration
+from chaoskit.core.errors import InfraError
+from chaoskit.core.models import StrictModel
+from chaoskit.core.shell import SAFE_TOKEN_RE, USER_RE, check_ifname, check_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from chaoskit.cluster.transports.api import Transport
 
-__all__ = ["Node", "Inventory"]
+__all__ = ["Node", "Inventory", "InterfaceSpec", "PowerCommands", "SshSettings"]
+
+
+class SshSettings(StrictModel):
+    """How to reach a node over SSH. At top level: defaults for every node; per node: overrides."""
+
+    user: str = Field("root", description="Login user; commands run under `sudo -n` unless it is root.")
+    port: int = Field(22, ge=1, le=65535)
+    key: str | None = Field(None, description="Private key file (relative to the inventory file).")
+    known_hosts: str | None = Field(None, description="known_hosts file the host keys are verified against.")
+    trust_on_first_use: bool = Field(False, description="Accept an unknown host key once and pin it into known_hosts.")
+    sudo: bool | None = Field(None, description="Run commands with `sudo -n`; default: when user is not root.")
+    python: str = Field("python3", description="Python 3 on the node, for chaoskit's agent and lease watchdog.")
+    connect_timeout: Duration = Field(10.0, description="Connect, banner and auth timeout.")
+    command_timeout: Duration = Field(30.0, description="Default deadline of one command.")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not re.match(USER_RE, v):
+            raise ValueError(f"invalid user name {v!r}")
+        return v
+
+    @field_validator("key", "known_hosts")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return None if v is None else check_path(v)
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not re.match(SAFE_TOKEN_RE, v):
+            raise ValueError(f"invalid python command {v!r}")
+        return v
+
+
+class InterfaceSpec(StrictModel):
+    """One NIC of a node by role (``data``, ``mgmt``): its device name and, optionally, its address."""
+
+    name: str = Field(..., description="Device name on the node, e.g. eth0, ib0.")
+    address: str | None = Field(None, description="The node's address on this network (used by partitions).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_ifname(v)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError(f"invalid interface address {v!r}: an IP address") from None
+
+
+class PowerCommands(StrictModel):
+    """Commands run on the controller to switch a node off and on (e.g. ipmitool against its BMC)."""
+
+    off: list[str] | None = Field(None, description="Power the node off.")
+    on: list[str] | None = Field(None, description="Power it back on; without it a power-off needs allow_irreversible.")
+    status: list[str] | None = Field(None, description="Exit 0 when the node is on.")
+    timeout: Duration = Field(60.0, description="Deadline of each power command.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off:` / `on:` key as a boolean.
+        if isinstance(v, dict):
+            return {({True: "on", False: "off"}.get(k, k) if isinstance(k, bool) else k): val for k, val in v.items()}
+        return v
+
+    @field_validator("off", "on", "status", mode="before")
+    @classmethod
+    def _argv(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = shlex.split(v)
+            except ValueError as exc:
+                raise ValueError(f"cannot split command: {exc}") from None
+        if v is None:
+            return v
+        if not isinstance(v, list) or not v:
+            raise ValueError("a command is a non-empty list of arguments (or one string)")
+        for token in v:
+            if not isinstance(token, (str, int)) or not re.match(SAFE_TOKEN_RE, str(token)):
+                raise ValueError(
+                    f"unsafe argument {token!r}: letters, digits and _ @ % + = : , . / - only "
+                    "(commands run without a shell; put anything fancier in a script)"
+                )
+        return [str(t) for t in v]
 
 
 @dataclass
 class Node:
-    """One node: its name, address, labels and the transport that reaches it."""
+    """One node: its name, address, labels, the transport that reaches it, and what network and power faults need."""
 
     name: str
     address: str = "127.0.0.1"
@@ -21,9 +134,31 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)
     gpus: int = 0
     conn: "Transport | None" = None
+    interfaces: dict[str, InterfaceSpec] = field(default_factory=dict)
+    """NICs by role (``data``, ``mgmt``)."""
+    power: PowerCommands | None = None
+    """Commands run on the controller to switch the node off and on; ``None`` when it has none."""
+    ssh: SshSettings | None = None
+    processes: str = "all"
+    """Which processes belong to the node: ``all`` on the host, or ``netns`` (those in the agent's namespace)."""
+    workdir: str | None = None
 
     def matches(self, labels: dict[str, str] | None) -> bool:
         return all(self.labels.get(k) == str(v) for k, v in (labels or {}).items())
+
+    def interface(self, role_or_name: str) -> InterfaceSpec:
+        """The NIC for a role (``data``) or, when no role has that name, a device given by name."""
+        if role_or_name in self.interfaces:
+            return self.interfaces[role_or_name]
+        for spec in self.interfaces.values():
+            if spec.name == role_or_name:
+                return spec
+        if role_or_name in ("data", "mgmt"):
+            raise InfraError(
+                f"node {self.name} has no {role_or_name!r} interface in the inventory",
+                hint=f"add interfaces: {{{role_or_name}: {{name: eth0}}}} to node {self.name}",
+            )
+        return InterfaceSpec(name=role_or_name)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Validated like scenarios: pydantic models with ``extra="forbid"`` are the single
 source of truth, and every error reads ``file:line:col: message`` (the loader of
-:mod:`chaoskit.scenario.loader` keeps the positions). Every value that can reach a
+:mod:`chaoskit.core.yaml_source` keeps the positions). Every value that can reach a
 shell (address, user, interface, paths, power commands) must match a strict
 pattern, so ``eth0;reboot`` is refused here, long before anything connects.
 
@@ -28,167 +28,35 @@ Relative paths are relative to the inventory file.
 
 from __future__ import annotations
 
-import ipaddress
 import re
-import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from chaoskit.cluster.inventory import Inventory, Node
-from chaoskit.errors import ScenarioError, SourcePos
-from chaoskit.faults.api import NAME_RE, StrictModel
-from chaoskit.scenario.durations import Duration
+from chaoskit.cluster.inventory import (
+    InterfaceSpec,
+    Inventory,
+    Node,
+    PowerCommands,
+    SshSettings,
+)
+from chaoskit.cluster.transports.ray import discover_nodes
+from chaoskit.cluster.transports.ssh import SSHTransport
+from chaoskit.core.errors import ScenarioError, SourcePos
+from chaoskit.core.models import NAME_RE, StrictModel
+from chaoskit.core.shell import check_address, check_path
+from chaoskit.core.yaml_source import load_yaml, validation_errors
 
 __all__ = [
     "InventoryFile",
     "NodeSpec",
-    "SshSettings",
-    "InterfaceSpec",
-    "PowerCommands",
-    "InventoryNode",
     "LoadedInventory",
     "load_inventory",
     "load_inventory_file",
     "build_inventory",
-    "IFNAME_RE",
-    "SAFE_TOKEN_RE",
-    "check_ifname",
-    "check_address",
 ]
-
-IFNAME_RE = r"^[A-Za-z][A-Za-z0-9_.-]{0,14}$"
-"""A Linux interface name: at most 15 characters, no shell metacharacters."""
-SAFE_TOKEN_RE = r"^[A-Za-z0-9_@%+=:,./-]+$"
-"""One argv element of a power command: no spaces, quotes, ``$``, ``;``, ``|``, ``&``, redirections or globs."""
-SAFE_PATH_RE = r"^~?[A-Za-z0-9_@%+=:,./-]+$"
-USER_RE = r"^[a-z_][a-z0-9_.-]{0,31}$"
-HOSTNAME_RE = r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-
-
-def check_ifname(value: str) -> str:
-    if not isinstance(value, str) or not re.match(IFNAME_RE, value):
-        raise ValueError(f"invalid interface name {value!r}: up to 15 letters, digits, '_', '.', '-', starting with a letter")
-    return value
-
-
-def check_address(value: str) -> str:
-    """An IPv4/IPv6 address or a DNS name; nothing else reaches a shell."""
-    if not isinstance(value, str):
-        raise ValueError("address must be a string")
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        pass
-    if re.match(HOSTNAME_RE, value):
-        return value
-    raise ValueError(f"invalid address {value!r}: an IP address or a host name")
-
-
-def _check_path(value: str) -> str:
-    if not re.match(SAFE_PATH_RE, value):
-        raise ValueError(f"invalid path {value!r}: letters, digits and _ @ % + = : , . / - only")
-    return value
-
-
-class SshSettings(StrictModel):
-    """How to reach a node over SSH. At top level: defaults for every node; per node: overrides."""
-
-    user: str = Field("root", description="Login user; commands run under `sudo -n` unless it is root.")
-    port: int = Field(22, ge=1, le=65535)
-    key: str | None = Field(None, description="Private key file (relative to the inventory file).")
-    known_hosts: str | None = Field(None, description="known_hosts file the host keys are verified against.")
-    trust_on_first_use: bool = Field(False, description="Accept an unknown host key once and pin it into known_hosts.")
-    sudo: bool | None = Field(None, description="Run commands with `sudo -n`; default: when user is not root.")
-    python: str = Field("python3", description="Python 3 on the node, for chaoskit's agent and lease watchdog.")
-    connect_timeout: Duration = Field(10.0, description="Connect, banner and auth timeout.")
-    command_timeout: Duration = Field(30.0, description="Default deadline of one command.")
-
-    @field_validator("user")
-    @classmethod
-    def _user(cls, v: str) -> str:
-        if not re.match(USER_RE, v):
-            raise ValueError(f"invalid user name {v!r}")
-        return v
-
-    @field_validator("key", "known_hosts")
-    @classmethod
-    def _paths(cls, v: str | None) -> str | None:
-        return None if v is None else _check_path(v)
-
-    @field_validator("python")
-    @classmethod
-    def _python(cls, v: str) -> str:
-        if not re.match(SAFE_TOKEN_RE, v):
-            raise ValueError(f"invalid python command {v!r}")
-        return v
-
-
-class InterfaceSpec(StrictModel):
-    """One NIC of a node by role (``data``, ``mgmt``): its device name and, optionally, its address."""
-
-    name: str = Field(..., description="Device name on the node, e.g. eth0, ib0.")
-    address: str | None = Field(None, description="The node's address on this network (used by partitions).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, v: Any) -> Any:
-        return {"name": v} if isinstance(v, str) else v
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return check_ifname(v)
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        try:
-            return str(ipaddress.ip_address(v))
-        except ValueError:
-            raise ValueError(f"invalid interface address {v!r}: an IP address") from None
-
-
-class PowerCommands(StrictModel):
-    """Commands run on the controller to switch a node off and on (e.g. ipmitool against its BMC)."""
-
-    off: list[str] | None = Field(None, description="Power the node off.")
-    on: list[str] | None = Field(None, description="Power it back on; without it a power-off needs allow_irreversible.")
-    status: list[str] | None = Field(None, description="Exit 0 when the node is on.")
-    timeout: Duration = Field(60.0, description="Deadline of each power command.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_booleans(cls, v: Any) -> Any:
-        # YAML 1.1 reads a bare `off:` / `on:` key as a boolean.
-        if isinstance(v, dict):
-            return {({True: "on", False: "off"}.get(k, k) if isinstance(k, bool) else k): val for k, val in v.items()}
-        return v
-
-    @field_validator("off", "on", "status", mode="before")
-    @classmethod
-    def _argv(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            try:
-                v = shlex.split(v)
-            except ValueError as exc:
-                raise ValueError(f"cannot split command: {exc}") from None
-        if v is None:
-            return v
-        if not isinstance(v, list) or not v:
-            raise ValueError("a command is a non-empty list of arguments (or one string)")
-        for token in v:
-            if not isinstance(token, (str, int)) or not re.match(SAFE_TOKEN_RE, str(token)):
-                raise ValueError(
-                    f"unsafe argument {token!r}: letters, digits and _ @ % + = : , . / - only "
-                    "(commands run without a shell; put anything fancier in a script)"
-                )
-        return [str(t) for t in v]
-
 
 class NodeSpec(StrictModel):
     """One node of the cluster."""
@@ -241,7 +109,7 @@ class NodeSpec(StrictModel):
             return v
         if not v.startswith("/"):
             raise ValueError("workdir must be an absolute path on the node")
-        return _check_path(v)
+        return check_path(v)
 
 
 class InventoryFile(StrictModel):
@@ -287,33 +155,6 @@ class InventoryFile(StrictModel):
 
 
 @dataclass
-class InventoryNode(Node):
-    """A :class:`~chaoskit.cluster.inventory.Node` with what network and power faults need."""
-
-    interfaces: dict[str, InterfaceSpec] = field(default_factory=dict)
-    power: PowerCommands | None = None
-    ssh: SshSettings | None = None
-    processes: str = "all"
-    workdir: str | None = None
-
-    def interface(self, role_or_name: str) -> InterfaceSpec:
-        """The NIC for a role (``data``) or, when no role has that name, a device given by name."""
-        if role_or_name in self.interfaces:
-            return self.interfaces[role_or_name]
-        for spec in self.interfaces.values():
-            if spec.name == role_or_name:
-                return spec
-        if role_or_name in ("data", "mgmt"):
-            from chaoskit.errors import InfraError
-
-            raise InfraError(
-                f"node {self.name} has no {role_or_name!r} interface in the inventory",
-                hint=f"add interfaces: {{{role_or_name}: {{name: eth0}}}} to node {self.name}",
-            )
-        return InterfaceSpec(name=role_or_name)
-
-
-@dataclass
 class LoadedInventory:
     path: Path
     model: InventoryFile
@@ -325,11 +166,6 @@ class LoadedInventory:
 
 def load_inventory_file(path: str | Path) -> LoadedInventory:
     """Parse and validate an inventory file; raise :class:`ScenarioError` (``file:line:col``) at the first problem."""
-    from pydantic import ValidationError
-
-    from chaoskit.scenario import _to_error
-    from chaoskit.scenario.loader import load_yaml
-
     path = Path(path)
     data, smap = load_yaml(path)
     if not isinstance(data, dict):
@@ -337,7 +173,7 @@ def load_inventory_file(path: str | Path) -> LoadedInventory:
     try:
         model = InventoryFile.model_validate(data)
     except ValidationError as exc:
-        raise _to_error(exc.errors(include_url=False)[0], data, smap) from None
+        raise validation_errors(exc, data, smap)[0] from None
     loaded = LoadedInventory(path, model, smap)
     seen: dict[str, int] = {}
     for i, node in enumerate(model.nodes):
@@ -353,14 +189,10 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
 
     With ``ray:`` the live Ray nodes are discovered too (a GCS query, no driver):
     listed ``transport: ray`` nodes take theirs, and unlisted ones are added."""
-    from chaoskit.cluster.transports.ssh import SSHTransport
-
     base = loaded.path.resolve().parent
     nodes: list[Node] = []
     discovered: dict[str, tuple[dict[str, str], Any]] = {}
     if loaded.model.ray is not None:
-        from chaoskit.cluster.transports.ray import discover_nodes
-
         discovered = {name: (labels, conn) for name, labels, conn in discover_nodes(loaded.model.ray)}
     for i, spec in enumerate(loaded.model.nodes):
         if spec.transport == "ray":
@@ -368,7 +200,7 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
                 raise loaded.error(f"nodes.{i}.name: no live Ray node is named {spec.name!r} (found: "
                                    f"{', '.join(sorted(discovered)) or 'none'})", "nodes", i, "name")
             labels, conn = discovered.pop(spec.name)
-            nodes.append(InventoryNode(
+            nodes.append(Node(
                 name=spec.name, address=spec.address, transport="ray", labels={**labels, **spec.labels}, gpus=spec.gpus,
                 conn=conn, interfaces=dict(spec.interfaces), power=spec.power, processes=spec.processes, workdir=spec.workdir,
             ))
@@ -389,14 +221,14 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
             connect_timeout=ssh.connect_timeout,
             command_timeout=ssh.command_timeout,
         )
-        nodes.append(InventoryNode(
+        nodes.append(Node(
             name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels),
             gpus=spec.gpus, conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,
             processes=spec.processes, workdir=spec.workdir,
         ))
     for name, (labels, conn) in discovered.items():  # Ray's nodes the file does not list
         if name not in {n.name for n in nodes}:
-            nodes.append(InventoryNode(name=name, address="", transport="ray", labels=labels, conn=conn))
+            nodes.append(Node(name=name, address="", transport="ray", labels=labels, conn=conn))
     return Inventory(loaded.model.name, nodes)
 
 

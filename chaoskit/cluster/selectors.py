@@ -11,11 +11,91 @@ import math
 import re
 from typing import Any
 
-from chaoskit.cluster.inventory import Inventory, Node
-from chaoskit.faults.api import TargetSpec
-from chaoskit.faults.process import ProcessTarget
+from pydantic import Field, field_validator, model_validator
 
-__all__ = ["check_static", "resolve_processes", "resolve_nodes", "select_nodes", "NodeTarget"]
+from chaoskit.cluster.inventory import Inventory, Node
+from chaoskit.cluster.transports.api import ProcInfo
+from chaoskit.core.models import NAME_RE, StrictModel
+
+__all__ = [
+    "TargetSpec", "ProcessTarget", "NodeTarget",
+    "check_static", "resolve_processes", "resolve_nodes", "select_nodes", "node_targets", "subset",
+]
+
+
+class TargetSpec(StrictModel):
+    """Which processes or nodes a fault lands on. Selectors combine with AND.
+
+    ``nodes``/``labels`` narrow the nodes; ``ranks``, ``pid`` and ``process`` pick
+    processes on them; ``count`` or ``percent`` then keep a subset (lowest first, so
+    a drill is repeatable).
+    """
+
+    nodes: list[str] | None = Field(None, description="Node names from the inventory.")
+    labels: dict[str, str] | None = Field(None, description="Node labels that must all match, e.g. {rack: r1}.")
+    ranks: list[int] | None = Field(None, description="Global ranks of the training job.")
+    pid: int | None = Field(None, gt=1, description="One process id (on the selected node).")
+    process: str | None = Field(None, description="Regular expression matched against a process's command line.")
+    count: int | None = Field(None, ge=1, description="Keep at most this many of the matches.")
+    percent: float | None = Field(None, gt=0, le=100, description="Keep this share of the matches (rounded up).")
+
+    @field_validator("nodes")
+    @classmethod
+    def _names(cls, v: list[str] | None) -> list[str] | None:
+        for name in v or []:
+            if not re.match(NAME_RE, name):
+                raise ValueError(f"invalid node name {name!r}: letters, digits, '.', '_', '-' only")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (v or {}).items():
+            for item in (key, str(value)):
+                if not re.match(NAME_RE, item):
+                    raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
+        return v
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("ranks must not be empty")
+            if any(r < 0 for r in v):
+                raise ValueError("ranks must be >= 0")
+        return v
+
+    @field_validator("process")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one_subset(self) -> "TargetSpec":
+        if self.count is not None and self.percent is not None:
+            raise ValueError("give count or percent, not both")
+        return self
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.model_dump(exclude_none=True).items()]
+        return ", ".join(parts) or "any"
+
+
+class ProcessTarget:
+    """One resolved process: which node, which pid, which rank (if a worker)."""
+
+    def __init__(self, node: str, proc: ProcInfo) -> None:
+        self.node, self.pid, self.rank, self.cmdline = node, proc.pid, proc.rank, proc.cmdline
+
+    def label(self) -> str:
+        return f"{self.node}/rank{self.rank}" if self.rank is not None else f"{self.node}/pid{self.pid}"
+
 
 
 class NodeTarget:
@@ -29,6 +109,11 @@ class NodeTarget:
         return self.node
 
 
+def node_targets(inventory: Inventory, targets: list[Any]) -> list[NodeTarget]:
+    """Node targets for ``targets``, which may be placeholders of a dry run that name only their node."""
+    return [t if isinstance(t, NodeTarget) else NodeTarget(inventory[t.node]) for t in targets]
+
+
 def select_nodes(inventory: Inventory, spec: TargetSpec) -> list[Node]:
     return inventory.select(spec.nodes, spec.labels)
 
@@ -36,7 +121,7 @@ def select_nodes(inventory: Inventory, spec: TargetSpec) -> list[Node]:
 def check_static(inventory: Inventory, spec: TargetSpec, world_size: int, max_nodes: int, error) -> None:
     """Raise ``error(message, *path)`` for a selector that cannot match or is too wide.
 
-    ``error`` builds a positioned :class:`~chaoskit.errors.ScenarioError`; ``path``
+    ``error`` builds a positioned :class:`~chaoskit.core.errors.ScenarioError`; ``path``
     is relative to the fault's ``target``.
     """
     for name in spec.nodes or []:

@@ -1,109 +1,65 @@
-"""What every fault kind provides, and the models scenarios use to describe one.
+"""The fault contract: what every fault kind provides, and what it may use while it acts.
 
 A fault kind is one class with a pydantic ``Spec`` (its scenario syntax, with a
-``kind`` literal) and the four verbs ``plan``, ``inject``, ``revert``, ``verify``.
-Built-in kinds register through the ``chaoskit.faults`` entry-point group exactly
-as a plugin would (see :mod:`chaoskit.faults.registry`).
+``kind`` literal) and the four verbs ``plan``, ``inject``, ``revert``, ``verify``;
+the optional ones (``preflight``, ``check_reverted``) have harmless defaults
+here. A fault acts only through the :class:`FaultContext` it is handed, which
+the runner implements. Built-in kinds register through the ``chaoskit.faults``
+entry-point group exactly as a plugin would (see :mod:`chaoskit.faults.registry`).
 """
 
 from __future__ import annotations
 
-import re
 import signal as _signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from chaoskit.scenario.durations import Duration
-
-if TYPE_CHECKING:  # pragma: no cover
-    from chaoskit.runner import RunContext
+from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.selectors import TargetSpec
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.core.durations import Duration
+from chaoskit.core.models import StrictModel
 
 __all__ = [
-    "StrictModel",
-    "TargetSpec",
     "Trigger",
     "FaultSpec",
     "Action",
     "Injection",
     "Fault",
-    "NAME_RE",
+    "FaultContext",
+    "Leases",
     "signal_number",
 ]
 
-NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-"""Node names, label keys and values: safe to reach a shell unquoted, still quoted anyway."""
+
+class Leases(Protocol):
+    """The on-node dead-man switches of one run (:class:`chaoskit.safety.lease.LeaseManager`)."""
+
+    ttl: float
+
+    def arm(self, transport: Transport, fault_id: str, revert: list[str], duration: float | None) -> None: ...
+
+    def release(self, fault_id: str) -> None:
+        """The fault was reverted and verified: the watchdog stands down."""
+
+    def abandon(self, fault_id: str) -> None:
+        """Stop renewing: the node's watchdog reverts by itself once the lease goes stale."""
 
 
-class StrictModel(BaseModel):
-    """Base of every scenario model: unknown keys are errors."""
+class FaultContext(Protocol):
+    """What a fault may use while it acts (the runner's ``RunContext``; a dry run's has no journal or leases)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    inventory: Inventory
+    leases: Leases | None
 
+    def transport(self, node: str) -> Transport:
+        """The node's transport; refuses a node outside the inventory."""
 
-class TargetSpec(StrictModel):
-    """Which processes or nodes a fault lands on. Selectors combine with AND.
-
-    ``nodes``/``labels`` narrow the nodes; ``ranks``, ``pid`` and ``process`` pick
-    processes on them; ``count`` or ``percent`` then keep a subset (lowest first, so
-    a drill is repeatable).
-    """
-
-    nodes: list[str] | None = Field(None, description="Node names from the inventory.")
-    labels: dict[str, str] | None = Field(None, description="Node labels that must all match, e.g. {rack: r1}.")
-    ranks: list[int] | None = Field(None, description="Global ranks of the training job.")
-    pid: int | None = Field(None, gt=1, description="One process id (on the selected node).")
-    process: str | None = Field(None, description="Regular expression matched against a process's command line.")
-    count: int | None = Field(None, ge=1, description="Keep at most this many of the matches.")
-    percent: float | None = Field(None, gt=0, le=100, description="Keep this share of the matches (rounded up).")
-
-    @field_validator("nodes")
-    @classmethod
-    def _names(cls, v: list[str] | None) -> list[str] | None:
-        for name in v or []:
-            if not re.match(NAME_RE, name):
-                raise ValueError(f"invalid node name {name!r}: letters, digits, '.', '_', '-' only")
-        return v
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        for key, value in (v or {}).items():
-            for item in (key, str(value)):
-                if not re.match(NAME_RE, item):
-                    raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
-        return v
-
-    @field_validator("ranks")
-    @classmethod
-    def _ranks(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None:
-            if not v:
-                raise ValueError("ranks must not be empty")
-            if any(r < 0 for r in v):
-                raise ValueError("ranks must be >= 0")
-        return v
-
-    @field_validator("process")
-    @classmethod
-    def _regex(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression: {exc}") from None
-        return v
-
-    @model_validator(mode="after")
-    def _one_subset(self) -> "TargetSpec":
-        if self.count is not None and self.percent is not None:
-            raise ValueError("give count or percent, not both")
-        return self
-
-    def describe(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.model_dump(exclude_none=True).items()]
-        return ", ".join(parts) or "any"
+    def arm(self, transport: Transport, fault_id: str, kind: str, revert: list[str], duration: float | None,
+            target: str = "", on: Literal["node", "controller"] = "node") -> None:
+        """Journal the fault, then start its watchdog, before it is injected."""
 
 
 class Trigger(StrictModel):
@@ -174,24 +130,37 @@ class Fault:
     Spec: ClassVar[type[FaultSpec]]
     lasting: ClassVar[bool] = False
     """True when the harm persists until reverted; such faults arm a lease first."""
-    target_type: ClassVar[str] = "process"
+    target_type: ClassVar[Literal["process", "node"]] = "process"
     """What ``inject`` receives: ``"process"`` (ProcessTarget: node, pid, rank) or ``"node"`` (NodeTarget)."""
+    revert_runs_on: ClassVar[Literal["node", "controller"]] = "node"
+    """Where the revert command runs (rollback reads it): on the node, or on the controller (power, engine)."""
 
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         self.spec = spec
         self.fault_id = fault_id
 
-    def plan(self, ctx: "RunContext", targets: list[Any]) -> list[Action]:
+    def preflight(self, ctx: FaultContext, targets: list[Any]) -> None:
+        """Raise before anything is armed when a target cannot take this fault (unreachable, missing tool)."""
+
+    def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
         raise NotImplementedError
 
-    def inject(self, ctx: "RunContext", targets: list[Any]) -> list[Injection]:
+    def inject(self, ctx: FaultContext, targets: list[Any]) -> list[Injection]:
         raise NotImplementedError
 
-    def revert(self, ctx: "RunContext", injection: Injection) -> None:
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
         """Undo ``injection``. Idempotent: reverting twice is harmless."""
 
-    def verify(self, ctx: "RunContext", injection: Injection) -> str | None:
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         """Return ``None`` when the node is back to normal, else what is still wrong."""
+        return None
+
+    @classmethod
+    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:
+        """After a crash (``chaoskit rollback``): what is still in effect given the journal's revert argv, or ``None``.
+
+        ``transport`` runs where the revert ran (the node, or the controller); ``node`` is the inventory's node.
+        The default trusts the revert, which is idempotent, once it ran."""
         return None
 
     @property

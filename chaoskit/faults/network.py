@@ -6,7 +6,7 @@ its connection still ends with a restored node. Reverts are idempotent
 (reverting what is already gone is harmless) and verified afterwards.
 
 Every value that reaches the node's command line is validated first: interface
-names against :data:`~chaoskit.cluster.inventory_file.IFNAME_RE`, addresses with
+names against :data:`~chaoskit.core.shell.IFNAME_RE`, addresses with
 :mod:`ipaddress`, rates and percentages against strict patterns. The transport
 then quotes each argv element (or passes argv without any shell at all).
 
@@ -20,18 +20,25 @@ from __future__ import annotations
 import ipaddress
 import re
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from chaoskit.cluster.inventory_file import check_ifname
-from chaoskit.errors import InfraError, OutcomeUnknown, ScenarioError
-from chaoskit.faults.api import Action, Fault, FaultSpec, Injection, TargetSpec
-from chaoskit.scenario.durations import Duration, PositiveDuration
-
-if TYPE_CHECKING:  # pragma: no cover
-    from chaoskit.cluster.selectors import NodeTarget
-    from chaoskit.runner import RunContext
+from chaoskit.cluster.inventory import Node
+from chaoskit.cluster.power import run_power_command
+from chaoskit.cluster.selectors import (
+    NodeTarget,
+    TargetSpec,
+    node_targets,
+    select_nodes,
+)
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.docker import network_argv, networks_of
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.durations import Duration, PositiveDuration
+from chaoskit.core.errors import InfraError, OutcomeUnknown, ScenarioError
+from chaoskit.core.shell import check_ifname, shell_quote
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 
 __all__ = [
     "LinkDownFault",
@@ -189,24 +196,19 @@ class PartitionSpec(FaultSpec):
 class _NodeFault(Fault):
     """What every network fault shares: node targets, a lease first, idempotent verified reverts."""
 
-    target_type: ClassVar[str] = "node"
+    target_type = "node"
     lasting: ClassVar[bool] = True
     tools: ClassVar[tuple[str, ...]] = ("ip",)
 
     # What a subclass provides -------------------------------------------------------------
 
-    def effect(self, ctx: "RunContext", target: "NodeTarget", fault_id: str) -> tuple[list[str], list[str], str, dict[str, Any]]:
+    def effect(self, ctx: FaultContext, target: NodeTarget, fault_id: str) -> tuple[list[str], list[str], str, dict[str, Any]]:
         """(inject argv, revert argv, label, detail) for one node."""
-        raise NotImplementedError
-
-    @classmethod
-    def check_reverted(cls, transport: Any, revert: list[str]) -> str | None:
-        """What is still in effect on the node given the fault's own revert argv, or ``None``."""
         raise NotImplementedError
 
     # The verbs ------------------------------------------------------------------------
 
-    def preflight(self, ctx: "RunContext", targets: list["NodeTarget"]) -> None:
+    def preflight(self, ctx: FaultContext, targets: list[NodeTarget]) -> None:
         """Raise before anything is armed: unreachable node, missing tool, unknown interface."""
         for t in targets:
             transport = _transport(ctx, t)
@@ -219,20 +221,20 @@ class _NodeFault(Fault):
                 if res.returncode != 0:
                     raise InfraError(f"node {t.node} has no interface {device!r}: {res.stderr.strip()}")
 
-    def devices(self, target: "NodeTarget") -> list[str]:
+    def devices(self, target: NodeTarget) -> list[str]:
         return [_device(target, self.spec.interface)]
 
-    def plan(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Action]:
+    def plan(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Action]:
         out = []
-        for i, t in enumerate(as_node_targets(ctx, targets)):
+        for i, t in enumerate(node_targets(ctx.inventory, targets)):
             inject, revert, label, _ = self.effect(ctx, t, f"{self.fault_id}.{i}")
             d = self.spec.duration
-            out.append(Action(t.node, f"arm lease: watchdog runs '{_show(revert)}' after {d:g}s or a stale lease", label))
-            out.append(Action(t.node, _show(inject), label))
-            out.append(Action(t.node, f"after {d:g}s: {_show(revert)}", label))
+            out.append(Action(t.node, f"arm lease: watchdog runs '{shell_quote(revert)}' after {d:g}s or a stale lease", label))
+            out.append(Action(t.node, shell_quote(inject), label))
+            out.append(Action(t.node, f"after {d:g}s: {shell_quote(revert)}", label))
         return out
 
-    def inject(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Injection]:
+    def inject(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Injection]:
         out = []
         for i, t in enumerate(targets):
             fid = f"{self.fault_id}.{i}"
@@ -257,12 +259,12 @@ class _NodeFault(Fault):
                 raise
             if res.returncode != 0:
                 self._undo(ctx, transport, fid, revert)
-                raise InfraError(f"{self.kind} on node {t.node} failed: {_show(inject)}: {res.stderr.strip() or res.stdout.strip()}")
+                raise InfraError(f"{self.kind} on node {t.node} failed: {shell_quote(inject)}: {res.stderr.strip() or res.stdout.strip()}")
             ts = res.finished_at or time.time()
             out.append(Injection(fid, self.kind, t.node, [label], ts, {**detail, "revert": revert}))
         return out
 
-    def revert(self, ctx: "RunContext", injection: Injection) -> None:
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
         """Run the revert; a non-zero exit means it was already reverted, which :meth:`verify` confirms.
 
         When the fault cut the controller's own connection, the node is unreachable until its
@@ -271,7 +273,7 @@ class _NodeFault(Fault):
         transport = ctx.transport(injection.node)
         patience = 0.0
         if injection.detail.get("connection_lost"):
-            patience = getattr(getattr(ctx, "leases", None), "ttl", 15.0) + RECONNECT_MARGIN_S
+            patience = (ctx.leases.ttl if ctx.leases is not None else 15.0) + RECONNECT_MARGIN_S
         deadline = time.time() + patience
         while True:
             try:
@@ -282,17 +284,17 @@ class _NodeFault(Fault):
                     raise
                 time.sleep(0.5)
 
-    def verify(self, ctx: "RunContext", injection: Injection) -> str | None:
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
         return _poll(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
 
-    def _undo(self, ctx: "RunContext", transport: Any, fid: str, revert: list[str]) -> None:
+    def _undo(self, ctx: FaultContext, transport: Any, fid: str, revert: list[str]) -> None:
         """The inject failed after the lease was armed: revert now, or let the watchdog do it within the TTL."""
-        leases = getattr(ctx, "leases", None)
+        leases = ctx.leases
         try:
             transport.run(revert, COMMAND_TIMEOUT_S)
         except InfraError:
-            if leases is not None and hasattr(leases, "abandon"):
+            if leases is not None:
                 leases.abandon(fid)  # unreachable: stop renewing, so its watchdog reverts within the TTL
             return
         if leases is not None:
@@ -309,7 +311,7 @@ class LinkDownFault(_NodeFault):
                 f"{target.node}:{dev}", {"device": dev})
 
     @classmethod
-    def check_reverted(cls, transport, revert):
+    def check_reverted(cls, transport, revert, node=None):
         dev = check_ifname(revert[4])
         res = transport.run(["ip", "-o", "link", "show", "dev", dev], COMMAND_TIMEOUT_S)
         if res.returncode != 0:
@@ -331,7 +333,7 @@ class _QdiscFault(_NodeFault):
         return inject, revert, f"{target.node}:{dev}", {"device": dev}
 
     @classmethod
-    def check_reverted(cls, transport, revert):
+    def check_reverted(cls, transport, revert, node=None):
         dev = check_ifname(revert[4])
         res = transport.run(["tc", "qdisc", "show", "dev", dev], COMMAND_TIMEOUT_S)
         if res.returncode != 0:
@@ -372,7 +374,7 @@ class DegradeFault(_QdiscFault):
         super().preflight(ctx, targets)
         if self.spec.needs_netem:
             for t in targets:
-                if not netem_available(_transport(ctx, t), getattr(t.info, "ssh", None)):
+                if not netem_available(_transport(ctx, t), t.info.ssh.python if t.info.ssh else "python3"):
                     raise InfraError(
                         f"netem is not available on node {t.node}: its kernel has no sch_netem, "
                         "so delay, jitter, loss and corrupt cannot be injected",
@@ -397,17 +399,15 @@ class PartitionFault(_NodeFault):
     def _disconnect(self) -> bool:
         return self.spec.method == "disconnect"
 
-    def _container(self, ctx: "RunContext", target: Any) -> str:
+    def _container(self, ctx: FaultContext, target: Any) -> str:
         transport = ctx.transport(target.node)
-        container = getattr(transport, "container", None)
+        container = transport.container
         if container is None:
             raise InfraError(f"{self.kind} with method: disconnect needs a docker node; {target.node} is reached by "
                              f"{type(transport).__name__}", hint="use method: nft (the default) on other nodes")
         return container
 
-    def _disconnect_commands(self, ctx: "RunContext", target: Any) -> tuple[list[str], list[str], str, dict[str, Any]]:
-        from chaoskit.cluster.transports.docker import network_argv, networks_of
-
+    def _disconnect_commands(self, ctx: FaultContext, target: Any) -> tuple[list[str], list[str], str, dict[str, Any]]:
         container = self._container(ctx, target)
         nets = networks_of(container)
         if not nets:
@@ -427,7 +427,7 @@ class PartitionFault(_NodeFault):
             return super().plan(ctx, targets)
         out = []
         d = self.spec.duration
-        for t in as_node_targets(ctx, targets):
+        for t in node_targets(ctx.inventory, targets):
             container = self._container(ctx, t)
             out.append(Action(t.node, f"arm lease on the controller: watchdog reconnects {container} after {d:g}s or a stale lease", t.node))
             out.append(Action(t.node, f"on the controller: disconnect {container} from its networks (docker engine)", t.node))
@@ -437,9 +437,6 @@ class PartitionFault(_NodeFault):
     def inject(self, ctx, targets):
         if not self._disconnect():
             return super().inject(ctx, targets)
-        from chaoskit.cluster.transports.local import LocalTransport
-        from chaoskit.faults.power import run_power_command
-
         out = []
         for i, t in enumerate(targets):
             fid = f"{self.fault_id}.{i}"
@@ -457,8 +454,6 @@ class PartitionFault(_NodeFault):
     def revert(self, ctx, injection):
         if injection.detail.get("on") != "controller":
             return super().revert(ctx, injection)
-        from chaoskit.faults.power import run_power_command
-
         res = run_power_command(injection.detail["revert"], COMMAND_TIMEOUT_S, injection.node)
         if res.returncode != 0:
             raise InfraError(f"reconnecting node {injection.node} failed: {res.stderr.strip() or res.stdout.strip()}")
@@ -466,16 +461,12 @@ class PartitionFault(_NodeFault):
     def verify(self, ctx, injection):
         if injection.detail.get("on") != "controller":
             return super().verify(ctx, injection)
-        from chaoskit.cluster.transports.local import LocalTransport
-
         return _poll(lambda: self.check_reverted(LocalTransport(injection.node), injection.detail["revert"]), VERIFY_S)
 
     def devices(self, target):
         return []
 
-    def peers(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Any]:
-        from chaoskit.cluster.selectors import select_nodes
-
+    def peers(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Node]:
         chosen = {t.node for t in targets}
         spec = self.spec.peers
         nodes = select_nodes(ctx.inventory, spec) if spec is not None else ctx.inventory.nodes
@@ -484,10 +475,10 @@ class PartitionFault(_NodeFault):
             raise ScenarioError(f"{self.kind}: no peer node is left on the other side of the partition")
         return peers
 
-    def peer_addresses(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    def peer_addresses(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         out = []
         for node in self.peers(ctx, targets):
-            iface = getattr(node, "interfaces", {}).get(self.spec.interface)
+            iface = node.interfaces.get(self.spec.interface)
             address = iface.address if iface is not None and iface.address else node.address
             try:
                 out.append(ipaddress.ip_address(address))
@@ -532,24 +523,17 @@ class PartitionFault(_NodeFault):
 # -- helpers ----------------------------------------------------------------------------
 
 
-def as_node_targets(ctx: "RunContext", targets: list[Any]) -> list[Any]:
-    """NodeTargets for ``targets``; a dry run may hand in placeholders that only carry ``.node``."""
-    from chaoskit.cluster.selectors import NodeTarget
-
-    return [t if hasattr(t, "info") else NodeTarget(ctx.inventory[t.node]) for t in targets]
-
-
-def netem_available(transport: Any, ssh: Any = None) -> bool:
-    python = getattr(ssh, "python", None) or "python3"
+def netem_available(transport: Transport, python: str = "python3") -> bool:
+    """Whether the node's kernel has ``sch_netem`` (loaded, or a module that can be)."""
     res = transport.run([python, "-c", NETEM_CHECK], COMMAND_TIMEOUT_S)
     return res.returncode == 0
 
 
-def _transport(ctx: "RunContext", target: "NodeTarget") -> Any:
+def _transport(ctx: FaultContext, target: NodeTarget) -> Transport:
     transport = ctx.transport(target.node)
     if transport is None:
         raise InfraError(f"node {target.node} has no transport")
-    if type(transport).__name__ == "LocalTransport":
+    if not transport.has_own_network:
         raise InfraError(
             f"network faults need a node with a network stack of its own; node {target.node} is a process-lab node",
             hint="use the netns lab (chaoskit lab up --kind netns) or an SSH inventory",
@@ -557,24 +541,14 @@ def _transport(ctx: "RunContext", target: "NodeTarget") -> Any:
     return transport
 
 
-def _cuts_own_connection(target: "NodeTarget", devices: list[str]) -> bool:
+def _cuts_own_connection(target: NodeTarget, devices: list[str]) -> bool:
     """Whether one of ``devices`` carries the address the controller reaches the node at."""
-    interfaces = getattr(target.info, "interfaces", None) or {}
-    address = getattr(target.info, "address", None)
-    for spec in interfaces.values():
-        if getattr(spec, "name", None) in devices and getattr(spec, "address", None) == address:
-            return True
-    return False
+    address = target.info.address
+    return any(spec.name in devices and spec.address == address for spec in target.info.interfaces.values())
 
 
-def _device(target: "NodeTarget", interface: str) -> str:
-    info = target.info
-    lookup = getattr(info, "interface", None)
-    if lookup is not None:
-        return check_ifname(lookup(interface).name)
-    if interface in ("data", "mgmt"):
-        raise InfraError(f"node {target.node} has no {interface!r} interface in the inventory")
-    return check_ifname(interface)
+def _device(target: NodeTarget, interface: str) -> str:
+    return check_ifname(target.info.interface(interface).name)
 
 
 def _table(fault_id: str) -> str:
@@ -592,12 +566,6 @@ def _rate_bits(rate: str) -> float:
     scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}[unit]
     return value * scale
-
-
-def _show(argv: list[str]) -> str:
-    from chaoskit.cluster.transports.api import shell_quote
-
-    return shell_quote(argv)
 
 
 def _poll(check, timeout: float) -> str | None:

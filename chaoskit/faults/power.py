@@ -10,21 +10,21 @@ switched off with an explicit ``allow_irreversible: true``.
 
 from __future__ import annotations
 
-import subprocess
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from chaoskit.errors import InfraError, ScenarioError
-from chaoskit.faults.api import Action, Fault, FaultSpec, Injection
-from chaoskit.scenario.durations import Duration
+from chaoskit.cluster.inventory import Node
+from chaoskit.cluster.power import run_power_command
+from chaoskit.cluster.selectors import NodeTarget, node_targets
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.durations import Duration
+from chaoskit.core.errors import InfraError, ScenarioError
+from chaoskit.core.shell import shell_quote
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 
-if TYPE_CHECKING:  # pragma: no cover
-    from chaoskit.cluster.selectors import NodeTarget
-    from chaoskit.runner import RunContext
-
-__all__ = ["PowerOffFault", "PowerOffSpec", "run_power_command"]
+__all__ = ["PowerOffFault", "PowerOffSpec", "check_powered_on"]
 
 BACK_ON_S = 60.0
 """How long :meth:`PowerOffFault.verify` waits for a node to answer again after power on."""
@@ -56,16 +56,15 @@ class PowerOffSpec(FaultSpec):
 class PowerOffFault(Fault):
     kind = "node.poweroff"
     Spec = PowerOffSpec
-    target_type: ClassVar[str] = "node"
-    revert_runs_on: ClassVar[str] = "controller"
-    """Where the revert command runs (rollback reads it): the controller, not the node."""
+    target_type = "node"
+    revert_runs_on = "controller"
 
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         super().__init__(spec, fault_id)
         self.lasting = spec.duration is not None  # type: ignore[misc,attr-defined]
 
-    def commands(self, target: "NodeTarget") -> tuple[list[str], list[str] | None, list[str] | None, float]:
-        power = getattr(target.info, "power", None)
+    def commands(self, target: NodeTarget) -> tuple[list[str], list[str] | None, list[str] | None, float]:
+        power = target.info.power
         if power is None or not power.off:
             raise ScenarioError(
                 f"node {target.node} has no power.off command in the inventory",
@@ -78,30 +77,26 @@ class PowerOffFault(Fault):
             )
         return power.off, power.on, power.status, power.timeout
 
-    def preflight(self, ctx: "RunContext", targets: list["NodeTarget"]) -> None:
+    def preflight(self, ctx: FaultContext, targets: list[NodeTarget]) -> None:
         for t in targets:
             _, _, status, timeout = self.commands(t)
             if status is not None and run_power_command(status, timeout, t.node).returncode != 0:
                 raise InfraError(f"node {t.node} is already powered off (its power.status command says so)")
 
-    def plan(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Action]:
-        from chaoskit.faults.network import as_node_targets
-
+    def plan(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Action]:
         out = []
-        for t in as_node_targets(ctx, targets):
+        for t in node_targets(ctx.inventory, targets):
             off, on, _, _ = self.commands(t)
             if self.lasting and on is not None:
                 d = self.spec.duration
-                out.append(Action(t.node, f"arm lease on the controller: watchdog runs '{_show(on)}' after {d:g}s or a stale lease", t.node))
-                out.append(Action(t.node, f"on the controller: {_show(off)}", t.node))
-                out.append(Action(t.node, f"after {d:g}s, on the controller: {_show(on)}", t.node))
+                out.append(Action(t.node, f"arm lease on the controller: watchdog runs '{shell_quote(on)}' after {d:g}s or a stale lease", t.node))
+                out.append(Action(t.node, f"on the controller: {shell_quote(off)}", t.node))
+                out.append(Action(t.node, f"after {d:g}s, on the controller: {shell_quote(on)}", t.node))
             else:
-                out.append(Action(t.node, f"on the controller: {_show(off)} (irreversible: the node stays off)", t.node))
+                out.append(Action(t.node, f"on the controller: {shell_quote(off)} (irreversible: the node stays off)", t.node))
         return out
 
-    def inject(self, ctx: "RunContext", targets: list["NodeTarget"]) -> list[Injection]:
-        from chaoskit.cluster.transports.local import LocalTransport
-
+    def inject(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Injection]:
         out = []
         for i, t in enumerate(targets):
             fid = f"{self.fault_id}.{i}"
@@ -119,29 +114,30 @@ class PowerOffFault(Fault):
             out.append(Injection(fid, self.kind, t.node, [t.node], ts, {"on": on}))
         return out
 
-    def revert(self, ctx: "RunContext", injection: Injection) -> None:
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
         on = injection.detail.get("on")
         if on is None:
             return
         node = ctx.inventory[injection.node]
-        res = run_power_command(on, getattr(node.power, "timeout", BACK_ON_S), injection.node)
+        res = run_power_command(on, node.power.timeout if node.power else BACK_ON_S, injection.node)
         _drop_connection(node)
         if res.returncode != 0:
             raise InfraError(f"power on of node {injection.node} failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
 
-    def verify(self, ctx: "RunContext", injection: Injection) -> str | None:
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         """Back on (power.status exits 0) and answering over its transport again."""
         if injection.detail.get("on") is None:
             return None
         return check_powered_on(ctx.inventory[injection.node], BACK_ON_S)
 
     @classmethod
-    def check_reverted(cls, transport: Any, revert: list[str], node: Any = None) -> str | None:
+    def check_reverted(cls, transport: Any, revert: list[str], node: Node | None = None) -> str | None:
         return check_powered_on(node, BACK_ON_S) if node is not None else None
 
 
-def check_powered_on(node: Any, timeout: float) -> str | None:
-    power = getattr(node, "power", None)
+def check_powered_on(node: Node, timeout: float) -> str | None:
+    """``None`` once the node is on (``power.status`` exits 0) and answers over its transport, else why not."""
+    power = node.power
     end = time.time() + timeout
     problem = None
     while time.time() < end:
@@ -151,11 +147,10 @@ def check_powered_on(node: Any, timeout: float) -> str | None:
                 problem = f"node {node.name} is still off (power.status exit {res.returncode})"
                 time.sleep(0.2)
                 continue
-        ping = getattr(node.conn, "ping", None)
-        if ping is None:
+        if node.conn is None:
             return None
         try:
-            ping(timeout=2.0)
+            node.conn.ping(timeout=2.0)
             return None
         except InfraError as exc:
             problem = f"node {node.name} is on but does not answer: {exc}"
@@ -164,24 +159,7 @@ def check_powered_on(node: Any, timeout: float) -> str | None:
     return problem
 
 
-def run_power_command(argv: list[str], timeout: float, node: str) -> subprocess.CompletedProcess[str]:
-    """Run a power command on the controller, without a shell, with a hard deadline."""
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise InfraError(f"power command for node {node}: {argv[0]}: not found on the controller") from None
-    except subprocess.TimeoutExpired:
-        raise InfraError(f"power command for node {node} did not finish within {timeout:g}s: {_show(argv)}") from None
-
-
-def _drop_connection(node: Any) -> None:
+def _drop_connection(node: Node) -> None:
     """The node's sessions died with it; the next command reconnects."""
-    close = getattr(getattr(node, "conn", None), "close", None)
-    if close is not None:
-        close()
-
-
-def _show(argv: list[str]) -> str:
-    from chaoskit.cluster.transports.api import shell_quote
-
-    return shell_quote(argv)
+    if node.conn is not None:
+        node.conn.close()

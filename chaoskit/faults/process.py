@@ -4,28 +4,22 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
-from chaoskit.cluster.transports.api import ProcInfo
-from chaoskit.faults.api import Action, Fault, FaultSpec, Injection, signal_number
-from chaoskit.scenario.durations import PositiveDuration
+from chaoskit.cluster.selectors import ProcessTarget
+from chaoskit.core.durations import PositiveDuration
+from chaoskit.faults.api import (
+    Action,
+    Fault,
+    FaultContext,
+    FaultSpec,
+    Injection,
+    signal_number,
+)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from chaoskit.runner import RunContext
-
-__all__ = ["KillFault", "HangFault", "ProcessTarget"]
-
-
-class ProcessTarget:
-    """One resolved process: which node, which pid, which rank (if a worker)."""
-
-    def __init__(self, node: str, proc: ProcInfo) -> None:
-        self.node, self.pid, self.rank, self.cmdline = node, proc.pid, proc.rank, proc.cmdline
-
-    def label(self) -> str:
-        return f"{self.node}/rank{self.rank}" if self.rank is not None else f"{self.node}/pid{self.pid}"
+__all__ = ["KillFault", "HangFault", "KillSpec", "HangSpec"]
 
 
 class KillSpec(FaultSpec):
@@ -55,11 +49,11 @@ class KillFault(Fault):
     kind = "process.kill"
     Spec = KillSpec
 
-    def plan(self, ctx: "RunContext", targets: list[ProcessTarget]) -> list[Action]:
+    def plan(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Action]:
         sig = self.spec.signal
         return [Action(t.node, f"kill -s {sig[3:]} {t.pid}", t.label()) for t in targets]
 
-    def inject(self, ctx: "RunContext", targets: list[ProcessTarget]) -> list[Injection]:
+    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
         signum = signal_number(self.spec.signal)
         out = []
         for t in targets:
@@ -67,7 +61,7 @@ class KillFault(Fault):
             out.append(Injection(self.fault_id, self.kind, t.node, [t.label()], ts, {"pid": t.pid, "signal": self.spec.signal}))
         return out
 
-    def verify(self, ctx: "RunContext", injection: Injection) -> str | None:
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         if self.spec.signal not in ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV"):
             return None
         pid = injection.detail["pid"]
@@ -84,7 +78,7 @@ class HangFault(Fault):
     Spec = HangSpec
     lasting = True
 
-    def plan(self, ctx: "RunContext", targets: list[ProcessTarget]) -> list[Action]:
+    def plan(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Action]:
         d = self.spec.duration
         out = []
         for t in targets:
@@ -96,7 +90,7 @@ class HangFault(Fault):
     def revert_argv(self, pid: int) -> list[str]:
         return ["kill", "-s", "CONT", str(int(pid))]
 
-    def inject(self, ctx: "RunContext", targets: list[ProcessTarget]) -> list[Injection]:
+    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
         out = []
         for i, t in enumerate(targets):
             fid = f"{self.fault_id}.{i}"
@@ -106,12 +100,12 @@ class HangFault(Fault):
             out.append(Injection(fid, self.kind, t.node, [t.label()], ts, {"pid": t.pid}))
         return out
 
-    def revert(self, ctx: "RunContext", injection: Injection) -> None:
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
         transport = ctx.transport(injection.node)
         pid = injection.detail["pid"]
         if transport.in_scope(pid):
             transport.signal(pid, signal.SIGCONT)
 
-    def verify(self, ctx: "RunContext", injection: Injection) -> str | None:
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         state = ctx.transport(injection.node).state(injection.detail["pid"])
         return f"pid {injection.detail['pid']} is still stopped" if state == "T" else None

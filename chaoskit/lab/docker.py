@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaoskit.errors import InfraError, ScenarioError, SourcePos
+from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
+from chaoskit.cluster.transports.docker import (
+    DockerTransport,
+    _devices_by_address,
+    docker_client,
+    power_argv,
+)
+from chaoskit.core.errors import InfraError, ScenarioError, SourcePos
+from chaoskit.core.state import state_dir
 
 __all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose"]
 
@@ -248,8 +256,6 @@ class DockerLab:
     @classmethod
     def load(cls, compose: str | Path | None = None) -> "DockerLab | None":
         """The lab of ``compose`` (default: the nearest docker-compose.yml) when its containers exist."""
-        from chaoskit.cluster.transports.docker import docker_client
-
         project = load_compose(compose or find_compose())
         lab = cls(project, docker_client())
         return lab if lab.containers() else None
@@ -259,8 +265,6 @@ class DockerLab:
         """The docker labs to show or remove: ``compose``'s project (default: the nearest
         docker-compose.yml) when its containers exist, whoever made them; without ``compose``,
         also every project ``chaoskit lab up`` made with this state folder (found by label)."""
-        from chaoskit.cluster.transports.docker import docker_client
-
         client = docker_client(timeout=10)
         labs: dict[str, DockerLab] = {}
         if compose is not None:
@@ -275,8 +279,6 @@ class DockerLab:
             if lab.containers():
                 labs[project.name] = lab
         if compose is None:
-            from chaoskit.state import state_dir
-
             for c in client.containers.list(all=True, filters={"label": [MADE_BY, f"{STATE}={state_dir()}"]}):
                 name, path = c.labels.get(PROJECT), c.labels.get(MADE_BY, "")
                 if not name or name in labs:
@@ -314,8 +316,6 @@ class DockerLab:
     def up(cls, compose: str | Path | None = None, *, project: ComposeProject | None = None, build: bool = False,
            say=lambda msg: None) -> "DockerLab":
         """Create the project's networks, volumes and containers and start them (what ``docker compose up -d`` does)."""
-        from chaoskit.cluster.transports.docker import docker_client
-
         project = project or load_compose(compose or find_compose())
         lab = cls(project, docker_client())
         if lab.containers():
@@ -359,8 +359,6 @@ class DockerLab:
                 ) from None
 
     def _labels(self, **extra: str) -> dict[str, str]:
-        from chaoskit.state import state_dir
-
         return {PROJECT: self.project.name, CONFIG_FILES: str(self.project.path), WORKING_DIR: str(self.project.directory),
                 MADE_BY: str(self.project.path), STATE: str(state_dir()), **extra}
 
@@ -432,8 +430,6 @@ class DockerLab:
     def device(self, service: str, address: str) -> str:
         """The name of the NIC that holds ``address`` in the node (eth0 at first; the engine names a
         reconnected NIC anew, so it is looked up, not assumed)."""
-        from chaoskit.cluster.transports.docker import _devices_by_address
-
         return _devices_by_address(self.containers()[service]).get(address, "eth0")
 
     def scope(self, node: str) -> str:
@@ -441,10 +437,6 @@ class DockerLab:
 
     def inventory(self, python: str = "/opt/chaoskit/bin/python"):
         """Nodes with docker transports (connected on first use), ``data`` NICs and kill/start power."""
-        from chaoskit.cluster.inventory import Inventory
-        from chaoskit.cluster.inventory_file import InterfaceSpec, InventoryNode, PowerCommands
-        from chaoskit.cluster.transports.docker import DockerTransport, power_argv
-
         containers = self.containers()
         nodes = []
         for i, svc in enumerate(self.project.services):
@@ -458,7 +450,7 @@ class DockerLab:
                 interfaces = {"data": InterfaceSpec(name=self.device(svc.name, address), address=address)}
             except InfraError:  # powered off: no address until it starts again
                 interfaces = {"data": InterfaceSpec(name="eth0")}
-            nodes.append(InventoryNode(
+            nodes.append(Node(
                 name=svc.name, address=c.name, transport="docker", labels=labels,
                 conn=DockerTransport(svc.name, c.name, python=python, scope_token=self.scope(svc.name)),
                 interfaces=interfaces,

@@ -37,7 +37,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaoskit.errors import InfraError
+from chaoskit.cluster.inventory_file import load_inventory
+from chaoskit.core.errors import InfraError
+from chaoskit.core.state import state_dir
+from chaoskit.faults.network import QDISC_HANDLE
 
 __all__ = ["NetnsLab", "netns_lab_dir", "require_netns_tools"]
 
@@ -50,8 +53,6 @@ _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 
 
 def netns_lab_dir() -> Path:
-    from chaoskit.state import state_dir
-
     return state_dir() / "lab" / "netns"
 
 
@@ -234,8 +235,6 @@ class NetnsLab:
 
     def inventory(self, **kwargs: Any):
         """The lab's inventory with SSH transports (lazy: each connects on first use)."""
-        from chaoskit.cluster.inventory_file import load_inventory
-
         return load_inventory(self.inventory_path, **kwargs)
 
     # -- power ----------------------------------------------------------------------------
@@ -251,8 +250,6 @@ class NetnsLab:
             (self.node_dir(node) / "power").write_text("off\n")
             return False
         if action == "on":
-            from chaoskit.faults.network import QDISC_HANDLE
-
             _run(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"], check=False)
             for dev in ("eth0", "eth1"):
                 _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root", "handle", QDISC_HANDLE], check=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
-from chaoskit.state import state_dir
+from chaoskit.core.state import state_dir
 
 __all__ = ["ProcessLab", "lab_state_path"]
 
@@ -33,23 +33,30 @@ class ProcessLab:
     lab_id: str
     nodes: int
     persistent: bool = False
+    state: Path | None = None
+    """Where a persistent lab records itself (default :func:`lab_state_path`; the Ray lab's nodes keep their own)."""
 
     @classmethod
-    def create(cls, nodes: int, persistent: bool = False) -> "ProcessLab":
-        lab = cls(f"lab-{secrets.token_hex(4)}", nodes, persistent)
+    def create(cls, nodes: int, persistent: bool = False, state: Path | None = None) -> "ProcessLab":
+        lab = cls(f"lab-{secrets.token_hex(4)}", nodes, persistent, state)
         if persistent:
-            path = lab_state_path()
+            path = lab.state_path
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"kind": "process", "lab_id": lab.lab_id, "nodes": nodes, "created": time.time()}))
+            path.write_text(json.dumps({"lab_id": lab.lab_id, "nodes": nodes, "created": time.time()}))
         return lab
 
     @classmethod
-    def load(cls) -> "ProcessLab | None":
-        path = lab_state_path()
+    def load(cls, state: Path | None = None) -> "ProcessLab | None":
+        """The lab ``chaoskit lab up`` recorded at ``state``, or ``None``."""
+        path = state or lab_state_path()
         if not path.exists():
             return None
         data = json.loads(path.read_text())
-        return cls(data["lab_id"], int(data["nodes"]), persistent=True)
+        return cls(data["lab_id"], int(data["nodes"]), persistent=True, state=state)
+
+    @property
+    def state_path(self) -> Path:
+        return self.state or lab_state_path()
 
     def node_names(self) -> list[str]:
         return [f"n{i}" for i in range(self.nodes)]
@@ -64,6 +71,10 @@ class ProcessLab:
             nodes.append(Node(name, "127.0.0.1", "local", labels, 0, LocalTransport(name, self.scope(name))))
         return Inventory(self.lab_id, nodes)
 
+    def inventory_of(self, names: list[str]) -> Inventory:
+        """Nodes ``names`` of this lab by their scopes alone (a crashed run's, whose lab may be gone)."""
+        return Inventory(self.lab_id, [Node(n, conn=LocalTransport(n, self.scope(n))) for n in names])
+
     def processes(self) -> list[tuple[str, int, str]]:
         """(node, pid, command line) of every live process of this lab."""
         prefix = self.lab_id + "."
@@ -73,6 +84,13 @@ class ProcessLab:
             if scope.startswith(prefix) and p.state != "Z":
                 out.append((scope[len(prefix):], p.pid, p.cmdline))
         return out
+
+    def node_status(self) -> list[dict]:
+        """Per node (``lab status``): its name, a one-line detail, and its live processes."""
+        procs = self.processes()
+        return [{"name": n, "detail": f"{sum(1 for p in procs if p[0] == n)} process(es)",
+                 "processes": [{"pid": pid, "cmdline": cmd} for node, pid, cmd in procs if node == n]}
+                for n in self.node_names()]
 
     def kill_all(self, grace: float = 5.0) -> int:
         """SIGTERM every process of the lab, SIGKILL what is left after ``grace``; return how many there were."""
@@ -91,5 +109,5 @@ class ProcessLab:
     def down(self) -> int:
         n = self.kill_all()
         if self.persistent:
-            lab_state_path().unlink(missing_ok=True)
+            self.state_path.unlink(missing_ok=True)
         return n

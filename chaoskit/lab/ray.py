@@ -33,25 +33,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaoskit.cluster.inventory import Inventory, Node
-from chaoskit.cluster.transports.local import LocalTransport, read_proc
-from chaoskit.errors import InfraError
+from chaoskit.cluster.inventory import Inventory, Node, PowerCommands
+from chaoskit.cluster.transports.local import LocalTransport, proc_info, read_proc
+from chaoskit.cluster.transports.ray import RayTransport, node_resource, node_table
+from chaoskit.core.errors import InfraError
+from chaoskit.core.state import state_dir
 from chaoskit.lab.process import ProcessLab
-from chaoskit.state import state_dir
 
-__all__ = ["RayLab", "ray_lab_state_path", "node_resource", "HEAD_NODE", "ray_available"]
+__all__ = ["RayLab", "ray_lab_state_path", "ray_nodes_state_path", "HEAD_NODE", "ray_available", "scope_pids", "stop_lab_processes"]
 
 HEAD_NODE = "ray-head"
-RESOURCE_PREFIX = "chaoskit_node_"
 
 # Ray's defaults declare a node dead after 5 missed checks 3 s apart; the lab uses 1 s x 3.
 HEALTH_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
               "RAY_health_check_initial_delay_ms": "1000", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def node_resource(node: str) -> str:
-    """The custom Ray resource that names a chaoskit node."""
-    return f"{RESOURCE_PREFIX}{node}"
 
 
 def ray_available() -> bool:
@@ -62,6 +57,11 @@ def ray_available() -> bool:
 
 def ray_lab_state_path() -> Path:
     return state_dir() / "lab" / "ray.json"
+
+
+def ray_nodes_state_path() -> Path:
+    """Where the process lab under a persistent Ray lab records itself (apart from a plain process lab's)."""
+    return state_dir() / "lab" / "ray-nodes.json"
 
 
 def _ray_cli() -> str:
@@ -115,8 +115,8 @@ class RayLab:
 
     @classmethod
     def load(cls, lab: ProcessLab | None = None) -> "RayLab | None":
-        """The Ray lab ``chaoskit lab up --ray`` left, when it belongs to ``lab`` (default: the lab that is up)."""
-        lab = lab or ProcessLab.load()
+        """The Ray lab ``chaoskit lab up --kind ray`` left, when it belongs to ``lab`` (default: its own process lab)."""
+        lab = lab or ProcessLab.load(ray_nodes_state_path())
         path = ray_lab_state_path()
         if lab is None or not path.exists():
             return None
@@ -159,15 +159,12 @@ class RayLab:
 
     def inventory(self) -> Inventory:
         """The lab's nodes, each reached through a ChaosAgent actor pinned to it, with lab power commands."""
-        from chaoskit.cluster.inventory_file import InventoryNode, PowerCommands
-        from chaoskit.cluster.transports.ray import RayTransport
-
         base = self.lab.inventory()
         nodes: list[Node] = []
         for n in base.nodes:
             conn = RayTransport(n.name, self.lab.scope(n.name), address=self.address, resource=node_resource(n.name))
             power = PowerCommands(**{a: self.power_argv(n.name, a) for a in ("off", "on", "status")}, timeout=90)
-            nodes.append(InventoryNode(n.name, n.address, "ray", {**n.labels, "ray": "yes"}, n.gpus, conn, power=power))
+            nodes.append(Node(n.name, n.address, "ray", {**n.labels, "ray": "yes"}, n.gpus, conn, power=power))
         return Inventory(base.name, nodes)
 
     def power_argv(self, node: str, action: str) -> list[str]:
@@ -284,8 +281,6 @@ def _stop_scopes(scopes: set[str], grace: float = 3.0, prefix: str | None = None
 
 def _cmdline(pid: int) -> str | None:
     """The command line of a live process, ``None`` when it is gone or a zombie."""
-    from chaoskit.cluster.transports.local import proc_info
-
     info = proc_info(pid)
     return info.cmdline if info is not None and info.state != "Z" else None
 
@@ -294,23 +289,6 @@ def _ray_list_nodes(address: str) -> list[dict]:
     """Ray's node table, read from the GCS (no driver: this process does not join the cluster)."""
     return [{"node_id": e["NodeID"], "alive": bool(e["Alive"]), "resources": e.get("Resources", {}),
              "labels": e.get("Labels", {})} for e in node_table(address)]
-
-
-_STATES: dict[str, object] = {}
-
-
-def node_table(address: str) -> list[dict]:
-    """``ray.nodes()`` of the cluster at ``address``, without ``ray.init``; raise InfraError when the GCS is gone."""
-    from ray._private.internal_api import get_state_from_address
-
-    try:
-        state = _STATES.get(address)
-        if state is None:
-            state = _STATES[address] = get_state_from_address(address)
-        return state.node_table()  # type: ignore[attr-defined]
-    except Exception as exc:  # noqa: BLE001 - every GCS failure means the same to us
-        _STATES.pop(address, None)
-        raise InfraError(f"Ray GCS at {address}: {type(exc).__name__}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

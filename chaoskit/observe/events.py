@@ -13,9 +13,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-__all__ = ["EventBus", "make_event", "read_events"]
+__all__ = ["EventBus", "Event", "EVENT_KINDS", "make_event", "read_events"]
 
 Event = dict[str, Any]
+
+EVENT_KINDS = (
+    "fault.injected", "fault.reverted", "worker.start", "worker.exit", "detect",
+    "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
+    "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end",
+)
+"""Event kinds the measurement understands (log rules may map lines to these)."""
 
 
 def make_event(kind: str, ts: float | None = None, **fields: Any) -> Event:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
+from chaoskit.cluster.transports.ray import node_resource, node_table
+from chaoskit.core.errors import InfraError
 from chaoskit.observe.events import EventBus, make_event
 
 __all__ = ["RayNodeProbe"]
@@ -27,9 +29,6 @@ class RayNodeProbe(threading.Thread):
 
     def poll(self) -> list[dict]:
         """One look at the node table; return the events it published."""
-        from chaoskit.errors import InfraError
-        from chaoskit.lab.ray import node_resource, node_table
-
         try:
             table = node_table(self.address)
         except InfraError:

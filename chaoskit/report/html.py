@@ -27,12 +27,28 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-from chaoskit.errors import ScenarioError
+from chaoskit.core.errors import ScenarioError
+from chaoskit.core.files import (
+    GAMEDAY_FILE,
+    GAMEDAY_REPORT,
+    HISTORY_FILE,
+    RUN_REPORT,
+    load_gameday,
+    read_history,
+)
+from chaoskit.coverage import (
+    CATEGORIES,
+    SCOPES,
+    Capabilities,
+    catalog_by_id,
+    compute_coverage,
+    resolve_covers,
+)
+from chaoskit.measure import measure_fault
+from chaoskit.observe.events import read_events
 
 __all__ = ["build_report", "write_run_report", "write_gameday_report", "load_run", "render_html"]
 
-RUN_REPORT = "report.html"
-GAMEDAY_REPORT = "index.html"
 
 _W = 760  # width of the timeline charts
 _LEFT = 64  # room for node names and step labels
@@ -43,8 +59,6 @@ def build_report(path: str | Path) -> Path:
     """Rebuild the HTML of a game-day folder (``index.html``) or a run folder
     (``report.html``); return the file written. Raises :class:`ScenarioError`
     when ``path`` holds neither."""
-    from chaoskit.gameday import GAMEDAY_FILE
-
     path = Path(path)
     if (path / GAMEDAY_FILE).is_file():
         return write_gameday_report(path)
@@ -57,15 +71,14 @@ def build_report(path: str | Path) -> Path:
 
 
 def write_run_report(run_dir: str | Path) -> Path:
-    from chaoskit.coverage import compute_coverage, detect_capabilities
-
+    """Render ``report.html`` of a run folder from its files alone; return its path."""
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     record = {"scenario": run["name"], "covers": run["covers"], "injected_kinds": run["injected_kinds"], "status": run["status"]}
     page = {
         "kind": "run", "title": f"chaoskit run: {run['name']}", "runs": [run],
-        "coverage": _coverage_view(compute_coverage([record], detect_capabilities())),
-        "coverage_note": "coverage of this run alone; what cannot run here was probed when this report was built",
+        "coverage": _coverage_view(compute_coverage([record], Capabilities.from_dict(run["capabilities"]))),
+        "coverage_note": "coverage of this run alone; what could not run on its machine was probed when it ran",
         "trend": None, "gameday": None,
     }
     out = run_dir / RUN_REPORT
@@ -74,9 +87,6 @@ def write_run_report(run_dir: str | Path) -> Path:
 
 
 def write_gameday_report(gd_dir: str | Path) -> Path:
-    from chaoskit.coverage import Capabilities, compute_coverage
-    from chaoskit.gameday import HISTORY_FILE, load_gameday, read_history
-
     gd_dir = Path(gd_dir)
     summary = load_gameday(gd_dir)
     runs = [load_run(gd_dir / r["dir"], r) for r in summary["scenarios"]]
@@ -111,10 +121,6 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
     """Everything the page shows about one run, from its folder (and its game-day
     record, if any). Works for a finished run, a run that crashed before writing
     ``result.json``, and a scenario that never started (``error.json`` only)."""
-    from chaoskit.coverage import catalog_by_id, resolve_covers
-    from chaoskit.measure import measure_fault
-    from chaoskit.observe.events import read_events
-
     run_dir = Path(run_dir)
     record = record or {}
     result = _read_json(run_dir / "result.json")
@@ -159,6 +165,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "unfinished": unfinished,
         "error": error,
         "notes": (result or {}).get("notes") or [],
+        "capabilities": (result or {}).get("capabilities") or {},
         "failed_checks": [k for k, c in ((result or {}).get("checks") or {}).items() if not c.get("pass")],
         "started_at": (result or {}).get("started_at") or record.get("started_at"),
         "duration_s": (result or {}).get("duration_s") or record.get("duration_s"),
@@ -496,8 +503,6 @@ def _waterfall(timing: dict[str, Any] | None, slo: dict[str, Any], t_fault: floa
 
 
 def _coverage_view(cov: dict[str, Any]) -> dict[str, Any]:
-    from chaoskit.coverage import CATEGORIES, SCOPES
-
     total = cov["weight_total"] or 1
     marks = {"covered": "\u2713", "failed": "\u2717", "not attempted": "\u25cb", "not runnable here": "\u2298"}
     classes = [{**c, "share": c["weight"] / total, "css": c["status"].replace(" ", "-"), "mark": marks.get(c["status"], "")}

@@ -21,7 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.api import Transport, WatchdogHost
+from chaoskit.core.state import state_dir
 
 __all__ = ["Lease", "LeaseManager", "default_lease_root"]
 
@@ -29,8 +30,6 @@ WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
 
 
 def default_lease_root() -> Path:
-    from chaoskit.state import state_dir
-
     return state_dir() / "leases"
 
 
@@ -65,10 +64,9 @@ class LeaseManager:
 
     def arm(self, transport: Transport, fault_id: str, revert: list[str], duration: float) -> Lease:
         """Start the watchdog for one fault; return once it is running."""
-        start_watchdog = getattr(transport, "start_watchdog", None)
-        if start_watchdog is not None:
+        if isinstance(transport, WatchdogHost):
             deadline = time.time() + duration
-            remote_dir, pid = start_watchdog(f"{self.run_id}/{fault_id}", self.ttl, duration, revert)
+            remote_dir, pid = transport.start_watchdog(f"{self.run_id}/{fault_id}", self.ttl, duration, revert, WATCHDOG)
             lease = Lease(fault_id, transport.node, remote_dir, deadline, revert, transport, pid)
             with self._lock:
                 self.leases[fault_id] = lease

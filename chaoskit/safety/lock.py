@@ -6,7 +6,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 
 __all__ = ["ClusterLock"]
 

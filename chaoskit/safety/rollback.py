@@ -20,10 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaoskit.errors import InfraError
+from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.errors import InfraError
+from chaoskit.core.state import state_dir
+from chaoskit.faults.api import Fault
+from chaoskit.faults.registry import fault_kinds
 from chaoskit.safety.journal import Journal, read_journal, unreverted
+from chaoskit.safety.lease import default_lease_root
 
-__all__ = ["RollbackOutcome", "CrashedRun", "find_crashed_runs", "rollback_journal", "rollback_crashed"]
+__all__ = ["RollbackOutcome", "CrashedRun", "find_crashed_runs", "rollback_journal"]
 
 REVERT_TIMEOUT_S = 30.0
 
@@ -54,8 +61,6 @@ class CrashedRun:
 def find_crashed_runs(state: Path | None = None) -> list[CrashedRun]:
     """Runs whose active marker (``<state>/runs/<run id>.json``) names a process that is gone."""
     if state is None:
-        from chaoskit.state import state_dir
-
         state = state_dir()
     out = []
     for marker in sorted((Path(state) / "runs").glob("*.json")):
@@ -71,12 +76,9 @@ def find_crashed_runs(state: Path | None = None) -> list[CrashedRun]:
 
 
 def rollback_journal(
-    journal_path: Path, inventory: Any, *, run_id: str | None = None, timeout: float = REVERT_TIMEOUT_S
+    journal_path: Path, inventory: Inventory, *, run_id: str | None = None, timeout: float = REVERT_TIMEOUT_S
 ) -> list[RollbackOutcome]:
     """Revert every fault the journal shows armed and not reverted; return one outcome per fault."""
-    from chaoskit.cluster.transports.local import LocalTransport
-    from chaoskit.faults.registry import fault_kinds
-
     journal_path = Path(journal_path)
     pending = unreverted(read_journal(journal_path)) if journal_path.exists() else []
     if not pending:
@@ -98,7 +100,7 @@ def rollback_journal(
             if not revert:
                 outcome.problem = "the journal has no revert command for it"
                 continue
-            on_controller = entry.get("on") == "controller" or getattr(cls, "revert_runs_on", "node") == "controller"
+            on_controller = entry.get("on") == "controller" or (cls is not None and cls.revert_runs_on == "controller")
             transport = LocalTransport(node) if on_controller else inventory[node].conn
             try:
                 res = transport.run(revert, timeout)
@@ -114,29 +116,13 @@ def rollback_journal(
     return outcomes
 
 
-def rollback_crashed(inventory_for: Any, state: Path | None = None) -> dict[str, list[RollbackOutcome]]:
-    """Roll back every crashed run; ``inventory_for(crashed_run)`` gives the inventory to act through.
-
-    A run's marker is removed once all its faults are reverted.
-    """
-    results = {}
-    for run in find_crashed_runs(state):
-        outcomes = rollback_journal(run.journal, inventory_for(run), run_id=run.run_id)
-        results[run.run_id] = outcomes
-        if all(o.ok for o in outcomes):
-            run.marker.unlink(missing_ok=True)
-    return results
-
-
-def _check(cls: Any, transport: Any, revert: list[str], node: Any, res: Any, on_controller: bool) -> str | None:
-    check = getattr(cls, "check_reverted", None)
-    if check is None:
-        return None  # no kind-specific check: the (idempotent) revert ran
-    if on_controller:
-        if res.returncode != 0:
-            return f"revert exited {res.returncode}: {res.stderr.strip() or res.stdout.strip()}"
-        return check(transport, revert, node=node)
-    return check(transport, revert)
+def _check(cls: type[Fault] | None, transport: Transport, revert: list[str], node: Any, res: Any,
+           on_controller: bool) -> str | None:
+    if on_controller and res.returncode != 0:
+        return f"revert exited {res.returncode}: {res.stderr.strip() or res.stdout.strip()}"
+    if cls is None:
+        return None  # a kind no longer installed: its (idempotent) revert ran
+    return cls.check_reverted(transport, revert, node=node)
 
 
 def _release_lease(transport: Any, run_id: str, fault_id: str) -> None:
@@ -146,8 +132,6 @@ def _release_lease(transport: Any, run_id: str, fault_id: str) -> None:
         if lease_dir is not None:
             transport.touch(f"{lease_dir(f'{run_id}/{fault_id}')}/released")
             return
-        from chaoskit.safety.lease import default_lease_root
-
         directory = default_lease_root() / run_id / fault_id
         if directory.exists():
             (directory / "released").touch()

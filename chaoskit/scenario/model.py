@@ -7,18 +7,20 @@ documented like a built-in one.
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
-from chaoskit.faults.api import NAME_RE, StrictModel
-from chaoskit.scenario.durations import Duration, PositiveDuration
+from chaoskit.backends.api import ClusterSpec
+from chaoskit.backends.registry import CLUSTERS
+from chaoskit.core.durations import Duration, PositiveDuration
+from chaoskit.core.models import NAME_RE, StrictModel
+from chaoskit.faults.registry import FAULTS
+from chaoskit.observe.events import EVENT_KINDS
 
 __all__ = [
-    "LabSpec",
     "Workload",
     "LogRule",
     "Probes",
@@ -27,56 +29,7 @@ __all__ = [
     "SteadyState",
     "ScenarioBase",
     "scenario_model",
-    "EVENT_KINDS",
 ]
-
-EVENT_KINDS = (
-    "fault.injected", "fault.reverted", "worker.start", "worker.exit", "detect",
-    "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
-    "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end",
-)
-
-
-class LabSpec(StrictModel):
-    """A built-in lab cluster that the run uses (``chaoskit lab up``) or brings up and tears down itself."""
-
-    kind: Literal["process", "netns", "docker"] = Field(
-        "process",
-        description=(
-            "process: nodes are local process groups (no root). netns: each node is a network namespace "
-            "with its own NICs (data, mgmt) and sshd, reached over SSH (needs root, iproute2, openssh-server). "
-            "docker: each node is a container of docker-compose.yml, reached through the docker engine "
-            "(needs a docker engine, the node image and pip install 'chaoskit[docker]')."
-        ),
-    )
-    nodes: int = Field(3, ge=1, le=64, description="Nodes the job runs on.")
-    spare: int = Field(0, ge=0, le=16, description="netns and docker: idle nodes whose torchrun agents wait to take over.")
-    compose: str | None = Field(
-        None,
-        description=(
-            "docker only: the compose file whose services are the nodes, relative to the scenario file "
-            "(default: the nearest docker-compose.yml in the scenario's folder or a parent)."
-        ),
-    )
-    ray: bool = Field(
-        False,
-        description=(
-            "process only: join the nodes into a Ray cluster (a head plus one 'ray start' per node); faults then "
-            "run through a ChaosAgent actor pinned to each node, and Ray marking a node DEAD counts as detection. "
-            "Needs pip install 'chaoskit[ray]'."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _spare(self) -> "LabSpec":
-        if self.spare and self.kind == "process":
-            raise ValueError("spare nodes need kind: netns or docker")
-        if self.ray and self.kind != "process":
-            raise ValueError("ray: true needs kind: process")
-        if self.compose is not None and self.kind != "docker":
-            raise ValueError("compose: needs kind: docker")
-        return self
-
 
 class Workload(StrictModel):
     """The training job the drill runs against."""
@@ -87,7 +40,7 @@ class Workload(StrictModel):
             "reference: the SDK-instrumented PyTorch DDP job; uninstrumented: the same job with no chaoskit "
             "import (measure it with log probes); command: your own script under torchrun; ray-train: a Ray Train "
             "TorchTrainer (one worker per node, FailureConfig(max_failures=max_restarts), checkpoints through "
-            "ray.train.report) on a lab with ray: true."
+            "ray.train.report) on a cluster of kind: ray."
         ),
     )
     command: list[str] | None = Field(None, description="launch: command only: the training script and its arguments.")
@@ -179,13 +132,12 @@ class SteadyState(StrictModel):
 
 
 class ScenarioBase(StrictModel):
-    """Common part of every scenario; ``faults`` is added from the registry."""
+    """Common part of every scenario; ``cluster`` and ``faults`` are added from the registries."""
 
     name: str = Field(..., pattern=NAME_RE, description="Short identifier, used in report paths.")
     description: str = ""
-    cluster: Union[Literal["lab"], LabSpec] = Field(
-        "lab", description="'lab' (the built-in process lab, 3 nodes) or a lab spec {kind: process|netns, nodes: N, spare: K}."
-    )
+    cluster: ClusterSpec
+    """The cluster's spec: always one backend's ``Spec`` once validated (``lab`` becomes the process lab's)."""
     workload: Workload = Field(default_factory=Workload)
     probes: Probes = Field(default_factory=Probes)
     slo: SLO = Field(default_factory=SLO)
@@ -193,27 +145,47 @@ class ScenarioBase(StrictModel):
     steady_state: SteadyState = Field(default_factory=SteadyState)
     covers: list[str] | None = Field(None, description="Catalog classes this scenario exercises (defaults from its faults).")
 
-    @property
-    def lab(self) -> LabSpec | None:
-        if self.cluster == "lab":
-            return LabSpec()
-        return self.cluster if isinstance(self.cluster, LabSpec) else None
+
+_MODELS: dict[tuple[int, int], type[ScenarioBase]] = {}
 
 
-@functools.lru_cache(maxsize=1)
 def scenario_model() -> type[ScenarioBase]:
-    """The full ``Scenario`` model: the base plus a tagged union of every fault kind."""
-    from pydantic import create_model
+    """The full ``Scenario`` model: the base plus a tagged union of every cluster backend and every fault kind.
 
-    from chaoskit.faults.registry import fault_kinds
+    Built once per set of registered backends and kinds (a plugin registered later gets a new model)."""
+    key = (CLUSTERS.generation, FAULTS.generation)
+    if key not in _MODELS:
+        _MODELS[key] = _build_model()
+    return _MODELS[key]
 
-    specs = tuple(cls.Spec for cls in fault_kinds().values())
-    fault_union: Any = Annotated[Union[specs], Field(discriminator="kind")] if len(specs) > 1 else specs[0]
+
+def _build_model() -> type[ScenarioBase]:
+    faults = tuple(cls.Spec for cls in FAULTS.all().values())
+    clusters = tuple(cls.Spec for cls in CLUSTERS.all().values())
+    kinds = "|".join(CLUSTERS.names())
     return create_model(
         "Scenario",
         __base__=ScenarioBase,
-        faults=(list[fault_union], Field(..., min_length=1, description="Faults to inject, in order.")),
+        __validators__={"_cluster_default": field_validator("cluster", mode="before")(_cluster_default)},
+        cluster=(Union[Literal["lab"], _tagged(clusters)], Field(
+            "lab", validate_default=True,
+            description=f"'lab' (the built-in process lab, 3 nodes) or a cluster spec {{kind: {kinds}, nodes: N, ...}}; "
+                        "a mapping without kind is the process lab.")),
+        faults=(list[_tagged(faults)], Field(..., min_length=1, description="Faults to inject, in order.")),
     )
+
+
+def _tagged(specs: tuple[type, ...]) -> Any:
+    return Annotated[Union[specs], Field(discriminator="kind")] if len(specs) > 1 else specs[0]
+
+
+def _cluster_default(cls: Any, value: Any) -> Any:
+    """``lab`` and a mapping without ``kind`` mean the process lab; the result is always a spec."""
+    if value == "lab":
+        return {"kind": "process"}
+    if isinstance(value, dict) and "kind" not in value:
+        return {"kind": "process", **value}
+    return value
 
 
 def schema_path() -> Path:

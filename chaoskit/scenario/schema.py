@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from chaoskit.scenario.model import scenario_model
+
 __all__ = ["schema_dict", "schema_text"]
 
 
 def schema_dict() -> dict:
-    from chaoskit.scenario.model import scenario_model
-
     schema = scenario_model().model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "chaoskit scenario"

@@ -13,7 +13,7 @@ Each result gives one recovery: ``phases.detection_s``,
 not observe is ``null``: it is filled from ``fallbacks`` (values the user gave
 by hand) and never read as zero; with no fallback it is an error. A game-day
 scenario that never ran (no ``phases`` at all) is skipped with a note. Raises
-:class:`~chaoskit.errors.ScenarioError` (exit 2).
+:class:`~chaoskit.core.errors.ScenarioError` (exit 2).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from chaoskit.errors import ScenarioError
+from chaoskit.core.errors import ScenarioError
 from chaoskit.sim.model import RecoveryPhases
 
 __all__ = ["PHASE_FIELDS", "load_phases"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from chaoskit.cluster.transports.local import LocalTransport
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 
 __all__ = ["TorchrunJob", "free_port", "job_dir", "torch_available"]
 

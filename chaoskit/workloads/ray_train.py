@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaoskit.cluster.transports.local import LocalTransport
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
+from chaoskit.sdk import probe
 
 __all__ = ["RayTrainJob", "train_loop", "DRIVER_SCOPE"]
 
@@ -39,8 +40,6 @@ def train_loop(config: dict[str, Any]) -> None:
 
     import ray.train
     import torch
-
-    from chaoskit.sdk import probe
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

@@ -1,16 +1,15 @@
 """The transport contract: how chaoskit acts on one node.
 
-Every value that reaches a shell goes through :func:`shell_quote` after being
-validated by the fault that produced it.
+Every value that reaches a shell goes through :func:`chaoskit.core.shell.shell_quote`
+after being validated by the fault that produced it.
 """
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
-__all__ = ["ProcInfo", "CommandResult", "Transport", "WatchdogHost", "shell_quote"]
+__all__ = ["ProcInfo", "CommandResult", "Transport", "WatchdogHost"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,16 @@ class Transport(Protocol):
     """What a fault may do on a node. Implementations: local (here), ssh, ray, docker."""
 
     node: str
+    has_own_network: ClassVar[bool]
+    """True when the node has a network stack of its own, so a NIC fault there cannot hit the controller's."""
+    container: str | None
+    """The container that is this node, when an engine runs it (``network.partition`` with ``method: disconnect``)."""
+
+    def ping(self, timeout: float = 5.0) -> float:
+        """Raise :class:`~chaoskit.core.errors.InfraError` unless the node answers; return the round trip in seconds."""
+
+    def close(self) -> None:
+        """Drop the connection (the node's sessions died, e.g. with its power); the next command reconnects."""
 
     def processes(self) -> list[ProcInfo]:
         """Processes that belong to this node (its scope), never others."""
@@ -71,20 +80,17 @@ class Transport(Protocol):
         """One-letter process state (R, S, T when stopped, Z) or ``None`` when gone or out of scope."""
 
 
+@runtime_checkable
 class WatchdogHost(Protocol):
     """A transport that starts lease watchdogs itself (the node is remote, so the
     controller's paths mean nothing there). :class:`~chaoskit.safety.lease.LeaseManager`
     uses it when the transport has these methods, else spawns the local watchdog."""
 
-    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str]) -> tuple[str, int]:
-        """Ship and start the watchdog on the node; return (its lease directory there, its pid) once it watches.
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], script: str) -> tuple[str, int]:
+        """Ship the watchdog ``script`` to the node and start it; return (its lease directory there, its pid) once it watches.
 
         The fault's deadline is ``duration`` from now on the node's own clock.
         """
 
     def cleanup_leases(self, run_id: str) -> None:
         """Remove the node-side lease directories of one run."""
-
-
-def shell_quote(argv: list[str]) -> str:
-    return " ".join(shlex.quote(str(a)) for a in argv)

@@ -24,8 +24,14 @@ import threading
 import time
 from typing import Any
 
-from chaoskit.cluster.transports.ssh import GRACE_S, SSHTransport, _AgentChannel, _AgentGone, _boot_code
-from chaoskit.errors import InfraError
+from chaoskit.cluster.transports.ssh import (
+    GRACE_S,
+    SSHTransport,
+    _AgentChannel,
+    _AgentGone,
+    _boot_code,
+)
+from chaoskit.core.errors import InfraError
 
 __all__ = ["DockerTransport", "docker_client", "network_argv", "networks_of", "power_argv"]
 

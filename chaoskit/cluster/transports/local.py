@@ -15,18 +15,28 @@ import time
 from pathlib import Path
 
 from chaoskit.cluster.transports.api import CommandResult, ProcInfo
-from chaoskit.errors import InfraError
+from chaoskit.core.errors import InfraError
 
 __all__ = ["LocalTransport", "read_proc"]
 
 
 class LocalTransport:
+    """A node of local processes (a process-lab node), or the controller itself (``LocalTransport(node)``)."""
+
     SCOPE_ENV = "CHAOSKIT_SCOPE"
+    has_own_network = False
+    container = None
 
     def __init__(self, node: str, scope: str | None = None) -> None:
         self.node = node
         self.scope = scope
         """Processes whose environment has ``CHAOSKIT_SCOPE=<scope>`` belong to the node."""
+
+    def ping(self, timeout: float = 5.0) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
 
     def processes(self) -> list[ProcInfo]:
         if not self.scope:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.cluster.transports.api import CommandResult, ProcInfo
-from chaoskit.errors import InfraError
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.errors import InfraError
 
 __all__ = ["RayTransport", "ChaosAgent", "connect_ray", "find_node_id", "discover_nodes"]
 
@@ -48,8 +49,6 @@ class ChaosAgent:
     """Runs on the node (as a Ray actor); every method acts inside the node's scope only."""
 
     def __init__(self, node: str, scope: str | None) -> None:
-        from chaoskit.cluster.transports.local import LocalTransport
-
         # Without a scope given, the node's scope is the mark its raylet was started with (the lab sets it).
         self.local = LocalTransport(node, scope or os.environ.get(LocalTransport.SCOPE_ENV))
         self.lease_root = Path(tempfile.gettempdir()) / "chaoskit-ray" / "leases"
@@ -149,11 +148,34 @@ def _errors_to_stderr() -> None:
     ray_worker.print_to_stdstream = to_stderr
 
 
+RESOURCE_PREFIX = "chaoskit_node_"
+
+
+def node_resource(node: str) -> str:
+    """The custom Ray resource that names a chaoskit node."""
+    return f"{RESOURCE_PREFIX}{node}"
+
+
+_STATES: dict[str, object] = {}
+
+
+def node_table(address: str) -> list[dict]:
+    """``ray.nodes()`` of the cluster at ``address``, without ``ray.init``; raise InfraError when the GCS is gone."""
+    from ray._private.internal_api import get_state_from_address
+
+    try:
+        state = _STATES.get(address)
+        if state is None:
+            state = _STATES[address] = get_state_from_address(address)
+        return state.node_table()  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - every GCS failure means the same to us
+        _STATES.pop(address, None)
+        raise InfraError(f"Ray GCS at {address}: {type(exc).__name__}: {exc}") from None
+
+
 def find_node_id(resource: str, address: str | None = None) -> str | None:
     """The id of the live Ray node that carries ``resource``, or ``None``."""
     if address is not None:
-        from chaoskit.lab.ray import node_table
-
         table = node_table(address)
     else:
         import ray
@@ -175,8 +197,6 @@ def discover_nodes(address: str = "auto") -> list[tuple[str, dict[str, str], "Ra
     """
     import re
 
-    from chaoskit.lab.ray import RESOURCE_PREFIX, node_table
-
     out = []
     for entry in node_table(address):
         if not entry.get("Alive"):
@@ -197,6 +217,9 @@ def discover_nodes(address: str = "auto") -> list[tuple[str, dict[str, str], "Ra
 
 class RayTransport:
     """A node reached through its ChaosAgent actor (see the module docstring)."""
+
+    has_own_network = False  # the lab's Ray nodes are process scopes on one host
+    container = None
 
     def __init__(self, node: str, scope: str | None, *, address: str, resource: str | None = None,
                  node_id: str | None = None, start_timeout: float = 30.0, call_timeout: float = 10.0) -> None:
@@ -236,11 +259,9 @@ class RayTransport:
 
     # -- WatchdogHost ------------------------------------------------------------------------
 
-    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str]) -> tuple[str, int]:
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], script: str) -> tuple[str, int]:
         if self._watchdog_source is None:
-            from chaoskit.safety.lease import WATCHDOG
-
-            self._watchdog_source = Path(WATCHDOG).read_text()
+            self._watchdog_source = Path(script).read_text()
         return tuple(self._call("start_watchdog", lease_id, float(ttl), float(duration), [str(a) for a in revert],
                                 self._watchdog_source))  # type: ignore[return-value]
 

@@ -17,7 +17,7 @@ Contract:
   transport falls back to one SSH exec per command.
 - **Deadlines**: every command has one on the node (the agent kills the
   command's process group; in exec mode ``timeout -k``) *and* on the client: no
-  answer by ``timeout + grace`` raises :class:`~chaoskit.errors.InfraError`,
+  answer by ``timeout + grace`` raises :class:`~chaoskit.core.errors.InfraError`,
   whatever the socket does.
 - **Quoting**: argv travels as a JSON list to the agent (no shell). In exec mode
   each element is quoted with :func:`~.api.shell_quote`. The values in argv were
@@ -42,8 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from chaoskit.cluster.transports.api import CommandResult, ProcInfo, shell_quote
-from chaoskit.errors import InfraError, OutcomeUnknown
+from chaoskit.cluster.transports.agent_script import BOOT
+from chaoskit.cluster.transports.api import CommandResult, ProcInfo
+from chaoskit.core.errors import InfraError, OutcomeUnknown
+from chaoskit.core.shell import shell_quote
 
 __all__ = [
     "SSHTransport",
@@ -107,6 +109,9 @@ def _host_entry(address: str, port: int) -> str:
 
 class SSHTransport:
     """Run commands on one node over SSH (see the module docstring for the contract)."""
+
+    has_own_network = True
+    container: str | None = None
 
     def __init__(
         self,
@@ -459,13 +464,11 @@ class SSHTransport:
             raise ValueError(f"invalid lease id {lease_id!r}")
         return f"{self.workdir}/leases/{lease_id}"
 
-    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str]) -> tuple[str, int]:
-        """Ship :mod:`chaoskit.safety.watchdog` to the node (once) and start it detached there."""
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], script: str) -> tuple[str, int]:
+        """Ship the watchdog ``script`` (:mod:`chaoskit.safety.watchdog`) to the node (once) and start it detached there."""
         directory = self.lease_dir(lease_id)
         if self._watchdog_path is None:
-            from chaoskit.safety.lease import WATCHDOG
-
-            source = Path(WATCHDOG).read_text()
+            source = Path(script).read_text()
             path = f"{self.workdir}/watchdog-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
             self.write_file(path, source, 0o700)
             self._watchdog_path = path
@@ -670,8 +673,6 @@ class _PinPolicy:
 
 
 def _boot_code() -> str:
-    from chaoskit.cluster.transports.agent_script import BOOT
-
     return BOOT
 
 

@@ -15,7 +15,6 @@ __all__ = [
     "ScenarioError",
     "InfraError",
     "SafetyAbort",
-    "Interrupted",
     "SourcePos",
     "OutcomeUnknown",
 ]
@@ -34,6 +33,8 @@ class ExitCode(enum.IntEnum):
     """A target or the infrastructure failed: unreachable host, missing tool."""
     ABORTED = 4
     """Aborted by a safety limit (``safety.abort_after``); every fault was reverted."""
+    INTERNAL = 70
+    """A chaoskit bug (EX_SOFTWARE): the message says so; ``--debug`` shows the traceback."""
     INTERRUPTED = 130
     """Interrupted by Ctrl-C or SIGTERM, after reverting."""
 
@@ -88,12 +89,6 @@ class OutcomeUnknown(InfraError):
 
 
 class SafetyAbort(ChaoskitError):
-    """A safety limit stopped the run after reverting everything (exit 4)."""
+    """A safety limit stopped the run (exit 4); the runner reverts everything before it exits."""
 
     exit_code = ExitCode.ABORTED
-
-
-class Interrupted(ChaoskitError):
-    """Ctrl-C or SIGTERM; raised after every fault was reverted (exit 130)."""
-
-    exit_code = ExitCode.INTERRUPTED

@@ -1,0 +1,156 @@
+"""The cluster-backend contract: what a kind of cluster provides, and the handle a run acts through.
+
+A backend is one class with a pydantic ``Spec`` (its ``cluster:`` syntax, with a
+``kind`` literal) and the verbs below. It knows its own clusters: how to preview
+one without touching anything (validation, ``--dry-run``), open one for a run,
+bring a lab up, show it and take it down, and what a crashed run left of it.
+Nothing outside the backend asks which kind a cluster is; it asks the backend
+or the :class:`ClusterHandle`. Backends register by name in
+:mod:`chaoskit.backends.registry` (entry-point group ``chaoskit.clusters``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Protocol
+
+from pydantic import Field
+
+from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.core.errors import ScenarioError
+from chaoskit.core.models import StrictModel
+from chaoskit.observe.events import EventBus
+
+__all__ = ["ClusterSpec", "ClusterHandle", "ClusterBackend", "LabStatus", "Probe", "Say"]
+
+Say = Callable[[str], None]
+"""Where a backend reports progress of long work (``lab up``): one line at a time."""
+
+LAUNCHES = ("reference", "uninstrumented", "command")
+"""Who starts the job on a backend that runs torchrun agents itself (every built-in)."""
+
+
+class ClusterSpec(StrictModel):
+    """Fields every backend's ``cluster:`` shares. Subclasses add a ``kind`` literal and their own."""
+
+    kind: str
+    nodes: int = Field(3, ge=1, le=64, description="Nodes the job runs on.")
+
+
+class Probe(Protocol):
+    """A source of events that runs beside the job (a thread): started before it, stopped after it."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class ClusterHandle:
+    """What the runner needs of a cluster; every field is plain data or a plain callable."""
+
+    id: str
+    kind: str
+    """The backend's name (``process``, ``ray``, ``netns``, ``docker``, ...)."""
+    inventory: Inventory
+    job_nodes: list[str]
+    """Nodes whose agents form the job's world (spares are in the inventory, not here)."""
+    rdzv_host: str
+    scope: Callable[[str], str]
+    """The CHAOSKIT_SCOPE token of a node: every process the job starts there carries it."""
+    launch_prefix: Callable[[str], list[str]] = lambda node: []
+    launch_env: Callable[[str], dict[str, str]] = lambda node: {}
+    agent_args: Callable[[str], list[str]] = lambda node: []
+    connect: Callable[[], None] = lambda: None
+    teardown: Callable[[], None] = lambda: None
+    details: dict[str, Any] = field(default_factory=dict)
+    """What the run marker keeps for ``chaoskit rollback`` (:meth:`ClusterBackend.rollback_inventory`), and the report shows."""
+    python: str | None = None
+    """The Python that runs torchrun on the nodes (``None``: this one, ``sys.executable``)."""
+    launch_wrap: Callable[[str, list[str], dict[str, str], Path], list[str]] | None = None
+    """For nodes that do not inherit the controller's environment: (node, argv, job env, job folder) -> the argv to run here."""
+    shared_dir: Path | None = None
+    """A folder every node sees at the same path; the job's checkpoints and SDK events go there when set."""
+    job_transport: Callable[[str], Transport] | None = None
+    """How to reach a node's job processes to stop them (default: local process scopes)."""
+    probes: Callable[[EventBus], list[Probe]] = lambda bus: []
+    """Event sources of the cluster itself (Ray's node table), started beside the job's."""
+
+    @property
+    def agent_nodes(self) -> list[str]:
+        """Every node that runs a torchrun agent: the job's nodes, then the spares."""
+        return self.job_nodes + [n for n in self.inventory.names() if n not in self.job_nodes]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "id": self.id,
+            "nodes": [{"name": n.name, "labels": n.labels} for n in self.inventory.nodes],
+            "job_nodes": self.job_nodes, **self.details,
+        }
+
+
+@dataclass
+class LabStatus:
+    """One lab that is up, as ``chaoskit lab status`` shows it."""
+
+    kind: str
+    id: str
+    summary: str
+    """One line: what the lab is."""
+    nodes: list[dict[str, Any]]
+    """One entry per node: at least ``name`` and ``detail`` (one line), plus what the backend knows."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ClusterBackend:
+    """One kind of cluster. Subclasses set ``name``, ``Spec`` and ``summary`` and implement the verbs.
+
+    ``base`` is the folder relative paths in a spec are taken from (the scenario's, or the
+    current one for ``lab up``).
+    """
+
+    name: ClassVar[str]
+    Spec: ClassVar[type[ClusterSpec]]
+    summary: ClassVar[str]
+    """One line for ``chaoskit lab up --help`` and the scenario schema: what a node is, what it needs."""
+    launches: ClassVar[tuple[str, ...]] = LAUNCHES
+    """The ``workload.launch`` values a run on this backend can start."""
+
+    def preview(self, spec: ClusterSpec, base: Path) -> ClusterHandle:
+        """The handle a run would use, built without touching anything (validation and ``--dry-run``).
+
+        Its inventory has every node a selector may name; its commands show placeholders
+        where only a live cluster knows the value. Raise :class:`ScenarioError` for a spec
+        this backend cannot satisfy."""
+        raise NotImplementedError
+
+    def open(self, spec: ClusterSpec, base: Path) -> ClusterHandle:
+        """Attach to the cluster ``spec`` asks for (a lab that is up), or make one that ``teardown`` removes."""
+        raise NotImplementedError
+
+    # -- labs ----------------------------------------------------------------------------
+
+    def lab_up(self, spec: ClusterSpec, base: Path, say: Say, rebuild: bool = False) -> str:
+        """Bring up a lab that later runs reuse; return one line saying what is up (or already was)."""
+        raise ScenarioError(f"cluster kind {self.name!r} has no lab to bring up")
+
+    def lab_down(self, compose: Path | None = None) -> list[str]:
+        """Take down every lab of this kind that is up; one line per lab. Safe to run twice."""
+        return []
+
+    def lab_status(self) -> list[LabStatus]:
+        """The labs of this kind that are up."""
+        return []
+
+    # -- after a crash -------------------------------------------------------------------
+
+    def rollback_inventory(self, details: dict[str, Any], nodes: list[str]) -> Inventory:
+        """The inventory to revert a crashed run's faults through; ``details`` is what the run's handle recorded,
+        ``nodes`` the nodes its journal names."""
+        raise NotImplementedError
+
+    def crash_teardown(self, details: dict[str, Any]) -> str | None:
+        """Remove the cluster a crashed run made for itself (``details["ephemeral"]``); say what was done, or ``None``."""
+        return None

@@ -1,0 +1,80 @@
+"""``kind: process``: nodes are scopes of local processes on this machine (no root). See :mod:`chaoskit.lab.process`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from chaoskit.backends.api import (
+    ClusterBackend,
+    ClusterHandle,
+    ClusterSpec,
+    LabStatus,
+    Say,
+)
+from chaoskit.cluster.inventory import Inventory
+from chaoskit.lab.process import ProcessLab
+
+__all__ = ["ProcessBackend", "ProcessSpec"]
+
+
+class ProcessSpec(ClusterSpec):
+    """The built-in process lab: each node a scope of local processes (the default: ``cluster: lab``)."""
+
+    kind: Literal["process"] = Field("process", description=(
+        "process: nodes are local process groups (no root); the lab that 'chaoskit lab up' made is reused."))
+
+
+class ProcessBackend(ClusterBackend):
+    name = "process"
+    Spec = ProcessSpec
+    summary = "local process groups (no root)"
+
+    def preview(self, spec: ProcessSpec, base: Path) -> ClusterHandle:
+        inventory = ProcessLab("check", spec.nodes).inventory()
+        return ClusterHandle(id="(new process lab)", kind=self.name, inventory=inventory, job_nodes=inventory.names(),
+                             rdzv_host="127.0.0.1", scope=lambda node: f"<lab>.{node}")
+
+    def open(self, spec: ProcessSpec, base: Path) -> ClusterHandle:
+        lab = ProcessLab.load()
+        ephemeral = lab is None or lab.nodes != spec.nodes
+        if ephemeral:
+            lab = ProcessLab.create(spec.nodes)
+        inventory = lab.inventory()
+        return ClusterHandle(
+            id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=inventory.names(),
+            rdzv_host="127.0.0.1", scope=lab.scope,
+            teardown=lab.kill_all if ephemeral else (lambda: None),
+            details={"lab": lab.lab_id, "ephemeral": ephemeral},
+        )
+
+    def lab_up(self, spec: ProcessSpec, base: Path, say: Say, rebuild: bool = False) -> str:
+        existing = ProcessLab.load()
+        if existing is not None:
+            return f"lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first"
+        lab = ProcessLab.create(spec.nodes, persistent=True)
+        return f"lab {lab.lab_id} up: {spec.nodes} process nodes ({', '.join(lab.node_names())})"
+
+    def lab_down(self, compose: Path | None = None) -> list[str]:
+        lab = ProcessLab.load()
+        if lab is None:
+            return []
+        return [f"lab {lab.lab_id} down: {lab.down()} process(es) stopped"]
+
+    def lab_status(self) -> list[LabStatus]:
+        lab = ProcessLab.load()
+        if lab is None:
+            return []
+        return [LabStatus(self.name, lab.lab_id, f"lab {lab.lab_id}: {lab.nodes} process nodes", lab.node_status())]
+
+    def rollback_inventory(self, details: dict[str, Any], nodes: list[str]) -> Inventory:
+        return ProcessLab(details.get("lab", ""), 0).inventory_of(nodes)
+
+    def crash_teardown(self, details: dict[str, Any]) -> str | None:
+        if not details.get("ephemeral"):
+            return None
+        n = ProcessLab(details.get("lab", ""), 0).kill_all()
+        return f"process lab {details.get('lab')}: {n} process(es) stopped" if n else None
+

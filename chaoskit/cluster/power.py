@@ -1,0 +1,20 @@
+"""Commands run on the controller for a node: its power commands (a BMC, a PDU, a lab or an engine)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from chaoskit.core.errors import InfraError
+from chaoskit.core.shell import shell_quote
+
+__all__ = ["run_power_command"]
+
+
+def run_power_command(argv: list[str], timeout: float, node: str) -> subprocess.CompletedProcess[str]:
+    """Run a power command on the controller, without a shell, with a hard deadline."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise InfraError(f"power command for node {node}: {argv[0]}: not found on the controller") from None
+    except subprocess.TimeoutExpired:
+        raise InfraError(f"power command for node {node} did not finish within {timeout:g}s: {shell_quote(argv)}") from None

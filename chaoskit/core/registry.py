@@ -1,0 +1,96 @@
+"""Plugins by name: the one mechanism behind fault kinds and cluster backends.
+
+Modelled on torch elastic's rendezvous handler registry: a name maps to a
+creator that is imported only when that name is first used, and a second
+registration under a name already taken is refused. Built-ins register through
+the same entry-point group a plugin uses (``pyproject.toml``), so the extension
+path is the one exercised every day; from a source tree that was never
+installed, the built-ins' own table stands in for the package metadata.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Callable, Generic, TypeVar
+
+__all__ = ["Registry", "DuplicateName"]
+
+T = TypeVar("T")
+Creator = Callable[[], T]
+
+
+class DuplicateName(ValueError):
+    """A second registration under a name that is already taken."""
+
+
+class Registry(Generic[T]):
+    """Names to lazily created objects (classes, usually) of one kind.
+
+    ``group`` is the entry-point group plugins declare themselves in; ``builtin``
+    maps the built-ins' names to ``module:attribute`` for a source tree without
+    package metadata. ``check(name, obj)`` may refuse what a creator returned.
+    """
+
+    def __init__(self, what: str, group: str, builtin: dict[str, str],
+                 check: Callable[[str, T], None] | None = None) -> None:
+        self.what, self.group, self._builtin, self._check = what, group, builtin, check
+        self._creators: dict[str, Creator[T]] | None = None
+        self._loaded: dict[str, T] = {}
+        self.generation = 0
+        """Bumped by every registration, so caches built over the names (the scenario model) can tell."""
+
+    def register(self, name: str, creator: Creator[T] | str) -> None:
+        """Add ``name``; ``creator`` is a callable returning the object, or ``"module:attribute"``."""
+        creators = self._scan()
+        if name in creators:
+            raise DuplicateName(f"{self.what} {name!r} is already registered")
+        creators[name] = _importer(creator) if isinstance(creator, str) else creator
+        self.generation += 1
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests register toy plugins and take them away again)."""
+        self._scan().pop(name, None)
+        self._loaded.pop(name, None)
+        self.generation += 1
+
+    def names(self) -> list[str]:
+        """Every registered name, sorted; nothing is imported."""
+        return sorted(self._scan())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._scan()
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``, created on first use; ``KeyError`` for an unknown name."""
+        if name not in self._loaded:
+            obj = self._scan()[name]()
+            if self._check is not None:
+                self._check(name, obj)
+            self._loaded[name] = obj
+        return self._loaded[name]
+
+    def all(self) -> dict[str, T]:
+        """Every registered object by name, sorted (creates them all)."""
+        return {name: self.get(name) for name in self.names()}
+
+    def _scan(self) -> dict[str, Creator[T]]:
+        if self._creators is None:
+            creators: dict[str, Creator[T]] = {}
+            for ep in entry_points(group=self.group):
+                if ep.name in creators:
+                    raise DuplicateName(f"{self.what} {ep.name!r} is declared twice in the {self.group!r} entry-point group")
+                creators[ep.name] = ep.load
+            for name, target in self._builtin.items():
+                creators.setdefault(name, _importer(target))
+            self._creators = creators
+        return self._creators
+
+
+def _importer(target: str) -> Creator:
+    module, _, attr = target.partition(":")
+
+    def create():
+        return getattr(importlib.import_module(module), attr)
+
+    return create
