@@ -7,11 +7,11 @@ message outside CI; with ``CI`` set a missing tool fails the test instead.
 from __future__ import annotations
 
 import io
-from contextlib import contextmanager
 import json
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -72,9 +72,7 @@ def leftovers(project: str) -> dict[str, list[str]]:
 def docker_lab(tmp_path_factory):
     """The repository's docker-compose.yml, up for the whole session under a test project name."""
     require_docker()
-    from chaoskit.lab.docker import DockerLab
-
-    from chaoskit.lab.docker import load_compose
+    from chaoskit.lab.docker import DockerLab, load_compose
 
     env = project_env(tmp_path_factory.mktemp("docker-shared"), "s")
     # The project name and shared folder apply to this lab only: the environment is not changed,

@@ -26,7 +26,7 @@ def _drill(name: str, tmp_path, monkeypatch) -> dict:
     assert res.code == 0, res.stderr + res.stdout[-3000:]
     result = res.json
     project = env["COMPOSE_PROJECT_NAME"]
-    assert result["cluster"]["kind"] == "docker-lab" and result["cluster"]["project"] == project
+    assert result["cluster"]["kind"] == "docker" and result["cluster"]["project"] == project
     assert fx.leftovers(project) == {"containers": [], "networks": [], "volumes": []}
     assert (tmp_path / "run" / "sdk-events.jsonl").stat().st_size > 0  # collected from the shared folder
     assert list((tmp_path / "shared").iterdir()) == []  # the job's checkpoints went with the run

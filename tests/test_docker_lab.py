@@ -364,15 +364,15 @@ from pathlib import Path
 from chaoskit.cluster.selectors import resolve_nodes
 from chaoskit.faults.registry import get_fault
 from chaoskit.runner import RunContext
-from chaoskit.safety.cleanup import inventory_for
+from chaoskit.crash import rollback_inventory
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.rollback import CrashedRun
 
 compose, project, run_dir = sys.argv[1:4]
 run_dir = Path(run_dir)
-run = CrashedRun("r", 0, run_dir, run_dir / "marker", {"kind": "docker-lab", "compose": compose, "project": project})
-inventory = inventory_for(run)
+run = CrashedRun("r", 0, run_dir, run_dir / "marker", {"kind": "docker", "compose": compose, "project": project})
+inventory = rollback_inventory(run)
 ctx = RunContext(inventory, Journal(run_dir / "journal.jsonl"), LeaseManager(default_lease_root(), run_dir.name, 60.0))
 for kind, node, extra in (("network.link_down", "n2", {}), ("network.partition", "n1", {"method": "disconnect"})):
     cls = get_fault(kind)
@@ -389,12 +389,12 @@ def test_rollback_undoes_what_a_sigkilled_controller_left_in_the_containers(dock
     alone, reverts both now, and a second rollback finds nothing to do."""
     import signal
 
-    from chaoskit.safety.cleanup import inventory_for
+    from chaoskit.crash import rollback_inventory
     from chaoskit.safety.rollback import CrashedRun, rollback_journal
 
     run_dir = tmp_path / "crashed"
     run_dir.mkdir()
-    info = {"kind": "docker-lab", "compose": str(fx().COMPOSE), "project": docker_lab.project.name}
+    info = {"kind": "docker", "compose": str(fx().COMPOSE), "project": docker_lab.project.name}
     assert tcp(docker_lab, "n0", "n1") and tcp(docker_lab, "n0", "n2")
     proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, info["compose"], info["project"], str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -404,7 +404,7 @@ def test_rollback_undoes_what_a_sigkilled_controller_left_in_the_containers(dock
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
     assert not tcp(docker_lab, "n0", "n2") and not tcp(docker_lab, "n0", "n1")
-    inventory = inventory_for(CrashedRun("crashed", proc.pid, run_dir, run_dir / "m", info))
+    inventory = rollback_inventory(CrashedRun("crashed", proc.pid, run_dir, run_dir / "m", info))
     try:
         outcomes = rollback_journal(run_dir / "journal.jsonl", inventory, run_id="crashed")
         assert [(o.kind, o.node, o.ok, o.problem) for o in outcomes] == [

@@ -217,9 +217,13 @@ def test_rollback_of_an_empty_or_missing_journal_does_nothing(tmp_path):
 
 def test_dry_run_plans_show_the_exact_commands_without_connecting(tmp_path):
     from chaoskit.cluster.inventory_file import load_inventory
-    from chaoskit.cluster.selectors import resolve_nodes
-    from chaoskit.faults.api import TargetSpec
-    from chaoskit.faults.network import LinkDownFault, LinkDownSpec, PartitionFault, PartitionSpec
+    from chaoskit.cluster.selectors import TargetSpec, resolve_nodes
+    from chaoskit.faults.network import (
+        LinkDownFault,
+        LinkDownSpec,
+        PartitionFault,
+        PartitionSpec,
+    )
     from chaoskit.faults.power import PowerOffFault, PowerOffSpec
     from chaoskit.runner import RunContext
 

@@ -14,7 +14,9 @@ pytest_plugins = ["tests.netns_fixtures"]
 
 
 def fx():
-    from tests import netns_fixtures  # imported by pytest as a plugin first, so its asserts are rewritten
+    from tests import (
+        netns_fixtures,  # imported by pytest as a plugin first, so its asserts are rewritten
+    )
 
     return netns_fixtures
 

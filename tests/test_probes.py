@@ -9,9 +9,16 @@ import sys
 import time
 from pathlib import Path
 
-from chaoskit.observe.events import EventBus
-from chaoskit.observe.probes import TORCHRUN_RULES, FileLogProbe, LogRegexProbe, LogRule, ProcessWatcher, SdkLogProbe
 from chaoskit.lab.process import ProcessLab
+from chaoskit.observe.events import EventBus
+from chaoskit.observe.probes import (
+    TORCHRUN_RULES,
+    FileLogProbe,
+    LogRegexProbe,
+    LogRule,
+    ProcessWatcher,
+    SdkLogProbe,
+)
 
 
 def wait(bus: EventBus, predicate, timeout=5.0) -> bool:

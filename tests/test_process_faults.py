@@ -12,17 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.cluster.selectors import resolve_processes
+from chaoskit.cluster.selectors import TargetSpec, resolve_processes
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.api import TargetSpec
 from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
 from tests.conftest import proc_state, wait_state
-
-
 
 
 @pytest.fixture
@@ -133,7 +130,7 @@ def test_hang_ends_at_its_duration_even_without_the_controller(lab_procs, tmp_pa
 CONTROLLER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from chaoskit.faults.api import TargetSpec
+    from chaoskit.cluster.selectors import TargetSpec
     from chaoskit.faults.process import HangFault, HangSpec
     from chaoskit.lab.process import ProcessLab
     from chaoskit.cluster.selectors import resolve_processes

@@ -34,7 +34,7 @@ def assert_every_phase_measured(r: dict) -> None:
         assert p[key] is not None and p[key] >= 0, (key, p["reasons"])
     assert p["detection_s"] + p["reallocation_s"] + p["checkpoint_load_s"] <= p["recovery_s"] + 1e-6
     assert r["final_step"] == r["workload"]["steps"]
-    assert r["cluster"]["kind"] == "ray-lab" and r["cluster"]["ray_address"]
+    assert r["cluster"]["kind"] == "ray" and r["cluster"]["ray_address"]
 
 
 def test_ray_kill_worker(tmp_path):

@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-from chaoskit.cluster.selectors import resolve_processes
+from chaoskit.cluster.selectors import TargetSpec, resolve_processes
 from chaoskit.cluster.transports.local import proc_info
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.api import TargetSpec
 from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal

@@ -102,7 +102,7 @@ def synth_run(run_dir: Path, name: str = "kill-rank", *, slo: dict | None = None
         "scenario": name, "scenario_file": f"scenarios/{name}.yaml",
         "verdict": "pass" if all(v["pass"] for v in verdicts.values()) and all(c["pass"] for c in checks.values()) else "fail",
         "started_at": "2027-01-15T02:00:00.000Z", "ended_at": "2027-01-15T02:00:31.000Z", "duration_s": 31.0,
-        "run_dir": str(run_dir), "cluster": {"kind": "process-lab", "id": "lab-test", "nodes": [{"name": n, "labels": {}} for n in nodes]},
+        "run_dir": str(run_dir), "cluster": {"kind": "process", "id": "lab-test", "nodes": [{"name": n, "labels": {}} for n in nodes]},
         "workload": {"launch": "reference", "steps": kw.get("steps", 200)},
         "faults": [{"kind": fault["fault_kind"], "fault": "f0", "node": "n1", "targets": ["n1/rank1"], "t_fault": fault["ts"]}],
         "phases": {k: m[k] for k in ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps",

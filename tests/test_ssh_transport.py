@@ -16,7 +16,9 @@ pytest_plugins = ["tests.netns_fixtures"]
 
 
 def wait_until(*args, **kwargs):
-    from tests.netns_fixtures import wait_until  # imported by pytest as a plugin first, so asserts are rewritten
+    from tests.netns_fixtures import (
+        wait_until,  # imported by pytest as a plugin first, so asserts are rewritten
+    )
 
     return wait_until(*args, **kwargs)
 

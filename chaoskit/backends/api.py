@@ -117,6 +117,8 @@ class ClusterBackend:
     """One line for ``chaoskit lab up --help`` and the scenario schema: what a node is, what it needs."""
     launches: ClassVar[tuple[str, ...]] = LAUNCHES
     """The ``workload.launch`` values a run on this backend can start."""
+    builds_images: ClassVar[bool] = False
+    """Whether ``lab up --build`` means something here (its lab runs images it builds)."""
 
     def preview(self, spec: ClusterSpec, base: Path) -> ClusterHandle:
         """The handle a run would use, built without touching anything (validation and ``--dry-run``).

@@ -51,6 +51,7 @@ class DockerBackend(ClusterBackend):
     name = "docker"
     Spec = DockerSpec
     summary = "the services of docker-compose.yml as containers (a docker engine)"
+    builds_images = True
 
     def preview(self, spec: DockerSpec, base: Path) -> ClusterHandle:
         project = load_compose(compose_file(spec, base))

@@ -176,8 +176,8 @@ def lab_up(
         spec = chosen.Spec.model_validate({"kind": kind, **given})
     except ValidationError as exc:
         raise ScenarioError(_flag_error(exc, kind), hint=f"see 'chaoskit lab up --help'") from None
-    if build and kind != "docker":
-        raise ScenarioError(f"--build does not apply to --kind {kind}")
+    if build and not chosen.builds_images:
+        raise ScenarioError(f"--build does not apply to --kind {kind}: its lab has no images to build")
     env.stdout.write(chosen.lab_up(spec, Path.cwd(), say=lambda msg: env.stdout.write(f"{msg}\n"), rebuild=build) + "\n")
 
 

@@ -40,12 +40,12 @@ class Registry(Generic[T]):
         self.generation = 0
         """Bumped by every registration, so caches built over the names (the scenario model) can tell."""
 
-    def register(self, name: str, creator: Creator[T] | str) -> None:
-        """Add ``name``; ``creator`` is a callable returning the object, or ``"module:attribute"``."""
+    def register(self, name: str, target: T | str) -> None:
+        """Add ``name``: the object itself, or ``"module:attribute"`` to import on first use."""
         creators = self._scan()
         if name in creators:
             raise DuplicateName(f"{self.what} {name!r} is already registered")
-        creators[name] = _importer(creator) if isinstance(creator, str) else creator
+        creators[name] = _importer(target) if isinstance(target, str) else (lambda: target)
         self.generation += 1
 
     def unregister(self, name: str) -> None:

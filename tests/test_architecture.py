@@ -1,0 +1,85 @@
+"""The layering of docs/architecture.md holds, and breaks loudly when someone imports upward.
+
+``lint-imports`` (import-linter) checks the contracts in pyproject.toml: the layers, the fault
+kinds and the cluster backends. These tests run it on the real tree, and once on a copy with one
+upward import added, to show that the check can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+PACKAGE = ROOT / "chaoskit"
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_layers_hold():
+    res = lint_imports(ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Contracts: 4 kept, 0 broken." in res.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "chaoskit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    errors = tmp_path / "chaoskit" / "core" / "errors.py"
+    errors.write_text(errors.read_text() + "\nfrom chaoskit.runner import RunContext  # the core reaching up\n")
+    res = lint_imports(tmp_path)
+    assert res.returncode != 0
+    assert "Layers: each imports only from below BROKEN" in res.stdout
+    assert "chaoskit.core.errors -> chaoskit.runner" in res.stdout
+
+
+def test_a_backend_importing_another_breaks_the_contract(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "chaoskit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    ray = tmp_path / "chaoskit" / "backends" / "ray.py"
+    ray.write_text(ray.read_text() + "\nfrom chaoskit.backends.process import ProcessBackend\n")
+    res = lint_imports(tmp_path)
+    assert res.returncode != 0
+    assert "Cluster backends are independent of each other BROKEN" in res.stdout
+
+
+def _local_imports() -> list[tuple[str, int, str]]:
+    """(file, line, module) of every import of a chaoskit module inside a function."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("chaoskit"):
+                    found.append((str(path.relative_to(ROOT)), inner.lineno, inner.module))
+    return found
+
+
+def test_chaoskit_modules_import_each_other_at_the_top():
+    """Only the simulator (numpy at its top) is imported inside functions, to keep numpy out of --help."""
+    assert [(f, line, m) for f, line, m in _local_imports() if not m.startswith("chaoskit.sim")] == []
+
+
+def test_no_code_outside_the_backends_asks_which_kind_of_cluster_it_is():
+    kinds = ("process", "ray", "netns", "docker")
+    pattern = re.compile(r"""(kind|\.name)\s*[!=]=\s*["'](%s)["']|["'](%s)-lab["']""" % ("|".join(kinds), "|".join(kinds)))
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in ("backends", "lab"):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{rel}:{i}: {line.strip()}")
+    assert offenders == []

@@ -1,0 +1,111 @@
+"""The cluster-backend registry: adding a kind of cluster is one class plus one registration.
+
+A toy backend, defined here, is registered from the test module (as a plugin's entry point
+would be) and then named by a scenario: ``chaoskit validate`` and ``chaoskit run --dry-run``
+take it like a built-in one. Its nodes are imaginary: a dry run touches nothing, so nothing
+needs to exist (a real run would need real nodes, which is what the built-in backends test).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import Field
+
+from chaoskit.backends.api import ClusterBackend, ClusterHandle, ClusterSpec
+from chaoskit.backends.registry import CLUSTERS
+from chaoskit.cluster.inventory import Inventory, Node
+from chaoskit.core.registry import DuplicateName
+from tests.conftest import run_cli
+
+
+class ToySpec(ClusterSpec):
+    kind: Literal["toy"] = Field(..., description="toy: imaginary nodes for a dry run.")
+    racks: int = Field(1, ge=1, description="Racks the nodes spread over.")
+
+
+class ToyBackend(ClusterBackend):
+    name = "toy"
+    Spec = ToySpec
+    summary = "imaginary nodes (tests only)"
+
+    def preview(self, spec: ToySpec, base: Path) -> ClusterHandle:
+        nodes = [Node(f"t{i}", labels={"rack": f"r{i % spec.racks}"}) for i in range(spec.nodes)]
+        return ClusterHandle(id="toy-cluster", kind=self.name, inventory=Inventory("toy", nodes),
+                             job_nodes=[n.name for n in nodes], rdzv_host="toy-head", scope=lambda node: f"toy.{node}")
+
+
+@pytest.fixture
+def toy_backend():
+    CLUSTERS.register("toy", ToyBackend)
+    yield ToyBackend
+    CLUSTERS.unregister("toy")
+
+
+def _scenario(tmp_path: Path, cluster: str) -> Path:
+    path = tmp_path / "toy.yaml"
+    path.write_text(f"""name: toy-drill
+cluster: {cluster}
+faults:
+  - kind: process.kill
+    target: {{ranks: [3]}}
+    at: {{step: 10}}
+""")
+    return path
+
+
+def test_a_registered_backend_is_validated_and_dry_run_like_a_built_in_one(toy_backend, tmp_path):
+    scenario = _scenario(tmp_path, "{kind: toy, nodes: 4, racks: 2}")
+    res = run_cli("validate", scenario)
+    assert res.code == 0, res.stderr
+    res = run_cli("run", scenario, "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    plan = res.json
+    assert plan["cluster"]["kind"] == "toy" and plan["cluster"]["job_nodes"] == ["t0", "t1", "t2", "t3"]
+    [fault] = plan["plan"]
+    assert fault["actions"] == [{"node": "t3", "target": "t3/rank3", "command": "kill -s KILL <pid of rank 3>"}]
+
+
+def test_a_registered_backends_own_fields_are_validated(toy_backend, tmp_path):
+    res = run_cli("validate", _scenario(tmp_path, "{kind: toy, nodes: 4, racks: 0}"))
+    assert res.code == 2
+    assert "toy.yaml:2:39: cluster.racks: Input should be greater than or equal to 1" in res.stderr
+    res = run_cli("validate", _scenario(tmp_path, "{kind: toy, nodes: 2}"))
+    assert res.code == 2 and "rank 3 does not exist: the job has ranks 0..1" in res.stderr
+
+
+def test_an_unregistered_kind_is_refused_naming_the_known_ones(tmp_path):
+    res = run_cli("validate", _scenario(tmp_path, "{kind: toy, nodes: 4}"))
+    assert res.code == 2
+    assert "unknown cluster kind 'toy'; known kinds: docker, netns, process, ray" in res.stderr
+
+
+def test_a_second_registration_under_a_taken_name_is_refused(toy_backend):
+    with pytest.raises(DuplicateName, match="cluster backend 'process' is already registered"):
+        CLUSTERS.register("process", ToyBackend)
+    with pytest.raises(DuplicateName, match="cluster backend 'toy' is already registered"):
+        CLUSTERS.register("toy", ToyBackend)
+
+
+def test_backends_are_imported_only_when_used():
+    code = ("import sys; from chaoskit.backends.registry import CLUSTERS, backend; names = CLUSTERS.names(); "
+            "backend('process'); "
+            "print(names, sorted(m for m in sys.modules if m.startswith('chaoskit.backends.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ("['docker', 'netns', 'process', 'ray'] "
+                           "['chaoskit.backends.api', 'chaoskit.backends.process', 'chaoskit.backends.registry']")
+
+
+def test_the_built_ins_come_from_the_entry_point_group():
+    """Built-ins register as a plugin would: through the installed package's chaoskit.clusters entry points."""
+    from importlib.metadata import entry_points
+
+    declared = {ep.name: ep.value for ep in entry_points(group="chaoskit.clusters")}
+    assert declared == {
+        "process": "chaoskit.backends.process:ProcessBackend", "ray": "chaoskit.backends.ray:RayBackend",
+        "netns": "chaoskit.backends.netns:NetnsBackend", "docker": "chaoskit.backends.docker:DockerBackend",
+    }
