@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import INJECT, REVERT, ms, pct, time_run  # noqa: E402
 
+
 def time_cli(container: str, samples: int) -> list[float]:
     out = []
     for _ in range(samples):

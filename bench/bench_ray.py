@@ -72,10 +72,9 @@ def ray_beside_ssh(nodes: int, samples: int) -> dict:
     import json as _json
     import tempfile
 
-    from chaoskit.cluster.transports.ray import RayTransport
+    from chaoskit.cluster.transports.ray import RayTransport, node_resource
     from chaoskit.cluster.transports.ssh import connect_all
     from chaoskit.lab.netns import NetnsLab
-    from chaoskit.cluster.transports.ray import node_resource
     from chaoskit.lab.ray import HEALTH_ENV, _free_port, _ray_cli, _stop_scopes
 
     own_dir = tempfile.mkdtemp(prefix="chaoskit-bench-ray-")
@@ -112,8 +111,9 @@ def ray_beside_ssh(nodes: int, samples: int) -> dict:
                 "ssh": ms(ssh_times),
                 "ray": ms(ray_times)}
     finally:
-        import ray
         import shutil
+
+        import ray
 
         ray.shutdown()
         _stop_scopes(set(), prefix=f"{lab.lab_id}.")

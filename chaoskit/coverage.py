@@ -1,6 +1,6 @@
 """The fault catalog and fault coverage.
 
-The catalog is the fault landscape of a training cluster (DESIGN.md, "Catalog and
+The catalog is the fault landscape of a training cluster (docs/architecture.md, "Catalog and
 coverage"): classes by category (hardware, network, software, storage) and scope
 (rank, node, rack, cluster), each with the fault kinds that exercise it and a
 real-world weight: how many of the 419 unexpected interruptions of Llama 3 405B

@@ -1,6 +1,6 @@
 """From a timeline to recovery phases, lost work and an SLO verdict.
 
-Exactly the definitions of DESIGN.md ("Recovery phases"), for one fault:
+Exactly the definitions of docs/architecture.md ("Recovery phases"), for one fault:
 
 - ``t_fault``: the injector's timestamp, taken on the node;
 - ``t_detect``: first event after ``t_fault`` showing the system noticed

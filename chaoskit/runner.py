@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaoskit.backends.api import ClusterHandle
-from chaoskit.backends.registry import CLUSTERS, backend
+from chaoskit.backends.registry import backend
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
-    check_static,
     resolve_nodes,
     resolve_processes,
     subset,
@@ -32,7 +31,7 @@ from chaoskit.cluster.selectors import (
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.state import state_dir
-from chaoskit.coverage import Capabilities, detect_capabilities, resolve_covers
+from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.measure import measure_fault, slo_verdict
@@ -49,10 +48,11 @@ from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
+from chaoskit.scenario.checks import check_scenario, world_size
 from chaoskit.workloads.launch import TorchrunJob, job_dir, torch_available
 from chaoskit.workloads.ray_train import RayTrainJob
 
-__all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario", "check_scenario", "preview_cluster"]
+__all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
 
 
 @dataclass
@@ -95,60 +95,8 @@ class _Progress:
             self.console.print(f"[dim]{time.time() - self.t0:7.2f}s[/dim]  {message}")
 
 
-def _world_size(sc, cluster: ClusterHandle) -> int:
-    return len(cluster.job_nodes) * sc.workload.nproc_per_node
-
-
-def preview_cluster(loaded: LoadedScenario) -> ClusterHandle:
-    """The handle the scenario's cluster would give, built without touching anything."""
-    return backend(loaded.model.cluster.kind).preview(loaded.model.cluster, loaded.path.parent)
-
-
 def _faults(sc) -> list[Fault]:
     return [get_fault(spec.kind)(spec, f"f{i}") for i, spec in enumerate(sc.faults)]
-
-
-def check_scenario(loaded: LoadedScenario) -> ClusterHandle:
-    """Every check that needs the cluster but touches nothing (``validate`` runs it too); return the preview."""
-    cluster = preview_cluster(loaded)
-    _static_checks(loaded, cluster)
-    return cluster
-
-
-def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
-    inventory = cluster.inventory
-    sc = loaded.model
-    for i, spec in enumerate(sc.faults):
-        def error(message: str, *sub: Any, _i: int = i) -> ScenarioError:
-            return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
-
-        check_static(inventory, spec.target, _world_size(sc, cluster), sc.safety.max_nodes, error)
-        peers = getattr(spec, "peers", None)
-        for name in (peers.nodes if peers is not None else None) or []:
-            if name not in inventory:
-                raise loaded.error(f"faults.{i}.peers: node {name!r} is not in the inventory ({', '.join(inventory.names())})",
-                                   "faults", i, "peers", "nodes")
-        if spec.at.step is not None and spec.at.step >= sc.workload.steps:
-            raise loaded.error(
-                f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
-                "faults", i, "at", "step",
-            )
-    try:
-        resolve_covers(sc.covers, [f.kind for f in sc.faults])
-    except ValueError as exc:
-        raise loaded.error(str(exc), "covers") from None
-    for j, lf in enumerate(sc.probes.log_files):
-        if lf.node not in inventory:
-            raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
-    if sc.workload.launch not in backend(sc.cluster.kind).launches:
-        able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
-        raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
-                           f"it needs kind: {' or '.join(able)}", "workload", "launch")
-    if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
-        raise loaded.error(
-            "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",
-            "probes",
-        )
 
 
 def plan_scenario(loaded: LoadedScenario, cluster: ClusterHandle) -> list[dict[str, Any]]:
@@ -157,7 +105,7 @@ def plan_scenario(loaded: LoadedScenario, cluster: ClusterHandle) -> list[dict[s
     inventory = cluster.inventory
     ctx = RunContext(inventory)
     plan = []
-    world = _world_size(sc, cluster)
+    world = world_size(sc, cluster)
     per_node = sc.workload.nproc_per_node
     for fault in _faults(sc):
         spec = fault.spec

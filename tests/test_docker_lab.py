@@ -336,7 +336,7 @@ def test_lab_up_status_and_down_through_the_cli_leave_nothing(tmp_path, monkeypa
         assert res.code == 0, res.stderr
         assert f"docker lab {project} up" in res.stdout
         st = run_cli("lab", "status", "--json")
-        [lab] = [d for d in st.json["docker"] if d["id"] == f"docker-{project}"]
+        [lab] = [d for d in st.json["labs"] if d["kind"] == "docker" and d["id"] == f"docker-{project}"]
         assert [(n["name"], n["state"]) for n in lab["nodes"]] == [("n0", "running"), ("n1", "running"), ("n2", "running")]
         again = run_cli("lab", "up", "--kind", "docker", "--compose", fx().COMPOSE)
         assert again.code == 0 and "already up" in again.stdout

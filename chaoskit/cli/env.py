@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["CliEnv", "current_env", "set_env"]
+import typer
+
+__all__ = ["CliEnv", "current_env", "set_env", "print_json", "command_app", "EXIT_CODES_HELP"]
 
 
 @dataclass
@@ -35,3 +38,17 @@ def set_env(env: CliEnv) -> CliEnv:
     global _ENV
     _ENV = env
     return env
+
+
+EXIT_CODES_HELP = ("Exit codes: 0 pass, 1 SLO/check failed, 2 bad input, 3 infrastructure failed, "
+                   "4 aborted by a safety limit, 70 internal error, 130 interrupted.")
+
+
+def print_json(data: Any) -> None:
+    """``data`` as indented JSON on the command's stdout."""
+    current_env().stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def command_app(**options: Any) -> typer.Typer:
+    """A Typer app for one command of the lazy table in :mod:`chaoskit.cli.app` (``options`` as for ``app.command``)."""
+    return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None, **options)

@@ -11,24 +11,18 @@ from typing import List, Optional
 
 import typer
 
-from chaoskit.cli.env import current_env
+from chaoskit.cli.env import command_app, current_env
 from chaoskit.core.errors import ScenarioError
 from chaoskit.coverage import catalog, detect_capabilities, total_interruptions
 from chaoskit.gameday import run_gameday
 from chaoskit.report.html import build_report
 
-__all__ = ["register", "parse_fraction"]
+__all__ = ["catalog_app", "gameday_app", "report_app", "parse_fraction"]
 
 _EXIT_GAMEDAY = (
     "Exit codes: 0 every scenario passed and coverage reached --min-coverage; 1 a scenario failed, "
     "errored or aborted, or coverage is under the minimum; 2 bad input; 130 interrupted."
 )
-
-
-def register(app: typer.Typer) -> None:
-    app.command("catalog")(catalog_cmd)
-    app.command("gameday", epilog=_EXIT_GAMEDAY)(gameday_cmd)
-    app.command("report", epilog="Exit codes: 0 written; 2 the folder holds no run or game day.")(report_cmd)
 
 
 def catalog_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
@@ -94,3 +88,11 @@ def parse_fraction(text: str, flag: str) -> float:
     if not 0 <= value <= 1:
         raise ScenarioError(f"{flag} {text} is outside 0..1", hint="a fraction such as 0.5 or a percentage such as 50%")
     return value
+
+
+catalog_app = command_app()
+catalog_app.command("catalog")(catalog_cmd)
+gameday_app = command_app()
+gameday_app.command("gameday", epilog=_EXIT_GAMEDAY)(gameday_cmd)
+report_app = command_app()
+report_app.command("report", epilog="Exit codes: 0 written; 2 the folder holds no run or game day.")(report_cmd)

@@ -1,7 +1,7 @@
 """``chaoskit simulate``: what measured recovery phases mean for goodput at cluster scale.
 
-Imported on every CLI start: only typer and the standard library at the top;
-numpy and the simulator load inside the command.
+Imported when the command runs; numpy and the simulator load inside it, so that
+bad flags are refused before numpy is imported.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Optional
 
 import typer
 
-from chaoskit.cli.env import current_env
+from chaoskit.cli.env import command_app, current_env
 from chaoskit.core.durations import parse_duration
 from chaoskit.core.errors import ScenarioError
 
-__all__ = ["register"]
+__all__ = ["simulate_app"]
 
 # Defaults reproduce the Llama 3 405B pre-training snapshot ("The Llama 3 Herd of
 # Models", 2024, section 3.3.4): 419 unexpected interruptions over 54 days on
@@ -190,11 +190,6 @@ def simulate(
     return 0
 
 
-def register(app) -> None:
-    """Add ``simulate`` to the main app."""
-    app.command("simulate", epilog=_EPILOG)(simulate)
-
-
 def _duration(flag: str, text: str) -> float:
     """Seconds from ``30s``/``10m``/``1h30m`` (chaoskit's durations), a bare number of
     seconds, or with a leading number of days (``2d``, ``1d12h``) for long spans."""
@@ -244,3 +239,7 @@ def _write_svg(path: Path, model, result: dict, trials: int, seed: int) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"--svg: cannot write {path} ({exc.strerror})") from None
+
+
+simulate_app = command_app()
+simulate_app.command("simulate", epilog=_EPILOG)(simulate)

@@ -15,7 +15,7 @@ NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 class StrictModel(BaseModel):
     """Base of every input model: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=False, defer_build=True)
 
 
 def check_name(value: str, what: str = "name") -> str:

@@ -11,7 +11,7 @@ switched off with an explicit ``allow_irreversible: true``.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 

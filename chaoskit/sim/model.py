@@ -60,7 +60,7 @@ DAY = 86400.0
 
 @dataclass(frozen=True)
 class RecoveryPhases:
-    """One measured (or assumed) recovery: the three phases of DESIGN.md, in seconds."""
+    """One measured (or assumed) recovery: the three phases of docs/architecture.md, in seconds."""
 
     detection_s: float
     reallocation_s: float

@@ -1,0 +1,84 @@
+"""``chaoskit lab up|down|status|kinds``: local clusters, through the cluster-backend registry."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+
+from chaoskit.backends.registry import CLUSTERS, backend
+from chaoskit.cli.env import command_app, current_env, print_json
+from chaoskit.core.errors import ScenarioError
+
+__all__ = ["lab_app"]
+
+lab_app = command_app(help="Local lab clusters: nodes on this machine, no infrastructure needed.", no_args_is_help=True)
+
+
+@lab_app.command("up")
+def lab_up(
+    kind: str = typer.Option("process", "--kind", help="The kind of lab (see 'chaoskit lab kinds')."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Number of nodes the job runs on (default 3)."),
+    spare: Optional[int] = typer.Option(None, "--spare", help="Extra idle nodes that can take over (netns)."),
+    compose: Optional[Path] = typer.Option(
+        None, "--compose", help="docker: the compose file (default: docker-compose.yml here or in a parent folder)."
+    ),
+    build: bool = typer.Option(False, "--build", help="docker: rebuild the node image even when it exists."),
+) -> None:
+    """Create a lab that runs reuse (otherwise each run makes and removes its own)."""
+    env = current_env()
+    chosen = backend(kind)
+    given = {k: v for k, v in {"nodes": nodes, "spare": spare, "compose": str(compose) if compose else None}.items()
+             if v is not None}
+    try:
+        spec = chosen.Spec.model_validate({"kind": kind, **given})
+    except ValidationError as exc:
+        raise ScenarioError(_flag_error(exc, kind), hint="see 'chaoskit lab up --help'") from None
+    if build and not chosen.builds_images:
+        raise ScenarioError(f"--build does not apply to --kind {kind}: its lab has no images to build")
+    env.stdout.write(chosen.lab_up(spec, Path.cwd(), say=lambda msg: env.stdout.write(f"{msg}\n"), rebuild=build) + "\n")
+
+
+def _flag_error(exc: ValidationError, kind: str) -> str:
+    err = exc.errors(include_url=False)[0]
+    flag = "--" + str(err["loc"][0]) if err["loc"] else "a flag"
+    if err["type"] == "extra_forbidden":
+        return f"{flag} does not apply to --kind {kind}"
+    return f"{flag}: {err['msg'].removeprefix('Value error, ')}"
+
+
+@lab_app.command("kinds")
+def lab_kinds() -> None:
+    """List the kinds of cluster: what a node is, and what each needs."""
+    for name in CLUSTERS.names():
+        current_env().stdout.write(f"{name:8} {CLUSTERS.get(name).summary}\n")
+
+
+@lab_app.command("down")
+def lab_down(
+    compose: Optional[Path] = typer.Option(None, "--compose", help="docker: the compose file whose project to remove."),
+) -> None:
+    """Stop every process of the labs, remove their namespaces, links, rules, containers, networks and volumes. Safe to run twice."""
+    out = current_env().stdout
+    lines = [line for name in CLUSTERS.names() for line in backend(name).lab_down(compose)]
+    out.write("".join(f"{line}\n" for line in lines) or "no lab is up\n")
+
+
+@lab_app.command("status")
+def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Show the labs' nodes and the processes running on them."""
+    labs = [lab for name in CLUSTERS.names() for lab in backend(name).lab_status()]
+    out = current_env().stdout
+    if as_json:
+        print_json({"up": bool(labs), "labs": [asdict(lab) for lab in labs]})
+        return
+    if not labs:
+        out.write("no lab is up ('chaoskit lab up' makes one; runs make their own otherwise)\n")
+        return
+    for lab in labs:
+        out.write(f"{lab.summary}\n")
+        for n in lab.nodes:
+            out.write(f"  {n['name']}: {n['detail']}\n")

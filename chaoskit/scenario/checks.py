@@ -1,0 +1,74 @@
+"""What can be checked of a scenario against its cluster without touching anything.
+
+``chaoskit validate`` and every run (before anything starts) call :func:`check_scenario`:
+the scenario's backend previews its cluster, and selectors, blast radius, steps,
+coverage claims, log-file nodes and the workload's launch are checked against it.
+Each error points at the scenario's line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoskit.backends.api import ClusterHandle
+from chaoskit.backends.registry import CLUSTERS, backend
+from chaoskit.cluster.selectors import check_static
+from chaoskit.core.errors import ScenarioError
+from chaoskit.coverage import resolve_covers
+from chaoskit.scenario import LoadedScenario
+from chaoskit.scenario.model import ScenarioBase
+
+__all__ = ["check_scenario", "preview_cluster", "world_size"]
+
+
+def world_size(sc: ScenarioBase, cluster: ClusterHandle) -> int:
+    """Ranks of the job: workers per node times the nodes that form its world."""
+    return len(cluster.job_nodes) * sc.workload.nproc_per_node
+
+
+def preview_cluster(loaded: LoadedScenario) -> ClusterHandle:
+    """The handle the scenario's cluster would give, built without touching anything."""
+    return backend(loaded.model.cluster.kind).preview(loaded.model.cluster, loaded.path.parent)
+
+
+def check_scenario(loaded: LoadedScenario) -> ClusterHandle:
+    """Every check that needs the cluster but touches nothing (``validate`` runs it too); return the preview."""
+    cluster = preview_cluster(loaded)
+    _static_checks(loaded, cluster)
+    return cluster
+
+
+def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
+    inventory = cluster.inventory
+    sc = loaded.model
+    for i, spec in enumerate(sc.faults):
+        def error(message: str, *sub: Any, _i: int = i) -> ScenarioError:
+            return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
+
+        check_static(inventory, spec.target, world_size(sc, cluster), sc.safety.max_nodes, error)
+        peers = getattr(spec, "peers", None)
+        for name in (peers.nodes if peers is not None else None) or []:
+            if name not in inventory:
+                raise loaded.error(f"faults.{i}.peers: node {name!r} is not in the inventory ({', '.join(inventory.names())})",
+                                   "faults", i, "peers", "nodes")
+        if spec.at.step is not None and spec.at.step >= sc.workload.steps:
+            raise loaded.error(
+                f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
+                "faults", i, "at", "step",
+            )
+    try:
+        resolve_covers(sc.covers, [f.kind for f in sc.faults])
+    except ValueError as exc:
+        raise loaded.error(str(exc), "covers") from None
+    for j, lf in enumerate(sc.probes.log_files):
+        if lf.node not in inventory:
+            raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
+    if sc.workload.launch not in backend(sc.cluster.kind).launches:
+        able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
+        raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
+                           f"it needs kind: {' or '.join(able)}", "workload", "launch")
+    if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
+        raise loaded.error(
+            "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",
+            "probes",
+        )
