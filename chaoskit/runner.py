@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from chaoskit.backends.api import ClusterHandle
+from chaoskit.backends.api import ClusterHandle, Probe
 from chaoskit.backends.registry import backend
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
@@ -203,6 +203,10 @@ class _Run:
         self.injections: list[tuple[Fault, Injection]] = []
         self.notes: list[str] = []
         self.verdict: str | None = None
+        self.job: TorchrunJob | RayTrainJob | None = None
+        self.threads: list[Probe] = []
+        self.job_dir: Path | None = None
+        self.t_baseline: float | None = None
 
     # -- stages -------------------------------------------------------------------------
 
@@ -286,7 +290,6 @@ class _Run:
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         events_path = self.job_dir / "sdk-events.jsonl" if sc.probes.sdk and sc.workload.launch != "uninstrumented" else None
-        self.threads: list[Any] = []
         if events_path is not None:
             events_path.touch()
             self.threads.append(SdkLogProbe(self.bus, events_path))
@@ -408,9 +411,9 @@ class _Run:
         try:
             self._revert_due(force=True)
         finally:
-            if hasattr(self, "job"):
+            if self.job is not None:
                 self.job.stop()
-            for t in getattr(self, "threads", []):
+            for t in self.threads:
                 t.stop()
             self.leases.close()
             self.bus.close()
@@ -420,7 +423,7 @@ class _Run:
 
     def _collect_job_dir(self) -> None:
         """With a shared job folder (docker lab): keep the SDK's events with the run, drop the checkpoints."""
-        job_dir = getattr(self, "job_dir", None)
+        job_dir = self.job_dir
         if job_dir is None or job_dir == self.run_dir:
             return
         events = job_dir / "sdk-events.jsonl"
@@ -436,7 +439,7 @@ class _Run:
                 return True
             self._check_abort()
             self._revert_due()
-            if hasattr(self, "job") and not self.job.running():
+            if self.job is not None and not self.job.running():
                 if predicate():
                     return True
                 codes = self.job.returncodes()
@@ -458,7 +461,7 @@ class _Run:
         steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
         final_step = max(steps) if steps else None
         checks: dict[str, Any] = {}
-        if hasattr(self, "t_baseline"):
+        if self.t_baseline is not None:
             checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
         if self.sc.workload.wait == "finish" and self.verdict is None:
             done = final_step is not None and final_step >= self.sc.workload.steps

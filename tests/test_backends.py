@@ -109,3 +109,14 @@ def test_the_built_ins_come_from_the_entry_point_group():
         "process": "chaoskit.backends.process:ProcessBackend", "ray": "chaoskit.backends.ray:RayBackend",
         "netns": "chaoskit.backends.netns:NetnsBackend", "docker": "chaoskit.backends.docker:DockerBackend",
     }
+
+
+def test_the_entry_point_scan_agrees_with_importlib_metadata():
+    """chaoskit reads entry_points.txt itself (importlib.metadata costs more to import than the scan);
+    it must find what importlib.metadata finds, for its groups and for one every install has."""
+    from importlib.metadata import entry_points
+
+    from chaoskit.core.registry import declared_entry_points
+
+    for group in ("chaoskit.faults", "chaoskit.clusters", "console_scripts"):
+        assert sorted(declared_entry_points(group)) == sorted((ep.name, ep.value) for ep in entry_points(group=group))

@@ -282,6 +282,20 @@ def test_report_of_a_run_that_crashed_half_way(tmp_path: Path) -> None:
     assert "rolled back to step 50" in html
 
 
+def test_run_report_comes_from_the_runs_files_alone(tmp_path: Path) -> None:
+    """What the drill's machine could not run is recorded in result.json when it ran; the report,
+    rebuilt anywhere later, shows that and not what the machine rendering it can do."""
+    run = tmp_path / "run"
+    result = synth_run(run)
+    result["capabilities"] = {"kinds": ["process.kill"], "missing": {"gpu": "no GPU on the drill machine"}}
+    (run / "result.json").write_text(json.dumps(result))
+    res = run_cli("report", run)
+    assert res.code == 0, res.stderr
+    html = (run / "report.html").read_text()
+    assert "no GPU on the drill machine" in html
+    assert "cluster process lab-test" in html
+
+
 def test_report_of_a_folder_without_a_run_is_bad_input(tmp_path: Path) -> None:
     res = run_cli("report", tmp_path)
     assert res.code == 2

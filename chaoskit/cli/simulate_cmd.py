@@ -7,6 +7,7 @@ bad flags are refused before numpy is imported.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -193,9 +194,6 @@ def simulate(
 def _duration(flag: str, text: str) -> float:
     """Seconds from ``30s``/``10m``/``1h30m`` (chaoskit's durations), a bare number of
     seconds, or with a leading number of days (``2d``, ``1d12h``) for long spans."""
-    import re
-
-
     value = text.strip()
     days = 0.0
     match = re.fullmatch(r"(\d+(?:\.\d+)?)d(.*)", value)
@@ -214,7 +212,6 @@ def _duration(flag: str, text: str) -> float:
 
 
 def _erasure(text: str) -> tuple[int, int]:
-
     parts = text.replace(" ", "").split("+")
     if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) < 1:
         raise ScenarioError(f"--erasure: expected k+m such as 4+2, got {text!r}", hint="k data blocks (at least 1) plus m parity blocks")

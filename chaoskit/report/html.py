@@ -165,6 +165,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "unfinished": unfinished,
         "error": error,
         "notes": (result or {}).get("notes") or [],
+        "cluster": _cluster_label((result or {}).get("cluster") or {}),
         "capabilities": (result or {}).get("capabilities") or {},
         "failed_checks": [k for k, c in ((result or {}).get("checks") or {}).items() if not c.get("pass")],
         "started_at": (result or {}).get("started_at") or record.get("started_at"),
@@ -183,6 +184,11 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "ckpt": _checkpoint_chart(events, t_fault, timing),
         "migration": _migration(events, nodes, t_fault, timing),
     }
+
+
+def _cluster_label(cluster: dict[str, Any]) -> str | None:
+    """``kind id`` of the cluster a run used (the backend's name), ``None`` when the run never got one."""
+    return " ".join(str(cluster[k]) for k in ("kind", "id") if cluster.get(k)) or None
 
 
 def _read_json(path: Path) -> Any:

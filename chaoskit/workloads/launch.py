@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 
@@ -31,10 +32,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def job_dir(cluster, run_dir: Path, run_id: str) -> Path:
+def job_dir(cluster: ClusterHandle, run_dir: Path, run_id: str) -> Path:
     """Where the job's own files go (checkpoints, the SDK's events): the cluster's shared folder
     when its nodes are not this machine, else the run directory."""
-    shared = getattr(cluster, "shared_dir", None)
+    shared = cluster.shared_dir
     return Path(shared) / run_id if shared is not None else Path(run_dir)
 
 
@@ -61,7 +62,7 @@ class TorchrunJob:
 
     def __init__(
         self,
-        cluster,  # chaoskit.cluster.handle.ClusterHandle
+        cluster: ClusterHandle,
         workload,  # chaoskit.scenario.model.Workload
         run_dir: Path,
         run_id: str,
