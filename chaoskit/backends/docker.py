@@ -126,8 +126,7 @@ class DockerBackend(ClusterBackend):
             return ["docker", "exec", "-i", "-w", str(cwd), *flags, containers[node], *argv]
 
         def teardown() -> None:
-            for node in inventory.nodes:
-                node.conn.close()
+            inventory.close()
             if ephemeral:
                 lab.down()
 

@@ -73,8 +73,7 @@ class NetnsBackend(ClusterBackend):
         names = lab.node_names()
 
         def teardown() -> None:
-            for node in inventory.nodes:
-                node.conn.close()
+            inventory.close()
             if ephemeral:
                 lab.down()
 

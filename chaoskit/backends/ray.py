@@ -75,8 +75,7 @@ class RayBackend(ClusterBackend):
         def teardown() -> None:
             import ray
 
-            for node in inventory.nodes:
-                node.conn.close()
+            inventory.close()
             ray.shutdown()
             if ephemeral:
                 ray_lab.down()

@@ -180,6 +180,12 @@ class Inventory:
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
+    def close(self) -> None:
+        """Drop every node's connection (a run's end); a later command would reconnect."""
+        for node in self.nodes:
+            if node.conn is not None:
+                node.conn.close()
+
     def select(self, names: list[str] | None = None, labels: dict[str, str] | None = None) -> list[Node]:
         """Nodes named in ``names`` (all when ``None``) that carry every label in ``labels``."""
         chosen = self.nodes if names is None else [self._by_name[n] for n in names if n in self._by_name]
