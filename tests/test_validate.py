@@ -53,6 +53,18 @@ def test_shipped_scenarios_are_valid():
     assert re.search(r"(\d+) valid, 0 invalid", res.stdout)
 
 
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_scenarios_dry_run_with_no_lab_up(path: Path):
+    """What a run would do, shown before any lab exists: the lab's own interfaces, power commands and
+    containers, with placeholders only where the live lab alone can tell."""
+    res = run_cli("run", path, "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    plan = res.json["plan"]
+    assert plan and all(fault["actions"] for fault in plan)
+    commands = " ".join(a["command"] for fault in plan for a in fault["actions"])
+    assert "None" not in commands
+
+
 def test_validate_folder_counts_and_fails_on_any_error(tmp_path: Path):
     good = (SCENARIOS / "kill-rank.yaml").read_text()
     (tmp_path / "a.yaml").write_text(good)

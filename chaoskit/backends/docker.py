@@ -24,7 +24,11 @@ from chaoskit.backends.api import (
     Say,
 )
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
-from chaoskit.cluster.transports.docker import docker_client, power_argv
+from chaoskit.cluster.transports.docker import (
+    DockerTransport,
+    docker_client,
+    power_argv,
+)
 from chaoskit.cluster.transports.ssh import connect_all
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.lab.docker import DockerLab, find_compose, load_compose
@@ -67,6 +71,8 @@ class DockerBackend(ClusterBackend):
             labels = {k.removeprefix("io.chaoskit."): v for k, v in s.labels.items() if k.startswith("io.chaoskit.")}
             nodes.append(Node(
                 s.name, address=container, transport="docker", labels={**labels, "lab": "docker"},
+                # not connected: a dry run only asks it which container it is
+                conn=DockerTransport(s.name, container, python=NODE_PYTHON, scope_token=f"{project.name}.{s.name}"),
                 interfaces={"data": InterfaceSpec(name="eth0")},
                 power=PowerCommands(**{a: power_argv(container, a) for a in ("off", "on", "status")}),
             ))

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.selectors import TargetSpec
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import Duration
@@ -138,6 +138,12 @@ class Fault:
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         self.spec = spec
         self.fault_id = fault_id
+
+    def unfit(self, node: Node) -> str | None:
+        """Why this fault can never act on ``node``, judged from the inventory alone (``validate`` refuses
+        the scenario then, before anything starts), or ``None``. What only the live node can tell is
+        :meth:`preflight`'s."""
+        return None
 
     def preflight(self, ctx: FaultContext, targets: list[Any]) -> None:
         """Raise before anything is armed when a target cannot take this fault (unreachable, missing tool)."""

@@ -208,6 +208,12 @@ class _NodeFault(Fault):
 
     # The verbs ------------------------------------------------------------------------
 
+    def unfit(self, node: Node) -> str | None:
+        if node.conn is not None and not node.conn.has_own_network:
+            return (f"{self.kind} needs a node with a network stack of its own; node {node.name} shares this "
+                    "machine's (a process-lab node)")
+        return None
+
     def preflight(self, ctx: FaultContext, targets: list[NodeTarget]) -> None:
         """Raise before anything is armed: unreachable node, missing tool, unknown interface."""
         for t in targets:
@@ -398,6 +404,11 @@ class PartitionFault(_NodeFault):
 
     def _disconnect(self) -> bool:
         return self.spec.method == "disconnect"
+
+    def unfit(self, node: Node) -> str | None:
+        if self._disconnect() and node.conn is not None and node.conn.container is None:
+            return f"{self.kind} with method: disconnect needs a docker node; {node.name} is not a container"
+        return super().unfit(node)
 
     def _container(self, ctx: FaultContext, target: Any) -> str:
         transport = ctx.transport(target.node)

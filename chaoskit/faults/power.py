@@ -77,6 +77,13 @@ class PowerOffFault(Fault):
             )
         return power.off, power.on, power.status, power.timeout
 
+    def unfit(self, node: Node) -> str | None:
+        try:
+            self.commands(NodeTarget(node))
+        except ScenarioError as exc:
+            return f"{exc.message} ({exc.hint})" if exc.hint else exc.message
+        return None
+
     def preflight(self, ctx: FaultContext, targets: list[NodeTarget]) -> None:
         for t in targets:
             _, _, status, timeout = self.commands(t)

@@ -12,9 +12,10 @@ from typing import Any
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.backends.registry import CLUSTERS, backend
-from chaoskit.cluster.selectors import check_static
+from chaoskit.cluster.selectors import check_static, select_nodes
 from chaoskit.core.errors import ScenarioError
 from chaoskit.coverage import resolve_covers
+from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import LoadedScenario
 from chaoskit.scenario.model import ScenarioBase
 
@@ -46,6 +47,11 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
             return loaded.error(f"faults.{_i}.target: {message}", "faults", _i, "target", *sub)
 
         check_static(inventory, spec.target, world_size(sc, cluster), sc.safety.max_nodes, error)
+        fault = get_fault(spec.kind)(spec, f"f{i}")
+        for node in select_nodes(inventory, spec.target):
+            problem = fault.unfit(node)
+            if problem:
+                raise loaded.error(f"faults.{i}: {problem}", "faults", i, "kind")
         peers = getattr(spec, "peers", None)
         for name in (peers.nodes if peers is not None else None) or []:
             if name not in inventory:
