@@ -296,6 +296,26 @@ def test_run_report_comes_from_the_runs_files_alone(tmp_path: Path) -> None:
     assert "cluster process lab-test" in html
 
 
+def test_a_failed_check_says_what_was_expected_and_what_was_seen(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from chaoskit.report.summary import render_result
+
+    run = tmp_path / "run"
+    result = synth_run(run)
+    result["checks"]["training_finished"] = {"pass": False, "final_step": 150, "expected_step": 200}
+    result["verdict"] = "fail"
+    (run / "result.json").write_text(json.dumps(result))
+    expected = "training_finished: expected the job to reach step 200, it stopped at step 150"
+    assert run_cli("report", run).code == 0
+    assert expected in (run / "report.html").read_text()
+    out = io.StringIO()
+    render_result(Console(file=out, width=200), result)
+    assert f"check failed: {expected}" in out.getvalue()
+
+
 def test_report_of_a_folder_without_a_run_is_bad_input(tmp_path: Path) -> None:
     res = run_cli("report", tmp_path)
     assert res.code == 2

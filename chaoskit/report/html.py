@@ -46,6 +46,7 @@ from chaoskit.coverage import (
 )
 from chaoskit.measure import measure_fault
 from chaoskit.observe.events import read_events
+from chaoskit.report.summary import check_text
 
 __all__ = ["build_report", "write_run_report", "write_gameday_report", "load_run", "render_html"]
 
@@ -167,7 +168,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "notes": (result or {}).get("notes") or [],
         "cluster": _cluster_label((result or {}).get("cluster") or {}),
         "capabilities": (result or {}).get("capabilities") or {},
-        "failed_checks": [k for k, c in ((result or {}).get("checks") or {}).items() if not c.get("pass")],
+        "failed_checks": [check_text(k, c) for k, c in ((result or {}).get("checks") or {}).items() if not c.get("pass")],
         "started_at": (result or {}).get("started_at") or record.get("started_at"),
         "duration_s": (result or {}).get("duration_s") or record.get("duration_s"),
         "faults": [{"kind": f.get("kind"), "targets": ", ".join(f.get("targets") or [f.get("node") or "?"]),

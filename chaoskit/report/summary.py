@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_result", "render_plan"]
+__all__ = ["render_result", "render_plan", "check_text"]
 
 _ROWS = (
     ("detection", "detection_s", "fault -> the system noticed"),
@@ -18,7 +18,20 @@ def _fmt(v: Any) -> str:
     return "[yellow]not observed[/yellow]" if v is None else f"{v:.3f}s"
 
 
+def check_text(name: str, check: dict[str, Any]) -> str:
+    """One line for a failed check: what was expected, and what was seen."""
+    if name == "training_finished":
+        seen = check.get("final_step")
+        return (f"training_finished: expected the job to reach step {check.get('expected_step')}, "
+                f"{'it stopped at step ' + str(seen) if seen is not None else 'it reported no step'}")
+    if name == "faults_reverted":
+        return "faults_reverted: a lasting fault was not reverted and verified (its lease reverts it on the node)"
+    detail = ", ".join(f"{k}={v}" for k, v in check.items() if k != "pass")
+    return f"{name}: {detail}" if detail else name
+
+
 def render_result(console, result: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     phases, slo = result.get("phases") or {}, result.get("slo") or {}
@@ -47,7 +60,7 @@ def render_result(console, result: dict[str, Any]) -> None:
         console.print(f"detected by: {phases['detected_by']}")
     for name, check in (result.get("checks") or {}).items():
         if not check.get("pass"):
-            console.print(f"[red]check failed:[/red] {name} {check}")
+            console.print(f"[red]check failed:[/red] {escape(check_text(name, check))}")
     for note in result.get("notes") or []:
         console.print(f"note: {note}")
     colour = {"pass": "green", "fail": "red"}.get(result["verdict"], "yellow")

@@ -53,7 +53,8 @@ class Transport(Protocol):
     """The container that is this node, when an engine runs it (``network.partition`` with ``method: disconnect``)."""
 
     def ping(self, timeout: float = 5.0) -> float:
-        """Raise :class:`~chaoskit.core.errors.InfraError` unless the node answers; return the round trip in seconds."""
+        """One round trip: the node's clock (``time.time()`` there); :class:`~chaoskit.core.errors.InfraError`
+        when the node does not answer."""
 
     def close(self) -> None:
         """Drop the connection (the node's sessions died, e.g. with its power); the next command reconnects."""
