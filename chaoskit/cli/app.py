@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("chaoskit.cli.validate_cmd:validate_app",
                  "Check scenarios without touching anything (file:line:col for every error)."),
     "schema": ("chaoskit.cli.validate_cmd:schema_app", "Print the JSON Schema of scenarios (for editors)."),
+    "doctor": ("chaoskit.cli.doctor_cmd:doctor_app",
+               "Check an inventory's nodes: reachable, sudo, tools, netem, clock offset, GPUs."),
     "rollback": ("chaoskit.cli.run_cmd:rollback_app",
                  "Undo what crashed runs left behind: revert their faults, stop their labs."),
     "catalog": ("chaoskit.cli.gameday_cmd:catalog_app",

@@ -145,6 +145,11 @@ class Fault:
         :meth:`preflight`'s."""
         return None
 
+    def needs(self) -> tuple[str, ...]:
+        """What a target node must have for this fault (``chaoskit doctor --scenario`` checks): the names
+        of commands on its PATH, or ``netem`` for the kernel's network emulator."""
+        return ()
+
     def preflight(self, ctx: FaultContext, targets: list[Any]) -> None:
         """Raise before anything is armed when a target cannot take this fault (unreachable, missing tool)."""
 

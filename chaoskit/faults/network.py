@@ -208,6 +208,9 @@ class _NodeFault(Fault):
 
     # The verbs ------------------------------------------------------------------------
 
+    def needs(self) -> tuple[str, ...]:
+        return self.tools
+
     def unfit(self, node: Node) -> str | None:
         if node.conn is not None and not node.conn.has_own_network:
             return (f"{self.kind} needs a node with a network stack of its own; node {node.name} shares this "
@@ -376,6 +379,9 @@ class DegradeFault(_QdiscFault):
             args += ["rate", s.rate]
         return args
 
+    def needs(self):
+        return (*super().needs(), "netem") if self.spec.needs_netem else super().needs()
+
     def preflight(self, ctx, targets):
         super().preflight(ctx, targets)
         if self.spec.needs_netem:
@@ -404,6 +410,9 @@ class PartitionFault(_NodeFault):
 
     def _disconnect(self) -> bool:
         return self.spec.method == "disconnect"
+
+    def needs(self):
+        return () if self._disconnect() else super().needs()
 
     def unfit(self, node: Node) -> str | None:
         if self._disconnect() and node.conn is not None and node.conn.container is None:

@@ -52,6 +52,9 @@ class Transport(Protocol):
     container: str | None
     """The container that is this node, when an engine runs it (``network.partition`` with ``method: disconnect``)."""
 
+    def connect(self) -> object:
+        """Open the connection now (host key verified, agent started); idempotent. Commands connect on first use anyway."""
+
     def ping(self, timeout: float = 5.0) -> float:
         """One round trip: the node's clock (``time.time()`` there); :class:`~chaoskit.core.errors.InfraError`
         when the node does not answer."""

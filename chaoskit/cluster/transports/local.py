@@ -32,6 +32,9 @@ class LocalTransport:
         self.scope = scope
         """Processes whose environment has ``CHAOSKIT_SCOPE=<scope>`` belong to the node."""
 
+    def connect(self) -> "LocalTransport":
+        return self
+
     def ping(self, timeout: float = 5.0) -> float:
         return time.time()
 

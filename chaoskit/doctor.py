@@ -1,0 +1,211 @@
+"""``chaoskit doctor``: can chaoskit drill these nodes, and can it run this scenario's faults there?
+
+For every node of an inventory, in parallel (bounded): reachable, host key
+known, privileges (root or ``sudo -n``), chaoskit's agent started, the tools
+faults use (``ip``, ``tc``, ``nft``, ``kill``, Python), ``sch_netem``, the
+node's clock offset to this machine, and the GPUs ``nvidia-smi -L`` lists
+against the inventory's ``gpus:``. With a scenario, each fault is checked
+against the nodes its selector picks: what it needs there (:meth:`Fault.needs`)
+must be present. Nothing is changed on any node.
+
+The clock offset is measured NTP-style: several round trips to the node's
+agent, and the one with the smallest round trip gives the offset (node clock
+minus the midpoint of the round trip here) with an uncertainty of half that
+round trip.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaoskit.cluster.inventory import Inventory, Node
+from chaoskit.cluster.inventory_file import load_inventory
+from chaoskit.cluster.selectors import select_nodes
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, parallel
+from chaoskit.core.errors import InfraError
+from chaoskit.faults.network import netem_available
+from chaoskit.faults.registry import get_fault
+from chaoskit.scenario import load_scenario
+
+__all__ = ["NodeHealth", "Diagnosis", "diagnose", "clock_offset", "TOOLS"]
+
+TOOLS = ("ip", "tc", "nft", "kill")
+"""Commands faults run on a node, looked up on its PATH (plus the sbin folders)."""
+CLOCK_SAMPLES = 5
+COMMAND_TIMEOUT_S = 10.0
+_SBIN = "PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+
+@dataclass
+class NodeHealth:
+    """What ``doctor`` found on one node; ``problems`` lists what stops a drill there."""
+
+    node: str
+    address: str
+    reachable: bool = False
+    host_key: str = "not checked"
+    privilege: str | None = None
+    """``root``, ``sudo -n``, or ``None`` when commands cannot run with the rights faults need."""
+    agent: bool = False
+    tools: dict[str, bool] = field(default_factory=dict)
+    python: str | None = None
+    netem: bool | None = None
+    clock_offset_s: float | None = None
+    clock_uncertainty_s: float | None = None
+    gpus_expected: int = 0
+    gpus_seen: int | None = None
+    """GPUs ``nvidia-smi -L`` lists; ``None`` where the node has no nvidia-smi."""
+    problems: list[str] = field(default_factory=list)
+
+    def has(self, need: str) -> bool:
+        """Whether this node has ``need``: a tool name, ``python3`` or ``netem``."""
+        if need == "netem":
+            return bool(self.netem)
+        if need == "python3":
+            return self.python is not None
+        return self.tools.get(need, False)
+
+
+@dataclass
+class Diagnosis:
+    inventory: str
+    nodes: list[NodeHealth]
+    scenario: str | None = None
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    """With a scenario: one entry per fault (kind, nodes, ``missing``: what a node lacks)."""
+
+    @property
+    def ok(self) -> bool:
+        return all(not n.problems for n in self.nodes) and all(not f["missing"] for f in self.faults)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"inventory": self.inventory, "scenario": self.scenario, "ok": self.ok,
+                "nodes": [asdict(n) for n in self.nodes], "faults": self.faults}
+
+
+def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None, max_workers: int = 32) -> Diagnosis:
+    """Check every node of the inventory (and, with a scenario, every fault's needs on its nodes)."""
+    loaded = load_scenario(scenario_path) if scenario_path is not None else None
+    inventory = load_inventory(inventory_path)
+    try:
+        found = parallel({n.name: (lambda n=n: check_node(n)) for n in inventory.nodes}, max_workers)
+    finally:
+        inventory.close()
+    health = []
+    for node in inventory.nodes:
+        res = found[node.name]
+        if isinstance(res, BaseException):  # a bug in a check must not hide the other nodes
+            res = NodeHealth(node.name, node.address, problems=[f"{type(res).__name__}: {res}"])
+        health.append(res)
+    diagnosis = Diagnosis(str(inventory_path), health, str(scenario_path) if scenario_path else None)
+    if loaded is not None:
+        diagnosis.faults = _fault_needs(loaded.model, inventory, {h.node: h for h in health})
+    return diagnosis
+
+
+def check_node(node: Node) -> NodeHealth:
+    """Everything ``doctor`` asks of one node, through its own transport."""
+    health = NodeHealth(node.name, node.address, gpus_expected=node.gpus)
+    conn = node.conn
+    if conn is None:
+        health.problems.append("no transport reaches this node")
+        return health
+    try:
+        conn.connect()
+        health.reachable, health.host_key = True, "known"
+    except HostKeyError as exc:
+        health.host_key = exc.message
+        health.problems.append(f"host key: {exc.message}")
+        return health
+    except InfraError as exc:
+        health.problems.append(f"unreachable: {exc.message}")
+        return health
+    health.agent = not isinstance(conn, SSHTransport) or conn.mode == "agent"
+    if not health.agent:
+        health.problems.append("chaoskit's agent did not start: every command costs a new SSH session")
+    try:
+        _privilege(conn, node, health)
+        if health.privilege is None:
+            return health
+        _tools(conn, node, health)
+        health.clock_offset_s, health.clock_uncertainty_s = clock_offset(conn)
+        _gpus(conn, health)
+    except InfraError as exc:
+        health.problems.append(exc.message)
+    return health
+
+
+def clock_offset(conn: Transport, samples: int = CLOCK_SAMPLES) -> tuple[float, float]:
+    """(node clock minus this machine's, half the round trip) from the sample with the smallest round trip."""
+    best: tuple[float, float] | None = None
+    for _ in range(samples):
+        t0 = time.time()
+        node_time = conn.ping(timeout=COMMAND_TIMEOUT_S)
+        t1 = time.time()
+        offset, half = node_time - (t0 + t1) / 2, (t1 - t0) / 2
+        if best is None or half < best[1]:
+            best = (offset, half)
+    assert best is not None
+    return round(best[0], 6), round(best[1], 6)
+
+
+def _privilege(conn: Transport, node: Node, health: NodeHealth) -> None:
+    res = conn.run(["id", "-u"], COMMAND_TIMEOUT_S)
+    sudo = node.ssh is not None and (node.ssh.sudo if node.ssh.sudo is not None else node.ssh.user != "root")
+    if res.returncode == 0 and res.stdout.strip() == "0":
+        health.privilege = "sudo -n" if sudo else "root"
+    elif sudo and ("password" in res.stderr or "sudo" in res.stderr):
+        health.problems.append(f"sudo -n asks for a password as {node.ssh.user}: {res.stderr.strip()}")
+    else:
+        health.problems.append(f"commands run as uid {res.stdout.strip() or '?'}, not root; network and process "
+                               "faults need root (log in as root, or set ssh.sudo with password-less sudo)")
+
+
+def _tools(conn: Transport, node: Node, health: NodeHealth) -> None:
+    script = f"{_SBIN}; for t in {' '.join(TOOLS)}; do command -v $t >/dev/null 2>&1 && echo $t; done"
+    res = conn.run(["sh", "-c", script], COMMAND_TIMEOUT_S)
+    present = set(res.stdout.split())
+    health.tools = {t: t in present for t in TOOLS}
+    python = node.ssh.python if node.ssh is not None else "python3"
+    res = conn.run([python, "--version"], COMMAND_TIMEOUT_S)
+    health.python = (res.stdout or res.stderr).strip() or None if res.returncode == 0 else None
+    health.tools["python3"] = health.python is not None
+    health.netem = netem_available(conn, python) if health.python else None
+
+
+def _gpus(conn: Transport, health: NodeHealth) -> None:
+    res = conn.run(["sh", "-c", f"{_SBIN}; command -v nvidia-smi >/dev/null 2>&1 || exit 3; nvidia-smi -L"],
+                   COMMAND_TIMEOUT_S)
+    if res.returncode == 3 and not res.stdout:
+        health.gpus_seen = None
+    else:
+        health.gpus_seen = sum(1 for line in res.stdout.splitlines() if line.startswith("GPU "))
+    seen = health.gpus_seen or 0
+    if health.gpus_expected and seen < health.gpus_expected:
+        what = "no nvidia-smi" if health.gpus_seen is None else f"nvidia-smi lists {seen}"
+        health.problems.append(f"the inventory says {health.gpus_expected} GPUs, {what}")
+
+
+def _fault_needs(sc: Any, inventory: Inventory, health: dict[str, NodeHealth]) -> list[dict[str, Any]]:
+    out = []
+    for i, spec in enumerate(sc.faults):
+        fault = get_fault(spec.kind)(spec, f"f{i}")
+        nodes = [n.name for n in select_nodes(inventory, spec.target)]
+        missing = []
+        if not nodes:
+            missing.append(f"no node of the inventory matches {spec.target.describe()}")
+        for name in nodes:
+            unfit = fault.unfit(inventory[name])
+            if unfit:
+                missing.append(unfit)
+            h = health[name]
+            if h.problems:
+                missing.append(f"{name}: {h.problems[0]}")
+                continue
+            missing += [f"{name}: no {need}" for need in fault.needs() if not h.has(need)]
+        out.append({"fault": f"f{i}", "kind": spec.kind, "nodes": nodes, "needs": list(fault.needs()), "missing": missing})
+    return out
