@@ -35,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-from chaoskit.faults.network import NETEM_CHECK
+from chaoskit.cluster.kernel import NETEM_CHECK
 from chaoskit.faults.registry import fault_kinds
 
 __all__ = [

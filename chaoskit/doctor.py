@@ -23,11 +23,11 @@ from typing import Any
 
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
+from chaoskit.cluster.kernel import netem_available
 from chaoskit.cluster.selectors import select_nodes
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, parallel
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.network import netem_available
 from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import load_scenario
 

@@ -89,7 +89,7 @@ def test_degrade_rate_uses_tbf(netns_lab, fault_ctx, clean_lab):
 
 
 def test_degrade_with_delay_needs_netem(netns_lab, fault_ctx, clean_lab):
-    from chaoskit.faults.network import netem_available
+    from chaoskit.cluster.kernel import netem_available
 
     fault = make("network.degrade", target={"nodes": ["n0"]}, delay="50ms", loss=1, duration="30s")
     if netem_available(fault_ctx.transport("n0")):

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.cluster.inventory import Node
+from chaoskit.cluster.kernel import netem_available
 from chaoskit.cluster.power import run_power_command
 from chaoskit.cluster.selectors import (
     NodeTarget,
@@ -46,8 +47,6 @@ __all__ = [
     "DegradeFault",
     "PartitionFault",
     "QDISC_HANDLE",
-    "NETEM_CHECK",
-    "netem_available",
 ]
 
 QDISC_HANDLE = "c4a0:"
@@ -57,35 +56,7 @@ RECONNECT_MARGIN_S = 15.0
 OWN_LINK_TIMEOUT_S = 1.0
 RATE_RE = r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$"
 
-NETEM_CHECK = r"""
-import glob, gzip, os, subprocess, sys
-if os.path.isdir('/sys/module/sch_netem'):
-    sys.exit(0)
-rel = os.uname().release
-for path in ('/lib/modules/%s/modules.builtin' % rel, '/usr/lib/modules/%s/modules.builtin' % rel):
-    try:
-        if 'sch_netem' in open(path).read():
-            sys.exit(0)
-    except OSError:
-        pass
-conf = ''
-for path in ('/proc/config.gz', '/boot/config-%s' % rel):
-    try:
-        conf = (gzip.open(path, 'rt') if path.endswith('.gz') else open(path)).read()
-        break
-    except OSError:
-        pass
-if 'CONFIG_NET_SCH_NETEM=y' in conf:
-    sys.exit(0)
-if 'CONFIG_NET_SCH_NETEM is not set' in conf:
-    sys.exit(1)
-try:
-    if subprocess.call(['modprobe', '-q', 'sch_netem'], stderr=subprocess.DEVNULL) == 0 and os.path.isdir('/sys/module/sch_netem'):
-        sys.exit(0)
-except OSError:
-    pass
-sys.exit(1)
-"""
+
 """Exit 0 when the node's kernel has sch_netem (loaded, built in, or loadable); run with the node's python."""
 
 
@@ -541,12 +512,6 @@ class PartitionFault(_NodeFault):
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-
-def netem_available(transport: Transport, python: str = "python3") -> bool:
-    """Whether the node's kernel has ``sch_netem`` (loaded, or a module that can be)."""
-    res = transport.run([python, "-c", NETEM_CHECK], COMMAND_TIMEOUT_S)
-    return res.returncode == 0
 
 
 def _transport(ctx: FaultContext, target: NodeTarget) -> Transport:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from chaoskit.core.errors import ScenarioError, SourcePos
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
-from chaoskit.scenario.model import ScenarioBase, scenario_model
+from chaoskit.scenario.model import ScenarioBase, model_for
 
 __all__ = ["LoadedScenario", "load_scenario", "scenario_files"]
 
@@ -51,7 +51,7 @@ def validate_file(path: str | Path) -> "LoadedScenario | list[ScenarioError]":
     if not isinstance(data, dict):
         return [ScenarioError("a scenario must be a YAML mapping (name:, faults:, ...)", pos=smap.at(()))]
     try:
-        model = scenario_model().model_validate(data)
+        model = model_for(data).model_validate(data)
     except ValidationError as exc:
         return validation_errors(exc, data, smap)
     return LoadedScenario(path, model, smap)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Iterable, Literal, Union
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -29,6 +29,7 @@ __all__ = [
     "SteadyState",
     "ScenarioBase",
     "scenario_model",
+    "model_for",
 ]
 
 class Workload(StrictModel):
@@ -146,23 +147,43 @@ class ScenarioBase(StrictModel):
     covers: list[str] | None = Field(None, description="Catalog classes this scenario exercises (defaults from its faults).")
 
 
-_MODELS: dict[tuple[int, int], type[ScenarioBase]] = {}
+_MODELS: dict[tuple[Any, ...], type[ScenarioBase]] = {}
 
 
-def scenario_model() -> type[ScenarioBase]:
-    """The full ``Scenario`` model: the base plus a tagged union of every cluster backend and every fault kind.
+def scenario_model(clusters: Iterable[str] | None = None, faults: Iterable[str] | None = None) -> type[ScenarioBase]:
+    """The ``Scenario`` model: the base plus a tagged union of cluster backends and one of fault kinds.
 
-    Built once per set of registered backends and kinds (a plugin registered later gets a new model)."""
-    key = (CLUSTERS.generation, FAULTS.generation)
+    Every registered backend and kind by default (the schema); only ``clusters`` and ``faults``
+    when given, which is what validating one file needs: a smaller model to build, and no module
+    of a kind the file does not name is imported. Built once per set of names and registrations
+    (a plugin registered later gets a new model)."""
+    cluster_names = tuple(sorted(set(clusters))) if clusters is not None else tuple(CLUSTERS.names())
+    fault_names = tuple(sorted(set(faults))) if faults is not None else tuple(FAULTS.names())
+    key = (CLUSTERS.generation, FAULTS.generation, cluster_names, fault_names)
     if key not in _MODELS:
-        _MODELS[key] = _build_model()
+        _MODELS[key] = _build_model(cluster_names, fault_names)
     return _MODELS[key]
 
 
-def _build_model() -> type[ScenarioBase]:
-    faults = tuple(cls.Spec for cls in FAULTS.all().values())
-    clusters = tuple(cls.Spec for cls in CLUSTERS.all().values())
-    kinds = "|".join(CLUSTERS.names())
+def model_for(data: Any) -> type[ScenarioBase]:
+    """The model to validate one file's data with: just the cluster kind and fault kinds it names when
+    they are all known, else every one (so that an unknown or missing kind is told what the known ones are)."""
+    cluster = data.get("cluster", "lab") if isinstance(data, dict) else None
+    if cluster == "lab" or (isinstance(cluster, dict) and "kind" not in cluster):
+        cluster_kind = "process"
+    else:
+        cluster_kind = cluster.get("kind") if isinstance(cluster, dict) else None
+    items = data.get("faults") if isinstance(data, dict) else None
+    fault_kinds = [f.get("kind") if isinstance(f, dict) else None for f in items] if isinstance(items, list) else []
+    if cluster_kind not in CLUSTERS or not fault_kinds or any(k not in FAULTS for k in fault_kinds):
+        return scenario_model()
+    return scenario_model([cluster_kind], fault_kinds)
+
+
+def _build_model(cluster_names: tuple[str, ...], fault_names: tuple[str, ...]) -> type[ScenarioBase]:
+    faults = tuple(FAULTS.get(name).Spec for name in fault_names)
+    clusters = tuple(CLUSTERS.get(name).Spec for name in cluster_names)
+    kinds = "|".join(cluster_names)
     return create_model(
         "Scenario",
         __base__=ScenarioBase,
