@@ -89,7 +89,7 @@ class NodeSpec(StrictModel):
         out = {}
         for key, value in v.items():
             for item in (str(key), str(value)):
-                if not re.match(NAME_RE, item):
+                if not re.fullmatch(NAME_RE, item):
                     raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
             out[str(key)] = str(value)
         return out
@@ -98,7 +98,7 @@ class NodeSpec(StrictModel):
     @classmethod
     def _roles(cls, v: dict[str, InterfaceSpec]) -> dict[str, InterfaceSpec]:
         for role in v:
-            if not re.match(NAME_RE, role):
+            if not re.fullmatch(NAME_RE, role):
                 raise ValueError(f"invalid interface role {role!r}")
         return v
 
@@ -133,7 +133,7 @@ class InventoryFile(StrictModel):
         if v is None or v == "auto":
             return v
         host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not (port.isascii() and port.isdigit() and len(port) <= 5) or not 0 < int(port) < 65536:
             raise ValueError(f"ray: {v!r} is neither auto nor HOST:PORT")
         check_address(host)
         return v
@@ -167,7 +167,7 @@ class LoadedInventory:
 def load_inventory_file(path: str | Path) -> LoadedInventory:
     """Parse and validate an inventory file; raise :class:`ScenarioError` (``file:line:col``) at the first problem."""
     path = Path(path)
-    data, smap = load_yaml(path)
+    data, smap = load_yaml(path, what="inventory")
     if not isinstance(data, dict):
         raise ScenarioError("an inventory must be a YAML mapping (name:, nodes:)", pos=SourcePos(str(path), 1, 1))
     try:

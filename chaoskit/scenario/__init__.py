@@ -45,7 +45,7 @@ def validate_file(path: str | Path) -> "LoadedScenario | list[ScenarioError]":
     """Validate one file: the loaded scenario, or every error found in it."""
     path = Path(path)
     try:
-        data, smap = load_yaml(path)
+        data, smap = load_yaml(path, what="scenario")
     except ScenarioError as exc:
         return [exc]
     if not isinstance(data, dict):
