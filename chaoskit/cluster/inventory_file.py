@@ -44,10 +44,10 @@ from chaoskit.cluster.inventory import (
 )
 from chaoskit.cluster.transports.ray import discover_nodes
 from chaoskit.cluster.transports.ssh import SSHTransport
-from chaoskit.core.errors import ScenarioError, SourcePos
+from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
-from chaoskit.core.yaml_source import load_yaml, validation_errors
+from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
 __all__ = [
     "InventoryFile",
@@ -55,6 +55,8 @@ __all__ = [
     "LoadedInventory",
     "load_inventory",
     "load_inventory_file",
+    "looks_like_inventory",
+    "validate_inventory_data",
     "build_inventory",
 ]
 
@@ -168,19 +170,36 @@ def load_inventory_file(path: str | Path) -> LoadedInventory:
     """Parse and validate an inventory file; raise :class:`ScenarioError` (``file:line:col``) at the first problem."""
     path = Path(path)
     data, smap = load_yaml(path, what="inventory")
+    res = validate_inventory_data(path, data, smap)
+    if isinstance(res, list):
+        raise res[0]
+    return res
+
+
+def looks_like_inventory(data: Any) -> bool:
+    """Whether a YAML document is an inventory rather than a scenario: a mapping with
+    ``nodes:`` or ``ray:`` and no ``faults:``."""
+    return isinstance(data, dict) and ("nodes" in data or "ray" in data) and "faults" not in data
+
+
+def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedInventory | list[ScenarioError]":
+    """Validate an inventory already read by :func:`~chaoskit.core.yaml_source.load_yaml`:
+    the loaded inventory, or every error found in it."""
     if not isinstance(data, dict):
-        raise ScenarioError("an inventory must be a YAML mapping (name:, nodes:)", pos=SourcePos(str(path), 1, 1))
+        return [ScenarioError("an inventory must be a YAML mapping (name:, nodes:)", pos=smap.at(()))]
     try:
         model = InventoryFile.model_validate(data)
     except ValidationError as exc:
-        raise validation_errors(exc, data, smap)[0] from None
+        return validation_errors(exc, data, smap)
     loaded = LoadedInventory(path, model, smap)
     seen: dict[str, int] = {}
+    errors = []
     for i, node in enumerate(model.nodes):
         if node.name in seen:
-            raise loaded.error(f"nodes.{i}.name: duplicate node name {node.name!r} (also nodes.{seen[node.name]})", "nodes", i, "name")
-        seen[node.name] = i
-    return loaded
+            errors.append(loaded.error(f"nodes.{i}.name: duplicate node name {node.name!r} (also nodes.{seen[node.name]})",
+                                       "nodes", i, "name"))
+        seen.setdefault(node.name, i)
+    return errors or loaded
 
 
 def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None = None) -> Inventory:
