@@ -84,7 +84,7 @@ def read_input(path: str | Path, what: str = "file") -> str:
     except (OSError, ValueError) as exc:  # ENAMETOOLONG, ELOOP, EACCES; ValueError: a NUL in the name
         raise ScenarioError(f"cannot read this {what}: {_reason(exc)}", pos=start) from None
     if not stat.S_ISREG(mode):
-        raise ScenarioError(f"not a regular file ({_file_type(mode)}); a {what} is a YAML file", pos=start)
+        raise ScenarioError(f"not a regular file ({_file_type(mode)}); only a regular file is read", pos=start)
     try:
         # O_NONBLOCK: should the path have become a FIFO since the stat, opening it still returns at once.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
@@ -93,7 +93,7 @@ def read_input(path: str | Path, what: str = "file") -> str:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise ScenarioError(f"not a regular file ({_file_type(mode)}); a {what} is a YAML file", pos=start)
+            raise ScenarioError(f"not a regular file ({_file_type(mode)}); only a regular file is read", pos=start)
         chunks, size = [], 0
         while size <= MAX_FILE_BYTES:
             chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
