@@ -28,8 +28,8 @@ demo: $(VENV)/.workload
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The loaders' property tests at full size: 10,000 generated inputs per property (scenario,
-# inventory and compose files), each checked by `chaoskit validate`; prints the figures.
+# The loaders' property tests at full size: over 10,000 generated inputs (scenario, inventory
+# and compose files), each checked by `chaoskit validate`; prints the figures.
 fuzz: $(VENV)/.dev
 	CHAOSKIT_FUZZ=1 $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/test_fuzz_inputs.py $(PYTEST_ARGS)
 
