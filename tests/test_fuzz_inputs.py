@@ -31,10 +31,10 @@ from tests.conftest import ROOT, SCENARIOS, run_cli
 
 FUZZ = os.environ.get("CHAOSKIT_FUZZ") == "1"
 _COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
-settings.register_profile("ci", max_examples=100, derandomize=True, **_COMMON)
+settings.register_profile("chaoskit-inputs-ci", max_examples=100, derandomize=True, database=None, **_COMMON)
 # 6 properties x 1,700 examples: over 10,000 generated inputs in all (the tree property checks each twice).
-settings.register_profile("fuzz", max_examples=int(os.environ.get("CHAOSKIT_FUZZ_EXAMPLES", "1700")), **_COMMON)
-PROFILE = settings.get_profile("fuzz" if FUZZ else "ci")
+settings.register_profile("chaoskit-inputs-fuzz", max_examples=int(os.environ.get("CHAOSKIT_FUZZ_EXAMPLES", "1700")), **_COMMON)
+PROFILE = settings.get_profile("chaoskit-inputs-fuzz" if FUZZ else "chaoskit-inputs-ci")
 
 TIME_LIMIT_S = 1.0 if FUZZ else 3.0  # per input; CI machines are shared, so the suite's bound is looser
 FIGURES: dict[str, Any] = {"examples": 0, "max_s": 0.0, "slowest": "", "internal": 0, "codes": {}}

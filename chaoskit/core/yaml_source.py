@@ -280,9 +280,11 @@ class _Builder:
             if tag in _AS_TEXT:
                 tag = _CORE + "str"
         is_key, path = self._slot()
-        if tag == _MERGE and is_key:
-            self._merge_key(pos)
-            return
+        if tag == _MERGE:
+            if is_key and ev.tag is None:
+                self._merge_key(pos)
+                return
+            tag = _CORE + "str"  # a plain `<<` anywhere but a key is text
         if tag not in _SCALAR_TAGS:
             raise ScenarioError(f"the tag {_short(tag)} is not supported: only strings, numbers, booleans and null",
                                 pos=pos)
