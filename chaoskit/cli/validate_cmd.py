@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env, print_json
-from chaoskit.cluster.inventory_file import looks_like_inventory, validate_inventory_data
+from chaoskit.cluster.inventory_spec import looks_like_inventory, validate_inventory_data
 from chaoskit.core.errors import ExitCode, ScenarioError
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.scenario import scenario_files, validate_data
