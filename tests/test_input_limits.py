@@ -16,7 +16,9 @@ from pydantic import Field
 from chaoskit.backends.api import ClusterBackend, ClusterHandle, ClusterSpec
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import parse_duration
+from chaoskit.core.errors import ScenarioError
 from chaoskit.core.limits import MAX_FILE_BYTES
+from chaoskit.core.yaml_source import load_yaml_text
 from tests.conftest import ROOT, SCENARIOS, run_cli
 
 KILL = "faults:\n  - kind: process.kill\n    target: {ranks: [0]}\n"
@@ -98,13 +100,15 @@ def test_an_alias_bomb_is_refused_quickly_in_bounded_memory(tmp_path: Path):
     assert _only_line(res).startswith(f"{f}:5:45: more than 100,000 values (aliases count as the values they repeat)")
 
 
-def test_aliases_within_the_limits_keep_positions(tmp_path: Path):
-    f = tmp_path / "s.yaml"
-    f.write_text("name: x\nx-common: &t {nodes: [n9]}\nfaults:\n  - kind: process.kill\n    target: *t\n")
-    res = run_cli("validate", f)
-    assert res.code == 2
-    assert "unknown key 'x-common'" in res.stderr
-    assert f"{f}:2:15: faults.0.target: node 'n9' is not in the inventory" not in res.stderr  # one error per run of checks
+def test_aliases_and_merge_keys_within_the_limits_keep_positions():
+    text = "a: &t {nodes: [n9]}\nb: *t\nc: {<<: *t, extra: 1}\n"
+    data, smap = load_yaml_text(text, "f.yaml", merge=True)
+    assert data == {"a": {"nodes": ["n9"]}, "b": {"nodes": ["n9"]}, "c": {"nodes": ["n9"], "extra": 1}}
+    for where in ("a", "b", "c"):  # an aliased value points at the text it came from
+        assert str(smap.at((where, "nodes", 0))) == "f.yaml:1:16"
+    assert str(smap.at(("c", "extra"))) == "f.yaml:3:20"
+    with pytest.raises(ScenarioError, match="merge keys"):
+        load_yaml_text(text, "f.yaml")  # scenarios and inventories take no merge keys
 
 
 def test_durations_are_finite_bounded_and_ascii():
