@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench schema docker-image clean lint-imports
+.PHONY: demo test fuzz bench schema docker-image clean lint-imports
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo: $(VENV)/.workload
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The loaders' property tests at full size: over 10,000 generated inputs (scenario, inventory
+# and compose files), each checked by `chaoskit validate`; prints the figures.
+fuzz: $(VENV)/.dev
+	CHAOSKIT_FUZZ=1 $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/test_fuzz_inputs.py $(PYTEST_ARGS)
 
 bench: $(VENV)/.dev
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

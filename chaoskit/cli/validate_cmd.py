@@ -1,15 +1,18 @@
-"""``chaoskit validate`` and ``chaoskit schema``: the scenario format, checked and described; nothing is touched."""
+"""``chaoskit validate`` and ``chaoskit schema``: scenarios and inventories checked, the scenario format described; nothing is touched."""
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env, print_json
+from chaoskit.cluster.inventory_spec import looks_like_inventory, validate_inventory_data
 from chaoskit.core.errors import ExitCode, ScenarioError
-from chaoskit.scenario import scenario_files, validate_file
+from chaoskit.core.yaml_source import load_yaml
+from chaoskit.scenario import scenario_files, validate_data
 from chaoskit.scenario.checks import check_scenario
 from chaoskit.scenario.schema import schema_text
 
@@ -20,37 +23,71 @@ validate_app = command_app()
 
 @validate_app.command(epilog=EXIT_CODES_HELP)
 def validate(
-    paths: List[Path] = typer.Argument(..., help="Scenario files or folders (searched for *.yaml)."),
+    paths: List[Path] = typer.Argument(..., help="Scenario or inventory files, or folders (searched for *.yaml, *.yml)."),
+    inventory: bool = typer.Option(
+        False, "--inventory", help="Check every file as an inventory (default: a mapping with nodes: or ray: and no faults: is one)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> int:
-    """Check scenarios without touching anything. Every error reads file:line:col: message."""
+    """Check scenarios and inventories without touching anything. Every error reads file:line:col: message.
+
+    Every file is checked, whatever happens to the others; with more than one, a last line
+    counts them. Exit 2 if any is invalid, 70 if chaoskit failed on one (a bug)."""
     env = current_env()
     files = scenario_files(paths)
     if not files:
         env.stderr.write("error: no scenario files found\n")
         return ExitCode.BAD_INPUT
     report = []
+    internal = 0
     for f in files:
-        res = validate_file(f)
-        errors = res if isinstance(res, list) else []
-        if not errors:
-            try:
-                check_scenario(res)
-            except ScenarioError as exc:
-                errors = [exc]
-        report.append({"file": str(f), "ok": not errors, "errors": [str(e) for e in errors]})
-        if not as_json:
-            if errors:
-                for e in errors:
-                    env.stderr.write(f"{e}\n")
-            else:
-                env.stdout.write(f"ok  {f}\n")
+        try:
+            kind, errors = _check(f, inventory)
+            lines = [str(e) for e in errors]
+        except Exception as exc:  # noqa: BLE001 - one file's bug must not keep the others from being checked
+            if env.debug:
+                traceback.print_exc(file=env.stderr)
+            internal += 1
+            kind, lines = "unknown", [f"{f}: internal error: {type(exc).__name__}: {_one_line(exc)}"]
+        report.append({"file": str(f), "kind": kind, "ok": not lines, "errors": lines})
+        if as_json:
+            continue
+        if lines:
+            env.stderr.write("".join(f"{line}\n" for line in lines))
+        else:
+            env.stdout.write(f"ok  {f}{' (inventory)' if kind == 'inventory' else ''}\n")
     bad = sum(1 for r in report if not r["ok"])
     if as_json:
         print_json({"files": report, "errors": bad})
     elif len(files) > 1:
         env.stdout.write(f"{len(files) - bad} valid, {bad} invalid\n")
+    if internal:
+        env.stderr.write("hint: an internal error is a chaoskit bug; rerun with --debug for a traceback and report it\n")
+        return ExitCode.INTERNAL
     return ExitCode.BAD_INPUT if bad else ExitCode.OK
+
+
+def _check(path: Path, as_inventory: bool) -> tuple[str, list[ScenarioError]]:
+    """``("scenario" | "inventory", errors)`` for one file, read once."""
+    try:
+        data, smap = load_yaml(path, what="inventory" if as_inventory else "file")
+    except ScenarioError as exc:
+        return ("inventory" if as_inventory else "scenario"), [exc]
+    if as_inventory or looks_like_inventory(data):
+        res = validate_inventory_data(path, data, smap)
+        return "inventory", res if isinstance(res, list) else []
+    res = validate_data(path, data, smap)
+    if isinstance(res, list):
+        return "scenario", res
+    try:
+        check_scenario(res)
+    except ScenarioError as exc:
+        return "scenario", [exc]
+    return "scenario", []
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 schema_app = command_app()

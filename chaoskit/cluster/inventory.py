@@ -43,7 +43,7 @@ class SshSettings(StrictModel):
     @field_validator("user")
     @classmethod
     def _user(cls, v: str) -> str:
-        if not re.match(USER_RE, v):
+        if not re.fullmatch(USER_RE, v):
             raise ValueError(f"invalid user name {v!r}")
         return v
 
@@ -55,7 +55,7 @@ class SshSettings(StrictModel):
     @field_validator("python")
     @classmethod
     def _python(cls, v: str) -> str:
-        if not re.match(SAFE_TOKEN_RE, v):
+        if not re.fullmatch(SAFE_TOKEN_RE, v):
             raise ValueError(f"invalid python command {v!r}")
         return v
 
@@ -116,7 +116,7 @@ class PowerCommands(StrictModel):
         if not isinstance(v, list) or not v:
             raise ValueError("a command is a non-empty list of arguments (or one string)")
         for token in v:
-            if not isinstance(token, (str, int)) or not re.match(SAFE_TOKEN_RE, str(token)):
+            if not isinstance(token, (str, int)) or not re.fullmatch(SAFE_TOKEN_RE, str(token)):
                 raise ValueError(
                     f"unsafe argument {token!r}: letters, digits and _ @ % + = : , . / - only "
                     "(commands run without a shell; put anything fancier in a script)"

@@ -1,53 +1,21 @@
-"""Inventory files: a real cluster (or the netns lab) described in YAML.
-
-Validated like scenarios: pydantic models with ``extra="forbid"`` are the single
-source of truth, and every error reads ``file:line:col: message`` (the loader of
-:mod:`chaoskit.core.yaml_source` keeps the positions). Every value that can reach a
-shell (address, user, interface, paths, power commands) must match a strict
-pattern, so ``eth0;reboot`` is refused here, long before anything connects.
-
-Example::
-
-    name: rack-a
-    ssh: {user: root, key: ~/.ssh/chaoskit, known_hosts: ./known_hosts}   # defaults for every node
-    nodes:
-      - name: gpu01
-        address: 10.0.0.11
-        labels: {rack: r1, role: worker}
-        interfaces: {data: {name: ib0, address: 10.1.0.11}, mgmt: eno1}
-        gpus: 8
-        power:
-          off: ipmitool -I lanplus -H bmc-gpu01 -U admin -f /etc/chaoskit/ipmi.pw chassis power off
-          on: ipmitool -I lanplus -H bmc-gpu01 -U admin -f /etc/chaoskit/ipmi.pw chassis power on
-          status: /usr/local/bin/is-powered-on gpu01
-
-Power commands run **on the controller** (they talk to a BMC or a PDU, never to
-the node itself), as argv without a shell; ``status`` exits 0 when the node is on.
-Relative paths are relative to the inventory file.
-"""
+"""An inventory file's nodes with their transports (SSH, Ray); the format is :mod:`chaoskit.cluster.inventory_spec`."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-
-from chaoskit.cluster.inventory import (
-    InterfaceSpec,
-    Inventory,
-    Node,
-    PowerCommands,
-    SshSettings,
+from chaoskit.cluster.inventory import Inventory, Node
+from chaoskit.cluster.inventory_spec import (
+    InventoryFile,
+    LoadedInventory,
+    NodeSpec,
+    load_inventory_file,
+    looks_like_inventory,
+    validate_inventory_data,
 )
 from chaoskit.cluster.transports.ray import discover_nodes
 from chaoskit.cluster.transports.ssh import SSHTransport
-from chaoskit.core.errors import ScenarioError, SourcePos
-from chaoskit.core.models import NAME_RE, StrictModel
-from chaoskit.core.shell import check_address, check_path
-from chaoskit.core.yaml_source import load_yaml, validation_errors
 
 __all__ = [
     "InventoryFile",
@@ -55,132 +23,10 @@ __all__ = [
     "LoadedInventory",
     "load_inventory",
     "load_inventory_file",
+    "looks_like_inventory",
+    "validate_inventory_data",
     "build_inventory",
 ]
-
-class NodeSpec(StrictModel):
-    """One node of the cluster."""
-
-    name: str = Field(..., pattern=NAME_RE, description="Unique node name, used by selectors.")
-    address: str = Field(..., description="Where the controller reaches it (IP or host name).")
-    transport: Literal["ssh", "ray"] = Field(
-        "ssh", description="How chaoskit reaches it: ssh, or ray (a ChaosAgent actor; needs ray: at the top level)."
-    )
-    ssh: SshSettings | None = Field(None, description="Overrides of the top-level ssh settings.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Selector labels, e.g. {rack: r1, role: worker}.")
-    interfaces: dict[str, InterfaceSpec] = Field(default_factory=dict, description="NICs by role: data, mgmt, ...")
-    gpus: int = Field(0, ge=0, le=1024)
-    power: PowerCommands | None = None
-    processes: Literal["all", "netns"] = Field(
-        "all", description="Which processes belong to the node: all on the host, or those in the agent's network namespace (labs)."
-    )
-    workdir: str | None = Field(None, description="Node-side directory for chaoskit's files (default /tmp/chaoskit-<user>).")
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, v: str) -> str:
-        return check_address(v)
-
-    @field_validator("labels", mode="before")
-    @classmethod
-    def _labels(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        out = {}
-        for key, value in v.items():
-            for item in (str(key), str(value)):
-                if not re.match(NAME_RE, item):
-                    raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
-            out[str(key)] = str(value)
-        return out
-
-    @field_validator("interfaces")
-    @classmethod
-    def _roles(cls, v: dict[str, InterfaceSpec]) -> dict[str, InterfaceSpec]:
-        for role in v:
-            if not re.match(NAME_RE, role):
-                raise ValueError(f"invalid interface role {role!r}")
-        return v
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if not v.startswith("/"):
-            raise ValueError("workdir must be an absolute path on the node")
-        return check_path(v)
-
-
-class InventoryFile(StrictModel):
-    """An inventory: a name, SSH defaults and the nodes."""
-
-    name: str = Field(..., pattern=NAME_RE, description="Cluster name (runs are locked per cluster).")
-    ssh: SshSettings = Field(default_factory=SshSettings, description="Defaults for every node.")
-    ray: str | None = Field(
-        None,
-        description=(
-            "auto (RAY_ADDRESS, or the Ray cluster started on this machine) or the Ray head's HOST:PORT. Nodes are "
-            "discovered from Ray with their labels and reached through ChaosAgent actors; a node started with the "
-            "resource chaoskit_node_<name> gets that name. Listed nodes with transport: ray add labels and power commands."
-        ),
-    )
-    nodes: list[NodeSpec] = Field(default_factory=list, description="The nodes (may be empty with ray:).")
-
-    @field_validator("ray")
-    @classmethod
-    def _ray(cls, v: str | None) -> str | None:
-        if v is None or v == "auto":
-            return v
-        host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"ray: {v!r} is neither auto nor HOST:PORT")
-        check_address(host)
-        return v
-
-    @model_validator(mode="after")
-    def _nodes_or_ray(self) -> "InventoryFile":
-        if not self.nodes and self.ray is None:
-            raise ValueError("nodes: list at least one node, or set ray: auto to discover them from Ray")
-        for node in self.nodes:
-            if node.transport == "ray" and self.ray is None:
-                raise ValueError(f"node {node.name} has transport: ray but the inventory has no ray: (auto or HOST:PORT)")
-        return self
-
-    def ssh_for(self, node: NodeSpec) -> SshSettings:
-        """The node's effective SSH settings: its own keys over the top-level ones."""
-        if node.ssh is None:
-            return self.ssh
-        return self.ssh.model_copy(update={k: getattr(node.ssh, k) for k in node.ssh.model_fields_set})
-
-
-@dataclass
-class LoadedInventory:
-    path: Path
-    model: InventoryFile
-    source: Any  # SourceMap
-
-    def error(self, message: str, *path: Any) -> ScenarioError:
-        return ScenarioError(message, pos=self.source.at(path))
-
-
-def load_inventory_file(path: str | Path) -> LoadedInventory:
-    """Parse and validate an inventory file; raise :class:`ScenarioError` (``file:line:col``) at the first problem."""
-    path = Path(path)
-    data, smap = load_yaml(path)
-    if not isinstance(data, dict):
-        raise ScenarioError("an inventory must be a YAML mapping (name:, nodes:)", pos=SourcePos(str(path), 1, 1))
-    try:
-        model = InventoryFile.model_validate(data)
-    except ValidationError as exc:
-        raise validation_errors(exc, data, smap)[0] from None
-    loaded = LoadedInventory(path, model, smap)
-    seen: dict[str, int] = {}
-    for i, node in enumerate(model.nodes):
-        if node.name in seen:
-            raise loaded.error(f"nodes.{i}.name: duplicate node name {node.name!r} (also nodes.{seen[node.name]})", "nodes", i, "name")
-        seen[node.name] = i
-    return loaded
 
 
 def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None = None) -> Inventory:

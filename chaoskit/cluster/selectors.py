@@ -15,7 +15,8 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.api import ProcInfo
-from chaoskit.core.models import NAME_RE, StrictModel
+from chaoskit.core.limits import MAX_COUNT, MAX_PID
+from chaoskit.core.models import NAME_RE, StrictModel, check_regex
 
 __all__ = [
     "TargetSpec", "ProcessTarget", "NodeTarget",
@@ -34,16 +35,16 @@ class TargetSpec(StrictModel):
     nodes: list[str] | None = Field(None, description="Node names from the inventory.")
     labels: dict[str, str] | None = Field(None, description="Node labels that must all match, e.g. {rack: r1}.")
     ranks: list[int] | None = Field(None, description="Global ranks of the training job.")
-    pid: int | None = Field(None, gt=1, description="One process id (on the selected node).")
+    pid: int | None = Field(None, gt=1, le=MAX_PID, description="One process id (on the selected node).")
     process: str | None = Field(None, description="Regular expression matched against a process's command line.")
-    count: int | None = Field(None, ge=1, description="Keep at most this many of the matches.")
+    count: int | None = Field(None, ge=1, le=MAX_COUNT, description="Keep at most this many of the matches.")
     percent: float | None = Field(None, gt=0, le=100, description="Keep this share of the matches (rounded up).")
 
     @field_validator("nodes")
     @classmethod
     def _names(cls, v: list[str] | None) -> list[str] | None:
         for name in v or []:
-            if not re.match(NAME_RE, name):
+            if not re.fullmatch(NAME_RE, name):
                 raise ValueError(f"invalid node name {name!r}: letters, digits, '.', '_', '-' only")
         return v
 
@@ -52,7 +53,7 @@ class TargetSpec(StrictModel):
     def _labels(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         for key, value in (v or {}).items():
             for item in (key, str(value)):
-                if not re.match(NAME_RE, item):
+                if not re.fullmatch(NAME_RE, item):
                     raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
         return v
 
@@ -62,18 +63,15 @@ class TargetSpec(StrictModel):
         if v is not None:
             if not v:
                 raise ValueError("ranks must not be empty")
-            if any(r < 0 for r in v):
-                raise ValueError("ranks must be >= 0")
+            if any(not 0 <= r <= MAX_COUNT for r in v):
+                raise ValueError(f"ranks must be between 0 and {MAX_COUNT:,}")
         return v
 
     @field_validator("process")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
         if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression: {exc}") from None
+            check_regex(v)
         return v
 
     @model_validator(mode="after")

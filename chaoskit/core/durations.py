@@ -2,34 +2,59 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, PlainSerializer, WithJsonSchema
 
+from chaoskit.core.limits import MAX_DURATION_S
+
 __all__ = ["Duration", "PositiveDuration", "parse_duration", "format_duration"]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_WHOLE = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h))+$")
+# [0-9], not \d: Python's \d takes any Unicode digit ("٣٠s"); the whole string must match (fullmatch).
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_WHOLE = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
+_MAX_TEXT = 64  # characters: "1h59m59s999ms" is 13; anything longer is not a duration a person wrote
 
 
 def parse_duration(value: Any) -> float:
-    """Return seconds for ``value``; raise ``ValueError`` with a readable message."""
+    """Return seconds for ``value``, finite and at most :data:`~chaoskit.core.limits.MAX_DURATION_S`;
+    raise ``ValueError`` with a readable message."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 250ms, 30s or 5m, not a boolean")
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"duration must not be negative, got {_short(value)}")
+        if value > MAX_DURATION_S:  # compared as an int: float() of a huge one overflows
+            raise ValueError(f"duration {_short(value)} is longer than {_MAX_HUMAN}, the maximum")
         seconds = float(value)
+    elif isinstance(value, float):
+        seconds = value
     elif isinstance(value, str):
         text = value.strip().replace(" ", "")
-        if not _WHOLE.match(text):
-            raise ValueError(f"invalid duration {value!r}: use a number with a unit, such as 250ms, 30s, 5m or 1h")
+        if len(text) > _MAX_TEXT or not _WHOLE.fullmatch(text):
+            raise ValueError(f"invalid duration {_short(value)}: use a number with a unit, such as 250ms, 30s, 5m or 1h")
         seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
     else:
         raise ValueError(f"expected a duration such as 250ms, 30s or 5m, got {type(value).__name__}")
+    if math.isnan(seconds):
+        raise ValueError("duration must be a number, not NaN")
     if seconds < 0:
-        raise ValueError(f"duration must not be negative, got {value!r}")
+        raise ValueError(f"duration must not be negative, got {_short(value)}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"duration {_short(value)} is longer than {_MAX_HUMAN}, the maximum")
     return seconds
+
+
+_MAX_HUMAN = f"{MAX_DURATION_S / 86400:g} days"
+
+
+def _short(value: Any) -> str:
+    # repr() of an int over 4,300 digits raises (Python's int-to-str limit): say what it is instead.
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"(an integer of {value.bit_length()} bits)"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def format_duration(seconds: float) -> str:
@@ -46,10 +71,10 @@ Duration = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "pattern": r"^(\d+(\.\d+)?(ms|s|m|h))+$"},
-                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$", "maxLength": _MAX_TEXT},
+                {"type": "number", "minimum": 0, "maximum": MAX_DURATION_S},
             ],
-            "description": "A duration: 250ms, 30s, 5m, 1h, or a number of seconds.",
+            "description": "A duration: 250ms, 30s, 5m, 1h, or a number of seconds; at most 30 days.",
         }
     ),
 ]

@@ -17,6 +17,7 @@ __all__ = [
     "SafetyAbort",
     "SourcePos",
     "OutcomeUnknown",
+    "one_line",
 ]
 
 
@@ -54,6 +55,16 @@ class SourcePos:
         return f"SourcePos({self})"
 
 
+# Line breaks and other control characters, as a user's value may carry them into a message
+# ('unknown key "a\rb"'): shown escaped, so every error stays one line.
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x7F, 0x85, 0x2028, 0x2029]}
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and control characters escaped (``\\n``, ``\\x00``)."""
+    return text.translate(_ESCAPES)
+
+
 class ChaoskitError(Exception):
     """Root of every deliberate chaoskit error.
 
@@ -63,9 +74,10 @@ class ChaoskitError(Exception):
     exit_code: ExitCode = ExitCode.INFRA
 
     def __init__(self, message: str, *, hint: str | None = None, pos: SourcePos | None = None) -> None:
+        message = one_line(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = None if hint is None else one_line(hint)
         self.pos = pos
 
     def __str__(self) -> str:

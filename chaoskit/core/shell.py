@@ -26,7 +26,7 @@ HOSTNAME_RE = r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.
 
 
 def check_ifname(value: str) -> str:
-    if not isinstance(value, str) or not re.match(IFNAME_RE, value):
+    if not isinstance(value, str) or not re.fullmatch(IFNAME_RE, value):
         raise ValueError(f"invalid interface name {value!r}: up to 15 letters, digits, '_', '.', '-', starting with a letter")
     return value
 
@@ -39,13 +39,13 @@ def check_address(value: str) -> str:
         return str(ipaddress.ip_address(value))
     except ValueError:
         pass
-    if re.match(HOSTNAME_RE, value):
+    if re.fullmatch(HOSTNAME_RE, value):
         return value
     raise ValueError(f"invalid address {value!r}: an IP address or a host name")
 
 
 def check_path(value: str) -> str:
-    if not re.match(SAFE_PATH_RE, value):
+    if not re.fullmatch(SAFE_PATH_RE, value):
         raise ValueError(f"invalid path {value!r}: letters, digits and _ @ % + = : , . / - only")
     return value
 

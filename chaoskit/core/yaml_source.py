@@ -1,13 +1,23 @@
-"""YAML loading that remembers where every value came from.
+"""YAML loading that remembers where every value came from, within bounds.
 
 Pydantic reports errors by path (``faults.0.signal``); the loader keeps a map from
 each path to its line and column so every error reads ``file:line:col: message``,
 and :func:`validation_errors` turns a pydantic ``ValidationError`` into those.
+
+Input is untrusted: :func:`read_input` reads at most :data:`~chaoskit.core.limits.MAX_FILE_BYTES`
+of a regular file (a FIFO, a device or a folder is refused by its type before it is
+opened), and the document is built from the parser's events, counting every value
+(aliases as the values they stand for) and its nesting, so an alias bomb or a deep
+nest is refused at once. Only the core tags are read (str, int, float, bool, null,
+seq, map); any other tag, and a value its tag cannot read, is an error at its position.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,13 +26,26 @@ import yaml
 from pydantic import ValidationError
 
 from chaoskit.core.errors import ScenarioError, SourcePos
+from chaoskit.core.limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
-__all__ = ["SourceMap", "load_yaml", "load_yaml_text", "validation_errors"]
+__all__ = ["SourceMap", "load_yaml", "load_yaml_text", "read_input", "validation_errors"]
 
 PathKey = tuple[Any, ...]
 
-# libyaml's composer is ~15x faster and keeps the same marks; fall back where PyYAML lacks it.
+# libyaml's parser is ~15x faster and keeps the same marks; fall back where PyYAML lacks it.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_RESOLVER = yaml.resolver.Resolver()
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+
+_CORE = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {_CORE + t for t in ("str", "int", "float", "bool", "null")}
+# Plain scalars that PyYAML's resolver would turn into a date or a 'value' (a lone '=') stay text:
+# a description such as `2024-05-01` means the string.
+_AS_TEXT = {_CORE + "timestamp", _CORE + "value"}
+_MERGE = _CORE + "merge"
+# What YAML 1.1 allows in a stream (libyaml refuses the rest with a character offset, not a line).
+_NOT_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_LONGEST_KEY = 1024  # libyaml's limit on a plain (simple) key
 
 
 @dataclass
@@ -46,61 +69,340 @@ class SourceMap:
         return SourcePos(self.file, 1, 1)
 
 
-def load_yaml(path: str | Path) -> tuple[Any, SourceMap]:
-    """Parse one YAML file; raise :class:`ScenarioError` with its position on bad syntax."""
-    path = Path(path)
+def read_input(path: str | Path, what: str = "file") -> str:
+    """The text of one input file, at most :data:`MAX_FILE_BYTES`, decoded as UTF-8.
+
+    Raise :class:`ScenarioError` at ``file:1:1`` when it is missing, unreadable, not a regular
+    file (checked before it is opened, so a FIFO never blocks) or too large, and at the
+    offending byte's ``line:col`` when it is not UTF-8."""
+    name = str(path)
+    start = SourcePos(name, 1, 1)
     try:
-        text = path.read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc}") from None
-    return load_yaml_text(text, str(path))
-
-
-def load_yaml_text(text: str, filename: str = "<string>") -> tuple[Any, SourceMap]:
-    smap = SourceMap(filename)
+        raise ScenarioError(f"no such {what}", pos=start) from None
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG, ELOOP, EACCES; ValueError: a NUL in the name
+        raise ScenarioError(f"cannot read this {what}: {_reason(exc)}", pos=start) from None
+    if not stat.S_ISREG(mode):
+        raise ScenarioError(f"not a regular file ({_file_type(mode)}); only a regular file is read", pos=start)
     try:
-        node = yaml.compose(text, Loader=_LOADER)
+        # O_NONBLOCK: should the path have become a FIFO since the stat, opening it still returns at once.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ScenarioError(f"cannot read this {what}: {_reason(exc)}", pos=start) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ScenarioError(f"not a regular file ({_file_type(mode)}); only a regular file is read", pos=start)
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ScenarioError(f"cannot read this {what}: {_reason(exc)}", pos=start) from None
+    finally:
+        os.close(fd)
+    if size > MAX_FILE_BYTES:
+        raise ScenarioError(f"the {what} is larger than {MAX_FILE_BYTES // 1024} KiB, the limit for input files", pos=start)
+    return _decode(b"".join(chunks), name)
+
+
+def load_yaml(path: str | Path, *, merge: bool = False, what: str = "file") -> tuple[Any, SourceMap]:
+    """Read (:func:`read_input`) and parse one YAML file; raise :class:`ScenarioError` with its position."""
+    return load_yaml_text(read_input(path, what), str(path), merge=merge)
+
+
+def load_yaml_text(text: str, filename: str = "<string>", *, merge: bool = False) -> tuple[Any, SourceMap]:
+    """Parse one YAML document; ``merge`` allows merge keys (``<<: *base``, which compose files use)."""
+    bad = _NOT_PRINTABLE.search(text)
+    if bad:
+        char = bad.group()
+        raise ScenarioError(f"control character U+{ord(char):04X} ({_char_name(char)}) is not allowed in YAML",
+                            pos=_text_pos(text, bad.start(), filename))
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    builder = _Builder(filename, merge)
+    try:
+        for event in yaml.parse(text, Loader=_LOADER):
+            builder.feed(event)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         pos = SourcePos(filename, mark.line + 1, mark.column + 1) if mark else SourcePos(filename, 1, 1)
         problem = exc.problem or exc.context or "invalid YAML"
+        if mark and mark.column >= _LONGEST_KEY and "mapping values" in problem:
+            problem += f" (a key is at most {_LONGEST_KEY} characters, on one line)"
         raise ScenarioError(f"YAML syntax error: {problem}", pos=pos) from None
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"YAML error: {exc}", pos=SourcePos(filename, 1, 1)) from None
-    if node is None:
+        raise ScenarioError(f"YAML error: {str(exc).splitlines()[0] if str(exc) else 'invalid YAML'}",
+                            pos=SourcePos(filename, 1, 1)) from None
+    if not builder.documents:
         raise ScenarioError("the file is empty; a scenario is a YAML mapping", pos=SourcePos(filename, 1, 1))
-    constructor = yaml.SafeLoader("")
-    return _convert(node, (), smap, constructor), smap
+    return builder.root, builder.smap
 
 
-def _pos(smap: SourceMap, node: yaml.Node) -> SourcePos:
-    return SourcePos(smap.file, node.start_mark.line + 1, node.start_mark.column + 1)
+# -- reading -----------------------------------------------------------------------------
 
 
-def _convert(node: yaml.Node, path: PathKey, smap: SourceMap, constructor: yaml.SafeLoader) -> Any:
-    smap.values[path] = _pos(smap, node)
-    if isinstance(node, yaml.MappingNode):
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise ScenarioError("YAML merge keys (<<) are not supported", pos=_pos(smap, key_node))
-            key = _convert(key_node, path + ("<key>",), smap, constructor)
-            if not isinstance(key, (str, int)):
-                raise ScenarioError("mapping keys must be plain strings", pos=_pos(smap, key_node))
-            if key in out:
-                raise ScenarioError(f"duplicate key {key!r}", pos=_pos(smap, key_node))
-            smap.keys[path + (key,)] = _pos(smap, key_node)
-            out[key] = _convert(value_node, path + (key,), smap, constructor)
-        smap.values.pop(path + ("<key>",), None)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_convert(item, path + (i,), smap, constructor) for i, item in enumerate(node.value)]
+def _reason(exc: Exception) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def _decode(data: bytes, name: str) -> str:
     try:
-        return constructor.construct_object(node, deep=True)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"cannot read value: {exc}", pos=_pos(smap, node)) from None
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        col = len(data[line_start:exc.start].decode("utf-8", "replace")) + 1
+        raise ScenarioError(f"invalid UTF-8: byte 0x{data[exc.start]:02x} ({exc.reason})",
+                            pos=SourcePos(name, line, col)) from None
+
+
+def _text_pos(text: str, index: int, name: str) -> SourcePos:
+    return SourcePos(name, text.count("\n", 0, index) + 1, index - (text.rfind("\n", 0, index) + 1) + 1)
+
+
+def _char_name(char: str) -> str:
+    names = {"\0": "NUL", "\x1b": "ESC", "\x7f": "DEL", "\ufeff": "BOM"}
+    if char in names:
+        return names[char]
+    if 0xD800 <= ord(char) <= 0xDFFF:
+        return "a lone surrogate"
+    return "a control character"
+
+
+# -- building the document from the parser's events --------------------------------------
+
+_NO_KEY = object()
+
+
+@dataclass
+class _Anchor:
+    value: Any
+    size: int
+    """Values it stands for, counting its own aliases expanded."""
+    height: int
+    base: PathKey
+    entries: tuple[int, int]
+    """The slice of :attr:`_Builder.entries` recorded while it was built."""
+
+
+@dataclass
+class _Frame:
+    value: Any  # the dict or list being filled
+    path: PathKey
+    pos: SourcePos
+    anchor: str | None
+    start_count: int
+    start_entry: int
+    height: int = 0
+    key: Any = _NO_KEY
+    key_pos: SourcePos | None = None
+    merging: bool = False
+    merges: list[tuple[Any, PathKey, int, int]] = field(default_factory=list)
+
+
+class _Builder:
+    """Python values and their positions from a stream of YAML events, one document, within the limits."""
+
+    def __init__(self, filename: str, merge: bool) -> None:
+        self.smap = SourceMap(filename)
+        self.merge = merge
+        self.root: Any = None
+        self.documents = 0
+        self.count = 0
+        self.stack: list[_Frame] = []
+        self.anchors: dict[str, _Anchor] = {}
+        self.open_anchors: set[str] = set()
+        self.entries: list[tuple[PathKey, SourcePos, bool]] = []
+
+    def feed(self, ev: yaml.Event) -> None:
+        if isinstance(ev, yaml.DocumentStartEvent):
+            self.documents += 1
+            if self.documents > 1:
+                raise ScenarioError("a second YAML document ('---'); a file holds one", pos=self._pos(ev))
+        elif isinstance(ev, yaml.ScalarEvent):
+            self._scalar(ev)
+        elif isinstance(ev, yaml.AliasEvent):
+            self._alias(ev)
+        elif isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            self._start(ev)
+        elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            self._end()
+
+    def _pos(self, ev: yaml.Event) -> SourcePos:
+        mark = ev.start_mark
+        return SourcePos(self.smap.file, mark.line + 1, mark.column + 1) if mark else SourcePos(self.smap.file, 1, 1)
+
+    def _slot(self) -> tuple[bool, PathKey]:
+        """Whether the next node is a mapping key, and its path when it is a value."""
+        if not self.stack:
+            return False, ()
+        top = self.stack[-1]
+        if isinstance(top.value, list):
+            return False, top.path + (len(top.value),)
+        if top.key is _NO_KEY:
+            return True, ()
+        return False, top.path + (("<<",) if top.merging else (top.key,))
+
+    def _count(self, n: int, pos: SourcePos) -> None:
+        self.count += n
+        if self.count > MAX_NODES:
+            raise ScenarioError(f"more than {MAX_NODES:,} values (aliases count as the values they repeat); "
+                                "the limit for input files", pos=pos)
+
+    def _depth(self, height: int, pos: SourcePos) -> None:
+        if len(self.stack) + height > MAX_DEPTH:
+            raise ScenarioError(f"nested more than {MAX_DEPTH} levels deep, the limit for input files", pos=pos)
+
+    def _record(self, path: PathKey, pos: SourcePos, is_key: bool = False) -> None:
+        (self.smap.keys if is_key else self.smap.values)[path] = pos
+        self.entries.append((path, pos, is_key))
+
+    def _scalar(self, ev: yaml.ScalarEvent) -> None:
+        pos = self._pos(ev)
+        self._count(1, pos)
+        self._depth(0, pos)
+        tag = ev.tag
+        if tag is None or tag == "!":
+            tag = _RESOLVER.resolve(yaml.ScalarNode, ev.value, ev.implicit)
+            if tag in _AS_TEXT:
+                tag = _CORE + "str"
+        is_key, path = self._slot()
+        if tag == _MERGE:
+            if is_key and ev.tag is None:
+                self._merge_key(pos)
+                return
+            tag = _CORE + "str"  # a plain `<<` anywhere but a key is text
+        if tag not in _SCALAR_TAGS:
+            raise ScenarioError(f"the tag {_short(tag)} is not supported: only strings, numbers, booleans and null",
+                                pos=pos)
+        node = yaml.ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark, ev.style)
+        try:
+            value = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, node)
+        except (yaml.YAMLError, ValueError, KeyError, TypeError, ArithmeticError):
+            text = ev.value if len(ev.value) <= 40 else ev.value[:37] + "..."
+            raise ScenarioError(f"cannot read {text!r} as {_short(tag)}", pos=pos) from None
+        start = len(self.entries)
+        if not is_key:
+            self._record(path, pos)
+        self._done(value, pos, is_key, path, ev.anchor, size=1, height=0, start_entry=start)
+
+    def _alias(self, ev: yaml.AliasEvent) -> None:
+        pos = self._pos(ev)
+        anchor = self.anchors.get(ev.anchor)
+        if anchor is None:
+            if ev.anchor in self.open_anchors:
+                raise ScenarioError(f"alias *{ev.anchor} is inside the node it refers to (a loop)", pos=pos)
+            raise ScenarioError(f"alias *{ev.anchor} refers to no anchor &{ev.anchor} before it", pos=pos)
+        self._count(anchor.size, pos)
+        self._depth(anchor.height, pos)
+        is_key, path = self._slot()
+        start = len(self.entries)
+        if not is_key:
+            cut = len(anchor.base)
+            for p, where, p_is_key in self.entries[anchor.entries[0]:anchor.entries[1]]:
+                self._record(path + p[cut:], where, p_is_key)
+        self._done(anchor.value, pos, is_key, path, None, size=anchor.size, height=anchor.height, start_entry=start)
+
+    def _start(self, ev: yaml.CollectionStartEvent) -> None:
+        pos = self._pos(ev)
+        mapping = isinstance(ev, yaml.MappingStartEvent)
+        allowed = _CORE + ("map" if mapping else "seq")
+        if ev.tag not in (None, "!", allowed):
+            raise ScenarioError(f"the tag {_short(ev.tag)} is not supported on a {'mapping' if mapping else 'list'}",
+                                pos=pos)
+        self._count(1, pos)
+        self._depth(1, pos)
+        is_key, path = self._slot()
+        if is_key:
+            raise ScenarioError("mapping keys must be plain strings", pos=pos)
+        start = len(self.entries)
+        self._record(path, pos)
+        if ev.anchor is not None:
+            self.open_anchors.add(ev.anchor)
+        self.stack.append(_Frame({} if mapping else [], path, pos, ev.anchor, self.count - 1, start))
+
+    def _end(self) -> None:
+        frame = self.stack.pop()
+        if frame.merges:
+            self._apply_merges(frame)
+        if frame.anchor is not None:
+            self.open_anchors.discard(frame.anchor)
+        is_key, path = self._slot()
+        self._done(frame.value, frame.pos, is_key, frame.path, frame.anchor,
+                   size=self.count - frame.start_count, height=frame.height + 1, start_entry=frame.start_entry)
+
+    def _done(self, value: Any, pos: SourcePos, is_key: bool, path: PathKey, anchor: str | None, *,
+              size: int, height: int, start_entry: int) -> None:
+        """Put a finished node in its place: the root, a list item, a mapping key or a mapping value."""
+        if anchor is not None:
+            self.anchors[anchor] = _Anchor(value, size, height, path, (start_entry, len(self.entries)))
+        if not self.stack:
+            self.root = value
+            return
+        top = self.stack[-1]
+        top.height = max(top.height, height)
+        if isinstance(top.value, list):
+            top.value.append(value)
+        elif is_key:
+            # str and int keys; YAML 1.1 reads a bare `on:`/`off:` as a boolean, which the power model maps back
+            if value is None or not isinstance(value, (str, int)):
+                raise ScenarioError("mapping keys must be plain strings", pos=pos)
+            if value in top.value:
+                raise ScenarioError(f"duplicate key {value!r}", pos=pos)
+            top.key, top.key_pos = value, pos
+            self._record(top.path + (value,), pos, is_key=True)
+        elif top.merging:
+            top.merges.append((value, path, start_entry, len(self.entries)))
+            top.key, top.merging = _NO_KEY, False
+        else:
+            top.value[top.key] = value
+            top.key = _NO_KEY
+
+    def _merge_key(self, pos: SourcePos) -> None:
+        top = self.stack[-1]
+        if not self.merge:
+            raise ScenarioError("YAML merge keys (<<) are not supported", pos=pos)
+        if top.merges:
+            raise ScenarioError("duplicate key '<<'", pos=pos)
+        top.key, top.key_pos, top.merging = "<<", pos, True
+
+    def _apply_merges(self, frame: _Frame) -> None:
+        """``<<: *base`` (or a list of them): the base's keys that the mapping does not set itself."""
+        out: dict[Any, Any] = frame.value
+        for value, prefix, start, end in frame.merges:
+            if isinstance(value, dict):
+                sources = [(value, prefix)]
+            elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
+                sources = [(v, prefix + (i,)) for i, v in enumerate(value)]
+            else:
+                raise ScenarioError("a merge key (<<) takes a mapping or a list of mappings", pos=self.smap.at(prefix))
+            taken: dict[Any, PathKey] = {}
+            for src, src_path in sources:
+                for k, v in src.items():
+                    if k not in out:
+                        out[k] = v
+                        taken[k] = src_path
+            cut = len(prefix) + (0 if isinstance(value, dict) else 1)
+            for p, where, is_key in self.entries[start:end]:
+                if len(p) > cut and taken.get(p[cut]) == p[:cut]:
+                    self._record(frame.path + p[cut:], where, is_key)
+
+
+def _short(tag: str) -> str:
+    return "!!" + tag[len(_CORE):] if tag.startswith(_CORE) else tag
 
 
 def validation_errors(exc: ValidationError, data: Any, smap: SourceMap) -> list[ScenarioError]:

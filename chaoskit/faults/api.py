@@ -20,6 +20,7 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.selectors import TargetSpec
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import Duration
+from chaoskit.core.limits import MAX_COUNT
 from chaoskit.core.models import StrictModel
 
 __all__ = [
@@ -65,7 +66,7 @@ class FaultContext(Protocol):
 class Trigger(StrictModel):
     """When to inject: at a training step, or a time after the baseline ends."""
 
-    step: int | None = Field(None, ge=0, description="Inject once the job reports this step.")
+    step: int | None = Field(None, ge=0, le=MAX_COUNT, description="Inject once the job reports this step.")
     after: Duration | None = Field(None, description="Inject this long after the steady-state baseline.")
 
     @model_validator(mode="after")
@@ -87,18 +88,29 @@ class FaultSpec(StrictModel):
 
 
 def signal_number(name: str | int) -> int:
-    """``SIGKILL``/``KILL``/``9`` -> 9; ``ValueError`` for anything else."""
+    """``SIGKILL``/``KILL``/``9`` -> 9; ``ValueError`` for anything else (ASCII digits only: ``"٩"`` is no number)."""
     if isinstance(name, int) and not isinstance(name, bool):
-        return _signal.Signals(name).value
+        return _by_number(name, name)
     text = str(name).upper()
-    if text.isdigit():
-        return _signal.Signals(int(text)).value
+    if text.isascii() and text.isdigit():
+        return _by_number(int(text) if len(text) <= 3 else -1, name)
     if not text.startswith("SIG"):
         text = "SIG" + text
     try:
         return _signal.Signals[text].value
     except KeyError:
-        raise ValueError(f"unknown signal {name!r}") from None
+        shown = repr(name) if len(str(name)) <= 40 else repr(str(name)[:37] + "...")
+        raise ValueError(f"unknown signal {shown}") from None
+
+
+def _by_number(number: int, given: object) -> int:
+    try:
+        return _signal.Signals(number).value
+    except ValueError:
+        top = max(s.value for s in _signal.Signals)
+        huge = isinstance(given, int) and given.bit_length() > 40  # str() of a 5,000-digit int raises
+        shown = "(a huge number)" if huge else str(given) if len(str(given)) <= 12 else f"{str(given)[:9]}..."
+        raise ValueError(f"unknown signal number {shown}: signals are numbered 1 to {top}") from None
 
 
 @dataclass

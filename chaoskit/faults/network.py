@@ -38,6 +38,7 @@ from chaoskit.cluster.transports.docker import network_argv, networks_of
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.errors import InfraError, OutcomeUnknown, ScenarioError
+from chaoskit.core.limits import MAX_RATE_BITS
 from chaoskit.core.shell import check_ifname, shell_quote
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 
@@ -54,7 +55,7 @@ COMMAND_TIMEOUT_S = 10.0
 VERIFY_S = 5.0
 RECONNECT_MARGIN_S = 15.0
 OWN_LINK_TIMEOUT_S = 1.0
-RATE_RE = r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$"
+RATE_RE = r"^[0-9]{1,15}(\.[0-9]{1,9})?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$"
 
 
 """Exit 0 when the node's kernel has sch_netem (loaded, built in, or loadable); run with the node's python."""
@@ -98,8 +99,13 @@ class DegradeSpec(_NicSpec):
     @field_validator("rate")
     @classmethod
     def _rate(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(RATE_RE, v):
-            raise ValueError(f"invalid rate {v!r}: a number with a unit such as 10mbit, 500kbit, 1gbit")
+        if v is None:
+            return v
+        shown = repr(v) if len(v) <= 40 else repr(v[:37] + "...")
+        if not re.fullmatch(RATE_RE, v):
+            raise ValueError(f"invalid rate {shown}: a number with a unit such as 10mbit, 500kbit, 1gbit")
+        if not 0 < _rate_bits(v) <= MAX_RATE_BITS:
+            raise ValueError(f"rate {shown} is out of range: more than 0 and at most {MAX_RATE_BITS / 1e12:g}tbit")
         return v
 
     @field_validator("delay", "jitter")
@@ -545,7 +551,7 @@ def _ms(seconds: float) -> str:
 
 
 def _rate_bits(rate: str) -> float:
-    m = re.match(r"^([0-9.]+)([a-z]+)$", rate)
+    m = re.fullmatch(r"([0-9.]+)([a-z]+)", rate)
     assert m is not None
     value, unit = float(m.group(1)), m.group(2)
     scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +33,9 @@ from chaoskit.cluster.transports.docker import (
     docker_client,
     power_argv,
 )
-from chaoskit.core.errors import InfraError, ScenarioError, SourcePos
+from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.state import state_dir
+from chaoskit.core.yaml_source import load_yaml
 
 __all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose"]
 
@@ -114,81 +116,90 @@ def find_compose(start: Path | None = None) -> Path:
 
 
 def load_compose(path: str | Path, environ: dict[str, str] | None = None) -> ComposeProject:
-    """Parse the subset of the Compose format a lab uses; an unsupported key is an error, not ignored."""
-    import yaml
+    """Parse the subset of the Compose format a lab uses; an unsupported key is an error, not ignored.
 
+    Read within the input limits (:func:`~chaoskit.core.yaml_source.load_yaml`, merge keys allowed as
+    Compose allows them); every error is a :class:`ScenarioError` at its ``file:line:col``."""
     path = Path(path).resolve()
-    if not path.is_file():
-        raise ScenarioError(f"compose file {path} does not exist")
-    # Compose files use YAML merge keys (<<: *node), which scenarios refuse; a plain safe load
-    # here, so errors name the key path rather than a line.
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        raise ScenarioError(f"YAML syntax error: {exc.problem}",
-                            pos=SourcePos(str(path), mark.line + 1 if mark else 1, mark.column + 1 if mark else 1)) from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ScenarioError(f"cannot read compose file {path}: {exc}") from None
+    data, smap = load_yaml(path, merge=True, what="compose file")
     env = dict(os.environ if environ is None else environ)
 
-    def error(message: str, *where: Any) -> ScenarioError:
-        return ScenarioError(f"{'.'.join(str(w) for w in where) + ': ' if where else ''}{message}", pos=SourcePos(str(path), 1, 1))
+    def error(message: str, *where: Any, key: bool = False) -> ScenarioError:
+        return ScenarioError(f"{'.'.join(str(w) for w in where) + ': ' if where else ''}{message}", pos=smap.at(where, key=key))
 
     if not isinstance(data, dict):
         raise error("a compose file is a mapping (services:, networks:)")
     data = _interpolate(data, env, error)
     for key in data:
         if key not in _TOP_KEYS and not str(key).startswith("x-"):
-            raise error(f"chaoskit's docker lab does not read {key!r} (it reads {', '.join(sorted(_TOP_KEYS))})", key)
+            raise error(f"chaoskit's docker lab does not read {key!r} (it reads {', '.join(sorted(_TOP_KEYS))})", key, key=True)
     # Compose's order: COMPOSE_PROJECT_NAME, then name:, then the folder's name.
     name = str(env.get("COMPOSE_PROJECT_NAME") or data.get("name") or path.parent.name).lower()
-    if not _NAME_RE.match(name):
-        raise error(f"invalid project name {name!r}: lower-case letters, digits, - and _", "name")
-    networks = {str(k): dict(v or {}) for k, v in (data.get("networks") or {}).items()}
-    volumes = {str(k): dict(v or {}) for k, v in (data.get("volumes") or {}).items()}
+    if not _NAME_RE.fullmatch(name):
+        raise error(f"invalid project name {name[:80]!r}: lower-case letters, digits, - and _", "name")
+    networks = _declared(data, "networks", error)
+    volumes = _declared(data, "volumes", error)
     services_doc = data.get("services")
     if not isinstance(services_doc, dict) or not services_doc:
         raise error("services: at least one service (one per node)", "services")
     services = []
     for sname, doc in services_doc.items():
+        where = ("services", sname)
         sname = str(sname)
-        if not _NAME_RE.match(sname):
-            raise error(f"invalid service name {sname!r}", "services", sname)
+        if not _NAME_RE.fullmatch(sname):
+            raise error(f"invalid service name {sname[:80]!r}", *where, key=True)
         if not isinstance(doc, dict):
-            raise error("a service is a mapping", "services", sname)
+            raise error("a service is a mapping", *where)
         for key in doc:
             if key not in _SERVICE_KEYS:
-                raise error(f"chaoskit's docker lab does not read {key!r} (it reads {', '.join(sorted(_SERVICE_KEYS))})", "services", sname, key)
+                raise error(f"chaoskit's docker lab does not read {key!r} (it reads {', '.join(sorted(_SERVICE_KEYS))})",
+                            *where, key, key=True)
         image = doc.get("image")
-        if not image:
-            raise error("image: the node image (e.g. chaoskit-node:latest)", "services", sname)
+        if not image or not isinstance(image, str):
+            raise error("image: the node image (e.g. chaoskit-node:latest)", *where)
         nets = doc.get("networks") or ["default"]
         nets = list(nets) if isinstance(nets, (list, dict)) else [nets]
         for n in nets:
+            if not isinstance(n, str):
+                raise error("a network is named by a string", *where, "networks")
             if n != "default" and n not in networks:
-                raise error(f"network {n!r} is not declared under networks:", "services", sname, "networks")
+                raise error(f"network {n!r} is not declared under networks:", *where, "networks")
         binds = []
-        for i, v in enumerate(doc.get("volumes") or []):
+        vols = doc.get("volumes") or []
+        if not isinstance(vols, list):
+            raise error("a list of SOURCE:TARGET[:ro]", *where, "volumes")
+        for i, v in enumerate(vols):
             if not isinstance(v, str):
-                raise error("use the short syntax SOURCE:TARGET[:ro]", "services", sname, "volumes", i)
+                raise error("use the short syntax SOURCE:TARGET[:ro]", *where, "volumes", i)
             parts = v.split(":")
             if len(parts) not in (2, 3) or not parts[1].startswith("/"):
-                raise error(f"volume {v!r}: SOURCE:TARGET[:ro] with an absolute TARGET", "services", sname, "volumes", i)
+                raise error(f"volume {v!r}: SOURCE:TARGET[:ro] with an absolute TARGET", *where, "volumes", i)
             source = parts[0]
             if source.startswith("."):
                 source = str((path.parent / source).resolve())
             elif not source.startswith("/") and source not in volumes:
-                raise error(f"named volume {source!r} is not declared under volumes:", "services", sname, "volumes", i)
+                raise error(f"named volume {source!r} is not declared under volumes:", *where, "volumes", i)
             binds.append((source, parts[1], parts[2] if len(parts) == 3 else "rw"))
         build = doc.get("build")
         if isinstance(build, str):
             build = {"context": build}
+        if build is not None and not isinstance(build, dict):
+            raise error("build: a folder or {context:, dockerfile:}", *where, "build")
+        cap_add = doc.get("cap_add") or []
+        if not isinstance(cap_add, list) or not all(isinstance(c, str) for c in cap_add):
+            raise error("cap_add: a list of capability names", *where, "cap_add")
+        hostname = doc.get("hostname")
+        if hostname is not None and not isinstance(hostname, str):
+            raise error("hostname: a string", *where, "hostname")
+        fields = {}
+        for key, parse in (("labels", _mapping), ("environment", _mapping), ("command", _argv), ("entrypoint", _argv)):
+            try:
+                fields[key] = parse(doc.get(key))
+            except ValueError as exc:
+                raise error(str(exc), *where, key) from None
         services.append(Service(
-            name=sname, image=str(image), build=build, init=bool(doc.get("init", False)),
-            cap_add=[str(c) for c in doc.get("cap_add") or []], networks=[str(n) for n in nets], binds=binds,
-            labels=_mapping(doc.get("labels")), hostname=doc.get("hostname"), environment=_mapping(doc.get("environment")),
-            command=_argv(doc.get("command")), entrypoint=_argv(doc.get("entrypoint")),
+            name=sname, image=image, build=build, init=bool(doc.get("init", False)),
+            cap_add=list(cap_add), networks=[str(n) for n in nets], binds=binds, hostname=hostname, **fields,
         ))
     unmarked = [s.name for s in services if ROLE not in s.labels]
     if unmarked:
@@ -201,6 +212,19 @@ def load_compose(path: str | Path, environ: dict[str, str] | None = None) -> Com
     if any("default" in s.networks for s in services):
         networks.setdefault("default", {})
     return ComposeProject(path, name, services, networks, volumes)
+
+
+def _declared(data: dict[str, Any], section: str, error) -> dict[str, dict[str, Any]]:
+    """Top-level ``networks:`` or ``volumes:``: names, each with a mapping of options or nothing."""
+    doc = data.get(section) or {}
+    if not isinstance(doc, dict):
+        raise error(f"{section}: a mapping of names", section)
+    out = {}
+    for k, v in doc.items():
+        if v is not None and not isinstance(v, dict):
+            raise error("a mapping of options, or nothing", section, k)
+        out[str(k)] = dict(v or {})
+    return out
 
 
 def _interpolate(value: Any, env: dict[str, str], error) -> Any:
@@ -228,20 +252,29 @@ def _interpolate(value: Any, env: dict[str, str], error) -> Any:
 
 
 def _mapping(value: Any) -> dict[str, str]:
+    """``{K: V}`` or ``[K=V, ...]``; ``ValueError`` for anything else."""
     if value is None:
         return {}
     if isinstance(value, dict):
+        if any(isinstance(v, (dict, list)) for v in value.values()):
+            raise ValueError("a mapping of names to plain values")
         return {str(k): "" if v is None else str(v) for k, v in value.items()}
+    if not isinstance(value, list) or any(isinstance(item, (dict, list)) for item in value):
+        raise ValueError("a mapping, or a list of KEY=VALUE")
     return dict(str(item).split("=", 1) if "=" in str(item) else (str(item), "") for item in value)
 
 
 def _argv(value: Any) -> list[str] | None:
+    """A command as a list or one string (split as a shell would, without running one); ``ValueError`` otherwise."""
     if value is None:
         return None
     if isinstance(value, str):
-        import shlex
-
-        return shlex.split(value)
+        try:
+            return shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot split the command: {exc}") from None
+    if not isinstance(value, list) or any(isinstance(v, (dict, list)) for v in value):
+        raise ValueError("a command is a list of arguments or one string")
     return [str(v) for v in value]
 
 

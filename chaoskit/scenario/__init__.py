@@ -16,7 +16,7 @@ from chaoskit.core.errors import ScenarioError, SourcePos
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 from chaoskit.scenario.model import ScenarioBase, model_for
 
-__all__ = ["LoadedScenario", "load_scenario", "scenario_files"]
+__all__ = ["LoadedScenario", "load_scenario", "scenario_files", "validate_file", "validate_data"]
 
 
 @dataclass
@@ -45,9 +45,14 @@ def validate_file(path: str | Path) -> "LoadedScenario | list[ScenarioError]":
     """Validate one file: the loaded scenario, or every error found in it."""
     path = Path(path)
     try:
-        data, smap = load_yaml(path)
+        data, smap = load_yaml(path, what="scenario")
     except ScenarioError as exc:
         return [exc]
+    return validate_data(path, data, smap)
+
+
+def validate_data(path: Path, data: Any, smap: SourceMap) -> "LoadedScenario | list[ScenarioError]":
+    """Validate a scenario already read by :func:`~chaoskit.core.yaml_source.load_yaml`."""
     if not isinstance(data, dict):
         return [ScenarioError("a scenario must be a YAML mapping (name:, faults:, ...)", pos=smap.at(()))]
     try:
@@ -58,11 +63,25 @@ def validate_file(path: str | Path) -> "LoadedScenario | list[ScenarioError]":
 
 
 def scenario_files(paths: list[str | Path]) -> list[Path]:
-    """Expand folders to their ``*.yaml``/``*.yml`` files (sorted); keep files as given."""
+    """Expand folders to their ``*.yaml``/``*.yml`` files (sorted); keep files as given.
+
+    A path that cannot even be looked at (a name too long, a NUL in it) is kept, so that
+    reading it reports why, at its own line."""
     out: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            out.extend(sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()))
+        try:
+            folder = p.is_dir()
+        except (OSError, ValueError):
+            folder = False
+        if folder:
+            out.extend(sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and _is_file(q)))
         else:
             out.append(p)
     return out
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return True  # let reading it say what is wrong

@@ -28,8 +28,20 @@ def world_size(sc: ScenarioBase, cluster: ClusterHandle) -> int:
 
 
 def preview_cluster(loaded: LoadedScenario) -> ClusterHandle:
-    """The handle the scenario's cluster would give, built without touching anything."""
-    return backend(loaded.model.cluster.kind).preview(loaded.model.cluster, loaded.path.parent)
+    """The handle the scenario's cluster would give, built without touching anything.
+
+    An error in a file the cluster pulls in (a compose file, an inventory) names that file's
+    line first, then the scenario's ``cluster:`` that pulled it in; one with no position of its
+    own is put at the scenario's ``cluster:``."""
+    try:
+        return backend(loaded.model.cluster.kind).preview(loaded.model.cluster, loaded.path.parent)
+    except ScenarioError as exc:
+        where = loaded.pos("cluster")
+        if exc.pos is None:
+            exc.pos = where
+        elif exc.pos.file != where.file:
+            exc.message = f"{exc.message} (cluster of {where})"
+        raise
 
 
 def check_scenario(loaded: LoadedScenario) -> ClusterHandle:

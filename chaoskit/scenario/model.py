@@ -7,7 +7,6 @@ documented like a built-in one.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Union
 
@@ -16,7 +15,8 @@ from pydantic import Field, create_model, field_validator, model_validator
 from chaoskit.backends.api import ClusterSpec
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import Duration, PositiveDuration
-from chaoskit.core.models import NAME_RE, StrictModel
+from chaoskit.core.limits import MAX_COUNT
+from chaoskit.core.models import NAME_RE, StrictModel, check_regex
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
 
@@ -45,12 +45,12 @@ class Workload(StrictModel):
         ),
     )
     command: list[str] | None = Field(None, description="launch: command only: the training script and its arguments.")
-    steps: int = Field(400, ge=1, description="Training steps to run.")
+    steps: int = Field(400, ge=1, le=MAX_COUNT, description="Training steps to run.")
     step_time: Duration = Field(0.05, description="Minimum wall time of one step (the reference job sleeps the rest).")
-    checkpoint_every: int = Field(25, ge=1, description="Save a checkpoint every N steps.")
+    checkpoint_every: int = Field(25, ge=1, le=MAX_COUNT, description="Save a checkpoint every N steps.")
     collective_timeout: Duration = Field(30.0, description="Timeout of one collective (torch's default is 30 min).")
     nproc_per_node: int = Field(1, ge=1, le=16, description="Workers per node.")
-    max_restarts: int = Field(3, ge=0, description="torchrun --max-restarts.")
+    max_restarts: int = Field(3, ge=0, le=MAX_COUNT, description="torchrun --max-restarts.")
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered."
     )
@@ -74,11 +74,7 @@ class LogRule(StrictModel):
     @field_validator("match")
     @classmethod
     def _regex(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression: {exc}") from None
-        return v
+        return check_regex(v)
 
     @field_validator("event")
     @classmethod
@@ -114,13 +110,13 @@ class SLO(StrictModel):
     reallocation: Duration | None = None
     checkpoint_load: Duration | None = None
     recovery: Duration | None = None
-    lost_steps: int | None = Field(None, ge=0)
+    lost_steps: int | None = Field(None, ge=0, le=MAX_COUNT)
 
 
 class Safety(StrictModel):
     """Blast radius and time limits."""
 
-    max_nodes: int = Field(1, ge=1, description="Refuse a fault that would touch more nodes than this.")
+    max_nodes: int = Field(1, ge=1, le=MAX_COUNT, description="Refuse a fault that would touch more nodes than this.")
     abort_after: PositiveDuration = Field(300.0, description="Give up, revert everything and exit 4 after this long.")
     lease_ttl: PositiveDuration = Field(15.0, description="A lasting fault reverts by itself if not renewed for this long.")
 
@@ -128,7 +124,7 @@ class Safety(StrictModel):
 class SteadyState(StrictModel):
     """Baseline before any fault: the job must be advancing."""
 
-    steps: int = Field(3, ge=1, description="Steps that must complete before faults may fire.")
+    steps: int = Field(3, ge=1, le=MAX_COUNT, description="Steps that must complete before faults may fire.")
     timeout: Duration = Field(180.0, description="Fail (exit 3) if the job has not got there by then.")
 
 

@@ -1,0 +1,45 @@
+"""Bounds on every input file and value, so no malformed file can crash, hang or bloat chaoskit.
+
+Each number is far above what a real input needs and far below what would cost
+a second or a hundred megabytes to refuse. Every limit is reported as one
+positioned line (``file:line:col: ... (the limit is N)``), exit 2.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "MAX_DURATION_S",
+    "MAX_RATE_BITS",
+    "MAX_COUNT",
+    "MAX_PID",
+]
+
+MAX_FILE_BYTES = 1024 * 1024
+"""Scenario, inventory and compose files: 1 MiB. The shipped scenarios are under 2 KiB and an
+inventory of 2,000 nodes is about 400 KiB; at most this much (plus one byte, to tell) is ever read."""
+
+MAX_DEPTH = 64
+"""Nesting of YAML collections. The deepest path any format has is about 6 levels
+(``faults.0.target.labels.rack``); 64 keeps every later walk (pydantic, JSON) far from
+Python's recursion limit."""
+
+MAX_NODES = 100_000
+"""YAML values in one file, counting every alias as the values it stands for: 50 per node of a
+2,000-node inventory. An alias bomb (a billion values in a few lines) is refused as soon as
+the count passes this, after at most this much work, in bounded memory."""
+
+MAX_DURATION_S = 30 * 24 * 3600.0
+"""Durations: 30 days. No drill, timeout or SLO is longer; larger values (``1e400``, ``.inf``)
+would overflow the tools they reach (``timeout``, ``tc``, torch's collective timeout)."""
+
+MAX_RATE_BITS = 10e12
+"""A ``network.degrade`` rate: 10 tbit/s, above the fastest NIC; ``tc`` takes 64-bit rates."""
+
+MAX_COUNT = 1_000_000_000
+"""Steps, restarts, ranks and other counts: one billion (a 10-day job at 1,000 steps/s)."""
+
+MAX_PID = 4_194_304
+"""Linux's ``PID_MAX_LIMIT`` (2**22): no process id is larger."""

@@ -1,0 +1,197 @@
+"""Property: whatever the file, ``chaoskit validate`` answers 0 or 2, never an internal error, quickly.
+
+Generated inputs for the three loaders (scenario, inventory, compose): arbitrary YAML trees,
+arbitrary bytes, byte-level mutations of the shipped files, and shell metacharacters (and
+Unicode digits, NaN, huge numbers) in every field of the shipped files. Each is written to
+a real file and checked by the real CLI, in process.
+
+Two profiles: ``ci`` (the default; a small fixed budget, derandomized, so the suite stays
+fast and repeatable) and ``fuzz`` (``CHAOSKIT_FUZZ=1``, what ``make fuzz`` runs: 1,700
+examples per property, over 10,000 inputs in all, figures printed at the end: inputs, exit
+codes, slowest input, peak RSS, internal errors). The time bound is per input, after a
+warm-up (the first check in a process builds the models), and an input over it is timed
+once more, so that a scheduler hiccup on a shared machine is not taken for a slow input.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import ROOT, SCENARIOS, run_cli
+
+FUZZ = os.environ.get("CHAOSKIT_FUZZ") == "1"
+_COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
+settings.register_profile("chaoskit-inputs-ci", max_examples=100, derandomize=True, database=None, **_COMMON)
+# 6 properties x 1,700 examples: over 10,000 generated inputs in all (the tree property checks each twice).
+settings.register_profile("chaoskit-inputs-fuzz", max_examples=int(os.environ.get("CHAOSKIT_FUZZ_EXAMPLES", "1700")), **_COMMON)
+PROFILE = settings.get_profile("chaoskit-inputs-fuzz" if FUZZ else "chaoskit-inputs-ci")
+
+TIME_LIMIT_S = 1.0 if FUZZ else 3.0  # per input; CI machines are shared, so the suite's bound is looser
+FIGURES: dict[str, Any] = {"examples": 0, "max_s": 0.0, "slowest": "", "internal": 0, "codes": {}}
+
+SHELL = ";|&$`'\"<>(){}[]*?!~#\\\n\t \u0663\u0669"
+METACHAR_TEXT = st.text(alphabet=st.sampled_from(list(SHELL) + list("abc019.-_:/")), max_size=30)
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=10**30, max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True), METACHAR_TEXT, st.text(max_size=20),
+    st.sampled_from(["30s", "1e400s", "٣٠s", "eth0\n", "SIGKILL", "9", "٩", "a{4294967296}", "(" * 300, "10mbit", "9" * 400 + "mbit",
+                     "process.kill", "network.degrade", "docker", "netns", "ray", "lab", "n1", "auto", "0.0.0.0:1"]),
+)
+TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(
+    st.one_of(st.sampled_from(["name", "faults", "kind", "target", "cluster", "nodes", "ray", "services", "image",
+                               "labels", "interfaces", "power", "ssh", "duration", "rate", "signal", "workload", "probes"]),
+              st.text(max_size=8)), kids, max_size=6)), max_leaves=30)
+
+INVENTORY = {
+    "name": "rack-a",
+    "ssh": {"user": "root", "key": "~/.ssh/chaoskit", "known_hosts": "./known_hosts", "port": 22},
+    "nodes": [{"name": "gpu01", "address": "10.0.0.11", "labels": {"rack": "r1"}, "gpus": 8,
+               "interfaces": {"data": {"name": "ib0", "address": "10.1.0.11"}, "mgmt": "eno1"},
+               "power": {"off": "ipmitool chassis power off", "on": ["ipmitool", "chassis", "power", "on"]},
+               "workdir": "/tmp/chaoskit"}],
+}
+SHIPPED = sorted(SCENARIOS.glob("*.yaml"))
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("fuzz")
+    inventory = d / "warm-inventory.yaml"
+    inventory.write_text(_dump(INVENTORY))
+    run_cli("validate", *SHIPPED, inventory)  # builds every model once, outside the time bound
+    yield d
+    if FUZZ:
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        sys.__stdout__.write(
+            f"\nfuzz figures: {FIGURES['examples']} inputs, exit codes {FIGURES['codes']}, "
+            f"internal errors {FIGURES['internal']}, slowest {FIGURES['max_s'] * 1000:.0f} ms ({FIGURES['slowest']}), "
+            f"peak RSS of the whole run {rss_mb:.0f} MiB\n")
+
+
+def _check(*args: Any, what: str) -> None:
+    start = time.perf_counter()
+    res = run_cli("validate", *args)
+    elapsed = time.perf_counter() - start
+    if elapsed > TIME_LIMIT_S:  # once more: the best of two is the input's own cost
+        start = time.perf_counter()
+        run_cli("validate", *args)
+        elapsed = min(elapsed, time.perf_counter() - start)
+    FIGURES["examples"] += 1
+    FIGURES["codes"][res.code] = FIGURES["codes"].get(res.code, 0) + 1
+    if elapsed > FIGURES["max_s"]:
+        FIGURES["max_s"], FIGURES["slowest"] = elapsed, what
+    if res.code not in (0, 2) or "internal error" in res.stderr:
+        FIGURES["internal"] += 1
+    assert res.code in (0, 2), res.stderr
+    assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    for line in res.stderr.strip().splitlines():  # every error line is file:line:col: message
+        head = line.split(": ", 1)[0].rsplit(":", 2)
+        assert len(head) == 3 and head[1].isdigit() and head[2].isdigit(), line
+    assert elapsed < TIME_LIMIT_S, f"{elapsed:.2f}s for {what}"
+
+
+def _dump(data: Any) -> str:
+    return yaml.safe_dump(data, allow_unicode=True, sort_keys=False, width=10**6)
+
+
+def _paths(data: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every place in a document: each key's value and each list item."""
+    out = [prefix] if prefix else []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out += _paths(v, prefix + (k,))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += _paths(v, prefix + (i,))
+    return out
+
+
+def _replace(data: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    copy = dict(data) if isinstance(data, dict) else list(data)
+    copy[path[0]] = _replace(copy[path[0]], path[1:], value)
+    return copy
+
+
+def _mutate(text: bytes, edits: list[tuple[int, bytes, int]]) -> bytes:
+    for at, insert, delete in edits:
+        at %= len(text) + 1
+        text = text[:at] + insert + text[at + delete:]
+    return text
+
+
+EDITS = st.lists(st.tuples(st.integers(0, 10**6), st.binary(max_size=8) | st.sampled_from(
+    [b"&a", b"*a", b"!!int x", b"!!python/object:os.system", b"<<: *x", b"\x00", b"\xff", b"[", b"{", b"\n  ", b"---\n", b": "]),
+    st.integers(0, 16)), min_size=1, max_size=6)
+
+
+@settings(PROFILE)
+@given(tree=TREES)
+def test_any_yaml_tree_as_a_scenario_or_an_inventory(workdir: Path, tree: Any):
+    f = workdir / "tree.yaml"
+    f.write_text(_dump(tree))
+    _check(f, what="tree")
+    _check("--inventory", f, what="tree as inventory")
+
+
+@settings(PROFILE)
+@given(data=st.binary(max_size=400))
+def test_any_bytes(workdir: Path, data: bytes):
+    f = workdir / "bytes.yaml"
+    f.write_bytes(data)
+    _check(f, what="bytes")
+
+
+@settings(PROFILE)
+@given(which=st.sampled_from(SHIPPED), edits=EDITS)
+def test_byte_mutations_of_the_shipped_scenarios(workdir: Path, which: Path, edits):
+    f = workdir / which.name
+    f.write_bytes(_mutate(which.read_bytes(), edits))
+    _check(f, what=f"mutated {which.name}")
+
+
+@settings(PROFILE)
+@given(which=st.sampled_from(SHIPPED), pick=st.integers(0, 10**6), value=SCALARS | TREES)
+def test_any_value_in_any_field_of_the_shipped_scenarios(workdir: Path, which: Path, pick: int, value: Any):
+    data = yaml.safe_load(which.read_text())
+    paths = _paths(data)
+    f = workdir / which.name
+    f.write_text(_dump(_replace(data, paths[pick % len(paths)], value)))
+    _check(f, what=f"{which.name} with a field replaced")
+
+
+@settings(PROFILE)
+@given(pick=st.integers(0, 10**6), value=SCALARS | TREES, edits=st.none() | EDITS)
+def test_inventories(workdir: Path, pick: int, value: Any, edits):
+    paths = _paths(INVENTORY)
+    text = _dump(_replace(INVENTORY, paths[pick % len(paths)], value)).encode()
+    f = workdir / "inventory.yaml"
+    f.write_bytes(_mutate(text, edits) if edits else text)
+    _check(f, what="inventory")
+
+
+@settings(PROFILE)
+@given(edits=st.none() | EDITS, pick=st.integers(0, 10**6), value=st.none() | SCALARS | TREES)
+def test_compose_files_pulled_in_by_a_scenario(workdir: Path, edits, pick: int, value: Any):
+    text = COMPOSE.read_bytes()
+    if value is not None:
+        data = yaml.safe_load(text)
+        paths = _paths(data)
+        text = _dump(_replace(data, paths[pick % len(paths)], value)).encode()
+    (workdir / "compose.yml").write_bytes(_mutate(text, edits) if edits else text)
+    sc = workdir / "docker.yaml"
+    sc.write_text("name: fuzz\ncluster: {kind: docker, nodes: 2, compose: compose.yml}\n"
+                  "faults:\n  - kind: process.kill\n    target: {ranks: [0]}\n")
+    _check(sc, what="compose")
