@@ -171,7 +171,9 @@ def model_for(data: Any) -> type[ScenarioBase]:
         cluster_kind = cluster.get("kind") if isinstance(cluster, dict) else None
     items = data.get("faults") if isinstance(data, dict) else None
     fault_kinds = [f.get("kind") if isinstance(f, dict) else None for f in items] if isinstance(items, list) else []
-    if cluster_kind not in CLUSTERS or not fault_kinds or any(k not in FAULTS for k in fault_kinds):
+    known = isinstance(cluster_kind, str) and cluster_kind in CLUSTERS and fault_kinds and all(
+        isinstance(k, str) and k in FAULTS for k in fault_kinds)
+    if not known:
         return scenario_model()
     return scenario_model([cluster_kind], fault_kinds)
 
