@@ -431,3 +431,12 @@ def test_cli_start_up_does_not_import_numpy_or_the_simulator():
     code = "import sys, chaoskit.cli.app; print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('chaoskit.sim')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_long_spans_are_allowed_but_bounded():
+    """A GPU's MTBF runs to years (a scenario's durations stop at 30 days); a century bounds them."""
+    code, _, err, res = run_cli("--gpu-mtbf", "50000h", "--storage-mtbf", "1000h", "--trials", "100", "--json")
+    assert code == 0, err
+    for flag in ("--gpu-mtbf", "--repair"):
+        code, _, err, _ = run_cli(flag, "1e400d", "--trials", "10", "--json")
+        assert code == 2 and f"{flag}: invalid duration '1e400d'" in err

@@ -29,6 +29,8 @@ LLAMA3_DAYS = 54.0
 LLAMA3_GPU_RATE = 419 / (16_384 * 54 * 24)
 DEFAULT_PHASES = {"detection": "1m", "reallocation": "4m", "checkpoint_load": "2m"}
 DEFAULT_REPAIR = "24h"
+SPAN_MAX_S = 100 * 365 * 86400.0
+"""The simulator's spans (a GPU's MTBF is years) may be longer than a scenario's 30 days; a century bounds them."""
 
 _EPILOG = (
     "Examples: 'chaoskit simulate' (the Llama 3 405B run: 16,384 GPUs, 54 days); "
@@ -196,15 +198,19 @@ def _duration(flag: str, text: str) -> float:
     seconds, or with a leading number of days (``2d``, ``1d12h``) for long spans."""
     value = text.strip()
     days = 0.0
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)d(.*)", value)
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)d(.*)", value)
     if match:
         days, value = float(match.group(1)), match.group(2)
     try:
         if not value:
-            return days * 86400.0
-        if re.fullmatch(r"\d+(?:\.\d+)?", value):
-            return days * 86400.0 + float(value)
-        return days * 86400.0 + parse_duration(value)
+            seconds = days * 86400.0
+        elif re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", value):
+            seconds = days * 86400.0 + float(value)
+        else:
+            seconds = days * 86400.0 + parse_duration(value, maximum=SPAN_MAX_S)
+        if not seconds <= SPAN_MAX_S:  # also refuses inf and nan
+            raise ValueError(f"longer than a century ({SPAN_MAX_S / 86400 / 365:g} years)")
+        return seconds
     except ValueError:
         raise ScenarioError(
             f"{flag}: invalid duration {text!r}", hint="durations read like 250ms, 30s, 10m, 1h, 1h30m, 2d, or a number of seconds"

@@ -19,16 +19,16 @@ _WHOLE = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
 _MAX_TEXT = 64  # characters: "1h59m59s999ms" is 13; anything longer is not a duration a person wrote
 
 
-def parse_duration(value: Any) -> float:
-    """Return seconds for ``value``, finite and at most :data:`~chaoskit.core.limits.MAX_DURATION_S`;
-    raise ``ValueError`` with a readable message."""
+def parse_duration(value: Any, maximum: float = MAX_DURATION_S) -> float:
+    """Return seconds for ``value``, finite and at most ``maximum`` (a scenario's:
+    :data:`~chaoskit.core.limits.MAX_DURATION_S`); raise ``ValueError`` with a readable message."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 250ms, 30s or 5m, not a boolean")
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"duration must not be negative, got {_short(value)}")
-        if value > MAX_DURATION_S:  # compared as an int: float() of a huge one overflows
-            raise ValueError(f"duration {_short(value)} is longer than {_MAX_HUMAN}, the maximum")
+        if value > maximum:  # compared as an int: float() of a huge one overflows
+            raise ValueError(f"duration {_short(value)} is longer than {_human(maximum)}, the maximum")
         seconds = float(value)
     elif isinstance(value, float):
         seconds = value
@@ -43,12 +43,13 @@ def parse_duration(value: Any) -> float:
         raise ValueError("duration must be a number, not NaN")
     if seconds < 0:
         raise ValueError(f"duration must not be negative, got {_short(value)}")
-    if seconds > MAX_DURATION_S:
-        raise ValueError(f"duration {_short(value)} is longer than {_MAX_HUMAN}, the maximum")
+    if seconds > maximum:
+        raise ValueError(f"duration {_short(value)} is longer than {_human(maximum)}, the maximum")
     return seconds
 
 
-_MAX_HUMAN = f"{MAX_DURATION_S / 86400:g} days"
+def _human(seconds: float) -> str:
+    return f"{seconds / 86400:g} days"
 
 
 def _short(value: Any) -> str:
