@@ -32,23 +32,24 @@ def test_the_layers_hold():
     assert "Contracts: 4 kept, 0 broken." in res.stdout
 
 
-def test_an_upward_import_breaks_the_contract(tmp_path):
+def tree_with(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of the package and its contracts with ``line`` appended to ``module`` (a path under chaoskit/)."""
     shutil.copytree(PACKAGE, tmp_path / "chaoskit", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    errors = tmp_path / "chaoskit" / "core" / "errors.py"
-    errors.write_text(errors.read_text() + "\nfrom chaoskit.runner import RunContext  # the core reaching up\n")
-    res = lint_imports(tmp_path)
+    path = tmp_path / "chaoskit" / module
+    path.write_text(path.read_text() + f"\n{line}\n")
+    return tmp_path
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    res = lint_imports(tree_with(tmp_path, "core/errors.py", "from chaoskit.runner import RunContext  # the core reaching up"))
     assert res.returncode != 0
     assert "Layers: each imports only from below BROKEN" in res.stdout
     assert "chaoskit.core.errors -> chaoskit.runner" in res.stdout
 
 
 def test_a_backend_importing_another_breaks_the_contract(tmp_path):
-    shutil.copytree(PACKAGE, tmp_path / "chaoskit", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    ray = tmp_path / "chaoskit" / "backends" / "ray.py"
-    ray.write_text(ray.read_text() + "\nfrom chaoskit.backends.process import ProcessBackend\n")
-    res = lint_imports(tmp_path)
+    res = lint_imports(tree_with(tmp_path, "backends/ray.py", "from chaoskit.backends.process import ProcessBackend"))
     assert res.returncode != 0
     assert "Cluster backends are independent of each other BROKEN" in res.stdout
 
