@@ -16,11 +16,11 @@ round trip.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoskit.cluster.clock import measure_clock
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.kernel import netem_available
@@ -140,17 +140,9 @@ def check_node(node: Node) -> NodeHealth:
 
 
 def clock_offset(conn: Transport, samples: int = CLOCK_SAMPLES) -> tuple[float, float]:
-    """(node clock minus this machine's, half the round trip) from the sample with the smallest round trip."""
-    best: tuple[float, float] | None = None
-    for _ in range(samples):
-        t0 = time.time()
-        node_time = conn.ping(timeout=COMMAND_TIMEOUT_S)
-        t1 = time.time()
-        offset, half = node_time - (t0 + t1) / 2, (t1 - t0) / 2
-        if best is None or half < best[1]:
-            best = (offset, half)
-    assert best is not None
-    return round(best[0], 6), round(best[1], 6)
+    """(node clock minus this machine's, half the round trip): :func:`~chaoskit.cluster.clock.measure_clock`."""
+    clock = measure_clock(lambda: conn.ping(timeout=COMMAND_TIMEOUT_S), samples)
+    return round(clock.offset_s, 6), round(clock.error_s, 6)
 
 
 def _privilege(conn: Transport, node: Node, health: NodeHealth) -> None:

@@ -3,6 +3,8 @@
 - :class:`SdkLogProbe` tails the JSONL file the SDK writes from inside the job;
 - :class:`LogRegexProbe` maps lines of a job's output to events (torchrun's own
   failure lines built in, more from the scenario);
+- :class:`FileLogProbe` tails a log file on this machine, :class:`RemoteLogProbe`
+  one on a node, read there by the node's agent;
 - :class:`ProcessWatcher` sees training workers appear and vanish in the
   process table of each node.
 """
@@ -17,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from chaoskit.cluster.clock import ClockedTransport
+from chaoskit.cluster.transports.api import FileFollower
+from chaoskit.core.errors import InfraError
 from chaoskit.observe.events import EventBus, make_event
 
-__all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "TORCHRUN_RULES"]
+__all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLogProbe", "RemoteLogProbe", "TORCHRUN_RULES"]
 
 
 @dataclass(frozen=True)
@@ -59,13 +64,17 @@ class LogRegexProbe:
         self.bus = bus
         self.rules = list(rules)
 
-    def feed(self, node: str, line: str, ts: float | None = None) -> None:
+    def feed(self, node: str, line: str, ts: float | None = None, *, uncertainty: float | None = None) -> None:
+        """One line of ``node``'s output, seen at ``ts`` (now by default); ``uncertainty``: how far ``ts`` may be
+        off, when it was read on another machine's clock and corrected by a measured offset."""
         ts = time.time() if ts is None else ts
         for rule in self.rules:
             m = rule.pattern.search(line)
             if m:
                 fields = {k: _coerce(v) for k, v in m.groupdict().items() if v is not None}
                 event = make_event(rule.event, ts, node=node, source=fields.pop("source", "log"))
+                if uncertainty:
+                    event["ts_uncertainty"] = round(uncertainty, 6)
                 event.update(dict(rule.fields))
                 event.update(fields)
                 self.bus.publish(event)
@@ -137,6 +146,62 @@ class FileLogProbe(_Tailer):
     def run(self) -> None:
         for line in self.lines():
             self.probe.feed(self.node, line)
+
+
+class RemoteLogProbe(threading.Thread):
+    """Follow a log file on a node through its agent (:class:`FileFollower`); each line goes through a
+    :class:`LogRegexProbe` with the time the node read it, on the controller's clock.
+
+    When the connection drops, a new stream starts where the last delivered batch ended, so
+    no line is lost or counted twice; rotation and truncation are the agent's to follow."""
+
+    def __init__(self, probe: LogRegexProbe, node: str, transport: FileFollower, path: str,
+                 retry_s: float = 0.5) -> None:
+        super().__init__(daemon=True, name=f"chaoskit-follow-{node}")
+        self.probe, self.node, self.transport, self.path, self.retry_s = probe, node, transport, path, retry_s
+        self.inode: int | None = None
+        self.offset = 0
+        self.lines = 0
+        self.streams = 0
+        """Streams started: more than one means the probe resumed after a dropped connection."""
+        self.errors: list[str] = []
+        self.stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                stream = self.transport.follow(self.path, self._batch, inode=self.inode, offset=self.offset)
+            except InfraError as exc:
+                self._note(exc.message)
+                self.stop_event.wait(self.retry_s)
+                continue
+            self.streams += 1
+            while not stream.done.wait(0.05):
+                if self.stop_event.is_set():
+                    stream.cancel()
+                    stream.done.wait(2.0)
+                    return
+            if stream.error:
+                self._note(stream.error)
+            self.stop_event.wait(self.retry_s)
+
+    def _note(self, message: str) -> None:
+        if not self.errors or self.errors[-1] != message:
+            self.errors.append(message)
+
+    def _batch(self, lines: list[tuple[float, str]], inode: int | None, offset: int) -> None:
+        clock = self.transport.clock if isinstance(self.transport, ClockedTransport) else None
+        uncertainty = clock.error_s if clock is not None else None
+        with self._lock:
+            for ts, text in lines:
+                self.probe.feed(self.node, text, ts, uncertainty=uncertainty)
+            self.lines += len(lines)
+            self.inode, self.offset = inode, offset
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=5)
 
 
 class ProcessWatcher(threading.Thread):

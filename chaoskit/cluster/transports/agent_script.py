@@ -20,6 +20,14 @@ EOF on stdin ends the agent once in-flight requests are answered; processes it
 started detached (lease watchdogs) live on. No shell is ever involved: ``argv``
 is executed as given.
 
+A *stream* (``follow``) answers many times under its request's id, each message with
+``"more": true``, until it is cancelled (``{"op": "cancel", "stream": ID}``) or stdin ends;
+its last message has no ``more``.
+
+Times the agent reports are the node's clock (``time.time()`` there, plus the skew a test
+may set with ``{"op": "skew", "seconds": S}``: one machine cannot give a lab node a clock
+of its own, so the tests of clock correction shift the agent's instead).
+
 Fed a single request followed by EOF, the same program serves one command per
 exec, which is the transport's fallback when a persistent agent cannot be kept.
 """
@@ -44,6 +52,18 @@ BOOT = (
 
 class OpError(Exception):
     pass
+
+
+_SKEW = [0.0]
+_STOP = threading.Event()
+"""Set when stdin ends: streams finish."""
+_STREAMS = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def now():
+    """The node's clock as this agent reports it."""
+    return time.time() + _SKEW[0]
 
 
 def _own_netns():
@@ -97,7 +117,7 @@ def _in_scope(info, scope):
 
 
 def op_ping(req):
-    return {"t": time.time(), "pid": os.getpid()}
+    return {"t": now(), "pid": os.getpid()}
 
 
 def op_run(req):
@@ -114,7 +134,7 @@ def op_run(req):
             close_fds=True,
         )
     except OSError as exc:
-        return {"rc": 127, "stdout": "", "stderr": "%s: %s" % (argv[0], exc.strerror), "t": time.time(), "timed_out": False}
+        return {"rc": 127, "stdout": "", "stderr": "%s: %s" % (argv[0], exc.strerror), "t": now(), "timed_out": False}
     timed_out = False
     try:
         out, err = proc.communicate(data.encode() if data is not None else None, timeout=timeout)
@@ -125,7 +145,7 @@ def op_run(req):
         except OSError:
             pass
         out, err = proc.communicate()
-    t = time.time()
+    t = now()
     return {
         "rc": 124 if timed_out else proc.returncode,
         "stdout": out[:MAX_OUTPUT].decode("utf-8", "replace"),
@@ -161,7 +181,7 @@ def _spawn(argv, cwd=None):
 
 def op_spawn(req):
     try:
-        return {"pid": _spawn(req["argv"], req.get("cwd")), "t": time.time()}
+        return {"pid": _spawn(req["argv"], req.get("cwd")), "t": now()}
     except OSError as exc:
         raise OpError("%s: %s" % (req["argv"][0], exc.strerror))
 
@@ -176,7 +196,7 @@ def op_touch(req):
             os.makedirs(parent, exist_ok=True)
         with open(path, "a"):
             pass
-    return {"t": time.time()}
+    return {"t": now()}
 
 
 def op_write(req):
@@ -233,7 +253,7 @@ def op_signal(req):
     if pid <= 1 or not _in_scope(info, req.get("scope")) or info["state"] == "Z":
         raise OpError("pid %d is not a process of this node" % pid)
     os.kill(pid, signum)
-    return {"t": time.time()}
+    return {"t": now()}
 
 
 def op_watchdog(req):
@@ -256,16 +276,120 @@ def op_watchdog(req):
     end = time.time() + float(req.get("wait", 5))
     while time.time() < end:
         if os.path.exists(pidfile):
-            return {"pid": pid, "deadline": deadline, "t": time.time()}
+            return {"pid": pid, "deadline": deadline, "t": now()}
         time.sleep(0.005)
     raise OpError("the watchdog did not start within %gs" % float(req.get("wait", 5)))
 
 
+def op_skew(req):
+    """Tests only: shift the clock this agent reports by ``seconds``."""
+    _SKEW[0] = float(req["seconds"])
+    return {"t": now()}
+
+
+def _open_at(path, inode):
+    """The file to go on reading: ``path`` itself, or, when ``inode`` names another file (``path`` was
+    rotated since), the rotated file in the same folder that still has that inode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if inode is None or (st is not None and st.st_ino == inode):
+        return (open(path, "rb"), True) if st is not None else (None, True)
+    folder = os.path.dirname(path) or "."
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        names = []
+    for name in names:
+        candidate = os.path.join(folder, name)
+        try:
+            if os.stat(candidate).st_ino == inode:
+                return open(candidate, "rb"), False
+        except OSError:
+            continue
+    return (open(path, "rb"), True) if st is not None else (None, True)
+
+
+def op_follow(req, emit):
+    """Follow a log file: every complete line with the time it was read, across rotation and truncation.
+
+    ``inode``/``offset`` say where a previous stream stopped; lines come in batches
+    ``{"lines": [[t, text], ...], "inode": I, "offset": O}``, where ``inode``/``offset`` is the
+    position after the batch, so a new stream started there neither loses nor repeats a line."""
+    path, interval = req["path"], float(req.get("interval", 0.02))
+    inode, pos = req.get("inode"), int(req.get("offset") or 0)
+    cancel = threading.Event()
+    with _STREAMS_LOCK:
+        _STREAMS[req.get("id")] = cancel
+    fh, current = None, True
+    buf = b""
+    try:
+        while not cancel.is_set() and not _STOP.is_set():
+            if fh is None:
+                fh, current = _open_at(path, inode)
+                if fh is None:
+                    cancel.wait(interval)
+                    continue
+                st = os.fstat(fh.fileno())
+                if inode != st.st_ino:
+                    inode, pos, buf = st.st_ino, 0, b""
+                if st.st_size < pos:  # truncated (copytruncate) while no stream was reading it
+                    pos, buf = 0, b""
+                fh.seek(pos + len(buf))
+            chunk = fh.read(1 << 20)
+            if chunk:
+                buf += chunk
+                lines = []
+                t = now()
+                while True:
+                    nl = buf.find(b"\n")
+                    if nl < 0:
+                        break
+                    raw, buf = buf[:nl], buf[nl + 1:]
+                    pos += nl + 1
+                    lines.append([t, raw.decode("utf-8", "replace")])
+                if lines:
+                    emit({"lines": lines, "inode": inode, "offset": pos, "more": True})
+                continue
+            # at the end of the file: rotated or truncated?
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            size = os.fstat(fh.fileno()).st_size
+            if size < pos + len(buf):  # truncated in place: start over
+                pos, buf = 0, b""
+                fh.seek(0)
+                continue
+            if not current or (st is not None and st.st_ino != inode):  # rotated: the old file is drained
+                fh.close()
+                fh, current, inode, pos, buf = None, True, None, 0, b""
+                continue
+            cancel.wait(interval)
+    finally:
+        if fh is not None:
+            fh.close()
+        with _STREAMS_LOCK:
+            _STREAMS.pop(req.get("id"), None)
+    return {"inode": inode, "offset": pos}
+
+
+def op_cancel(req):
+    with _STREAMS_LOCK:
+        event = _STREAMS.get(req["stream"])
+    if event is not None:
+        event.set()
+    return {}
+
+
 INLINE = {
     "ping": op_ping, "touch": op_touch, "write": op_write, "read": op_read,
-    "state": op_state, "signal": op_signal,
+    "state": op_state, "signal": op_signal, "skew": op_skew, "cancel": op_cancel,
 }
 THREADED = {"run": op_run, "spawn": op_spawn, "procs": op_procs, "rmtree": op_rmtree, "watchdog": op_watchdog}
+STREAMING = {"follow": op_follow}
+"""Ops that answer many times: ``fn(req, emit)``; what ``fn`` returns is the last answer."""
 
 
 def main():
@@ -281,11 +405,20 @@ def main():
 
     def handle(req):
         rid = req.get("id")
+
+        def emit(part):
+            part["id"], part["ok"] = rid, True
+            reply(part)
+
         try:
+            stream = STREAMING.get(req.get("op"))
             fn = INLINE.get(req.get("op")) or THREADED.get(req.get("op"))
-            if fn is None:
+            if stream is not None:
+                out = stream(req, emit)
+            elif fn is None:
                 raise OpError("unknown op %r" % req.get("op"))
-            out = fn(req)
+            else:
+                out = fn(req)
             out["id"], out["ok"] = rid, True
         except OpError as exc:
             out = {"id": rid, "ok": False, "error": str(exc)}
@@ -297,7 +430,7 @@ def main():
             pass
 
     reply({"id": 0, "ok": True, "hello": VERSION, "pid": os.getpid(), "uid": os.getuid(),
-           "python": sys.executable, "t": time.time()})
+           "python": sys.executable, "t": now()})
     for line in iter(stdin.readline, b""):
         try:
             req = json.loads(line)
@@ -312,6 +445,7 @@ def main():
             t.start()
             threads.append(t)
             threads[:] = [x for x in threads if x.is_alive()]
+    _STOP.set()
     for t in threads:
         t.join()
     _reap()

@@ -7,9 +7,13 @@ after being validated by the fault that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+import threading
+from typing import Callable, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["ProcInfo", "CommandResult", "Transport", "WatchdogHost"]
+__all__ = ["ProcInfo", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch"]
+
+LineBatch = Callable[[list[tuple[float, str]], "int | None", int], None]
+"""``(lines, inode, offset)``: lines as (time read on the controller's clock, text), and where the file was left."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class CommandResult:
     stdout: str
     stderr: str
     finished_at: float | None = None
-    """When the command returned, on the node's clock, where the transport knows it (a fault's ``t_fault``)."""
+    """When the command returned on the node, on the controller's clock (the node's, corrected by its measured
+    offset), where the transport knows it (a fault's ``t_fault``)."""
 
 
 class Transport(Protocol):
@@ -66,7 +71,7 @@ class Transport(Protocol):
         """Processes that belong to this node (its scope), never others."""
 
     def signal(self, pid: int, signum: int) -> float:
-        """Send ``signum`` to ``pid`` (which must be in scope); return the time it was sent, on the node."""
+        """Send ``signum`` to ``pid`` (which must be in scope); return when it was sent on the node, on the controller's clock."""
 
     def run(self, argv: list[str], timeout: float) -> CommandResult:
         """Run one command with a hard deadline."""
@@ -98,3 +103,24 @@ class WatchdogHost(Protocol):
 
     def cleanup_leases(self, run_id: str) -> None:
         """Remove the node-side lease directories of one run."""
+
+
+class FollowStream(Protocol):
+    """A file being followed on a node."""
+
+    done: threading.Event
+    """Set when the stream ended: cancelled, or its connection dropped."""
+    error: str | None
+    """Why it ended, when it was not cancelled."""
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class FileFollower(Protocol):
+    """A transport that follows a file on its node (the node's agent reads it there)."""
+
+    def follow(self, path: str, on_batch: LineBatch, *, inode: int | None = None, offset: int = 0,
+               interval: float = 0.02) -> FollowStream:
+        """Stream the complete lines of ``path`` from ``inode``/``offset`` (where an earlier stream stopped), across
+        rotation and truncation; each batch with the position after it."""

@@ -19,6 +19,13 @@ Contract:
   command's process group; in exec mode ``timeout -k``) *and* on the client: no
   answer by ``timeout + grace`` raises :class:`~chaoskit.core.errors.InfraError`,
   whatever the socket does.
+- **Clock**: times the node reports (a command's end, a signal, a log line read)
+  come back on the controller's clock, corrected by the offset :meth:`SSHTransport.sync_clock`
+  measured (:mod:`chaoskit.cluster.clock`); :meth:`SSHTransport.ping` alone gives the raw
+  node clock.
+- **Streams**: :meth:`SSHTransport.follow` streams a file's lines from the node over the
+  agent's channel; it ends when cancelled or when the connection drops, and says where
+  it stopped so that a new stream picks up there.
 - **Quoting**: argv travels as a JSON list to the agent (no shell). In exec mode
   each element is quoted with :func:`~.api.shell_quote`. The values in argv were
   validated by the fault that built them; control characters are refused here
@@ -42,8 +49,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
+from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.transports.agent_script import BOOT
-from chaoskit.cluster.transports.api import CommandResult, ProcInfo
+from chaoskit.cluster.transports.api import CommandResult, FollowStream, LineBatch, ProcInfo
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
 
@@ -154,6 +162,8 @@ class SSHTransport:
         self._agent_failures = 0
         self._lock = threading.RLock()
         self._watchdog_path: str | None = None
+        self.clock = ClockOffset()
+        """The node's clock against this machine's; zero until :meth:`sync_clock` measured it."""
 
     def __repr__(self) -> str:
         return f"SSHTransport({self.node!r}, {self.user}@{self.address}:{self.port}, mode={self.mode})"
@@ -284,6 +294,9 @@ class SSHTransport:
         try:
             self._agent = self._start_agent()
             self._agent_failures = 0
+            skew = _test_skew().get(self.node)
+            if skew is not None:
+                self._agent.request({"op": "skew", "seconds": skew}, self.connect_timeout)
         except _AgentGone as exc:
             self._agent = None
             self._agent_failures += 1
@@ -416,7 +429,41 @@ class SSHTransport:
             raise InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {self.node}")
         if reply["rc"] == 127 and not reply["stdout"]:
             raise InfraError(f"{argv[0]}: command not found on node {self.node}: {reply['stderr'].strip()}")
-        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], reply.get("t"))
+        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], self._local_time(reply.get("t")))
+
+    def _local_time(self, t: float | None) -> float | None:
+        return None if t is None else self.clock.to_controller(float(t))
+
+    def sync_clock(self, samples: int = SAMPLES) -> ClockOffset:
+        """Measure the node's clock offset (several agent round trips); later times are corrected by it."""
+        self.clock = measure_clock(lambda: self.ping(timeout=self.command_timeout), samples)
+        return self.clock
+
+    def follow(self, path: str, on_batch: LineBatch, *, inode: int | None = None, offset: int = 0,
+               interval: float = 0.02) -> "FollowStream":
+        """Stream the complete lines of ``path`` on the node, from ``inode``/``offset`` (where an earlier
+        stream stopped) or from its start; ``on_batch(lines, inode, offset)`` gets each batch with the
+        position after it, each line as (time read, on this machine's clock; text)."""
+        try:
+            with self._lock:
+                agent = self._agent_locked()
+        except _AgentGone as exc:
+            raise InfraError(f"cannot follow {path} on node {self.node}: the agent did not start ({exc})") from None
+        if agent is None:
+            raise InfraError(f"cannot follow {path} on node {self.node}: it needs chaoskit's agent, "
+                             "and this connection fell back to one exec per command")
+        stream = _Stream(agent)
+
+        def message(reply: dict[str, Any]) -> None:
+            if "lines" in reply:
+                on_batch([(self.clock.to_controller(float(t)), text) for t, text in reply["lines"]],
+                         reply.get("inode"), int(reply.get("offset", 0)))
+            if not reply.get("more"):
+                stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
+
+        fields = {"op": "follow", "path": _checked([path])[0], "inode": inode, "offset": int(offset), "interval": interval}
+        stream.rid = agent.stream(fields, message, stream.finish)
+        return stream
 
     def processes(self) -> list[ProcInfo]:
         reply = self._request("procs", self.command_timeout, scope=self.scope)
@@ -433,7 +480,7 @@ class SSHTransport:
             reply = self._call("signal", self.command_timeout, pid=int(pid), signal=int(signum), scope=self.scope)
         except _OpFailed as exc:
             raise InfraError(f"refusing to signal pid {pid} on node {self.node}: {exc}") from None
-        return float(reply["t"])
+        return self.clock.to_controller(float(reply["t"]))
 
     def spawn_detached(self, argv: list[str]) -> int:
         return int(self._request("spawn", self.command_timeout, argv=_checked(argv))["pid"])
@@ -442,7 +489,7 @@ class SSHTransport:
         self._request("touch", timeout, path=_checked([path])[0])
 
     def ping(self, timeout: float = 5.0) -> float:
-        """One round trip to the node; return the node's clock."""
+        """One round trip to the node; return the node's own clock (uncorrected: what :meth:`sync_clock` measures)."""
         return float(self._request("ping", timeout)["t"])
 
     def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
@@ -509,6 +556,7 @@ class _AgentChannel:
         self.reason = ""
         self.hello: dict[str, Any] = {}
         self._pending: dict[int, _Slot] = {}
+        self._streams: dict[int, tuple[Callable[[dict[str, Any]], None], Callable[[str], None]]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -565,6 +613,31 @@ class _AgentChannel:
             raise _AgentGone(self.reason) from None
         return rid, slot, sent_at
 
+    def stream(self, fields: dict[str, Any], on_message: Callable[[dict[str, Any]], None],
+               on_gone: Callable[[str], None]) -> int:
+        """Start a request that answers many times: each answer goes to ``on_message`` (on the reader
+        thread) until one without ``more``; ``on_gone(reason)`` when the channel dies first."""
+        rid = next(self._ids)
+        with self._lock:
+            if self.dead:
+                raise _AgentGone(self.reason)
+            self._streams[rid] = (on_message, on_gone)
+        try:
+            with self._send_lock:
+                self.chan.sendall((json.dumps({"id": rid, **fields}) + "\n").encode())
+        except Exception as exc:  # noqa: BLE001
+            self._die(f"send failed: {exc}")
+            raise _AgentGone(self.reason) from None
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """End a stream (best effort: a dead channel has ended it already)."""
+        try:
+            with self._send_lock:
+                self.chan.sendall((json.dumps({"id": next(self._ids), "op": "cancel", "stream": rid}) + "\n").encode())
+        except Exception:  # noqa: BLE001
+            pass
+
     def wait(self, handle: tuple[int, _Slot, float], timeout: float) -> dict[str, Any]:
         rid, slot, sent_at = handle
         if not slot.event.wait(timeout):
@@ -619,8 +692,15 @@ class _AgentChannel:
             reply = json.loads(line)
         except ValueError:
             return
+        rid = reply.get("id")
         with self._lock:
-            slot = self._pending.pop(reply.get("id"), None)
+            stream = self._streams.get(rid)
+            if stream is not None and not reply.get("more"):
+                del self._streams[rid]
+            slot = self._pending.pop(rid, None) if stream is None else None
+        if stream is not None:
+            stream[0](reply)
+            return
         if slot is not None:
             slot.reply = reply
             slot.event.set()
@@ -631,9 +711,30 @@ class _AgentChannel:
                 return
             self.dead, self.reason = True, reason
             pending, self._pending = self._pending, {}
+            streams, self._streams = self._streams, {}
         for slot in pending.values():
             slot.gone = reason
             slot.event.set()
+        for _, on_gone in streams.values():
+            on_gone(reason)
+
+
+class _Stream:
+    """A running ``follow``: :attr:`done` once it ended, :attr:`error` why (``None``: cancelled or finished)."""
+
+    def __init__(self, agent: _AgentChannel) -> None:
+        self.agent, self.rid = agent, 0
+        self.done = threading.Event()
+        self.error: str | None = None
+
+    def finish(self, error: str | None) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+    def cancel(self) -> None:
+        if not self.done.is_set():
+            self.agent.cancel(self.rid)
 
 
 class _RejectPolicy:
@@ -670,6 +771,19 @@ class _PinPolicy:
             with open(t.known_hosts, "a") as fh:
                 fh.write(line)
         t.notes.append(f"pinned host key of {t.node} ({entry}): {key.get_name()} {fingerprint(key)}")
+
+
+TEST_SKEW_ENV = "CHAOSKIT_TEST_CLOCK_SKEW"
+"""Tests only: ``n1=7.5,n2=-3`` shifts the clock those nodes' agents report (a lab on one machine has one clock)."""
+
+
+def _test_skew() -> dict[str, float]:
+    spec = os.environ.get(TEST_SKEW_ENV, "")
+    out = {}
+    for item in filter(None, spec.split(",")):
+        node, _, seconds = item.partition("=")
+        out[node.strip()] = float(seconds)
+    return out
 
 
 def _boot_code() -> str:
@@ -737,7 +851,7 @@ def run_many(
     def result(t: SSHTransport, reply: dict[str, Any]) -> CommandResult | BaseException:
         if reply.get("timed_out"):
             return InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {t.node}")
-        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], reply.get("t"))
+        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], t._local_time(reply.get("t")))
 
     return _fan_out(transports, {"op": "run", "argv": argv, "timeout": timeout}, timeout, result,
                     lambda t: t.run(argv, timeout), max_workers)

@@ -1,0 +1,138 @@
+"""Remote probes and clocks on real sshd nodes (the netns lab): a node's agent follows a log file
+there and streams its lines; times from a node come back on the controller's clock.
+
+The lab's nodes share this machine's file system, so the test writes the log file directly
+and the node's agent (over SSH) reads it at the same path. They also share its clock: a per-node
+clock is the one thing the lab cannot have, so the clock tests shift the agent's reported clock
+on purpose (``CHAOSKIT_TEST_CLOCK_SKEW``) and check that chaoskit measures and removes the shift.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from tests.conftest import wait_until
+
+pytest_plugins = ["tests.netns_fixtures"]
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.lock = threading.Lock()
+
+    def publish(self, event: dict) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def lines(self) -> list[int]:
+        with self.lock:
+            return [e["n"] for e in self.events]
+
+
+def _probe(conn, path):
+    from chaoskit.observe.probes import LogRegexProbe, LogRule, RemoteLogProbe
+
+    bus = _Collector()
+    rules = LogRegexProbe(bus, [LogRule.of(r"line (?P<n>\d+)$", "heartbeat")])
+    return bus, RemoteLogProbe(rules, "n1", conn, str(path), retry_s=0.1)
+
+
+def _write(path, numbers, mode="a"):
+    with open(path, mode) as fh:
+        for n in numbers:
+            fh.write(f"line {n}\n")
+
+
+@pytest.fixture
+def n1(netns_lab):
+    inventory = netns_lab.inventory()
+    conn = inventory["n1"].conn
+    conn.connect()
+    yield conn
+    inventory.close()
+
+
+def test_lines_follow_rotation_truncation_and_a_dropped_connection_once_each(n1, tmp_path):
+    path = tmp_path / "train.log"
+    _write(path, range(0, 5), "w")
+    bus, probe = _probe(n1, path)
+    probe.start()
+    try:
+        assert wait_until(lambda: bus.lines() == list(range(5)), 10), bus.lines()
+        _write(path, range(5, 10))
+        # rotated (logrotate's default: rename, then a new file)
+        os.rename(path, str(path) + ".1")
+        _write(str(path) + ".1", [10])          # the writer still had the old file open
+        _write(path, range(11, 15), "w")
+        assert wait_until(lambda: bus.lines() == list(range(15)), 10), bus.lines()
+        # truncated in place (copytruncate)
+        _write(path, range(15, 18), "w")
+        assert wait_until(lambda: bus.lines() == list(range(18)), 10), bus.lines()
+        # the SSH connection drops: lines written meanwhile come once, after the reconnect
+        n1.close()
+        _write(path, range(18, 30))
+        assert wait_until(lambda: bus.lines() == list(range(30)), 15), bus.lines()
+        assert probe.streams >= 2
+        # a partial line waits for its end
+        with open(path, "a") as fh:
+            fh.write("line 3")
+        time.sleep(0.3)
+        assert bus.lines() == list(range(30))
+        with open(path, "a") as fh:
+            fh.write("0\n")
+        assert wait_until(lambda: bus.lines() == list(range(31)), 10), bus.lines()
+    finally:
+        probe.stop()
+    assert not probe.is_alive()
+    assert all(e["node"] == "n1" and e["kind"] == "heartbeat" for e in bus.events)
+
+
+def test_a_file_that_appears_later_is_followed_from_its_start(n1, tmp_path):
+    path = tmp_path / "late.log"
+    bus, probe = _probe(n1, path)
+    probe.start()
+    try:
+        time.sleep(0.3)
+        _write(path, range(3), "w")
+        assert wait_until(lambda: bus.lines() == [0, 1, 2], 10), bus.lines()
+    finally:
+        probe.stop()
+
+
+def test_a_node_clock_seconds_off_is_measured_and_removed(netns_lab, monkeypatch, tmp_path):
+    from chaoskit.cluster.transports.ssh import TEST_SKEW_ENV
+
+    monkeypatch.setenv(TEST_SKEW_ENV, "n1=7.5")
+    inventory = netns_lab.inventory()
+    try:
+        n0, n1 = inventory["n0"].conn, inventory["n1"].conn
+        assert n1.ping() - time.time() == pytest.approx(7.5, abs=0.5)   # the shift is there
+        c0, c1 = n0.sync_clock(), n1.sync_clock()
+        assert abs(c0.offset_s) <= c0.uncertainty_s + 0.005
+        assert c1.offset_s == pytest.approx(7.5, abs=c1.uncertainty_s + 0.005)
+        assert 0 < c1.uncertainty_s < 0.05
+        # a command's end on n1 comes back on this machine's clock
+        before = time.time()
+        res = n1.run(["true"], 5)
+        after = time.time()
+        assert before - 0.05 <= res.finished_at <= after + 0.05
+        # and so do the times of the lines n1's agent reads
+        path = tmp_path / "skewed.log"
+        bus, probe = _probe(n1, path)
+        probe.start()
+        try:
+            written = time.time()
+            _write(path, [1], "w")
+            assert wait_until(lambda: bus.lines() == [1], 10)
+        finally:
+            probe.stop()
+        [event] = bus.events
+        assert written - 0.05 <= event["ts"] <= written + 2
+        assert event["ts_uncertainty"] == pytest.approx(c1.uncertainty_s, abs=1e-6)
+    finally:
+        inventory.close()
