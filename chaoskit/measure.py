@@ -31,12 +31,16 @@ def _rank_key(e: Event) -> Any:
     return ("node", e.get("node"), e.get("pid"))
 
 
-def measure_fault(events: Iterable[Event], t_fault: float) -> dict[str, Any]:
+def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0) -> dict[str, Any]:
     """Measure the recovery from one fault injected at ``t_fault``.
 
     Returns the phases in seconds (``detection_s``, ``reallocation_s``,
     ``checkpoint_load_s``, ``startup_s``, ``recovery_s``), ``lost_steps``, the
     instants they derive from, and ``reasons`` for every phase left ``None``.
+    ``uncertainty_s`` gives, per phase, how far it may be off because its two ends were
+    read on different machines' clocks: the sum of the ends' ``ts_uncertainty`` (events
+    read on another node and corrected by its measured offset), ``t_fault_uncertainty``
+    for the fault's own time.
     """
     timeline = sorted(events, key=lambda e: e["ts"])
     before = [e for e in timeline if e["ts"] <= t_fault]
@@ -62,29 +66,33 @@ def measure_fault(events: Iterable[Event], t_fault: float) -> dict[str, Any]:
             break
 
     t_loaded = t_realloc = t_ready = None
+    at: dict[str, Event | None] = {"detect": detect, "realloc": None, "loaded": None, "resumed": resumed}
     restored_step = None
     if resumed is not None and loads:
         latest_load: dict[Any, Event] = {}
         for load in loads:
             if load["ts"] <= resumed["ts"]:
                 latest_load[_rank_key(load)] = load
-        t_loaded = max(load["ts"] for load in latest_load.values())
+        at["loaded"] = max(latest_load.values(), key=lambda e: e["ts"])
+        t_loaded = at["loaded"]["ts"]
         restored = [load.get("step") for load in latest_load.values() if isinstance(load.get("step"), int)]
         restored_step = min(restored) if restored else None
-        starts_by_rank: dict[Any, float] = {}
+        starts_by_rank: dict[Any, Event] = {}
         for s in starts:
             key = _rank_key(s)
             if s["ts"] <= latest_load.get(key, {"ts": t_loaded})["ts"]:
-                starts_by_rank[key] = s["ts"]
+                starts_by_rank[key] = s
         if starts_by_rank:
-            t_realloc = max(starts_by_rank.values())
+            at["realloc"] = max(starts_by_rank.values(), key=lambda e: e["ts"])
+            t_realloc = at["realloc"]["ts"]
         ready = [e["ts"] for e in after if e.get("kind") == "rendezvous.done" and t_realloc is not None and t_realloc <= e["ts"] <= t_loaded]
         t_ready = max(ready) if ready else None
     elif resumed is not None:
         reasons["checkpoint_load"] = "not observed: the job restarted without loading a checkpoint"
         restored_step = 0
-        pre = [s["ts"] for s in starts if s["ts"] <= resumed["ts"]]
-        t_realloc = max(pre) if pre else None
+        pre = [s for s in starts if s["ts"] <= resumed["ts"]]
+        at["realloc"] = max(pre, key=lambda e: e["ts"]) if pre else None
+        t_realloc = at["realloc"]["ts"] if pre else None
 
     if t_realloc is None:
         reasons.setdefault("reallocation", "not observed: no new workers started after the fault")
@@ -104,6 +112,18 @@ def measure_fault(events: Iterable[Event], t_fault: float) -> dict[str, Any]:
         reasons.setdefault("reallocation", "not observed")
     if t_detect is None and t_realloc is not None:
         reasons["reallocation"] = "not measurable: detection was not observed"
+    def error(e: Event | None) -> float:
+        return float(e.get("ts_uncertainty") or 0.0) if e is not None else 0.0
+
+    def uncertainty(value: float | None, a: float, b: float) -> float | None:
+        return None if value is None else round(a + b, 6)
+
+    uncertainties = {
+        "detection": uncertainty(detection, t_fault_uncertainty, error(at["detect"])),
+        "reallocation": uncertainty(reallocation, error(at["detect"]), error(at["realloc"])),
+        "checkpoint_load": uncertainty(span(t_realloc, t_loaded), error(at["realloc"]), error(at["loaded"])),
+        "recovery": uncertainty(span(t_fault, resumed["ts"] if resumed else None), t_fault_uncertainty, error(resumed)),
+    }
     lost = None
     if last_step_before is not None and restored_step is not None and resumed is not None:
         lost = max(0, last_step_before - restored_step)
@@ -123,6 +143,7 @@ def measure_fault(events: Iterable[Event], t_fault: float) -> dict[str, Any]:
         "t_loaded": t_loaded,
         "t_resumed": resumed["ts"] if resumed else None,
         "reasons": reasons,
+        "uncertainty_s": uncertainties,
     }
 
 

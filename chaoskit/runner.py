@@ -22,13 +22,15 @@ from typing import Any, Callable
 
 from chaoskit.backends.api import ClusterHandle, Probe
 from chaoskit.backends.registry import backend
+from chaoskit.cluster.clock import ClockedTransport, ClockOffset
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
     resolve_nodes,
     resolve_processes,
     subset,
 )
-from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.api import FileFollower, Transport
+from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.state import state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
@@ -42,6 +44,7 @@ from chaoskit.observe.probes import (
     LogRegexProbe,
     LogRule,
     ProcessWatcher,
+    RemoteLogProbe,
     SdkLogProbe,
 )
 from chaoskit.safety.journal import Journal
@@ -49,6 +52,7 @@ from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
+from chaoskit.workloads.attach import AttachedJob
 from chaoskit.workloads.launch import TorchrunJob, job_dir, torch_available
 from chaoskit.workloads.ray_train import RayTrainJob
 
@@ -157,7 +161,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
-        if not torch_available() and sc.workload.launch != "command":
+        if not torch_available() and sc.workload.launch not in ("command", "attach"):
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, result, None, plan)
     run_dir = Path(out) if out else Path("reports") / run_id
@@ -176,8 +180,8 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
 
 
 def _job_class(workload):
-    """The job runner for ``workload.launch``: torchrun agents, or a Ray Train driver."""
-    return RayTrainJob if workload.launch == "ray-train" else TorchrunJob
+    """The job runner for ``workload.launch``: torchrun agents, a Ray Train driver, or somebody else's job."""
+    return {"ray-train": RayTrainJob, "attach": AttachedJob}.get(workload.launch, TorchrunJob)
 
 
 def _utc_stamp() -> str:
@@ -203,7 +207,8 @@ class _Run:
         self.injections: list[tuple[Fault, Injection]] = []
         self.notes: list[str] = []
         self.verdict: str | None = None
-        self.job: TorchrunJob | RayTrainJob | None = None
+        self.job: TorchrunJob | RayTrainJob | AttachedJob | None = None
+        self.clocks: dict[str, ClockOffset] = {}
         self.threads: list[Probe] = []
         self.job_dir: Path | None = None
         self.t_baseline: float | None = None
@@ -276,11 +281,26 @@ class _Run:
                 self.say(str(said))
 
     def _preflight(self) -> None:
-        """Reach every node and let each fault check its targets, before anything starts."""
+        """Reach every node, measure the clocks of those with their own, and let each fault check its targets,
+        before anything starts."""
         self.cluster.connect()
+        self._sync_clocks()
         for fault in _faults(self.sc):
             if fault.target_type == "node":
                 fault.preflight(self.ctx, resolve_nodes(self.inventory, fault.spec.target))
+
+    def _sync_clocks(self) -> None:
+        """Each remote node's clock offset (several round trips each, the nodes in parallel): the times its
+        transport reports from now on are on this machine's clock."""
+        clocked = {n.name: n.conn for n in self.inventory.nodes if isinstance(n.conn, ClockedTransport)}
+        found = parallel({name: conn.sync_clock for name, conn in clocked.items()})
+        for name, res in found.items():
+            if isinstance(res, BaseException):
+                raise res
+            self.clocks[name] = res
+        far = [f"{name} {c.offset_s:+.3f}s" for name, c in self.clocks.items() if abs(c.offset_s) > 0.05]
+        if far:
+            self.say(f"clocks: {', '.join(far)} against this machine (corrected)")
 
     def _start(self) -> None:
         sc = self.sc
@@ -289,12 +309,17 @@ class _Run:
         self.log_probe = LogRegexProbe(self.bus, rules)
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        events_path = self.job_dir / "sdk-events.jsonl" if sc.probes.sdk and sc.workload.launch != "uninstrumented" else None
+        events_path = (self.job_dir / "sdk-events.jsonl"
+                       if sc.probes.sdk and sc.workload.launch not in ("uninstrumented", "attach") else None)
         if events_path is not None:
             events_path.touch()
             self.threads.append(SdkLogProbe(self.bus, events_path))
         for lf in sc.probes.log_files:
-            self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
+            conn = self.inventory[lf.node].conn
+            if Path(lf.path).is_absolute() and isinstance(conn, FileFollower):  # on the node, read there by its agent
+                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path))
+            else:
+                self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
         if sc.probes.process:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
         self.threads.extend(self.cluster.probes(self.bus))
@@ -302,11 +327,15 @@ class _Run:
             t.start()
         self.job = _job_class(sc.workload)(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
-        self.say(
-            f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "
-            f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
-            f"starting the {sc.workload.launch} job ({sc.workload.steps} steps)"
-        )
+        if isinstance(self.job, AttachedJob):
+            self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to the job on "
+                     f"{', '.join(self.cluster.job_nodes)} (processes matching {sc.workload.process!r})")
+        else:
+            self.say(
+                f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "
+                f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
+                f"starting the {sc.workload.launch} job ({sc.workload.steps} steps)"
+            )
         self.job.start()
 
     def _baseline(self) -> None:
@@ -314,11 +343,17 @@ class _Run:
         ok = self._wait(lambda: (self.bus.last_step or 0) >= need, timeout, what="steady state")
         if not ok:
             raise InfraError(
-                f"the job did not reach steady state: no step {need} within {timeout:g}s",
+                f"the job did not reach steady state: no step {need} within {timeout:g}s"
+                + (f": {self.job.diagnosis()}" if self.job.diagnosis() else ""),
                 hint=f"see the job's output under {self.run_dir / 'logs'}",
             )
         self.t_baseline = time.time()
         self.say(f"steady state: step {self.bus.last_step} reached")
+        for i, fault in enumerate(_faults(self.sc)):
+            if fault.target_type == "process" and not resolve_processes(self.inventory, fault.spec.target):
+                raise InfraError(f"faults.{i}.target: no process matches {fault.spec.target.describe()} on "
+                                 f"{', '.join(n.name for n in self.inventory.select(fault.spec.target.nodes, fault.spec.target.labels))} "
+                                 "while the job runs; nothing was injected")
         spares = self.job.start_spares()
         if spares:
             self.say(f"spare node(s) {', '.join(spares)} waiting to take over")
@@ -335,7 +370,7 @@ class _Run:
         targets = resolve(self.inventory, spec.target)
         i = self.sc.faults.index(spec)
         if not targets:
-            raise self.loaded.error(f"faults.{i}.target: no process matches {spec.target.describe()} now", "faults", i, "target")
+            raise InfraError(f"faults.{i}.target: no process matches {spec.target.describe()} now")
         nodes = {t.node for t in targets}
         if len(nodes) > self.sc.safety.max_nodes:
             raise self.loaded.error(
@@ -363,7 +398,7 @@ class _Run:
         while True:
             self._check_abort()
             self._revert_due()
-            m = measure_fault(self.bus.snapshot(), t_fault)
+            m = measure_fault(self.bus.snapshot(), t_fault)  # progress lines only; result.json measures with clocks
             for key, label in (("t_detect", "detected"), ("t_realloc", "new world started"), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
                 if m[key] is not None and key not in announced:
                     announced.add(key)
@@ -453,7 +488,7 @@ class _Run:
         events = self.bus.snapshot()
         per_fault = []
         for fault, inj in self.injections:
-            m = measure_fault(events, inj.t_fault)
+            m = measure_fault(events, inj.t_fault, self._clock_error(inj.node))
             per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
         phases_full = per_fault[0] if per_fault else None
         slo_cfg = self.sc.slo.model_dump()
@@ -481,6 +516,7 @@ class _Run:
             phases["last_step_before"] = phases_full["last_step_before"]
             phases["detected_by"] = phases_full["detected_by"]
             phases["reasons"] = phases_full["reasons"]
+            phases["uncertainty_s"] = phases_full["uncertainty_s"]
         return {
             "scenario": self.sc.name,
             "scenario_file": str(self.loaded.path),
@@ -499,7 +535,13 @@ class _Run:
             "final_step": final_step,
             "notes": self.notes,
             "capabilities": self.capabilities.as_dict(),
+            "clocks": {name: c.as_dict() for name, c in self.clocks.items()},
+            **({"attached": self.job.info()} if isinstance(self.job, AttachedJob) else {}),
         }
+
+    def _clock_error(self, node: str) -> float:
+        clock = self.clocks.get(node)
+        return clock.error_s if clock is not None else 0.0
 
 
 def _install_sigterm():

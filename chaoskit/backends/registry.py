@@ -25,6 +25,7 @@ CLUSTERS: Registry[type[ClusterBackend]] = Registry("cluster backend", GROUP, {
     "ray": "chaoskit.backends.ray:RayBackend",
     "netns": "chaoskit.backends.netns:NetnsBackend",
     "docker": "chaoskit.backends.docker:DockerBackend",
+    "inventory": "chaoskit.backends.inventory:InventoryBackend",
 }, check=_check)
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "looks_like_inventory",
     "validate_inventory_data",
     "build_inventory",
+    "preview_inventory",
 ]
 
 
@@ -88,3 +89,16 @@ def _resolve(base: Path, value: str | None) -> str | None:
         return None
     p = Path(value).expanduser()
     return str(p if p.is_absolute() else base / p)
+
+
+def preview_inventory(loaded: LoadedInventory) -> Inventory:
+    """The inventory's listed nodes without transports: what validation and ``--dry-run`` need, touching nothing
+    (Ray nodes an inventory would discover are not listed, so they are not here)."""
+    nodes = [
+        Node(name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels), gpus=spec.gpus,
+             interfaces=dict(spec.interfaces), power=spec.power,
+             ssh=loaded.model.ssh_for(spec) if spec.transport == "ssh" else None,
+             processes=spec.processes, workdir=spec.workdir)
+        for spec in loaded.model.nodes
+    ]
+    return Inventory(loaded.model.name, nodes)

@@ -85,6 +85,11 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
         able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
         raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
                            f"it needs kind: {' or '.join(able)}", "workload", "launch")
+    if sc.workload.launch == "attach" and not sc.probes.log:
+        raise loaded.error(
+            "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "
+            "`step`) with probes.log, and name the files with probes.log_files", "probes",
+        )
     if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
         raise loaded.error(
             "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",

@@ -35,16 +35,21 @@ __all__ = [
 class Workload(StrictModel):
     """The training job the drill runs against."""
 
-    launch: Literal["reference", "uninstrumented", "command", "ray-train"] = Field(
+    launch: Literal["reference", "uninstrumented", "command", "ray-train", "attach"] = Field(
         "reference",
         description=(
             "reference: the SDK-instrumented PyTorch DDP job; uninstrumented: the same job with no chaoskit "
             "import (measure it with log probes); command: your own script under torchrun; ray-train: a Ray Train "
             "TorchTrainer (one worker per node, FailureConfig(max_failures=max_restarts), checkpoints through "
-            "ray.train.report) on a cluster of kind: ray."
+            "ray.train.report) on a cluster of kind: ray; attach: a job somebody else started (already running, "
+            "or started within steady_state.timeout), found on each node by `process` and torchrun's environment, "
+            "never started or stopped by chaoskit."
         ),
     )
     command: list[str] | None = Field(None, description="launch: command only: the training script and its arguments.")
+    process: str | None = Field(None, description=(
+        "launch: attach only: a regular expression matched against each process's command line on the nodes; "
+        "its workers are those of the matches that carry torchrun's RANK in their environment."))
     steps: int = Field(400, ge=1, le=MAX_COUNT, description="Training steps to run.")
     step_time: Duration = Field(0.05, description="Minimum wall time of one step (the reference job sleeps the rest).")
     checkpoint_every: int = Field(25, ge=1, le=MAX_COUNT, description="Save a checkpoint every N steps.")
@@ -52,8 +57,13 @@ class Workload(StrictModel):
     nproc_per_node: int = Field(1, ge=1, le=16, description="Workers per node.")
     max_restarts: int = Field(3, ge=0, le=MAX_COUNT, description="torchrun --max-restarts.")
     wait: Literal["finish", "recovered"] = Field(
-        "finish", description="After the faults: wait for the job to finish, or stop once it recovered."
+        "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
+
+    @field_validator("process")
+    @classmethod
+    def _process(cls, v: str | None) -> str | None:
+        return None if v is None else check_regex(v)
 
     @model_validator(mode="after")
     def _command(self) -> "Workload":
@@ -61,6 +71,12 @@ class Workload(StrictModel):
             raise ValueError("launch: command needs 'command: [script.py, args...]'")
         if self.launch != "command" and self.command:
             raise ValueError("'command' is only used with launch: command")
+        if self.launch == "attach" and not self.process:
+            raise ValueError("launch: attach needs 'process: REGEX' (the job's command line, e.g. 'train\\.py')")
+        if self.launch != "attach" and self.process:
+            raise ValueError("'process' is only used with launch: attach")
+        if self.launch == "attach" and "wait" not in self.model_fields_set:
+            self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self
 
 
@@ -166,7 +182,7 @@ def model_for(data: Any) -> type[ScenarioBase]:
     they are all known, else every one (so that an unknown or missing kind is told what the known ones are)."""
     cluster = data.get("cluster", "lab") if isinstance(data, dict) else None
     if cluster == "lab" or (isinstance(cluster, dict) and "kind" not in cluster):
-        cluster_kind = "process"
+        cluster_kind = _implied_kind(cluster)
     else:
         cluster_kind = cluster.get("kind") if isinstance(cluster, dict) else None
     items = data.get("faults") if isinstance(data, dict) else None
@@ -189,7 +205,7 @@ def _build_model(cluster_names: tuple[str, ...], fault_names: tuple[str, ...]) -
         cluster=(Union[Literal["lab"], _tagged(clusters)], Field(
             "lab", validate_default=True,
             description=f"'lab' (the built-in process lab, 3 nodes) or a cluster spec {{kind: {kinds}, nodes: N, ...}}; "
-                        "a mapping without kind is the process lab.")),
+                        "a mapping without kind is the process lab, or with inventory: FILE your own nodes.")),
         faults=(list[_tagged(faults)], Field(..., min_length=1, description="Faults to inject, in order.")),
     )
 
@@ -198,12 +214,17 @@ def _tagged(specs: tuple[type, ...]) -> Any:
     return Annotated[Union[specs], Field(discriminator="kind")] if len(specs) > 1 else specs[0]
 
 
+def _implied_kind(value: Any) -> str:
+    """The kind of a ``cluster:`` that names none: an inventory's, or the process lab."""
+    return "inventory" if isinstance(value, dict) and "inventory" in value else "process"
+
+
 def _cluster_default(cls: Any, value: Any) -> Any:
-    """``lab`` and a mapping without ``kind`` mean the process lab; the result is always a spec."""
+    """``lab`` and a mapping without ``kind`` mean the process lab (``inventory:`` an inventory's); the result is always a spec."""
     if value == "lab":
         return {"kind": "process"}
     if isinstance(value, dict) and "kind" not in value:
-        return {"kind": "process", **value}
+        return {"kind": _implied_kind(value), **value}
     return value
 
 

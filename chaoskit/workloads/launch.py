@@ -186,6 +186,10 @@ class TorchrunJob:
     def _only_spares_left(self) -> bool:
         return all(p.poll() is not None for n, p in self.agents.items() if n in self.cluster.job_nodes)
 
+    def diagnosis(self) -> str | None:
+        """Why the run may not see the job advance (its agents' output says it here)."""
+        return None
+
     def returncodes(self) -> dict[str, int | None]:
         return {n: p.poll() for n, p in self.agents.items()}
 

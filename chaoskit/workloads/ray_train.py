@@ -193,6 +193,10 @@ class RayTrainJob:
     def running(self) -> bool:
         return self.driver is not None and self.driver.poll() is None
 
+    def diagnosis(self) -> str | None:
+        """Why the run may not see the job advance (its agents' output says it here)."""
+        return None
+
     def returncodes(self) -> dict[str, int | None]:
         return {"driver": self.driver.poll() if self.driver else None}
 

@@ -1,0 +1,113 @@
+"""``launch: attach``: a training job somebody else started, found on the nodes and never touched.
+
+Its workers are the processes of each job node whose command line matches
+``workload.process`` and whose environment carries torchrun's ``RANK`` (read by
+the node's agent, with ``LOCAL_RANK`` and ``TORCHELASTIC_RESTART_COUNT``). chaoskit
+does not start it, stop it or wait for it to end: the run's faults are reverted and
+the job is left as it is. Its progress is seen through the scenario's log probes.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from chaoskit.backends.api import ClusterHandle
+from chaoskit.core.errors import InfraError
+
+__all__ = ["AttachedJob", "Worker"]
+
+LineSink = Callable[[str, str, float], None]
+POLL_S = 0.5
+
+
+class Worker(dict):
+    """One worker as found: ``node``, ``pid``, ``rank``, ``local_rank``, ``restart_count``."""
+
+
+class AttachedJob:
+    """The job interface of the runner (start, running, stop, ...) for a job chaoskit did not start."""
+
+    def __init__(self, cluster: ClusterHandle, workload: Any, run_dir: Path, run_id: str,
+                 events_path: Path | None = None, on_line: LineSink | None = None) -> None:
+        self.cluster, self.workload = cluster, workload
+        self.pattern = re.compile(workload.process)
+        self.found_at: float | None = None
+        self.workers: list[Worker] = []
+        self._matches = 0
+        self._checked = 0.0
+        self._lock = threading.Lock()
+
+    def commands(self) -> dict[str, list[str]]:
+        """What ``--dry-run`` shows for each node: nothing is started, the job is looked for."""
+        return {node: ["(attach: nothing started)", "find", f"processes matching {self.workload.process!r} with RANK set"]
+                for node in self.cluster.job_nodes}
+
+    def start(self, nodes: list[str] | None = None) -> None:
+        """Look for the job once now; it may also start later (``running`` keeps looking)."""
+        self.scan()
+
+    def start_spares(self) -> list[str]:
+        return []
+
+    def scan(self) -> list[Worker]:
+        """The job's workers on its nodes now (and whether any process of it is there at all)."""
+        workers: list[Worker] = []
+        matches = 0
+        for name in self.cluster.job_nodes:
+            conn = self.cluster.inventory[name].conn
+            try:
+                procs = conn.processes()
+            except InfraError:
+                continue
+            for p in procs:
+                if p.state == "Z" or not self.pattern.search(p.cmdline):
+                    continue
+                matches += 1
+                if p.rank is None:
+                    continue
+                workers.append(Worker(
+                    node=name, pid=p.pid, rank=p.rank, local_rank=_int(p.env.get("LOCAL_RANK")),
+                    restart_count=_int(p.env.get("TORCHELASTIC_RESTART_COUNT")),
+                ))
+        with self._lock:
+            self.workers, self._matches, self._checked = workers, matches, time.monotonic()
+            if workers and self.found_at is None:
+                self.found_at = time.time()
+        return workers
+
+    def running(self) -> bool:
+        """True until the job was found and then no process of it is left on any node (checked every 0.5 s)."""
+        if time.monotonic() - self._checked >= POLL_S:
+            self.scan()
+        return self.found_at is None or self._matches > 0
+
+    def diagnosis(self) -> str | None:
+        """Why the run may not see the job advance, in one line."""
+        nodes = ", ".join(self.cluster.job_nodes)
+        if self.found_at is None:
+            return (f"no process matching {self.workload.process!r} with torchrun's RANK in its environment on {nodes} "
+                    "(attach never starts a job: start it, or fix workload.process)")
+        ranks = sorted({w["rank"] for w in self.workers})
+        return (f"the job's workers are there (ranks {ranks}) but no step was seen: probes.log must map its step lines "
+                "to `step` events, and probes.log_files name the files it writes them to")
+
+    def info(self) -> dict[str, Any]:
+        return {"attached": True, "process": self.workload.process, "found_at": self.found_at,
+                "workers": [dict(w) for w in sorted(self.workers, key=lambda w: (w["rank"], w["node"]))]}
+
+    def returncodes(self) -> dict[str, int | None]:
+        return {}
+
+    def wait(self, timeout: float) -> bool:
+        return False
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Nothing: the job is not chaoskit's; it is left running."""
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None

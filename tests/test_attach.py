@@ -1,0 +1,168 @@
+"""``cluster: {inventory: FILE}`` with ``launch: attach``: a netns lab treated as somebody else's cluster.
+
+The test plays the user: it starts a torchrun job on the lab's nodes itself (its own launcher
+command line, its own log files), and only then points chaoskit at the nodes' inventory. chaoskit
+must find the job's workers over SSH, measure every phase from the log files the nodes' agents
+follow, leave the job running, and exit 3 (touching nothing) when it cannot see the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need_torch, run_cli, wait_until
+
+pytest_plugins = ["tests.netns_fixtures"]
+
+PLAIN_TRAIN = Path(__file__).resolve().parents[1] / "chaoskit" / "workloads" / "plain_train.py"
+
+LOG_RULES = """\
+  log:
+    - match: '\\[rank (?P<rank>\\d+)\\] worker started pid=(?P<pid>\\d+) restart=(?P<restart_count>\\d+) world_size=(?P<world_size>\\d+)'
+      event: worker.start
+    - match: '\\[rank (?P<rank>\\d+)\\] process group ready'
+      event: rendezvous.done
+    - match: '\\[rank (?P<rank>\\d+)\\] Resuming training from snapshot at step (?P<step>\\d+)'
+      event: ckpt.load.end
+    - match: '\\[rank (?P<rank>\\d+)\\] step (?P<step>\\d+) loss'
+      event: step
+"""
+
+
+class UserJob:
+    """A 2-node torchrun job started the way a user's launcher would: one agent per node, output to a log file."""
+
+    def __init__(self, lab, folder: Path, nodes=("n0", "n1")) -> None:
+        self.lab, self.folder, self.nodes = lab, folder, list(nodes)
+        self.procs: list[subprocess.Popen] = []
+        self.logs = {node: folder / f"{node}.log" for node in self.nodes}
+
+    def start(self) -> "UserJob":
+        port = 29000 + os.getpid() % 1000
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        for i, node in enumerate(self.nodes):
+            argv = self.lab.exec_argv(node, [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.lab.mgmt_address(self.nodes[0])}:{port}",
+                "--rdzv-id", "users-own-job", "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}",
+                "--max-restarts", "3", "--monitor-interval", "0.1", "--local-addr", self.lab.data_address(node),
+                str(PLAIN_TRAIN), "--steps", "100000", "--step-time", "0.05", "--checkpoint-every", "25",
+                "--checkpoint-dir", str(self.folder / "ckpt"),
+            ])
+            log = open(self.logs[node], "ab")
+            self.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, start_new_session=True))
+        return self
+
+    def steps(self) -> int:
+        text = "".join(p.read_text(errors="replace") for p in self.logs.values() if p.exists())
+        found = [int(line.split(" step ")[1].split()[0]) for line in text.splitlines() if "] step " in line]
+        return max(found, default=0)
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def stop(self) -> None:
+        """Every process of the job on its nodes (torchrun puts its workers in sessions of their own)."""
+        for node in self.nodes:
+            for pid in self.lab.pids(node):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        mine = str(PLAIN_TRAIN).encode() in fh.read()
+                    if mine:
+                        os.kill(pid, signal.SIGKILL)
+                except (OSError, ProcessLookupError):
+                    pass
+        for p in self.procs:
+            p.wait(timeout=10)
+
+
+def scenario(tmp_path: Path, inventory: Path, job: UserJob, faults: str, extra: str = "", process: str = "plain_train\\.py") -> Path:
+    files = "".join(f"    - {{node: {n}, path: {p}}}\n" for n, p in job.logs.items())
+    path = tmp_path / "attach.yaml"
+    path.write_text(
+        "name: attach-drill\n"
+        f"cluster: {{inventory: {inventory}}}\n"
+        f"workload: {{launch: attach, process: '{process}'}}\n"
+        "probes:\n  sdk: false\n" + LOG_RULES + "  log_files:\n" + files +
+        "steady_state: {steps: 3, timeout: 90s}\n"
+        "safety: {max_nodes: 1, abort_after: 3m}\n"
+        f"faults:\n{faults}{extra}"
+    )
+    return path
+
+
+@pytest.fixture
+def user_job(netns_lab, tmp_path):
+    need_torch()
+    job = UserJob(netns_lab, tmp_path).start()
+    try:
+        assert wait_until(lambda: job.steps() >= 5, 120, interval=0.5), "the user's job never trained"
+        yield job
+    finally:
+        job.stop()
+
+
+def test_kill_one_rank_of_a_job_chaoskit_did_not_start(netns_lab, user_job, tmp_path, monkeypatch):
+    """Also with the nodes' clocks seconds apart: the lab's nodes share this machine's clock, so the
+    test shifts what their agents report (n1 7.5 s ahead, n0 4 s behind). The fault's time and the
+    detection come from n1, the restarted workers from both: uncorrected, reallocation would be off
+    by 11.5 s."""
+    from chaoskit.cluster.transports.ssh import TEST_SKEW_ENV
+
+    monkeypatch.setenv(TEST_SKEW_ENV, "n1=7.5,n0=-4")
+    sc = scenario(tmp_path, netns_lab.inventory_path, user_job,
+                  "  - {kind: process.kill, target: {process: 'plain_train\\.py', ranks: [1]}, at: {after: 1s}}\n",
+                  "slo: {detection: 5s, reallocation: 60s, checkpoint_load: 30s, recovery: 90s}\n")
+    out = tmp_path / "run"
+    res = run_cli("run", sc, "--out", out)
+    result = json.loads((out / "result.json").read_text())
+    assert res.code == 0, res.stdout + res.stderr + json.dumps(result["notes"])
+    phases = result["phases"]
+    for phase in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s"):
+        assert phases[phase] is not None and phases[phase] >= 0, (phase, phases)
+    assert phases["detected_by"].startswith("torchrun agent on n1")
+    assert result["cluster"]["kind"] == "inventory"
+    assert sorted(w["rank"] for w in result["attached"]["workers"]) == [0, 1]
+    clocks = result["clocks"]
+    assert clocks["n1"]["offset_s"] == pytest.approx(7.5, abs=0.05) and clocks["n0"]["offset_s"] == pytest.approx(-4, abs=0.05)
+    assert phases["detection_s"] < 5 and phases["reallocation_s"] < 60
+    assert all(0 <= u < 0.1 for u in phases["uncertainty_s"].values()), phases["uncertainty_s"]
+    # every line came from the nodes' own log files, through their agents
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "step" and e["node"] == "n1" for e in events)
+    # the job is still the user's, and still training
+    assert user_job.alive()
+    before = user_job.steps()
+    assert wait_until(lambda: user_job.steps() > before + 3, 30, interval=0.5)
+
+
+def test_a_job_that_is_not_there_is_exit_3_and_nothing_is_injected(netns_lab, tmp_path):
+    job = UserJob(netns_lab, tmp_path)          # never started
+    sc = scenario(tmp_path, netns_lab.inventory_path, job,
+                  "  - {kind: network.link_down, target: {nodes: [n1]}, interface: data, duration: 5s}\n")
+    sc.write_text(sc.read_text().replace("timeout: 90s", "timeout: 3s"))
+    out = tmp_path / "run"
+    res = run_cli("run", sc, "--out", out)
+    assert res.code == 3, res.stdout + res.stderr
+    assert "no process matching 'plain_train\\\\.py'" in res.stderr and "n0, n1" in res.stderr
+    assert not (out / "journal.jsonl").exists() or "inject" not in (out / "journal.jsonl").read_text()
+
+
+def test_a_selector_that_matches_nothing_is_exit_3_before_any_fault(netns_lab, user_job, tmp_path):
+    sc = scenario(tmp_path, netns_lab.inventory_path, user_job,
+                  "  - {kind: process.kill, target: {process: 'no-such-trainer', nodes: [n1]}, at: {after: 1s}}\n")
+    out = tmp_path / "run"
+    res = run_cli("run", sc, "--out", out)
+    assert res.code == 3, res.stdout + res.stderr
+    assert "faults.0.target: no process matches" in res.stderr and "nothing was injected" in res.stderr
+    assert user_job.alive()
