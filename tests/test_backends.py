@@ -81,7 +81,7 @@ def test_a_registered_backends_own_fields_are_validated(toy_backend, tmp_path):
 def test_an_unregistered_kind_is_refused_naming_the_known_ones(tmp_path):
     res = run_cli("validate", _scenario(tmp_path, "{kind: toy, nodes: 4}"))
     assert res.code == 2
-    assert "unknown cluster kind 'toy'; known kinds: docker, netns, process, ray" in res.stderr
+    assert "unknown cluster kind 'toy'; known kinds: docker, inventory, netns, process, ray" in res.stderr
 
 
 def test_a_second_registration_under_a_taken_name_is_refused(toy_backend):
@@ -96,7 +96,7 @@ def test_backends_are_imported_only_when_used():
             "backend('process'); "
             "print(names, sorted(m for m in sys.modules if m.startswith('chaoskit.backends.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == ("['docker', 'netns', 'process', 'ray'] "
+    assert out.strip() == ("['docker', 'inventory', 'netns', 'process', 'ray'] "
                            "['chaoskit.backends.api', 'chaoskit.backends.process', 'chaoskit.backends.registry']")
 
 
@@ -108,6 +108,7 @@ def test_the_built_ins_come_from_the_entry_point_group():
     assert declared == {
         "process": "chaoskit.backends.process:ProcessBackend", "ray": "chaoskit.backends.ray:RayBackend",
         "netns": "chaoskit.backends.netns:NetnsBackend", "docker": "chaoskit.backends.docker:DockerBackend",
+        "inventory": "chaoskit.backends.inventory:InventoryBackend",
     }
 
 
