@@ -161,6 +161,8 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
+        if isinstance(job, AttachedJob):
+            result["attach"] = job.describe()
         if not torch_available() and sc.workload.launch not in ("command", "attach"):
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, result, None, plan)
@@ -329,7 +331,7 @@ class _Run:
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
         if isinstance(self.job, AttachedJob):
             self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to the job on "
-                     f"{', '.join(self.cluster.job_nodes)} (processes matching {sc.workload.process!r})")
+                     f"{', '.join(self.cluster.job_nodes)} (processes matching '{sc.workload.process}')")
         else:
             self.say(
                 f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "

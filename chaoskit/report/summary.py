@@ -69,11 +69,20 @@ def render_result(console, result: dict[str, Any]) -> None:
         console.print(f"result: {result['run_dir']}/result.json")
 
 
+PLAN_NODES = 8
+"""Nodes a dry run names one by one; the rest are counted."""
+
+
 def render_plan(console, result: dict[str, Any]) -> None:
     console.print(f"[bold]dry run[/bold] of {result['scenario']}: nothing will be touched")
-    console.print(f"cluster {result['cluster']['id']}: " + ", ".join(
-        f"{n['name']} ({', '.join(f'{k}={v}' for k, v in n['labels'].items())})" for n in result["cluster"]["nodes"]))
-    console.print("job, one torchrun agent per node:")
+    nodes = result["cluster"]["nodes"]
+    shown = ", ".join(f"{n['name']} ({', '.join(f'{k}={v}' for k, v in n['labels'].items())})" for n in nodes[:PLAN_NODES])
+    more = f", ... {len(nodes) - PLAN_NODES} more" if len(nodes) > PLAN_NODES else ""
+    console.print(f"cluster {result['cluster']['id']}: {len(nodes)} node(s): {shown}{more}", soft_wrap=True)
+    if result.get("attach"):
+        console.print(f"job: {result['attach']}", soft_wrap=True)
+    else:
+        console.print("job, one torchrun agent per node:")
     for node, cmd in result["job"].items():
         console.print(f"  {node}: {cmd}", soft_wrap=True)
     for item in result["plan"]:

@@ -42,9 +42,15 @@ class AttachedJob:
         self._lock = threading.Lock()
 
     def commands(self) -> dict[str, list[str]]:
-        """What ``--dry-run`` shows for each node: nothing is started, the job is looked for."""
-        return {node: ["(attach: nothing started)", "find", f"processes matching {self.workload.process!r} with RANK set"]
-                for node in self.cluster.job_nodes}
+        """Nothing is started on any node."""
+        return {}
+
+    def describe(self) -> str:
+        """What ``--dry-run`` says instead of commands."""
+        nodes = self.cluster.job_nodes
+        where = ", ".join(nodes) if len(nodes) <= 4 else f"{nodes[0]} .. {nodes[-1]} ({len(nodes)} nodes)"
+        return (f"attached, never started or stopped: the processes matching '{self.workload.process}' with torchrun's "
+                f"RANK in their environment on {where}")
 
     def start(self, nodes: list[str] | None = None) -> None:
         """Look for the job once now; it may also start later (``running`` keeps looking)."""
@@ -89,7 +95,7 @@ class AttachedJob:
         """Why the run may not see the job advance, in one line."""
         nodes = ", ".join(self.cluster.job_nodes)
         if self.found_at is None:
-            return (f"no process matching {self.workload.process!r} with torchrun's RANK in its environment on {nodes} "
+            return (f"no process matching '{self.workload.process}' with torchrun's RANK in its environment on {nodes} "
                     "(attach never starts a job: start it, or fix workload.process)")
         ranks = sorted({w["rank"] for w in self.workers})
         return (f"the job's workers are there (ranks {ranks}) but no step was seen: probes.log must map its step lines "
