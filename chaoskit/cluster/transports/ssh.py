@@ -182,6 +182,8 @@ class SSHTransport:
         """``agent`` (one channel, JSON requests) or ``exec`` (one SSH exec per command)."""
         self.notes: list[str] = []
         self._client: Any = None
+        self._sock: Any = None
+        """The tunnel through ``jump`` the connection runs in, when there is one."""
         self._agent: _AgentChannel | None = None
         self._agent_failures = 0
         self._lock = threading.RLock()
@@ -229,6 +231,7 @@ class SSHTransport:
             except Exception:  # noqa: BLE001 - a connection already gone cannot be closed twice
                 pass
             self._client = None
+        self._sock = None
 
     def __enter__(self) -> "SSHTransport":
         return self.connect()
@@ -240,7 +243,10 @@ class SSHTransport:
     def connected(self) -> bool:
         client = self._client
         transport = client.get_transport() if client is not None else None
-        return transport is not None and transport.is_active()
+        # through a bastion, the tunnel closes at once when the bastion's connection drops; the
+        # node's transport notices only when its reader thread next runs
+        sock = self._sock
+        return transport is not None and transport.is_active() and (sock is None or not sock.closed)
 
     def _connect_locked(self) -> None:
         if self.connected:
@@ -380,6 +386,7 @@ class SSHTransport:
             raise InfraError(f"cannot reach {self.label} at {where}: {exc or type(exc).__name__}") from None
         transport = client.get_transport()
         transport.set_keepalive(5)
+        self._sock = sock
         return client
 
     # -- the agent ------------------------------------------------------------------------
@@ -397,7 +404,10 @@ class SSHTransport:
         if self.mode != "agent":
             return None
         if self._agent is not None and not self._agent.dead:
-            return self._agent
+            if self.connected:
+                return self._agent
+            self._agent.close()  # the connection under it is gone (a bastion dropped): a new one, a new agent
+            self._agent = None
         self._connect_locked()
         try:
             self._agent = self._start_agent()
