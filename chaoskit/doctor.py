@@ -132,7 +132,7 @@ def check_node(node: Node) -> NodeHealth:
     if not health.agent:
         health.problems.append("chaoskit's agent did not start: every command costs a new SSH session")
     try:
-        _privilege(conn, node, health)
+        _privilege(conn, health)
         if health.privilege is None:
             return health
         _tools(conn, node, health)
@@ -157,7 +157,7 @@ def clock_offset(conn: Transport, samples: int = CLOCK_SAMPLES) -> tuple[float, 
     return round(best[0], 6), round(best[1], 6)
 
 
-def _privilege(conn: Transport, node: Node, health: NodeHealth) -> None:
+def _privilege(conn: Transport, health: NodeHealth) -> None:
     try:
         res = conn.run(["id", "-u"], COMMAND_TIMEOUT_S)
     except SudoError as exc:
