@@ -46,7 +46,7 @@ faults:
 
 
 def write_site(folder: Path, nodes: int) -> Path:
-    lines = ["name: scale", "ssh: {user: ck, known_hosts: ./known_hosts}", "nodes:"]
+    lines = ["name: scale", "ssh: {user: ck, become: sudo, known_hosts: ./known_hosts}", "nodes:"]
     for i in range(nodes):
         lines.append(f"  - {{name: gpu{i:04d}, address: 10.{i // 250}.{i % 250}.1, labels: {{rack: r{i // 16}}}, "
                      f"interfaces: {{data: ib0, mgmt: eno1}}, gpus: 8}}")

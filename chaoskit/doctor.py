@@ -26,7 +26,7 @@ from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.kernel import netem_available
 from chaoskit.cluster.selectors import select_nodes
 from chaoskit.cluster.transports.api import Transport
-from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, parallel
+from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError, parallel
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import load_scenario
@@ -121,6 +121,10 @@ def check_node(node: Node) -> NodeHealth:
         health.host_key = exc.message
         health.problems.append(f"host key: {exc.message}")
         return health
+    except SudoError as exc:  # reached and logged in: only the privilege is missing
+        health.reachable, health.host_key = True, "known"
+        health.problems.append(exc.message)
+        return health
     except InfraError as exc:
         health.problems.append(f"unreachable: {exc.message}")
         return health
@@ -128,7 +132,7 @@ def check_node(node: Node) -> NodeHealth:
     if not health.agent:
         health.problems.append("chaoskit's agent did not start: every command costs a new SSH session")
     try:
-        _privilege(conn, node, health)
+        _privilege(conn, health)
         if health.privilege is None:
             return health
         _tools(conn, node, health)
@@ -145,16 +149,18 @@ def clock_offset(conn: Transport, samples: int = CLOCK_SAMPLES) -> tuple[float, 
     return round(clock.offset_s, 6), round(clock.error_s, 6)
 
 
-def _privilege(conn: Transport, node: Node, health: NodeHealth) -> None:
-    res = conn.run(["id", "-u"], COMMAND_TIMEOUT_S)
-    sudo = node.ssh is not None and (node.ssh.sudo if node.ssh.sudo is not None else node.ssh.user != "root")
+def _privilege(conn: Transport, health: NodeHealth) -> None:
+    try:
+        res = conn.run(["id", "-u"], COMMAND_TIMEOUT_S)
+    except SudoError as exc:
+        health.problems.append(exc.message)
+        return
+    sudo = isinstance(conn, SSHTransport) and conn.sudo
     if res.returncode == 0 and res.stdout.strip() == "0":
         health.privilege = "sudo -n" if sudo else "root"
-    elif sudo and ("password" in res.stderr or "sudo" in res.stderr):
-        health.problems.append(f"sudo -n asks for a password as {node.ssh.user}: {res.stderr.strip()}")
     else:
         health.problems.append(f"commands run as uid {res.stdout.strip() or '?'}, not root; network and process "
-                               "faults need root (log in as root, or set ssh.sudo with password-less sudo)")
+                               "faults need root (log in as root, or set ssh.become: sudo with password-less sudo)")
 
 
 def _tools(conn: Transport, node: Node, health: NodeHealth) -> None:

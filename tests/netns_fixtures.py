@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,3 +132,131 @@ def clean_lab(netns_lab):
     yield netns_lab
     for node in netns_lab.node_names():
         assert wait_until(lambda: node_clean(netns_lab, node) is None, 5), node_clean(netns_lab, node)
+
+
+SITE_USER = "ckdrill"
+SITE_NOSUDO_USER = "ckdrill-nosudo"
+SITE_SUDOERS = Path("/etc/sudoers.d/chaoskit-test-ckdrill")
+
+
+@dataclass
+class Site:
+    """A netns lab used as somebody else's cluster: nodes n0, n1 reached only through the bastion n2,
+    as a non-root user with password-less sudo (``user``), or one whose sudo wants a password."""
+
+    lab: Any
+    directory: Path
+    inventory_path: Path
+    user: str
+    key_path: Path
+    nosudo_user: str
+    nosudo_key_path: Path
+    known_hosts: Path
+    nodes: list[str]
+    bastion: str = "n2"
+
+    def address(self, node: str) -> str:
+        return self.lab.mgmt_address(node)
+
+    def inventory(self, **changes: Any) -> dict[str, Any]:
+        """The site's inventory document (a copy), top-level ``ssh:`` updated with ``changes``."""
+        import yaml
+
+        doc = yaml.safe_load(self.inventory_path.read_text())
+        doc["ssh"].update(changes)
+        return doc
+
+    def write(self, doc: dict[str, Any], name: str) -> Path:
+        """``doc`` as an inventory file beside the site's key and known_hosts."""
+        import yaml
+
+        path = self.directory / name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+
+def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {(res.stderr or res.stdout).strip()}")
+    return res
+
+
+def _drop_site_user(user: str) -> None:
+    if _sh("id", "-u", user, check=False).returncode == 0:
+        _sh("userdel", "--remove", "--force", user, check=False)
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """Somebody else's cluster, built for real: a lab of 2 nodes + 1 spare where the spare (n2) is
+    the bastion; the users ``ckdrill`` (password-less sudo) and ``ckdrill-nosudo`` (sudo wants a
+    password), each with its own key; nftables in this machine's namespace refusing SSH from the
+    controller to n0 and n1, so only the bastion is reachable; and an inventory (nodes n0, n1 as
+    ckdrill, become: sudo, jump: bastion). Everything is removed at the end."""
+    require_netns()
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    for tool in ("sudo", "useradd", "visudo"):
+        require(shutil.which(tool, path=path) is not None, f"{tool} is not installed (apt-get install sudo passwd)")
+    from chaoskit.lab.netns import NetnsLab
+
+    directory = tmp_path_factory.mktemp("site")
+    lab = NetnsLab.create(2, spare=1, directory=directory / "lab")
+    table = f"chaoskit_site_test_{lab.lab_id}"
+    try:
+        keys = {}
+        for user in (SITE_USER, SITE_NOSUDO_USER):
+            _drop_site_user(user)  # a crashed session's leftover
+            _sh("useradd", "--create-home", "--shell", "/bin/sh", user)
+            _sh("usermod", "-p", "*", user)  # no password, yet not locked: sshd without PAM refuses locked accounts
+            key = directory / f"{user}_ed25519"
+            _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", user, "-f", str(key))
+            # sshd reads authorized keys as the user, who cannot enter the lab's root-only folder: the file goes home
+            home = Path(f"/home/{user}")
+            (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+            (home / ".ssh" / "authorized_keys").write_text(Path(f"{key}.pub").read_text())
+            _sh("chown", "-R", f"{user}:{user}", str(home / ".ssh"))
+            keys[user] = key
+        sudoers = directory / "sudoers"
+        sudoers.write_text(f"{SITE_USER} ALL=(ALL) NOPASSWD: ALL\n{SITE_NOSUDO_USER} ALL=(ALL) ALL\n")
+        _sh("visudo", "-c", "-q", "-f", str(sudoers))
+        shutil.copy(sudoers, SITE_SUDOERS)
+        SITE_SUDOERS.chmod(0o440)
+        for node in lab.node_names():  # these users' keys live in their homes; sshd re-reads its config on HUP
+            config = lab.node_dir(node) / "sshd_config"
+            config.write_text(config.read_text() + f"Match User {SITE_USER},{SITE_NOSUDO_USER}\n"
+                              "    AuthorizedKeysFile .ssh/authorized_keys\n")
+            os.kill(int((lab.node_dir(node) / "sshd.pid").read_text().split()[0]), signal.SIGHUP)
+        time.sleep(0.2)
+        lab._wait_ssh(lab.node_names())
+        targets = ", ".join(lab.mgmt_address(n) for n in ("n0", "n1"))
+        rules = (f"table inet {table} {{\n  chain output {{\n    type filter hook output priority 0; policy accept;\n"
+                 f"    ip daddr {{ {targets} }} tcp dport 22 reject with tcp reset\n  }}\n}}\n")
+        subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True, capture_output=True)
+        known_hosts = directory / "known_hosts"
+        shutil.copy(lab.known_hosts_path, known_hosts)
+        doc = {
+            "name": f"site-{lab.lab_id}",
+            "ssh": {"user": SITE_USER, "become": "sudo", "key": keys[SITE_USER].name, "known_hosts": known_hosts.name,
+                    "jump": "bastion", "connect_timeout": "5s"},
+            "bastions": [{"name": "bastion", "address": lab.mgmt_address("n2")}],
+            "nodes": [
+                {"name": node, "address": lab.mgmt_address(node), "processes": "netns",
+                 "workdir": str(lab.node_dir(node) / "work"),
+                 "interfaces": {"data": {"name": "eth0", "address": lab.data_address(node)},
+                                "mgmt": {"name": "eth1", "address": lab.mgmt_address(node)}}}
+                for node in ("n0", "n1")
+            ],
+        }
+        import yaml
+
+        inventory = directory / "inventory.yaml"
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        yield Site(lab, directory, inventory, SITE_USER, keys[SITE_USER], SITE_NOSUDO_USER, keys[SITE_NOSUDO_USER],
+                   known_hosts, ["n0", "n1"])
+    finally:
+        _sh("nft", "delete", "table", "inet", table, check=False)
+        SITE_SUDOERS.unlink(missing_ok=True)
+        lab.down()
+        for user in (SITE_USER, SITE_NOSUDO_USER):
+            _drop_site_user(user)

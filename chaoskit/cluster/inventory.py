@@ -12,13 +12,13 @@ import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.core.durations import Duration
 from chaoskit.core.errors import InfraError
-from chaoskit.core.models import StrictModel
+from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import SAFE_TOKEN_RE, USER_RE, check_ifname, check_path
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,17 +28,41 @@ __all__ = ["Node", "Inventory", "InterfaceSpec", "PowerCommands", "SshSettings"]
 
 
 class SshSettings(StrictModel):
-    """How to reach a node over SSH. At top level: defaults for every node; per node: overrides."""
+    """How to reach a node over SSH. At top level: defaults for every node; per node: overrides.
 
-    user: str = Field("root", description="Login user; commands run under `sudo -n` unless it is root.")
+    A value set here wins over the OpenSSH client config (``config``), which fills in only
+    what the inventory leaves unset (HostName, User, Port, IdentityFile, ProxyJump)."""
+
+    user: str = Field("root", description="Login user; commands run under `sudo -n` unless it is root (see become).")
     port: int = Field(22, ge=1, le=65535)
     key: str | None = Field(None, description="Private key file (relative to the inventory file).")
     known_hosts: str | None = Field(None, description="known_hosts file the host keys are verified against.")
     trust_on_first_use: bool = Field(False, description="Accept an unknown host key once and pin it into known_hosts.")
-    sudo: bool | None = Field(None, description="Run commands with `sudo -n`; default: when user is not root.")
+    become: Literal["sudo", "none"] | None = Field(
+        None,
+        description="sudo: chaoskit's agent and every command run under `sudo -n` (needs password-less sudo); "
+        "none: as the login user; default: sudo unless user is root.",
+    )
+    jump: str | None = Field(
+        None, pattern=NAME_RE,
+        description="Name of a bastion (top-level bastions:) to connect through, like OpenSSH's ProxyJump; "
+        "none: connect directly.",
+    )
+    config: str | None = Field(
+        None,
+        description="OpenSSH client config whose Host entries turn an address that is an alias into HostName, User, "
+        "Port, IdentityFile and ProxyJump; default ~/.ssh/config when it exists; none: read no config.",
+    )
     python: str = Field("python3", description="Python 3 on the node, for chaoskit's agent and lease watchdog.")
     connect_timeout: Duration = Field(10.0, description="Connect, banner and auth timeout.")
     command_timeout: Duration = Field(30.0, description="Default deadline of one command.")
+
+    @field_validator("become", mode="before")
+    @classmethod
+    def _become(cls, v: Any) -> Any:
+        if v is not None and v not in ("sudo", "none"):
+            raise ValueError(f"only 'sudo' (or 'none') is supported, not {v!r}")
+        return v
 
     @field_validator("user")
     @classmethod
@@ -47,7 +71,7 @@ class SshSettings(StrictModel):
             raise ValueError(f"invalid user name {v!r}")
         return v
 
-    @field_validator("key", "known_hosts")
+    @field_validator("key", "known_hosts", "config")
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
         return None if v is None else check_path(v)
@@ -167,6 +191,8 @@ class Inventory:
 
     name: str
     nodes: list[Node]
+    shared: list[Any] = field(default_factory=list)
+    """Connections several nodes share (the bastions they are reached through); closed with them."""
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
@@ -185,6 +211,8 @@ class Inventory:
         for node in self.nodes:
             if node.conn is not None:
                 node.conn.close()
+        for conn in self.shared:
+            conn.close()
 
     def select(self, names: list[str] | None = None, labels: dict[str, str] | None = None) -> list[Node]:
         """Nodes named in ``names`` (all when ``None``) that carry every label in ``labels``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chaoskit.cluster.inventory import Inventory, Node
+from chaoskit.cluster.inventory import Inventory, Node, SshSettings
 from chaoskit.cluster.inventory_spec import (
     InventoryFile,
     LoadedInventory,
@@ -16,6 +16,7 @@ from chaoskit.cluster.inventory_spec import (
 )
 from chaoskit.cluster.transports.ray import discover_nodes
 from chaoskit.cluster.transports.ssh import SSHTransport
+from chaoskit.cluster.transports.ssh_route import Bastions
 
 __all__ = [
     "InventoryFile",
@@ -38,6 +39,15 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
     listed ``transport: ray`` nodes take theirs, and unlisted ones are added."""
     base = loaded.path.resolve().parent
     nodes: list[Node] = []
+    bastions = Bastions()
+    for spec in loaded.model.bastions:  # jumps name bastions listed anywhere in the file: make them all, then link
+        ssh = loaded.model.ssh_for_bastion(spec)
+        ssh = ssh.model_copy(update={"jump": None}) if ssh.jump is not None else ssh
+        bastions.add(spec.name, _transport(spec.name, spec.address, ssh, base, bastions, trust_on_first_use,
+                                           role="bastion", use_agent=False))
+    for spec in loaded.model.bastions:
+        if spec.ssh is not None and spec.ssh.jump not in (None, "none"):
+            bastions[spec.name].jump = bastions[spec.ssh.jump]
     discovered: dict[str, tuple[dict[str, str], Any]] = {}
     if loaded.model.ray is not None:
         discovered = {name: (labels, conn) for name, labels, conn in discover_nodes(loaded.model.ray)}
@@ -53,21 +63,8 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
             ))
             continue
         ssh = loaded.model.ssh_for(spec)
-        conn = SSHTransport(
-            spec.name,
-            spec.address,
-            user=ssh.user,
-            port=ssh.port,
-            key_file=_resolve(base, ssh.key),
-            known_hosts=_resolve(base, ssh.known_hosts),
-            trust_on_first_use=ssh.trust_on_first_use if trust_on_first_use is None else trust_on_first_use,
-            sudo=ssh.sudo,
-            python=ssh.python,
-            workdir=spec.workdir,
-            process_scope=spec.processes,
-            connect_timeout=ssh.connect_timeout,
-            command_timeout=ssh.command_timeout,
-        )
+        conn = _transport(spec.name, spec.address, ssh, base, bastions, trust_on_first_use,
+                          workdir=spec.workdir, process_scope=spec.processes)
         nodes.append(Node(
             name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels),
             gpus=spec.gpus, conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,
@@ -76,12 +73,42 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
     for name, (labels, conn) in discovered.items():  # Ray's nodes the file does not list
         if name not in {n.name for n in nodes}:
             nodes.append(Node(name=name, address="", transport="ray", labels=labels, conn=conn))
-    return Inventory(loaded.model.name, nodes)
+    return Inventory(loaded.model.name, nodes, shared=[bastions])
 
 
 def load_inventory(path: str | Path, **kwargs: Any) -> Inventory:
     """:func:`load_inventory_file` then :func:`build_inventory`."""
     return build_inventory(load_inventory_file(path), **kwargs)
+
+
+def _transport(name: str, address: str, ssh: SshSettings, base: Path, bastions: Bastions,
+               trust_on_first_use: bool | None, **kwargs: Any) -> SSHTransport:
+    """The SSH transport of one node or bastion from its effective settings; what the inventory
+    set itself (``model_fields_set``) is what the ssh config may not override."""
+    if ssh.config is None:
+        default = Path("~/.ssh/config").expanduser()
+        config = str(default) if default.is_file() else None
+    else:
+        config = None if ssh.config == "none" else _resolve(base, ssh.config)
+    jump = None if ssh.jump in (None, "none") else bastions[ssh.jump]
+    return SSHTransport(
+        name,
+        address,
+        user=ssh.user,
+        port=ssh.port,
+        key_file=_resolve(base, ssh.key),
+        known_hosts=_resolve(base, ssh.known_hosts),
+        trust_on_first_use=ssh.trust_on_first_use if trust_on_first_use is None else trust_on_first_use,
+        become=ssh.become,
+        jump=jump,
+        ssh_config=config,
+        explicit=ssh.model_fields_set & {"user", "port", "key", "jump"},
+        bastions=bastions,
+        python=ssh.python,
+        connect_timeout=ssh.connect_timeout,
+        command_timeout=ssh.command_timeout,
+        **kwargs,
+    )
 
 
 def _resolve(base: Path, value: str | None) -> str | None:

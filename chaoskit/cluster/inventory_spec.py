@@ -24,6 +24,31 @@ Example::
           on: ipmitool -I lanplus -H bmc-gpu01 -U admin -f /etc/chaoskit/ipmi.pw chassis power on
           status: /usr/local/bin/is-powered-on gpu01
 
+Reaching the nodes: a site's nodes often sit behind a bastion and accept only a
+non-root user with sudo::
+
+    name: site
+    ssh:
+      user: ops                     # not root, so become: sudo is the default
+      become: sudo                  # chaoskit's agent runs under `sudo -n`: password-less sudo (NOPASSWD) needed
+      key: ~/.ssh/chaoskit
+      known_hosts: ./known_hosts    # the nodes' and the bastion's host keys
+      jump: gw                      # every node through the bastion gw (OpenSSH's ProxyJump); a node may say jump: none
+    bastions:
+      - name: gw
+        address: bastion.example.org
+        ssh: {user: ops, port: 2222} # over the top-level ssh: settings (its own jump: chains bastions)
+    nodes:
+      - {name: gpu01, address: 10.0.0.11}
+      - {name: gpu02, address: gpu02}   # a Host alias of ~/.ssh/config
+
+``ssh.config`` (default ``~/.ssh/config`` when it exists; ``none`` for no config) is
+read with OpenSSH's rules: when an address matches a ``Host`` entry, its HostName,
+User, Port, IdentityFile and ProxyJump (a host looked up in the same config) apply,
+except where the inventory sets the value itself. The bastion's host key is verified
+against ``known_hosts`` like a node's. ``become`` other than sudo or none, a ``jump``
+no bastion answers to, and a bastion named like a node are refused here.
+
 Power commands run **on the controller** (they talk to a BMC or a PDU, never to
 the node itself), as argv without a shell; ``status`` exits 0 when the node is on.
 Relative paths are relative to the inventory file.
@@ -107,8 +132,23 @@ class NodeSpec(StrictModel):
         return check_path(v)
 
 
+class BastionSpec(StrictModel):
+    """A bastion (jump host): nodes whose ``ssh.jump`` names it are reached through it."""
+
+    name: str = Field(..., pattern=NAME_RE, description="Unique name, given by ssh.jump; not a node's name.")
+    address: str = Field(..., description="Where the controller reaches it (IP, host name or ssh config alias).")
+    ssh: SshSettings | None = Field(
+        None, description="Over the top-level ssh settings (their jump and become excepted); its own jump chains bastions."
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return check_address(v)
+
+
 class InventoryFile(StrictModel):
-    """An inventory: a name, SSH defaults and the nodes."""
+    """An inventory: a name, SSH defaults, the bastions and the nodes."""
 
     name: str = Field(..., pattern=NAME_RE, description="Cluster name (runs are locked per cluster).")
     ssh: SshSettings = Field(default_factory=SshSettings, description="Defaults for every node.")
@@ -119,6 +159,9 @@ class InventoryFile(StrictModel):
             "discovered from Ray with their labels and reached through ChaosAgent actors; a node started with the "
             "resource chaoskit_node_<name> gets that name. Listed nodes with transport: ray add labels and power commands."
         ),
+    )
+    bastions: list[BastionSpec] = Field(
+        default_factory=list, description="Jump hosts, named by ssh.jump; one connection each, shared by its nodes."
     )
     nodes: list[NodeSpec] = Field(default_factory=list, description="The nodes (may be empty with ray:).")
 
@@ -147,6 +190,15 @@ class InventoryFile(StrictModel):
         if node.ssh is None:
             return self.ssh
         return self.ssh.model_copy(update={k: getattr(node.ssh, k) for k in node.ssh.model_fields_set})
+
+    def ssh_for_bastion(self, bastion: BastionSpec) -> SshSettings:
+        """A bastion's effective SSH settings: its own over the top-level ones, whose jump (the
+        nodes' route) and become (no command runs on a bastion) do not apply."""
+        base = self.ssh.model_copy(update={"jump": None, "become": None})
+        base.__pydantic_fields_set__.difference_update({"jump", "become"})
+        if bastion.ssh is None:
+            return base
+        return base.model_copy(update={k: getattr(bastion.ssh, k) for k in bastion.ssh.model_fields_set})
 
 
 @dataclass
@@ -192,6 +244,46 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
             errors.append(loaded.error(f"nodes.{i}.name: duplicate node name {node.name!r} (also nodes.{seen[node.name]})",
                                        "nodes", i, "name"))
         seen.setdefault(node.name, i)
-    return errors or loaded
+    errors += _bastion_errors(loaded, seen)
+    return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0)) or loaded
+
+
+def _bastion_errors(loaded: LoadedInventory, nodes: dict[str, int]) -> list[ScenarioError]:
+    """Bastion names unique and unlike any node's; every ``jump`` names a bastion; no bastion reaches itself."""
+    model = loaded.model
+    errors = []
+    bastions: dict[str, int] = {}
+    for j, bastion in enumerate(model.bastions):
+        where = f"bastions.{j}.name"
+        if bastion.name == "none":
+            errors.append(loaded.error(f"{where}: 'none' means no bastion in ssh.jump; name the bastion otherwise",
+                                       "bastions", j, "name"))
+        elif bastion.name in bastions:
+            errors.append(loaded.error(f"{where}: duplicate bastion name {bastion.name!r} (also bastions.{bastions[bastion.name]})",
+                                       "bastions", j, "name"))
+        elif bastion.name in nodes:
+            errors.append(loaded.error(f"{where}: {bastion.name!r} is also the name of a node (nodes.{nodes[bastion.name]}); "
+                                       "a bastion and a node need different names", "bastions", j, "name"))
+        bastions.setdefault(bastion.name, j)
+    known = ", ".join(sorted(bastions)) if bastions else "none (the inventory has no bastions:)"
+    jumps: list[tuple[SshSettings | None, tuple[Any, ...]]] = [(model.ssh, ("ssh",))]
+    jumps += [(node.ssh, ("nodes", i, "ssh")) for i, node in enumerate(model.nodes)]
+    jumps += [(bastion.ssh, ("bastions", j, "ssh")) for j, bastion in enumerate(model.bastions)]
+    for ssh, at in jumps:
+        if ssh is None or ssh.jump in (None, "none") or ssh.jump in bastions:
+            continue
+        dotted = ".".join(map(str, at + ("jump",)))
+        errors.append(loaded.error(f"{dotted}: no bastion is named {ssh.jump!r}; known bastions: {known}", *at, "jump"))
+    for j, bastion in enumerate(model.bastions):
+        chain, hop = [bastion.name], bastion
+        while hop.ssh is not None and hop.ssh.jump in bastions:
+            hop = model.bastions[bastions[hop.ssh.jump]]
+            chain.append(hop.name)
+            if hop.name in chain[:-1]:
+                if hop.name == bastion.name:
+                    errors.append(loaded.error(f"bastions.{j}.ssh.jump: bastion {bastion.name} reaches itself "
+                                               f"({' -> '.join(chain)})", "bastions", j, "ssh", "jump"))
+                break
+    return errors
 
 

@@ -77,7 +77,7 @@ class DockerTransport(SSHTransport):
         use_agent: bool = True,
     ) -> None:
         super().__init__(
-            node, container, user="root", sudo=False, python=python, workdir=workdir or "/tmp/chaoskit",
+            node, container, user="root", become="none", python=python, workdir=workdir or "/tmp/chaoskit",
             process_scope=process_scope, scope_token=scope_token, connect_timeout=connect_timeout,
             command_timeout=command_timeout, use_agent=use_agent,
         )

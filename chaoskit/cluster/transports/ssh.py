@@ -7,9 +7,18 @@ Contract:
   fingerprint) unless ``trust_on_first_use`` is set, which pins the key it sees
   into ``known_hosts`` so every later connection must match it. A changed key is
   always refused.
-- **Auth** is by key only (no agent, no password, no ``~/.ssh`` lookups).
-- **Privilege**: when the user is not root every remote command runs under
-  ``sudo -n`` (never prompts; fails instead).
+- **Auth** is by key only (no agent, no password, no ``~/.ssh`` key lookups).
+- **Route**: an address that is a Host alias of the OpenSSH client config
+  (``ssh_config``, read on first connect by :mod:`.ssh_route`) takes its
+  HostName, User, Port, IdentityFile and ProxyJump, except where the inventory
+  set a value itself (``explicit``). Through a ``jump`` (a bastion: another
+  :class:`SSHTransport`, shared by every node behind it) the connection runs
+  inside a ``direct-tcpip`` channel of the bastion's; the bastion's host key is
+  verified like a node's, and its errors name the bastion.
+- **Privilege**: with ``become="sudo"`` (the default unless the user is root)
+  the agent, and so every remote command, runs under ``sudo -n`` (never
+  prompts). When sudo wants a password the first agent start fails with
+  :class:`SudoError` naming the node and the user: no restarts, no hang.
 - **Fast path**: the first command starts :mod:`.agent_script` over one exec
   channel; later commands travel over that channel as JSON lines with request
   ids, deadlines and exit codes (~0.2 ms round trip instead of ~100 ms for a new
@@ -52,12 +61,14 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.api import CommandResult, FollowStream, LineBatch, ProcInfo
+from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
 
 __all__ = [
     "SSHTransport",
     "HostKeyError",
+    "SudoError",
     "fingerprint",
     "parallel",
     "connect_all",
@@ -86,6 +97,10 @@ _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 class HostKeyError(InfraError):
     """The node's host key is unknown or does not match ``known_hosts``."""
+
+
+class SudoError(InfraError):
+    """``sudo -n`` refused to run chaoskit's agent (it wants a password, or the user may not sudo)."""
 
 
 class _AgentGone(Exception):
@@ -131,7 +146,12 @@ class SSHTransport:
         key_file: str | os.PathLike[str] | None = None,
         known_hosts: str | os.PathLike[str] | None = None,
         trust_on_first_use: bool = False,
-        sudo: bool | None = None,
+        become: str | None = None,
+        jump: "SSHTransport | None" = None,
+        ssh_config: str | os.PathLike[str] | None = None,
+        explicit: Iterable[str] = ("user", "port", "key", "jump"),
+        bastions: Bastions | None = None,
+        role: str = "node",
         python: str = "python3",
         workdir: str | None = None,
         process_scope: str = "all",
@@ -147,9 +167,21 @@ class SSHTransport:
         self.key_file = str(key_file) if key_file else None
         self.known_hosts = str(known_hosts) if known_hosts else str(Path.home() / ".ssh" / "known_hosts")
         self.trust_on_first_use = trust_on_first_use
-        self.sudo = (user != "root") if sudo is None else bool(sudo)
+        if become not in (None, "sudo", "none"):
+            raise ValueError(f"become: only 'sudo' (or 'none') is supported, not {become!r}")
+        self.become = become
+        self.jump = jump
+        """The bastion this node is reached through (``None``: directly)."""
+        self.ssh_config = str(ssh_config) if ssh_config else None
+        self.explicit = frozenset(explicit)
+        """Which of user, port, key, jump the inventory set itself (the ssh config does not override those)."""
+        self.bastions = bastions
+        self.role = role
+        """``node`` or ``bastion``: how errors name this host."""
         self.python = python
+        self._workdir = workdir
         self.workdir = workdir or f"/tmp/chaoskit-{user}"
+        self._routed = self.ssh_config is None
         self.scope = {"netns": process_scope == "netns", "env": scope_token}
         self.connect_timeout = float(connect_timeout)
         self.command_timeout = float(command_timeout)
@@ -158,6 +190,8 @@ class SSHTransport:
         """``agent`` (one channel, JSON requests) or ``exec`` (one SSH exec per command)."""
         self.notes: list[str] = []
         self._client: Any = None
+        self._sock: Any = None
+        """The tunnel through ``jump`` the connection runs in, when there is one."""
         self._agent: _AgentChannel | None = None
         self._agent_failures = 0
         self._lock = threading.RLock()
@@ -166,7 +200,18 @@ class SSHTransport:
         """The node's clock against this machine's; zero until :meth:`sync_clock` measured it."""
 
     def __repr__(self) -> str:
-        return f"SSHTransport({self.node!r}, {self.user}@{self.address}:{self.port}, mode={self.mode})"
+        via = f", via {self.jump.node}" if self.jump is not None else ""
+        return f"SSHTransport({self.node!r}, {self.user}@{self.address}:{self.port}{via}, mode={self.mode})"
+
+    @property
+    def label(self) -> str:
+        """How messages name this host: ``node n0``, ``bastion gw``."""
+        return f"{self.role} {self.node}"
+
+    @property
+    def sudo(self) -> bool:
+        """Whether remote commands run under ``sudo -n``: ``become``, or by default when the user is not root."""
+        return self.become == "sudo" or (self.become is None and self.user != "root")
 
     # -- connection ---------------------------------------------------------------------
 
@@ -196,6 +241,7 @@ class SSHTransport:
             except Exception:  # noqa: BLE001 - a connection already gone cannot be closed twice
                 pass
             self._client = None
+        self._sock = None
 
     def __enter__(self) -> "SSHTransport":
         return self.connect()
@@ -207,13 +253,84 @@ class SSHTransport:
     def connected(self) -> bool:
         client = self._client
         transport = client.get_transport() if client is not None else None
-        return transport is not None and transport.is_active()
+        # through a bastion, the tunnel closes at once when the bastion's connection drops; the
+        # node's transport notices only when its reader thread next runs
+        sock = self._sock
+        return transport is not None and transport.is_active() and (sock is None or not sock.closed)
 
     def _connect_locked(self) -> None:
         if self.connected:
             return
         self._drop_locked()
+        self.route()
         self._client = self._open_client()
+
+    def route(self) -> None:
+        """Apply the ssh config's entry for this address (once; before the first connect)."""
+        if self._routed:
+            return
+        with self._lock:
+            if self._routed:
+                return
+            path = self.ssh_config
+            if not os.path.exists(path):
+                raise InfraError(f"ssh config {path} of {self.label} does not exist",
+                                 hint="point ssh.config at an OpenSSH client config, or set ssh.config: none")
+            entry = host_config(path, self.address)
+            alias = self.address
+            self.address = entry.get("hostname", self.address)
+            if "user" in entry and "user" not in self.explicit:
+                self.user = entry["user"]
+                self.workdir = self._workdir or f"/tmp/chaoskit-{self.user}"
+            if "port" in entry and "port" not in self.explicit:
+                self.port = entry["port"]
+            if "identityfile" in entry and "key" not in self.explicit:
+                self.key_file = entry["identityfile"]
+            if "proxyjump" in entry and "jump" not in self.explicit and self.jump is None:
+                self.jump = self._config_jump(entry["proxyjump"], alias)
+            self._routed = True
+
+    def _config_jump(self, value: str, alias: str) -> "SSHTransport | None":
+        """The bastion a config's ProxyJump names, looked up in the same config; shared through ``bastions``."""
+        bastions = self.bastions if self.bastions is not None else Bastions()
+        self.bastions = bastions
+        jump: SSHTransport | None = None
+        for user, host, port in parse_jumps(value):
+            explicit = {k for k, v in (("user", user), ("port", port)) if v is not None} | ({"jump"} if jump else set())
+            key = ("config", self.ssh_config, user, host, port, jump.node if jump else None)
+
+            def make(user=user, host=host, port=port, via=jump, explicit=explicit) -> SSHTransport:
+                return SSHTransport(
+                    host, host, user=user or self.user, port=port or 22, key_file=self.key_file,
+                    known_hosts=self.known_hosts, trust_on_first_use=self.trust_on_first_use, jump=via,
+                    ssh_config=self.ssh_config, explicit=explicit, bastions=bastions, role="bastion",
+                    connect_timeout=self.connect_timeout, use_agent=False,
+                )
+
+            jump = bastions.get(key, make)
+        if jump is not None:
+            self.notes.append(f"{self.label} ({alias}) is reached through bastion {jump.node} (ProxyJump {value})")
+        return jump
+
+    def open_tunnel(self, host: str, port: int, timeout: float, purpose: str) -> Any:
+        """A ``direct-tcpip`` channel from this host (a bastion) to ``host:port``, for ``purpose`` (who asks).
+
+        Thread-safe; a dropped connection is reconnected once."""
+        for attempt in (1, 2):
+            with self._lock:
+                self._connect_locked()
+                transport = self._client.get_transport()
+            try:
+                return transport.open_channel("direct-tcpip", (host, int(port)), ("127.0.0.1", 0), timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - paramiko raises ChannelException, SSHException, EOFError
+                if attempt == 1 and not self.connected:
+                    continue
+                raise InfraError(
+                    f"cannot reach {purpose} at {host}:{port} through {self.label} ({self.address}): "
+                    f"{exc or type(exc).__name__}",
+                    hint=f"check that {self.label} can reach {host}:{port} and allows TCP forwarding",
+                ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _open_client(self) -> Any:
         try:
@@ -230,13 +347,17 @@ class SSHTransport:
                 raise InfraError(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
         elif not self.trust_on_first_use:
             raise HostKeyError(
-                f"known_hosts file {self.known_hosts} does not exist, so the host key of node {self.node} "
+                f"known_hosts file {self.known_hosts} does not exist, so the host key of {self.label} "
                 f"({self.address}) cannot be verified",
                 hint="point ssh.known_hosts at a file holding the node's key, or set ssh.trust_on_first_use: true",
             )
         policy = _PinPolicy(self) if self.trust_on_first_use else _RejectPolicy(self)
         client.set_missing_host_key_policy(policy)
         where = f"{self.user}@{self.address}:{self.port}"
+        sock = None
+        if self.jump is not None:
+            sock = self.jump.open_tunnel(self.address, self.port, self.connect_timeout, self.label)
+            where += f" through {self.jump.label}"
         try:
             client.connect(
                 self.address,
@@ -249,14 +370,17 @@ class SSHTransport:
                 channel_timeout=self.connect_timeout,
                 look_for_keys=False,
                 allow_agent=False,
+                sock=sock,
             )
         except HostKeyError:
             client.close()
+            if sock is not None:
+                sock.close()
             raise
         except paramiko.BadHostKeyException as exc:
             client.close()
             raise HostKeyError(
-                f"host key of node {self.node} ({self.address}) does not match {self.known_hosts}: "
+                f"host key of {self.label} ({self.address}) does not match {self.known_hosts}: "
                 f"expected {exc.expected_key.get_name()} {fingerprint(exc.expected_key)}, "
                 f"got {exc.key.get_name()} {fingerprint(exc.key)}",
                 hint="someone may be intercepting the connection; if the node was reinstalled, update known_hosts",
@@ -264,14 +388,15 @@ class SSHTransport:
         except paramiko.AuthenticationException as exc:
             client.close()
             raise InfraError(
-                f"ssh key authentication to {where} (node {self.node}) failed: {exc}",
+                f"ssh key authentication to {where} ({self.label}) failed: {exc}",
                 hint=f"check ssh.user and ssh.key ({self.key_file})",
             ) from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             client.close()
-            raise InfraError(f"cannot reach node {self.node} at {where}: {exc or type(exc).__name__}") from None
+            raise InfraError(f"cannot reach {self.label} at {where}: {exc or type(exc).__name__}") from None
         transport = client.get_transport()
         transport.set_keepalive(5)
+        self._sock = sock
         return client
 
     # -- the agent ------------------------------------------------------------------------
@@ -289,7 +414,10 @@ class SSHTransport:
         if self.mode != "agent":
             return None
         if self._agent is not None and not self._agent.dead:
-            return self._agent
+            if self.connected:
+                return self._agent
+            self._agent.close()  # the connection under it is gone (a bastion dropped): a new one, a new agent
+            self._agent = None
         self._connect_locked()
         try:
             self._agent = self._start_agent()
@@ -299,12 +427,38 @@ class SSHTransport:
                 self._agent.request({"op": "skew", "seconds": skew}, self.connect_timeout)
         except _AgentGone as exc:
             self._agent = None
+            refused = self._sudo_refusal(str(exc))
+            if refused is not None:
+                raise refused from None
             self._agent_failures += 1
             if self._agent_failures >= AGENT_RESTARTS:
                 self.mode = "exec"
                 self.notes.append(f"agent on {self.node} failed {AGENT_RESTARTS} times ({exc}); one exec per command from now on")
             raise
         return self._agent
+
+    def _sudo_refusal(self, failure: str) -> "SudoError | None":
+        """Whether ``sudo -n`` is why the agent did not start: its message (from the agent
+        channel's stderr, or else from one ``sudo -n true``), or ``None``."""
+        if not self.sudo:
+            return None
+        line = _sudo_line(failure)
+        if line is None:
+            try:
+                rc, _, err = self._exec(shell_quote(["sudo", "-n", "true"]), min(5.0, self.command_timeout))
+            except InfraError:
+                return None
+            line = _sudo_line(err) if rc != 0 else None
+        return None if line is None else self._sudo_error(line)
+
+    def _sudo_error(self, line: str) -> "SudoError":
+        if "password" in line:
+            message = (f"{self.label}: sudo -n asks for a password for user {self.user}; become: sudo needs "
+                       f"password-less sudo (NOPASSWD) for {self.user} on {self.node} ({line})")
+        else:
+            message = f"{self.label}: sudo -n refuses user {self.user} ({line}); become: sudo needs password-less sudo"
+        return SudoError(message, hint=f"on {self.node}, add '{self.user} ALL=(root) NOPASSWD: ALL' to a file in "
+                                       "/etc/sudoers.d/, or log in as root (user: root, become: none)")
 
     def _start_agent(self) -> "_AgentChannel":
         """Open one exec channel running the agent (the docker transport opens a docker exec instead)."""
@@ -353,6 +507,8 @@ class SSHTransport:
 
     def _exec_run(self, argv: list[str], timeout: float) -> dict[str, Any]:
         rc, out, err = self._exec(self._remote(["timeout", "-k", "2", f"{max(timeout, 0.1):.3f}", *argv]), timeout)
+        if self.sudo and rc == 1 and not out and (line := _sudo_line(err)) is not None:
+            raise self._sudo_error(line)
         return {"rc": rc, "stdout": out, "stderr": err, "t": None, "timed_out": rc == 124}
 
     def _oneshot(self, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -360,6 +516,8 @@ class SSHTransport:
         request = (json.dumps({"id": 1, **fields}) + "\n").encode()
         stdin = f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE + request
         rc, out, err = self._exec(self._boot_command(timeout), timeout, stdin=stdin)
+        if self.sudo and rc == 1 and not out and (line := _sudo_line(err)) is not None:
+            raise self._sudo_error(line)
         for line in out.splitlines():
             try:
                 reply = json.loads(line)
@@ -746,7 +904,7 @@ class _RejectPolicy:
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         t = self.t
         raise HostKeyError(
-            f"unknown host key for node {t.node} ({hostname}): {key.get_name()} {fingerprint(key)} "
+            f"unknown host key for {t.label} ({hostname}): {key.get_name()} {fingerprint(key)} "
             f"is not in {t.known_hosts}",
             hint="check the fingerprint out of band and add the key to known_hosts, "
             "or set ssh.trust_on_first_use: true to pin the first key seen",
@@ -784,6 +942,19 @@ def _test_skew() -> dict[str, float]:
         node, _, seconds = item.partition("=")
         out[node.strip()] = float(seconds)
     return out
+
+
+_SUDO_REFUSALS = ("password is required", "a terminal is required", "must have a tty", "not in the sudoers",
+                  "not allowed to execute", "may not run sudo")
+
+
+def _sudo_line(text: str) -> str | None:
+    """The line in which sudo refused to run a command, or ``None``."""
+    for line in text.splitlines():
+        at = line.find("sudo:")
+        if at >= 0 and any(r in line for r in _SUDO_REFUSALS):
+            return line[at:].strip()
+    return None
 
 
 def _boot_code() -> str:
