@@ -347,10 +347,12 @@ class _Run:
         injections = fault.inject(self.ctx, targets)
         for inj in injections:
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
-            self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets, source="chaoskit"))
+            self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets,
+                                        source="chaoskit", **_mechanism(inj)))
             self.injections.append((fault, inj))
         labels = ", ".join(t for inj in injections for t in inj.targets)
-        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})")
+        how = sorted({f"{m['mechanism']}, {m['fidelity']}" for m in map(_mechanism, injections) if m})
+        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})" + (f" [{'; '.join(how)}]" if how else ""))
         for inj in injections:
             problem = fault.verify(self.ctx, inj) if not fault.lasting else None
             if problem:
@@ -491,7 +493,8 @@ class _Run:
             "run_dir": str(self.run_dir),
             "cluster": self.cluster.info(),
             "workload": self.sc.workload.model_dump(),
-            "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault} for _, inj in self.injections],
+            "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault,
+                        **_mechanism(inj)} for _, inj in self.injections],
             "phases": phases,
             "slo": slo,
             "checks": checks,
@@ -500,6 +503,11 @@ class _Run:
             "notes": self.notes,
             "capabilities": self.capabilities.as_dict(),
         }
+
+
+def _mechanism(inj: Injection) -> dict[str, Any]:
+    """How a fault with several mechanisms acted (``gpu.fail``: nvidia, real; crashloop, emulated), for the report."""
+    return {k: inj.detail[k] for k in ("mechanism", "fidelity") if k in inj.detail}
 
 
 def _install_sigterm():

@@ -109,6 +109,25 @@ def test_coverage_statuses_and_scores() -> None:
     assert sum(cov["counts"].values()) == 14
 
 
+def test_gpu_classes_run_here_through_the_emulated_mechanism_only() -> None:
+    """Without a GPU the crash loop (emulated) makes the GPU classes runnable; the catalog says which mechanism is
+    real, which emulated, and that the NVIDIA one is not yet verified on a GPU."""
+    from chaoskit.coverage import GPU_UNVERIFIED, catalog_by_id
+
+    gpu = catalog_by_id()["hardware.gpu"]
+    no_gpu = Capabilities(frozenset({"gpu.fail"}), {"gpu": "no GPU here"})
+    assert no_gpu.unrunnable_reason(gpu) is None
+    assert no_gpu.here(gpu) == [f"gpu.fail nvidia: real, not runnable: no GPU here ({GPU_UNVERIFIED})",
+                                "gpu.fail crashloop: emulated, runnable"]
+    assert Capabilities(frozenset({"gpu.fail"}), {}).here(gpu)[0] == f"gpu.fail nvidia: real, runnable ({GPU_UNVERIFIED})"
+    assert "gpu.fail is not installed" in Capabilities(frozenset(), {}).unrunnable_reason(gpu)
+    assert resolve_covers(None, ["gpu.fail"]) == ["hardware.gpu", "hardware.gpu_memory"]
+    res = run_cli("catalog", "--json")
+    [entry] = [c for c in res.json["classes"] if c["id"] == "hardware.gpu"]
+    assert [(m["name"], m["fidelity"]) for m in entry["mechanisms"]] == [("nvidia", "real"), ("crashloop", "emulated")]
+    assert any("crashloop: emulated" in line for line in entry["here"])
+
+
 def test_a_pass_covers_only_classes_whose_fault_it_injected() -> None:
     caps = Capabilities(frozenset({"process.kill", "process.hang"}), {})
     cov = compute_coverage([{"scenario": "odd", "covers": ["software.hang"], "injected_kinds": ["process.kill"], "status": "pass"}], caps)

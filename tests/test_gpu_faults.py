@@ -317,3 +317,36 @@ def test_bad_input_is_refused_with_its_position(tmp_path, field, value, message)
     res = run_cli("run", bad, "--dry-run")
     assert res.code == 2, res.stdout + res.stderr
     assert f"bad.yaml:{at + 2}:" in res.stderr and message in res.stderr
+
+
+# -- the whole drill -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gpu_fail_inplace_fails_and_says_why(tmp_path):
+    """examples/gpu-fail-inplace: no spare, torchrun restarts rank 1 on the failed device, it dies again
+    until the restarts run out. The run FAILs (exit 1), names the mechanism, and leaves nothing behind."""
+    from chaoskit.cluster.transports.local import read_proc
+    from tests.conftest import need_torch
+
+    need_torch()
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # no nvidia-smi: the crash loop, as on this machine
+    try:
+        res = run_cli("run", EXAMPLE, "--out", tmp_path / "run", "--json")
+    finally:
+        monkey.undo()
+    assert res.code == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    r = res.json
+    assert r["verdict"] == "fail"
+    [fault] = r["faults"]
+    assert fault["kind"] == "gpu.fail" and fault["mechanism"] == "crashloop" and fault["fidelity"] == "emulated"
+    assert r["phases"]["detection_s"] is not None  # torchrun saw the worker die...
+    assert r["phases"]["recovery_s"] is None  # ...but training never resumed on the failed device
+    assert r["checks"]["training_finished"]["pass"] is False and r["checks"]["faults_reverted"]["pass"] is True
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["kind"] == "worker.start" and e["ts"] > fault["t_fault"]]
+    assert starts, "torchrun never restarted the workers in place"
+    injected = [e for e in events if e["kind"] == "fault.injected"]
+    assert injected[0]["mechanism"] == "crashloop"
+    assert not [p for p in read_proc() if "chaoskit-crashloop-" in p.cmdline]

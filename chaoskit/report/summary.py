@@ -56,6 +56,10 @@ def render_result(console, result: dict[str, Any]) -> None:
         if phases.get("restored_step") is not None else f"step {phases.get('last_step_before')} before the fault; nothing restored",
     )
     console.print(table)
+    for f in result.get("faults") or []:
+        if f.get("mechanism"):
+            console.print(f"fault {f['kind']} on {', '.join(f.get('targets') or [])}: mechanism {f['mechanism']}"
+                          + (f" ({f['fidelity']})" if f.get("fidelity") else ""))
     if phases.get("detected_by"):
         console.print(f"detected by: {phases['detected_by']}")
     for name, check in (result.get("checks") or {}).items():
