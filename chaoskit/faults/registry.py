@@ -24,6 +24,7 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "network.partition": "chaoskit.faults.network:PartitionFault",
     "node.poweroff": "chaoskit.faults.power:PowerOffFault",
     "gpu.fail": "chaoskit.faults.gpu:GpuFailFault",
+    "node.slow": "chaoskit.faults.slow:SlowFault",
 }, check=_check)
 
 
