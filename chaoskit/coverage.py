@@ -132,6 +132,7 @@ REQUIREMENTS = {
     "gpu": "a GPU on the nodes",
     "netns": "nodes with their own network stack (root and iproute2, for the network-namespace lab)",
     "netem": "tc netem (root, iproute2's tc and the sch_netem kernel module)",
+    "cgroup": "a cgroup cpu controller the nodes' chaoskit may write (root; v2 cpu.max or v1 cpu)",
 }
 
 # The catalog. Each class sits at the scope where it usually strikes; the order is
@@ -153,6 +154,12 @@ _CLASSES = (
     FaultClass("hardware.power", "node", "Power loss",
                "A power supply fails and the node drops without warning.",
                kinds=("node.poweroff",), sources=("hardware.power",)),
+    FaultClass("hardware.slow", "node", "Slow node (straggler)",
+               "A node keeps working but slowly (thermal throttling, a failing fan, a noisy neighbour); every "
+               "rank waits for it in each collective, so the whole job slows down without failing.",
+               kinds=("node.slow",),
+               mechanisms=(Mechanism("node.slow", "cgroup", "emulated", ("cgroup",),
+                                     "a CPU share imitates a slow GPU; nvidia-smi -lgc is not built yet"),)),
     FaultClass("network.nic", "node", "NIC down",
                "A node's data NIC goes down; its ranks can no longer reach their peers.",
                kinds=("network.link_down",), requires=("netns",), sources=("network.nic",)),
@@ -308,6 +315,10 @@ def detect_capabilities() -> Capabilities:
         missing["netns"] = "network-namespace nodes need root"
     elif not shutil.which("ip"):
         missing["netns"] = "network-namespace nodes need iproute2 (ip), which is not installed"
+    if not root:
+        missing["cgroup"] = "cgroups need root"
+    elif not _cpu_cgroup_here():
+        missing["cgroup"] = "no cgroup cpu controller is mounted (v2 cpu.max or v1 cpu)"
     if "netns" in missing:
         missing["netem"] = "tc netem needs root and iproute2"
     elif not shutil.which("tc"):
@@ -315,6 +326,27 @@ def detect_capabilities() -> Capabilities:
     elif not _netem_here():
         missing["netem"] = "this kernel has no sch_netem (loaded, built in or loadable)"
     return Capabilities(frozenset(fault_kinds()), missing)
+
+
+def _cpu_cgroup_here() -> bool:
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    for line in mounts:
+        parts = line.split()
+        if len(parts) > 3 and parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+            return True
+        if len(parts) > 3 and parts[2] == "cgroup2" and "cpu" in _read(Path(parts[1]) / "cgroup.controllers").split():
+            return True
+    return False
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _netem_here() -> bool:

@@ -34,7 +34,7 @@ from chaoskit.core.state import state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.measure import measure_fault, slo_verdict
+from chaoskit.measure import measure_fault, measure_slowdown, slo_verdict
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.probes import (
     TORCHRUN_RULES,
@@ -454,9 +454,13 @@ class _Run:
     def _result(self) -> dict[str, Any]:
         events = self.bus.snapshot()
         per_fault = []
+        slowdown = None
         for fault, inj in self.injections:
             m = measure_fault(events, inj.t_fault)
             per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
+            if getattr(fault, "measures_slowdown", False) and slowdown is None:
+                t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
+                slowdown = measure_slowdown(events, inj.t_fault, t_revert)
         phases_full = per_fault[0] if per_fault else None
         slo_cfg = self.sc.slo.model_dump()
         slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
@@ -499,6 +503,7 @@ class _Run:
             "slo": slo,
             "checks": checks,
             "per_fault": per_fault,
+            **({"slowdown": slowdown} if slowdown is not None else {}),
             "final_step": final_step,
             "notes": self.notes,
             "capabilities": self.capabilities.as_dict(),

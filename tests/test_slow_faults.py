@@ -147,3 +147,22 @@ def test_a_share_outside_0_100_is_refused_with_its_position(tmp_path, value):
     res = run_cli("run", bad, "--dry-run")
     assert res.code == 2, res.stdout + res.stderr
     assert f"bad.yaml:{at + 1}:" in res.stderr and "cpu_share" in res.stderr
+
+
+def test_slowdown_measures_step_time_before_during_after():
+    """Pure: a job at 100 ms a step, 400 ms while throttled, back after the revert."""
+    from chaoskit.measure import measure_slowdown
+
+    events, t, step = [], 1000.0, 0
+    for dt, n in ((0.1, 50), (0.4, 20), (0.1, 30)):
+        for _ in range(n):
+            t += dt
+            step += 1
+            events.append({"ts": t, "kind": "step", "step": step, "rank": 0})
+    t_fault, t_revert = 1000.0 + 50 * 0.1 + 0.01, 1000.0 + 50 * 0.1 + 20 * 0.4 + 0.01
+    m = measure_slowdown(events, t_fault, t_revert)
+    assert m["step_time_before_s"] == pytest.approx(0.1) and m["step_time_during_s"] == pytest.approx(0.4)
+    assert m["step_time_after_s"] == pytest.approx(0.1) and m["throughput_lost_pct"] == pytest.approx(75.0)
+    assert 0 < m["recovery_after_revert_s"] <= 0.2 and m["reasons"] == {}
+    never = measure_slowdown(events[:60], t_fault, None)
+    assert never["recovery_after_revert_s"] is None and "not reverted" in never["reasons"]["recovery_after_revert_s"]
