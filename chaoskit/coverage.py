@@ -43,6 +43,8 @@ __all__ = [
     "SCOPES",
     "STATUSES",
     "FaultClass",
+    "Mechanism",
+    "GPU_UNVERIFIED",
     "Capabilities",
     "catalog",
     "catalog_by_id",
@@ -64,6 +66,35 @@ DATA_FILE = "llama3_interruptions.csv"
 
 
 @dataclass(frozen=True)
+class Mechanism:
+    """One way a fault kind does its harm, as the catalog's ``here`` column shows it.
+
+    ``fidelity``: ``real`` (the hardware's own failure, e.g. a GPU's compute mode) or
+    ``emulated`` (an imitation the job cannot tell apart on its recovery path, e.g. a
+    crash loop for a failed GPU). ``requires``: keys of :data:`REQUIREMENTS`.
+    ``note``: what is still unproven about it (``not yet verified on a GPU``)."""
+
+    kind: str
+    name: str
+    fidelity: str
+    requires: tuple[str, ...] = ()
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "fidelity": self.fidelity,
+                "requires": list(self.requires), "note": self.note}
+
+
+GPU_UNVERIFIED = "not yet verified on a GPU"
+"""Until bench/gpu_check.sh has passed on a GPU machine, the NVIDIA mechanisms say so."""
+
+_GPU_FAIL = (
+    Mechanism("gpu.fail", "nvidia", "real", ("gpu",), GPU_UNVERIFIED),
+    Mechanism("gpu.fail", "crashloop", "emulated"),
+)
+
+
+@dataclass(frozen=True)
 class FaultClass:
     """One class of the catalog.
 
@@ -71,6 +102,8 @@ class FaultClass:
     job sees it. ``requires``: what the cluster must offer (keys of
     :data:`REQUIREMENTS`). ``sources``: the ``category`` values of the data file
     this class absorbs; ``weight`` is the sum of their interruption counts.
+    ``mechanisms``: for kinds that act in more than one way, each way with its
+    fidelity and its own requirements; the class can run here when one of them can.
     """
 
     id: str
@@ -81,6 +114,7 @@ class FaultClass:
     requires: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     weight: int = 0
+    mechanisms: tuple[Mechanism, ...] = ()
 
     @property
     def category(self) -> str:
@@ -90,7 +124,7 @@ class FaultClass:
         return {
             "id": self.id, "category": self.category, "scope": self.scope, "name": self.name,
             "description": self.description, "kinds": list(self.kinds), "requires": list(self.requires),
-            "weight": self.weight,
+            "weight": self.weight, "mechanisms": [m.as_dict() for m in self.mechanisms],
         }
 
 
@@ -98,6 +132,7 @@ REQUIREMENTS = {
     "gpu": "a GPU on the nodes",
     "netns": "nodes with their own network stack (root and iproute2, for the network-namespace lab)",
     "netem": "tc netem (root, iproute2's tc and the sch_netem kernel module)",
+    "cgroup": "a cgroup cpu controller the nodes' chaoskit may write (root; v2 cpu.max or v1 cpu)",
 }
 
 # The catalog. Each class sits at the scope where it usually strikes; the order is
@@ -107,10 +142,11 @@ _CLASSES = (
     FaultClass("hardware.gpu", "rank", "GPU failure",
                "A GPU fails, falls off the bus or computes wrong results (faulty GPU, GPU system "
                "processor, thermal interface, silent data corruption); its rank dies or hangs.",
-               requires=("gpu",), sources=("hardware.gpu",)),
+               kinds=("gpu.fail",), sources=("hardware.gpu",), mechanisms=_GPU_FAIL),
     FaultClass("hardware.gpu_memory", "rank", "GPU memory error",
-               "Uncorrectable ECC error in HBM or on-chip SRAM; the rank's process dies with a CUDA error.",
-               requires=("gpu",), sources=("hardware.gpu_memory",)),
+               "Uncorrectable ECC error in HBM or on-chip SRAM; the rank's process dies with a CUDA error "
+               "and the device stays unusable until it is reset.",
+               kinds=("gpu.fail",), sources=("hardware.gpu_memory",), mechanisms=_GPU_FAIL),
     FaultClass("hardware.host", "node", "Host lost",
                "The whole node goes away: CPU, system memory, chassis or IO board failure, or an "
                "unplanned host maintenance pulls it out of the job.",
@@ -118,6 +154,12 @@ _CLASSES = (
     FaultClass("hardware.power", "node", "Power loss",
                "A power supply fails and the node drops without warning.",
                kinds=("node.poweroff",), sources=("hardware.power",)),
+    FaultClass("hardware.slow", "node", "Slow node (straggler)",
+               "A node keeps working but slowly (thermal throttling, a failing fan, a noisy neighbour); every "
+               "rank waits for it in each collective, so the whole job slows down without failing.",
+               kinds=("node.slow",),
+               mechanisms=(Mechanism("node.slow", "cgroup", "emulated", ("cgroup",),
+                                     "a CPU share imitates a slow GPU; nvidia-smi -lgc is not built yet"),)),
     FaultClass("network.nic", "node", "NIC down",
                "A node's data NIC goes down; its ranks can no longer reach their peers.",
                kinds=("network.link_down",), requires=("netns",), sources=("network.nic",)),
@@ -226,13 +268,34 @@ class Capabilities:
     missing: dict[str, str] = field(default_factory=dict)
 
     def unrunnable_reason(self, cls: FaultClass) -> str | None:
-        """Why ``cls`` cannot run here, or ``None`` when it can."""
+        """Why ``cls`` cannot run here, or ``None`` when it can (by one of its mechanisms, if it lists them)."""
         reasons = [self.missing[r] for r in cls.requires if r in self.missing]
+        if cls.mechanisms and not reasons:
+            why = [self.mechanism_reason(m) for m in cls.mechanisms]
+            if any(w is None for w in why):
+                return None
+            return "; ".join(f"{m.kind} {m.name}: {w}" for m, w in zip(cls.mechanisms, why))
         if not cls.kinds:
             reasons.append("no fault kind exercises it yet")
         elif not self.kinds & set(cls.kinds):
             reasons.append(f"fault kind {' or '.join(cls.kinds)} is not installed")
         return "; ".join(reasons) or None
+
+    def mechanism_reason(self, mechanism: Mechanism) -> str | None:
+        """Why ``mechanism`` cannot run here, or ``None``."""
+        reasons = [self.missing[r] for r in mechanism.requires if r in self.missing]
+        if mechanism.kind not in self.kinds:
+            reasons.append(f"fault kind {mechanism.kind} is not installed")
+        return "; ".join(reasons) or None
+
+    def here(self, cls: FaultClass) -> list[str]:
+        """One line per mechanism of ``cls``: its name, real or emulated, whether it runs here, and its note."""
+        out = []
+        for m in cls.mechanisms:
+            reason = self.mechanism_reason(m)
+            line = f"{m.kind} {m.name}: {m.fidelity}, " + ("runnable" if reason is None else f"not runnable: {reason}")
+            out.append(line + (f" ({m.note})" if m.note else ""))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         return {"kinds": sorted(self.kinds), "missing": dict(self.missing)}
@@ -252,6 +315,10 @@ def detect_capabilities() -> Capabilities:
         missing["netns"] = "network-namespace nodes need root"
     elif not shutil.which("ip"):
         missing["netns"] = "network-namespace nodes need iproute2 (ip), which is not installed"
+    if not root:
+        missing["cgroup"] = "cgroups need root"
+    elif not _cpu_cgroup_here():
+        missing["cgroup"] = "no cgroup cpu controller is mounted (v2 cpu.max or v1 cpu)"
     if "netns" in missing:
         missing["netem"] = "tc netem needs root and iproute2"
     elif not shutil.which("tc"):
@@ -259,6 +326,27 @@ def detect_capabilities() -> Capabilities:
     elif not _netem_here():
         missing["netem"] = "this kernel has no sch_netem (loaded, built in or loadable)"
     return Capabilities(frozenset(fault_kinds()), missing)
+
+
+def _cpu_cgroup_here() -> bool:
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    for line in mounts:
+        parts = line.split()
+        if len(parts) > 3 and parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+            return True
+        if len(parts) > 3 and parts[2] == "cgroup2" and "cpu" in _read(Path(parts[1]) / "cgroup.controllers").split():
+            return True
+    return False
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _netem_here() -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "measure_fault", "slo_verdict", "PHASES"]
+__all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "slo_verdict", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit"})
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
@@ -175,3 +175,51 @@ def slo_verdict(phases: dict[str, Any], slo: dict[str, Any]) -> dict[str, dict[s
             entry["reason"] = "not observed: no step before the fault or no restored step"
         out["lost_steps"] = entry
     return out
+
+
+def measure_slowdown(events: Iterable[Event], t_fault: float, t_revert: float | None,
+                     window_s: float = 10.0, back_within: float = 1.25) -> dict[str, Any]:
+    """A straggler's cost, from the job's ``step`` events (the highest rank-agnostic step sequence).
+
+    Step time is the median interval between consecutive new steps: ``before`` over the
+    ``window_s`` before the fault, ``during`` from the fault to the revert, ``after`` from
+    the revert on. ``throughput_lost_pct`` = 1 - before / during (the share of steps the
+    slow phase did not make). ``recovery_after_revert_s``: from the revert to the end of
+    the first step interval that is back within ``back_within`` x the step time before;
+    ``None`` (with a reason) when a value cannot be measured, never zero.
+    """
+    times: dict[int, float] = {}
+    for e in events:
+        if e.get("kind") == "step" and isinstance(e.get("step"), int):
+            times[e["step"]] = max(times.get(e["step"], e["ts"]), e["ts"])  # a step is done when its last rank is
+    seq = sorted(times.items())
+    intervals = [(t1, t1 - t0) for (s0, t0), (s1, t1) in zip(seq, seq[1:]) if s1 == s0 + 1]
+    end = t_revert if t_revert is not None else float("inf")
+
+    def median(xs: list[float]) -> float | None:
+        xs = sorted(xs)
+        return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+
+    before = median([d for t, d in intervals if t_fault - window_s <= t < t_fault])
+    during = median([d for t, d in intervals if t_fault < t <= end])
+    after = median([d for t, d in intervals if t_revert is not None and t > t_revert])
+    reasons: dict[str, str] = {}
+    lost = None
+    if before and during:
+        lost = round(max(0.0, 1 - before / during) * 100, 1)
+    else:
+        reasons["throughput_lost_pct"] = "no steps " + ("before the fault" if not before else "while the fault lasted")
+    recovery = None
+    if t_revert is None:
+        reasons["recovery_after_revert_s"] = "the fault was not reverted"
+    elif before is None:
+        reasons["recovery_after_revert_s"] = "no step time before the fault to come back to"
+    else:
+        back = next((t for t, d in intervals if t > t_revert and d <= before * back_within), None)
+        if back is None:
+            reasons["recovery_after_revert_s"] = f"the step time never came back within {back_within:g}x of before"
+        else:
+            recovery = round(back - t_revert, 3)
+    r = (lambda v: None if v is None else round(v, 4))
+    return {"step_time_before_s": r(before), "step_time_during_s": r(during), "step_time_after_s": r(after),
+            "throughput_lost_pct": lost, "recovery_after_revert_s": recovery, "reasons": reasons}

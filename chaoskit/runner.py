@@ -36,7 +36,7 @@ from chaoskit.core.state import state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.measure import measure_fault, slo_verdict
+from chaoskit.measure import measure_fault, measure_slowdown, slo_verdict
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.probes import (
     TORCHRUN_RULES,
@@ -384,10 +384,12 @@ class _Run:
         injections = fault.inject(self.ctx, targets)
         for inj in injections:
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
-            self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets, source="chaoskit"))
+            self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets,
+                                        source="chaoskit", **_mechanism(inj)))
             self.injections.append((fault, inj))
         labels = ", ".join(t for inj in injections for t in inj.targets)
-        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})")
+        how = sorted({f"{m['mechanism']}, {m['fidelity']}" for m in map(_mechanism, injections) if m})
+        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})" + (f" [{'; '.join(how)}]" if how else ""))
         for inj in injections:
             problem = fault.verify(self.ctx, inj) if not fault.lasting else None
             if problem:
@@ -489,9 +491,13 @@ class _Run:
     def _result(self) -> dict[str, Any]:
         events = self.bus.snapshot()
         per_fault = []
+        slowdown = None
         for fault, inj in self.injections:
             m = measure_fault(events, inj.t_fault, self._clock_error(inj.node))
             per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
+            if getattr(fault, "measures_slowdown", False) and slowdown is None:
+                t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
+                slowdown = measure_slowdown(events, inj.t_fault, t_revert)
         phases_full = per_fault[0] if per_fault else None
         slo_cfg = self.sc.slo.model_dump()
         slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
@@ -529,11 +535,13 @@ class _Run:
             "run_dir": str(self.run_dir),
             "cluster": self.cluster.info(),
             "workload": self.sc.workload.model_dump(),
-            "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault} for _, inj in self.injections],
+            "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault,
+                        **_mechanism(inj)} for _, inj in self.injections],
             "phases": phases,
             "slo": slo,
             "checks": checks,
             "per_fault": per_fault,
+            **({"slowdown": slowdown} if slowdown is not None else {}),
             "final_step": final_step,
             "notes": self.notes,
             "capabilities": self.capabilities.as_dict(),
@@ -544,6 +552,11 @@ class _Run:
     def _clock_error(self, node: str) -> float:
         clock = self.clocks.get(node)
         return clock.error_s if clock is not None else 0.0
+
+
+def _mechanism(inj: Injection) -> dict[str, Any]:
+    """How a fault with several mechanisms acted (``gpu.fail``: nvidia, real; crashloop, emulated), for the report."""
+    return {k: inj.detail[k] for k in ("mechanism", "fidelity") if k in inj.detail}
 
 
 def _install_sigterm():

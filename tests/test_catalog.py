@@ -49,7 +49,7 @@ def test_shipped_data_is_the_shared_data_with_its_source() -> None:
 def test_catalog_spans_every_category_and_scope() -> None:
     classes = catalog()
     ids = [c.id for c in classes]
-    assert len(ids) == len(set(ids)) == 14
+    assert len(ids) == len(set(ids)) == 15
     assert {c.category for c in classes} == set(CATEGORIES)
     assert {c.scope for c in classes} == set(SCOPES)
     for c in classes:
@@ -104,9 +104,28 @@ def test_coverage_statuses_and_scores() -> None:
     # runnable (its kind is installed, it needs nothing missing) but its scenario has not run
     assert status["network.nic"]["status"] == "not attempted"
     assert cov["covered"] == ["software.crash"]
-    assert cov["plain"] == pytest.approx(1 / 14)
+    assert cov["plain"] == pytest.approx(1 / 15)
     assert cov["weighted"] == pytest.approx(56 / 419)
-    assert sum(cov["counts"].values()) == 14
+    assert sum(cov["counts"].values()) == 15
+
+
+def test_gpu_classes_run_here_through_the_emulated_mechanism_only() -> None:
+    """Without a GPU the crash loop (emulated) makes the GPU classes runnable; the catalog says which mechanism is
+    real, which emulated, and that the NVIDIA one is not yet verified on a GPU."""
+    from chaoskit.coverage import GPU_UNVERIFIED, catalog_by_id
+
+    gpu = catalog_by_id()["hardware.gpu"]
+    no_gpu = Capabilities(frozenset({"gpu.fail"}), {"gpu": "no GPU here"})
+    assert no_gpu.unrunnable_reason(gpu) is None
+    assert no_gpu.here(gpu) == [f"gpu.fail nvidia: real, not runnable: no GPU here ({GPU_UNVERIFIED})",
+                                "gpu.fail crashloop: emulated, runnable"]
+    assert Capabilities(frozenset({"gpu.fail"}), {}).here(gpu)[0] == f"gpu.fail nvidia: real, runnable ({GPU_UNVERIFIED})"
+    assert "gpu.fail is not installed" in Capabilities(frozenset(), {}).unrunnable_reason(gpu)
+    assert resolve_covers(None, ["gpu.fail"]) == ["hardware.gpu", "hardware.gpu_memory"]
+    res = run_cli("catalog", "--json")
+    [entry] = [c for c in res.json["classes"] if c["id"] == "hardware.gpu"]
+    assert [(m["name"], m["fidelity"]) for m in entry["mechanisms"]] == [("nvidia", "real"), ("crashloop", "emulated")]
+    assert any("crashloop: emulated" in line for line in entry["here"])
 
 
 def test_a_pass_covers_only_classes_whose_fault_it_injected() -> None:
@@ -119,7 +138,7 @@ def test_catalog_command() -> None:
     res = run_cli("catalog", "--json")
     assert res.code == 0, res.stderr
     data = res.json
-    assert len(data["classes"]) == 14 and data["weight_total"] == 419
+    assert len(data["classes"]) == 15 and data["weight_total"] == 419
     crash = next(c for c in data["classes"] if c["id"] == "software.crash")
     assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill"]
     assert crash["weight"] == 56 and crash["runnable_here"] is True

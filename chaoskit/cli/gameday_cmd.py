@@ -32,7 +32,7 @@ def catalog_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-read
     caps = detect_capabilities()
     total = total_interruptions()
     classes = [{**c.as_dict(), "share": c.weight / total, "runnable_here": caps.unrunnable_reason(c) is None,
-                "reason": caps.unrunnable_reason(c)} for c in catalog()]
+                "reason": caps.unrunnable_reason(c), "here": caps.here(c)} for c in catalog()]
     if as_json:
         env.stdout.write(json.dumps({"classes": classes, "weight_total": total,
                                      "source": "Llama 3 405B pre-training, 419 unexpected interruptions in 54 days (Llama 3 paper, Table 5)"},
@@ -51,7 +51,10 @@ def catalog_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-read
     for i, c in enumerate(classes):
         if i and c["category"] != classes[i - 1]["category"]:
             table.add_section()
-        here = "[green]runnable[/green]" if c["runnable_here"] else f"[yellow]not runnable:[/yellow] {escape(c['reason'])}"
+        if c["here"]:  # one line per mechanism: real or emulated, runnable here or why not
+            here = "\n".join(escape(line) for line in c["here"])
+        else:
+            here = "[green]runnable[/green]" if c["runnable_here"] else f"[yellow]not runnable:[/yellow] {escape(c['reason'])}"
         table.add_row(f"[bold]{c['id']}[/bold]\n[dim]{escape(c['description'])}[/dim]", c["scope"],
                       f"{c['weight']} ({c['share']:.1%})", ", ".join(c["kinds"]) or "-", here)
     env.console().print(table)

@@ -23,6 +23,8 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "network.degrade": "chaoskit.faults.network:DegradeFault",
     "network.partition": "chaoskit.faults.network:PartitionFault",
     "node.poweroff": "chaoskit.faults.power:PowerOffFault",
+    "gpu.fail": "chaoskit.faults.gpu:GpuFailFault",
+    "node.slow": "chaoskit.faults.slow:SlowFault",
 }, check=_check)
 
 

@@ -20,7 +20,7 @@ Event = dict[str, Any]
 EVENT_KINDS = (
     "fault.injected", "fault.reverted", "worker.start", "worker.exit", "detect",
     "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
-    "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end",
+    "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end", "straggler",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

@@ -132,7 +132,8 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         timing = (result.get("per_fault") or [None])[0]
         phases, slo = result.get("phases") or {}, result.get("slo") or {}
     else:
-        faults = [{"kind": e.get("fault_kind"), "node": e.get("node"), "targets": e.get("targets") or [], "t_fault": e["ts"]}
+        faults = [{"kind": e.get("fault_kind"), "node": e.get("node"), "targets": e.get("targets") or [], "t_fault": e["ts"],
+                   "mechanism": e.get("mechanism"), "fidelity": e.get("fidelity")}
                   for e in events if e.get("kind") == "fault.injected"]
         timing = measure_fault(events, faults[0]["t_fault"]) if faults else None
         phases, slo = dict(timing or {}), record.get("slo") or {}
@@ -172,6 +173,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "started_at": (result or {}).get("started_at") or record.get("started_at"),
         "duration_s": (result or {}).get("duration_s") or record.get("duration_s"),
         "faults": [{"kind": f.get("kind"), "targets": ", ".join(f.get("targets") or [f.get("node") or "?"]),
+                    "mechanism": f.get("mechanism"), "fidelity": f.get("fidelity"),
                     "at": None if t_fault is None else f["t_fault"] - t_fault} for f in faults],
         "covers": covers,
         "covers_names": [f"{c} ({classes[c].name})" for c in covers if c in classes],

@@ -56,6 +56,18 @@ def render_result(console, result: dict[str, Any]) -> None:
         if phases.get("restored_step") is not None else f"step {phases.get('last_step_before')} before the fault; nothing restored",
     )
     console.print(table)
+    slow = result.get("slowdown")
+    if slow:
+        t = (lambda v: "not observed" if v is None else f"{v * 1000:.0f} ms")
+        console.print(f"step time: before {t(slow['step_time_before_s'])}, during {t(slow['step_time_during_s'])}, "
+                      f"after {t(slow['step_time_after_s'])}; throughput lost: "
+                      + ("not observed" if slow["throughput_lost_pct"] is None else f"{slow['throughput_lost_pct']:g}%")
+                      + "; back to speed " + ("not observed" if slow["recovery_after_revert_s"] is None
+                                              else f"{slow['recovery_after_revert_s']:.2f}s after the revert"))
+    for f in result.get("faults") or []:
+        if f.get("mechanism"):
+            console.print(f"fault {f['kind']} on {', '.join(f.get('targets') or [])}: mechanism {f['mechanism']}"
+                          + (f" ({f['fidelity']})" if f.get("fidelity") else ""))
     if phases.get("detected_by"):
         console.print(f"detected by: {phases['detected_by']}")
     for name, check in (result.get("checks") or {}).items():

@@ -35,6 +35,7 @@ __all__ = [
     "checkpoint_load",
     "start_heartbeat",
     "enabled",
+    "straggler",
 ]
 
 _lock = threading.Lock()
@@ -98,6 +99,12 @@ def heartbeat(**fields: Any) -> dict[str, Any] | None:
 def detect(why: str, **fields: Any) -> dict[str, Any] | None:
     """This process noticed a failure (e.g. a collective raised)."""
     return emit("detect", why=why, **fields)
+
+
+def straggler(rank: int, step_time_s: float | None = None, **fields: Any) -> dict[str, Any] | None:
+    """This process noticed that ``rank`` is slow (e.g. its step time is far above the others')."""
+    extra = {"step_time_s": float(step_time_s)} if step_time_s is not None else {}
+    return emit("straggler", slow_rank=int(rank), **extra, **fields)
 
 
 def rendezvous_done(world_size: int, **fields: Any) -> dict[str, Any] | None:

@@ -1,0 +1,441 @@
+"""GPU faults: a device that stays failed (``gpu.fail``) from the fault time until revert.
+
+What makes a failed GPU different from a crashed process is that it *stays*
+failed: torchrun restarting the workers in place fails again, and only moving
+the job off the node recovers. Two mechanisms, chosen per node (``auto``) or
+named in the scenario, and both named in the dry-run plan and the report:
+
+- ``nvidia`` (real): the device's compute mode is set to ``PROHIBITED``, so no new
+  CUDA context can be created on it, and the processes holding a context on it
+  (``nvidia-smi --query-compute-apps``) are killed, the node's own only. Revert
+  restores the compute mode read before the fault. Needs root on the node.
+- ``crashloop`` (emulated, runs anywhere): a small stdlib-only loop started
+  detached on the node (it outlives chaoskit) kills every job worker that appears
+  there and matches the fault's selector, within one poll (:data:`POLL_S`), until
+  a stop file appears or its own deadline (the fault's duration) passes. The
+  recovery path the job takes is the same: restarts in place die again.
+
+Either way the revert is armed as a lease first, so a controller that is
+SIGKILLed still ends with the compute mode restored or the loop stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import sys
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from chaoskit.cluster.selectors import ProcessTarget
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.durations import PositiveDuration
+from chaoskit.core.errors import InfraError
+from chaoskit.core.limits import MAX_COUNT
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+
+__all__ = ["GpuFailFault", "GpuFailSpec", "CRASHLOOP", "COMPUTE_MODES", "POLL_S"]
+
+POLL_S = 0.05
+"""How often the crash loop scans the node's processes: a new worker dies within one poll."""
+COMMAND_TIMEOUT_S = 15.0
+STARTED_S = 10.0
+"""How long inject waits for the crash loop to say it watches."""
+VERIFY_S = 5.0
+LOOP_DIR = "/tmp/chaoskit-crashloop-"
+
+COMPUTE_MODES = {
+    "default": "DEFAULT",
+    "exclusive_thread": "EXCLUSIVE_THREAD",
+    "prohibited": "PROHIBITED",
+    "exclusive_process": "EXCLUSIVE_PROCESS",
+}
+"""``nvidia-smi --query-gpu=compute_mode`` answers (lower-cased) -> the value ``nvidia-smi -c`` takes."""
+
+CRASHLOOP = r"""
+import json, os, re, signal, sys, time
+d, duration, poll = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+scope, sel = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+try:
+    os.mkdir(d, 0o700)
+except FileExistsError:
+    sys.exit(3)
+deadline = time.time() + duration
+me = os.getpid()
+def netns(pid):
+    try:
+        return os.readlink("/proc/%s/ns/net" % pid)
+    except OSError:
+        return None
+own = netns("self") if scope.get("netns") else None
+token = scope.get("env")
+ranks = set(sel["ranks"]) if sel.get("ranks") is not None else None
+pattern = re.compile(sel["process"]) if sel.get("process") else None
+pid_sel = sel.get("pid")
+cache = {}
+def env_of(pid, key):
+    env = cache.get(key)
+    if env is None:
+        env = {}
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            return None
+        for item in raw.split(b"\0"):
+            k, s, v = item.partition(b"=")
+            if s:
+                env[k.decode(errors="replace")] = v.decode(errors="replace")
+        if key[2]:
+            if len(cache) > 4096:
+                cache.clear()
+            cache[key] = env
+    return env
+def matches(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(")") + 2:].split()
+    if not rest or rest[0] == "Z":
+        return None
+    env = env_of(pid, (pid, rest[19], cmd))
+    if env is None:
+        return None
+    if token is not None and env.get("CHAOSKIT_SCOPE") != token:
+        return None
+    if own is not None and netns(pid) != own:
+        return None
+    if pid_sel is not None and pid != pid_sel:
+        return None
+    if pattern is not None and not pattern.search(cmd):
+        return None
+    rank = env.get("RANK")
+    rank = int(rank) if rank is not None and rank.isdigit() else None
+    if pid_sel is None and pattern is None and ("TORCHELASTIC_RUN_ID" not in env or rank is None):
+        return None
+    if ranks is not None and rank not in ranks:
+        return None
+    return (rank,)
+with open(os.path.join(d, "started"), "w") as fh:
+    fh.write("%f %d\n" % (time.time(), me))
+kills = open(os.path.join(d, "kills"), "a")
+stop = os.path.join(d, "stop")
+killed, reason = 0, None
+while reason is None:
+    if os.path.exists(stop):
+        reason = "stopped"
+        break
+    if time.time() >= deadline:
+        reason = "deadline"
+        break
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        found = matches(pid)
+        if found is None:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        killed += 1
+        kills.write("%f %d %s\n" % (time.time(), pid, found[0]))
+        kills.flush()
+    time.sleep(poll)
+with open(os.path.join(d, "exited"), "w") as fh:
+    fh.write("%f %s %d\n" % (time.time(), reason, killed))
+"""
+"""The crash loop, run as ``python3 -c CRASHLOOP DIR DURATION_S POLL_S SCOPE_JSON SELECTOR_JSON`` on the node.
+
+It refuses an existing ``DIR``, writes ``DIR/started`` (its clock, its pid) once it
+watches, one line per kill to ``DIR/kills``, and ``DIR/exited`` when ``DIR/stop``
+appears or ``DURATION_S`` has passed. Only processes of the node's scope are ever
+touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace, as the
+transports' own agents judge it)."""
+
+
+class GpuFailSpec(FaultSpec):
+    """Fail the GPU of the selected ranks (or every GPU their node's workers use) until ``duration`` ends."""
+
+    kind: Literal["gpu.fail"]
+    duration: PositiveDuration = Field(..., description="How long the device stays failed; the node reverts it by itself after that.")
+    mechanism: Literal["auto", "nvidia", "crashloop"] = Field(
+        "auto",
+        description=(
+            "nvidia: compute mode PROHIBITED and the processes holding a context killed (real; needs nvidia-smi "
+            "and root on the node). crashloop: every matching job worker on the node is killed as soon as it "
+            "appears (emulated; runs anywhere). auto: nvidia when nvidia-smi -L on the node lists the device, "
+            "else crashloop."
+        ),
+    )
+    device: int | None = Field(
+        None, ge=0, le=MAX_COUNT,
+        description="GPU index on the node (nvidia); default: the device each selected worker uses (LOCAL_RANK, "
+                    "through CUDA_VISIBLE_DEVICES).",
+    )
+
+
+class GpuFailFault(Fault):
+    kind = "gpu.fail"
+    Spec = GpuFailSpec
+    lasting: ClassVar[bool] = True
+
+    # -- plan ---------------------------------------------------------------------------
+
+    def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
+        d = self.spec.duration
+        mech = self.spec.mechanism
+        out = []
+        for node, group in _by_node(targets).items():
+            label = ",".join(t.label() for t in group)
+            if mech == "auto":
+                out.append(Action(node, "mechanism auto: nvidia if 'nvidia-smi -L' on the node lists the device, "
+                                        "else crashloop (emulated)", label))
+            if mech in ("auto", "nvidia"):
+                prefix = "if nvidia: " if mech == "auto" else ""
+                for device in self._plan_devices(group):
+                    for command in self._nvidia_plan(device, d):
+                        out.append(Action(node, prefix + command, label))
+            if mech in ("auto", "crashloop"):
+                prefix = "else crashloop: " if mech == "auto" else "crashloop (emulated): "
+                out.append(Action(node, prefix + f"arm lease: watchdog runs 'touch {LOOP_DIR}<token>/stop' after {d:g}s "
+                                                 "or a stale lease", label))
+                out.append(Action(node, prefix + f"start detached on the node: python3 -c <crash loop> {LOOP_DIR}<token> "
+                                                 f"{d:g} {POLL_S:g} (kills every job worker matching "
+                                                 f"{self.spec.target.describe()} within {POLL_S * 1000:g} ms, ends by itself "
+                                                 f"after {d:g}s)", label))
+                out.append(Action(node, prefix + f"after {d:g}s: touch {LOOP_DIR}<token>/stop", label))
+        return out
+
+    def _plan_devices(self, group: list[Any]) -> list[str]:
+        if self.spec.device is not None:
+            return [str(self.spec.device)]
+        return sorted({f"<GPU of {t.label()}>" for t in group})
+
+    @staticmethod
+    def _nvidia_plan(device: str, d: float) -> list[str]:
+        return [
+            f"nvidia-smi -i {device} --query-gpu=compute_mode --format=csv,noheader (remember it)",
+            f"arm lease: watchdog runs 'nvidia-smi -i {device} -c <remembered mode>' after {d:g}s or a stale lease",
+            f"nvidia-smi -i {device} -c PROHIBITED",
+            f"nvidia-smi --query-compute-apps=pid --format=csv,noheader -i {device}; kill -s KILL each pid of the node",
+            f"after {d:g}s: nvidia-smi -i {device} -c <remembered mode>",
+        ]
+
+    # -- inject -------------------------------------------------------------------------
+
+    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
+        out: list[Injection] = []
+        for i, (node, group) in enumerate(_by_node(targets).items()):
+            transport = ctx.transport(node)
+            devices = self._devices(transport, group)
+            mechanism = self.spec.mechanism
+            if mechanism == "auto":
+                mechanism = "nvidia" if _lists_devices(transport, devices) else "crashloop"
+            elif mechanism == "nvidia" and not _lists_devices(transport, devices):
+                raise InfraError(
+                    f"gpu.fail with mechanism nvidia: 'nvidia-smi -L' on node {node} does not list GPU "
+                    f"{', '.join(map(str, devices))}",
+                    hint="use mechanism: crashloop (or auto) on nodes without NVIDIA GPUs",
+                )
+            labels = [t.label() for t in group]
+            if mechanism == "nvidia":
+                for j, device in enumerate(devices):
+                    out.append(self._inject_nvidia(ctx, transport, f"{self.fault_id}.{i}.{j}", node, device, labels))
+            else:
+                out.append(self._inject_crashloop(ctx, transport, f"{self.fault_id}.{i}", node, labels))
+        return out
+
+    def _devices(self, transport: Transport, group: list[ProcessTarget]) -> list[int]:
+        if self.spec.device is not None:
+            return [self.spec.device]
+        envs = {p.pid: p.env for p in transport.processes()}
+        return sorted({_device_of(envs.get(t.pid, {})) for t in group})
+
+    def _inject_nvidia(self, ctx: FaultContext, transport: Transport, fid: str, node: str, device: int,
+                       labels: list[str]) -> Injection:
+        dev = str(int(device))
+        mode = _compute_mode(transport, dev)
+        revert = ["nvidia-smi", "-i", dev, "-c", mode]
+        ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{node}:gpu{dev}")
+        res = transport.run(["nvidia-smi", "-i", dev, "-c", "PROHIBITED"], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            _undo(ctx, transport, fid, revert)
+            raise InfraError(f"gpu.fail: nvidia-smi -i {dev} -c PROHIBITED failed on node {node}: "
+                             f"{res.stderr.strip() or res.stdout.strip()}", hint="setting the compute mode needs root on the node")
+        ts = res.finished_at or time.time()
+        apps = transport.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader", "-i", dev], COMMAND_TIMEOUT_S)
+        killed, skipped = [], []
+        for word in apps.stdout.split() if apps.returncode == 0 else []:
+            if not word.isdigit():
+                continue
+            pid = int(word)
+            if transport.in_scope(pid):  # a context of another job on a shared node is not ours to end
+                try:
+                    transport.signal(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except InfraError:
+                    skipped.append(pid)
+            else:
+                skipped.append(pid)
+        detail = {"mechanism": "nvidia", "fidelity": "real", "device": int(dev), "restore_mode": mode,
+                  "revert": revert, "killed": killed, "not_ours": skipped}
+        return Injection(fid, self.kind, node, [f"{label}:gpu{dev}" for label in labels], ts, detail)
+
+    def _inject_crashloop(self, ctx: FaultContext, transport: Transport, fid: str, node: str, labels: list[str]) -> Injection:
+        directory = LOOP_DIR + secrets.token_hex(8)
+        revert = ["touch", f"{directory}/stop"]
+        ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=",".join(labels))
+        sel = self.spec.target
+        selector = {"ranks": sel.ranks, "pid": sel.pid, "process": sel.process}
+        argv = [_python(ctx, transport, node), "-c", CRASHLOOP, directory, f"{self.spec.duration:g}", f"{POLL_S:g}",
+                json.dumps(_scope(transport)), json.dumps(selector)]
+        try:
+            transport.spawn_detached(argv)
+            started = _wait_file(transport, f"{directory}/started", STARTED_S)
+        except InfraError:
+            _undo(ctx, transport, fid, revert)
+            raise
+        if started is None:
+            _undo(ctx, transport, fid, revert)
+            raise InfraError(f"gpu.fail: the crash loop did not start on node {node} within {STARTED_S:g}s")
+        ts, pid = float(started.split()[0]), int(started.split()[1])
+        detail = {"mechanism": "crashloop", "fidelity": "emulated", "directory": directory, "loop_pid": pid, "revert": revert}
+        return Injection(fid, self.kind, node, labels, ts, detail)
+
+    # -- revert, verify -----------------------------------------------------------------
+
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
+        res = ctx.transport(injection.node).run(injection.detail["revert"], COMMAND_TIMEOUT_S)
+        if res.returncode != 0 and injection.detail["mechanism"] == "nvidia":
+            raise InfraError(f"restoring the compute mode of GPU {injection.detail['device']} on node {injection.node} "
+                             f"failed: {res.stderr.strip() or res.stdout.strip()}")
+
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
+        transport = ctx.transport(injection.node)
+        end = time.time() + VERIFY_S
+        while True:
+            try:
+                problem = self.check_reverted(transport, injection.detail["revert"])
+            except InfraError as exc:
+                problem = str(exc)
+            if problem is None:
+                if injection.detail["mechanism"] == "crashloop":
+                    injection.detail["kills"] = _read(transport, f"{injection.detail['directory']}/kills").count("\n")
+                    transport.run(["rm", "-rf", injection.detail["directory"]], COMMAND_TIMEOUT_S)
+                return None
+            if time.time() >= end:
+                return problem
+            time.sleep(0.1)
+
+    @classmethod
+    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:
+        if revert[0] == "nvidia-smi":
+            dev, want = revert[2], revert[4]
+            now = _compute_mode(transport, dev)
+            return None if now == want else f"GPU {dev} is in compute mode {now}, not {want}"
+        directory = revert[1].rsplit("/", 1)[0]
+        if not directory.startswith(LOOP_DIR):
+            raise ValueError(f"not a chaoskit crash loop: {directory!r}")
+        res = transport.run(["cat", f"{directory}/exited"], COMMAND_TIMEOUT_S)
+        if res.returncode == 0:
+            return None
+        gone = transport.run(["cat", f"{directory}/started"], COMMAND_TIMEOUT_S).returncode != 0
+        return None if gone else f"the crash loop in {directory} is still running"
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _by_node(targets: list[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for t in targets:
+        out.setdefault(t.node, []).append(t)
+    return out
+
+
+def _device_of(env: dict[str, str]) -> int:
+    """The GPU index a worker uses: ``LOCAL_RANK`` (0 if unset), mapped through ``CUDA_VISIBLE_DEVICES``."""
+    local = env.get("LOCAL_RANK", "0")
+    local_rank = int(local) if local.isdigit() else 0
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and local_rank < len(visible) and visible[local_rank].isdigit():
+        return int(visible[local_rank])
+    return local_rank
+
+
+def _lists_devices(transport: Transport, devices: list[int]) -> bool:
+    """True when ``nvidia-smi -L`` on the node answers and lists every one of ``devices``."""
+    try:
+        res = transport.run(["nvidia-smi", "-L"], COMMAND_TIMEOUT_S)
+    except InfraError:  # not installed
+        return False
+    if res.returncode != 0:
+        return False
+    listed = {line.split(":", 1)[0].strip() for line in res.stdout.splitlines()}
+    return all(f"GPU {d}" in listed for d in devices)
+
+
+def _compute_mode(transport: Transport, dev: str) -> str:
+    res = transport.run(["nvidia-smi", "-i", dev, "--query-gpu=compute_mode", "--format=csv,noheader"], COMMAND_TIMEOUT_S)
+    answer = res.stdout.strip().lower().replace(" ", "_")
+    if res.returncode != 0 or answer not in COMPUTE_MODES:
+        raise InfraError(f"cannot read the compute mode of GPU {dev} on node {transport.node}: "
+                         f"{res.stderr.strip() or res.stdout.strip() or 'no answer'}")
+    return COMPUTE_MODES[answer]
+
+
+def _scope(transport: Transport) -> dict[str, Any]:
+    """The node's scope as the crash loop judges it: the ``CHAOSKIT_SCOPE`` token and/or its network namespace."""
+    scope = getattr(transport, "scope", None)
+    if isinstance(scope, dict):
+        return {"env": scope.get("env"), "netns": bool(scope.get("netns"))}
+    if not scope:
+        raise InfraError(f"gpu.fail: node {transport.node} has no process scope, so a crash loop could not tell its "
+                         "workers from other processes")
+    return {"env": str(scope), "netns": False}
+
+
+def _python(ctx: FaultContext, transport: Transport, node: str) -> str:
+    if isinstance(transport, LocalTransport):
+        return sys.executable  # the controller is the node
+    info = ctx.inventory[node]
+    return info.ssh.python if info.ssh is not None else "python3"
+
+
+def _read(transport: Transport, path: str) -> str:
+    res = transport.run(["cat", path], COMMAND_TIMEOUT_S)
+    return res.stdout if res.returncode == 0 else ""
+
+
+def _wait_file(transport: Transport, path: str, timeout: float) -> str | None:
+    end = time.time() + timeout
+    while time.time() < end:
+        text = _read(transport, path)
+        if text.strip():
+            return text
+        time.sleep(0.05)
+    return None
+
+
+def _undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
+    """The inject failed after the lease was armed: revert now, or leave it to the watchdog within the TTL."""
+    leases = ctx.leases
+    try:
+        transport.run(revert, COMMAND_TIMEOUT_S)
+    except InfraError:
+        if leases is not None:
+            leases.abandon(fid)
+        return
+    if leases is not None:
+        leases.release(fid)
+

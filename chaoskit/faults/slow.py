@@ -1,0 +1,277 @@
+"""A straggler (``node.slow``): a rank's processes throttled to a share of one CPU through the node's cgroups.
+
+A cgroup of chaoskit's own is made for each fault (``chaoskit-<token>``): on a
+cgroup v2 hierarchy with the cpu controller, ``cpu.max``; else on the v1 ``cpu``
+hierarchy, ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``. The rank's processes
+(the worker and its descendants; ``cgroup.procs`` moves every thread) go in,
+their original cgroups are written down on the node first, and the revert moves
+them (and anything they started meanwhile) back and removes the cgroup. The
+revert is armed as a lease before, so a dead controller still ends with the
+node restored. Everything on the node is done by :data:`CGROUP_TOOL`, a small
+stdlib-only script run as ``python3 -c`` through the node's transport.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from chaoskit.cluster.selectors import ProcessTarget
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.durations import PositiveDuration
+from chaoskit.core.errors import InfraError
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+
+__all__ = ["SlowFault", "SlowSpec", "CGROUP_TOOL", "PERIOD_US"]
+
+PERIOD_US = 100_000
+COMMAND_TIMEOUT_S = 15.0
+VERIFY_S = 5.0
+STATE = "/tmp/chaoskit-slow-"
+
+CGROUP_TOOL = r"""
+import json, os, sys
+def mounts():
+    v1 = v2 = None
+    with open("/proc/self/mounts") as fh:
+        for line in fh:
+            dev, path, fs, opts = line.split()[:4]
+            if fs == "cgroup2" and v2 is None:
+                v2 = path
+            if fs == "cgroup" and "cpu" in opts.split(",") and v1 is None:
+                v1 = path
+    return v1, v2
+def pick():
+    v1, v2 = mounts()
+    if v2 is not None:
+        try:
+            with open(os.path.join(v2, "cgroup.controllers")) as fh:
+                if "cpu" in fh.read().split():
+                    return "v2", v2
+        except OSError:
+            pass
+    if v1 is not None:
+        return "v1", v1
+    return None, None
+def own(pid, version):
+    with open("/proc/%d/cgroup" % pid) as fh:
+        for line in fh:
+            num, ctrl, path = line.rstrip("\n").split(":", 2)
+            if version == "v2" and num == "0":
+                return path
+            if version == "v1" and "cpu" in ctrl.split(","):
+                return path
+    return "/"
+def write(path, text):
+    with open(path, "w") as fh:
+        fh.write(text)
+def procs(path):
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+op = sys.argv[1]
+if op == "probe":
+    version, mount = pick()
+    print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
+elif op == "throttle":
+    name, share, period, state = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    pids = [int(p) for p in sys.argv[6:]]
+    version, mount = pick()
+    if version is None:
+        sys.exit("no cgroup cpu controller on this node")
+    quota = share * period // 100
+    target = os.path.join(mount, name)
+    original = {}
+    for pid in pids:
+        try:
+            original[pid] = own(pid, version)
+        except OSError:
+            pass
+    fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"version": version, "mount": mount, "cgroup": target, "original": original}, fh)
+    os.mkdir(target)
+    if version == "v2":
+        with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
+            enabled = fh.read().split()
+        if "cpu" not in enabled:
+            write(os.path.join(mount, "cgroup.subtree_control"), "+cpu")
+        write(os.path.join(target, "cpu.max"), "%d %d" % (quota, period))
+    else:
+        write(os.path.join(target, "cpu.cfs_period_us"), str(period))
+        write(os.path.join(target, "cpu.cfs_quota_us"), str(quota))
+    moved = []
+    for pid in original:
+        try:
+            write(os.path.join(target, "cgroup.procs"), str(pid))
+            moved.append(pid)
+        except OSError:
+            pass
+    print(json.dumps({"version": version, "cgroup": target, "quota_us": quota, "period_us": period, "moved": moved}))
+elif op == "restore":
+    state = sys.argv[2]
+    try:
+        with open(state) as fh:
+            info = json.load(fh)
+    except FileNotFoundError:
+        sys.exit(0)
+    target, mount = info["cgroup"], info["mount"]
+    original = {int(k): v for k, v in info["original"].items()}
+    fallback = next(iter(original.values()), "/")
+    for _ in range(20):
+        left = procs(target)
+        if not left:
+            break
+        for pid in left:
+            back = os.path.join(mount, original.get(pid, fallback).lstrip("/"))
+            try:
+                write(os.path.join(back, "cgroup.procs"), str(pid))
+            except OSError:
+                write(os.path.join(mount, "cgroup.procs"), str(pid))
+    try:
+        os.rmdir(target)
+    except FileNotFoundError:
+        pass
+    os.unlink(state)
+elif op == "check":
+    state, target = sys.argv[2], sys.argv[3]
+    left = os.path.exists(target) or os.path.exists(state)
+    print("cgroup %s is still there" % target if left else "")
+"""
+"""``python3 -c CGROUP_TOOL probe|throttle NAME SHARE PERIOD STATE PID...|restore STATE|check STATE CGROUP`` on the node."""
+
+
+class SlowSpec(FaultSpec):
+    """Throttle the selected ranks' processes to ``cpu_share`` percent of one CPU for ``duration``."""
+
+    kind: Literal["node.slow"]
+    cpu_share: int = Field(..., gt=0, lt=100, description="Percent of one CPU the rank's processes may use, 1 to 99.")
+    duration: PositiveDuration = Field(..., description="How long the rank stays slow; the node reverts it by itself after that.")
+
+
+class SlowFault(Fault):
+    kind = "node.slow"
+    Spec = SlowSpec
+    lasting: ClassVar[bool] = True
+    measures_slowdown: ClassVar[bool] = True
+    """The runner reports step time before, during and after this fault, and the throughput it cost."""
+
+    def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
+        d, share = self.spec.duration, self.spec.cpu_share
+        quota = share * PERIOD_US // 100
+        out = []
+        for t in targets:
+            label = t.label()
+            out.append(Action(t.node, f"arm lease: watchdog runs 'python3 -c <cgroup tool> restore {STATE}<token>.json' "
+                                      f"after {d:g}s or a stale lease", label))
+            out.append(Action(t.node, f"mkdir <cgroup mount>/chaoskit-<token>; cgroup v2: cpu.max '{quota} {PERIOD_US}' "
+                                      f"(v1: cpu.cfs_quota_us {quota}, cpu.cfs_period_us {PERIOD_US}); "
+                                      f"move {t.pid} and its descendants in (cgroup.procs), their cgroups written down", label))
+            out.append(Action(t.node, f"after {d:g}s: move them back to their own cgroups; rmdir the chaoskit cgroup", label))
+        return out
+
+    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
+        out: list[Injection] = []
+        covered: set[tuple[str, int]] = set()
+        for i, t in enumerate(targets):
+            if (t.node, t.pid) in covered:  # a child of a rank already throttled (it inherits RANK)
+                continue
+            fid = f"{self.fault_id}.{i}"
+            transport = ctx.transport(t.node)
+            pids = _tree(transport, t.pid)
+            covered.update((t.node, p) for p in pids)
+            python = _python(ctx, transport, t.node)
+            probe = _tool(transport, python, ["probe"])
+            if probe.get("version") is None:
+                raise InfraError(f"node.slow: node {t.node} has no cgroup cpu controller (v2 cpu.max or v1 cpu)")
+            token = secrets.token_hex(6)
+            state = f"{STATE}{token}.json"
+            name = f"chaoskit-{token}"
+            revert = [python, "-c", CGROUP_TOOL, "restore", state]
+            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
+            try:
+                done = _tool(transport, python, ["throttle", name, str(self.spec.cpu_share), str(PERIOD_US), state, *map(str, pids)])
+            except InfraError:
+                _undo(ctx, transport, fid, revert)
+                raise
+            ts = time.time()
+            if t.pid not in done["moved"]:
+                _undo(ctx, transport, fid, revert)
+                raise InfraError(f"node.slow: could not move pid {t.pid} into {done['cgroup']} on node {t.node}")
+            detail = {"mechanism": f"cgroup {done['version']}", "fidelity": "real", "cgroup": done["cgroup"],
+                      "state": state, "pids": done["moved"], "cpu_share": self.spec.cpu_share, "revert": revert}
+            out.append(Injection(fid, self.kind, t.node, [t.label()], ts, detail))
+        return out
+
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
+        res = ctx.transport(injection.node).run(injection.detail["revert"], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            raise InfraError(f"node.slow: restoring the cgroups on node {injection.node} failed: {res.stderr.strip()}")
+
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
+        transport = ctx.transport(injection.node)
+        end = time.time() + VERIFY_S
+        while True:
+            problem = self.check_reverted(transport, injection.detail["revert"], cgroup=injection.detail["cgroup"])
+            if problem is None or time.time() >= end:
+                return problem
+            time.sleep(0.1)
+
+    @classmethod
+    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
+        state = revert[-1]
+        if not state.startswith(STATE):
+            raise ValueError(f"not a chaoskit node.slow state file: {state!r}")
+        target = cgroup or "/nonexistent"
+        res = transport.run([*revert[:3], "check", state, target], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            return f"cannot check the cgroups: {res.stderr.strip()}"
+        return res.stdout.strip() or None
+
+
+def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
+    res = transport.run([python, "-c", CGROUP_TOOL, *args], COMMAND_TIMEOUT_S)
+    if res.returncode != 0:
+        raise InfraError(f"node.slow on node {transport.node}: {args[0]} failed: {res.stderr.strip().splitlines()[-1:] or res.returncode}",
+                         hint="cgroups need root on the node")
+    return json.loads(res.stdout)
+
+
+def _tree(transport: Transport, pid: int) -> list[int]:
+    """``pid`` and its descendants, all of the node's scope."""
+    children: dict[int, list[int]] = {}
+    for p in transport.processes():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
+
+
+def _python(ctx: FaultContext, transport: Transport, node: str) -> str:
+    if isinstance(transport, LocalTransport):
+        return sys.executable  # the controller is the node
+    info = ctx.inventory[node]
+    return info.ssh.python if info.ssh is not None else "python3"
+
+
+def _undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
+    leases = ctx.leases
+    try:
+        transport.run(revert, COMMAND_TIMEOUT_S)
+    except InfraError:
+        if leases is not None:
+            leases.abandon(fid)
+        return
+    if leases is not None:
+        leases.release(fid)

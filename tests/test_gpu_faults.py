@@ -1,0 +1,352 @@
+"""gpu.fail on real processes: the crash loop kills every matching worker that appears on the node,
+stays inside the node's scope, ends at revert, at its own deadline, or by the lease when the
+controller is SIGKILLed.
+
+The NVIDIA mechanism cannot run on this machine (no GPU). Its tests drive a recording stand-in
+for ``nvidia-smi`` put first on PATH (:func:`fake_nvidia_smi`): it records its argv to a file and
+answers ``-L``, ``--query-gpu=compute_mode``, ``--query-compute-apps`` and ``-c`` like the real one.
+They prove the commands chaoskit sends and the processes it kills, not what a real driver does with
+them; bench/gpu_check.sh is the check on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+from chaoskit.core.errors import InfraError
+from chaoskit.faults.gpu import CRASHLOOP, GpuFailFault, GpuFailSpec
+from chaoskit.lab.process import ProcessLab
+from chaoskit.runner import RunContext
+from chaoskit.safety.journal import Journal, read_journal
+from chaoskit.safety.lease import LeaseManager
+from tests.conftest import ROOT, run_cli, wait_state
+
+SLEEPER = "import time; time.sleep(600)  # worker"
+
+
+def _worker(lab: ProcessLab | None, node: str | None, rank: int) -> subprocess.Popen:
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t")
+    if lab is not None:
+        env["CHAOSKIT_SCOPE"] = lab.scope(node)
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
+    wait_state(proc.pid, lambda s: s is not None)
+    return proc
+
+
+@pytest.fixture
+def lab_procs():
+    """A 2-node process lab, one fake worker per node (ranks 0 and 1), and an outsider carrying rank 1."""
+    lab = ProcessLab.create(2)
+    procs = [_worker(lab, "n0", 0), _worker(lab, "n1", 1)]
+    outsider = _worker(None, None, 1)
+    started = list(procs) + [outsider]
+    time.sleep(0.2)
+    yield lab, procs, outsider, started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    lab.kill_all()
+
+
+def _died_within(proc: subprocess.Popen, timeout: float) -> float | None:
+    """Seconds until ``proc`` ended, or ``None`` if it still runs after ``timeout``."""
+    t0 = time.time()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return time.time() - t0
+
+
+def _ctx(lab, tmp_path, run="run1", ttl=5.0):
+    journal = Journal(tmp_path / "journal.jsonl")
+    leases = LeaseManager(tmp_path / "leases", run, ttl=ttl)
+    return RunContext(lab.inventory(), journal, leases), journal, leases
+
+
+def test_crash_loop_kills_every_matching_worker_until_revert(lab_procs, tmp_path):
+    lab, procs, outsider, started = lab_procs
+    ctx, journal, leases = _ctx(lab, tmp_path)
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(ranks=[1]), duration=60), "f0")
+    targets = resolve_processes(ctx.inventory, fault.spec.target)
+    assert [t.pid for t in targets] == [procs[1].pid]
+    before = time.time()
+    [inj] = fault.inject(ctx, targets)
+    assert inj.detail["mechanism"] == "crashloop" and inj.detail["fidelity"] == "emulated"
+    assert before <= inj.t_fault <= time.time()
+    assert _died_within(procs[1], 5) is not None
+    # A restarted rank 1 on n1 dies within one poll (generous margin: two busy cores, other tests running).
+    again = _worker(lab, "n1", 1)
+    started.append(again)
+    assert (took := _died_within(again, 2)) is not None, "the restarted worker survived the crash loop"
+    kills = Path(inj.detail["directory"], "kills").read_text().splitlines()
+    assert len(kills) == 2 and all(line.split()[1] in (str(procs[1].pid), str(again.pid)) for line in kills)
+    # Nothing outside the selector or the node is touched.
+    other_rank = _worker(lab, "n1", 0)
+    started.append(other_rank)
+    time.sleep(0.5)
+    assert other_rank.poll() is None and procs[0].poll() is None and outsider.poll() is None
+    assert took < 2
+    entries = read_journal(tmp_path / "journal.jsonl")
+    assert entries[0]["action"] == "armed" and entries[0]["revert"] == ["touch", f"{inj.detail['directory']}/stop"]
+
+    fault.revert(ctx, inj)
+    assert fault.verify(ctx, inj) is None
+    leases.release(inj.fault_id)
+    assert inj.detail["kills"] == 2 and not Path(inj.detail["directory"]).exists()
+    after = _worker(lab, "n1", 1)
+    started.append(after)
+    time.sleep(0.5)
+    assert after.poll() is None, "a worker started after the revert was killed"
+    leases.close()
+    journal.close()
+
+
+def test_crash_loop_ends_by_itself_at_its_deadline(tmp_path):
+    directory = tmp_path / "loop"
+    scope = {"env": "no-such-scope", "netns": False}
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", CRASHLOOP, str(directory), "0.5", "0.05", json.dumps(scope),
+                           json.dumps({"ranks": [1]})], timeout=30)
+    assert proc.returncode == 0 and time.time() - t0 < 10
+    assert (directory / "exited").read_text().split()[1:] == ["deadline", "0"]
+    # A second loop refuses the same folder rather than sharing it.
+    again = subprocess.run([sys.executable, "-c", CRASHLOOP, str(directory), "0.5", "0.05", json.dumps(scope), "{}"], timeout=30)
+    assert again.returncode == 3
+
+
+CONTROLLER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+    from chaoskit.faults.gpu import GpuFailFault, GpuFailSpec
+    from chaoskit.lab.process import ProcessLab
+    from chaoskit.runner import RunContext
+    from chaoskit.safety.journal import Journal
+    from chaoskit.safety.lease import LeaseManager
+    lab = ProcessLab(sys.argv[1], 2)
+    inv = lab.inventory()
+    leases = LeaseManager(Path(sys.argv[2]), "run3", ttl=1.0)
+    ctx = RunContext(inv, Journal(Path(sys.argv[2]) / "j.jsonl"), leases)
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(ranks=[1]), duration=300), "f0")
+    [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
+    print(inj.detail["directory"], flush=True)
+    time.sleep(600)
+""")
+
+
+def test_lease_stops_the_crash_loop_when_the_controller_is_killed(lab_procs, tmp_path):
+    lab, procs, outsider, started = lab_procs
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, lab.lab_id, str(tmp_path)], env=env,
+                                  stdout=subprocess.PIPE, text=True)
+    directory = Path(controller.stdout.readline().strip())
+    assert directory.name.startswith("chaoskit-crashloop-")
+    assert _died_within(procs[1], 5) is not None
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    end = time.time() + 15
+    while not (directory / "exited").exists() and time.time() < end:
+        time.sleep(0.1)
+    assert (directory / "exited").read_text().split()[1] == "stopped"
+    fired = (tmp_path / "run3" / "f0.0" / "fired").read_text()
+    assert "lease expired" in fired
+    after = _worker(lab, "n1", 1)
+    started.append(after)
+    time.sleep(0.5)
+    assert after.poll() is None
+    subprocess.run(["rm", "-rf", str(directory)], check=True)
+
+
+# -- the NVIDIA mechanism, against a stand-in ---------------------------------------------
+
+FAKE_NVIDIA_SMI = textwrap.dedent("""\
+    #!/bin/sh
+    # Recording stand-in for nvidia-smi (tests only): argv to $FAKE_NVSMI/calls, state in $FAKE_NVSMI.
+    d="$FAKE_NVSMI"
+    echo "$*" >> "$d/calls"
+    case "$*" in
+      "-L") i=0; while [ $i -lt "$(cat "$d/count")" ]; do echo "GPU $i: NVIDIA H200 (UUID: GPU-fake-$i)"; i=$((i+1)); done ;;
+      *--query-gpu=compute_mode*) cat "$d/mode" ;;
+      *--query-compute-apps=pid*) cat "$d/apps" ;;
+      *" -c "*) m=$(echo "$*" | sed 's/.* -c //')
+         case "$m" in DEFAULT) echo Default ;; PROHIBITED) echo Prohibited ;; EXCLUSIVE_PROCESS) echo Exclusive_Process ;; *) exit 2 ;; esac > "$d/mode"
+         echo "Compute mode set to $m for GPU 00000000:18:00.0." ;;
+      *) exit 2 ;;
+    esac
+""")
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    """A recording ``nvidia-smi`` first on PATH (one GPU, compute mode Exclusive_Process); yields its state folder."""
+    state = tmp_path / "nvsmi"
+    bindir = tmp_path / "bin"
+    state.mkdir()
+    bindir.mkdir()
+    (state / "count").write_text("1")
+    (state / "mode").write_text("Exclusive_Process\n")
+    (state / "apps").write_text("")
+    script = bindir / "nvidia-smi"
+    script.write_text(FAKE_NVIDIA_SMI)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_NVSMI", str(state))
+    return state
+
+
+def test_nvidia_prohibits_the_device_kills_our_contexts_and_restores_the_mode(lab_procs, tmp_path, fake_nvidia_smi):
+    """Against the stand-in nvidia-smi (no GPU here): the exact commands, and only the node's processes killed."""
+    lab, procs, outsider, _ = lab_procs
+    (fake_nvidia_smi / "apps").write_text(f"{procs[1].pid}\n{outsider.pid}\n")
+    ctx, journal, leases = _ctx(lab, tmp_path)
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(ranks=[1]), duration=60), "f0")
+    [inj] = fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+    assert inj.detail["mechanism"] == "nvidia" and inj.detail["fidelity"] == "real"
+    assert inj.detail["device"] == 0 and inj.detail["restore_mode"] == "EXCLUSIVE_PROCESS"
+    assert inj.targets == ["n1/rank1:gpu0"]
+    assert _died_within(procs[1], 5) is not None
+    assert outsider.poll() is None and procs[0].poll() is None  # another job's context is not ours to end
+    assert inj.detail["killed"] == [procs[1].pid] and inj.detail["not_ours"] == [outsider.pid]
+    assert (fake_nvidia_smi / "mode").read_text().strip() == "Prohibited"
+    entries = read_journal(tmp_path / "journal.jsonl")
+    assert entries[0]["revert"] == ["nvidia-smi", "-i", "0", "-c", "EXCLUSIVE_PROCESS"]
+    fault.revert(ctx, inj)
+    assert fault.verify(ctx, inj) is None
+    leases.release(inj.fault_id)
+    assert (fake_nvidia_smi / "mode").read_text().strip() == "Exclusive_Process"
+    calls = (fake_nvidia_smi / "calls").read_text().splitlines()
+    assert calls == [
+        "-L",
+        "-i 0 --query-gpu=compute_mode --format=csv,noheader",
+        "-i 0 -c PROHIBITED",
+        "--query-compute-apps=pid --format=csv,noheader -i 0",
+        "-i 0 -c EXCLUSIVE_PROCESS",
+        "-i 0 --query-gpu=compute_mode --format=csv,noheader",
+    ]
+    leases.close()
+    journal.close()
+
+
+def test_nvidia_mode_is_restored_by_the_lease_at_the_deadline(lab_procs, tmp_path, fake_nvidia_smi):
+    """Against the stand-in nvidia-smi: the watchdog (not the controller) restores the compute mode."""
+    lab, procs, _, _ = lab_procs
+    (fake_nvidia_smi / "mode").write_text("Default\n")
+    ctx, journal, leases = _ctx(lab, tmp_path, run="run4", ttl=60)
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(ranks=[0]), duration=1, mechanism="nvidia"), "f0")
+    [inj] = fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+    assert (fake_nvidia_smi / "mode").read_text().strip() == "Prohibited"
+    end = time.time() + 10
+    while (fake_nvidia_smi / "mode").read_text().strip() != "Default" and time.time() < end:
+        time.sleep(0.05)
+    assert (fake_nvidia_smi / "mode").read_text().strip() == "Default"
+    assert "deadline" in (leases.root / inj.fault_id / "fired").read_text()
+    leases.close()
+    journal.close()
+
+
+def test_nvidia_asked_for_where_no_gpu_is_listed_injects_nothing(lab_procs, tmp_path, fake_nvidia_smi):
+    lab, procs, _, _ = lab_procs
+    (fake_nvidia_smi / "count").write_text("0")
+    ctx, journal, leases = _ctx(lab, tmp_path)
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(ranks=[1]), duration=60, mechanism="nvidia"), "f0")
+    with pytest.raises(InfraError, match="does not list GPU 0"):
+        fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+    assert read_journal(tmp_path / "journal.jsonl") == [] and procs[1].poll() is None
+    assert (fake_nvidia_smi / "calls").read_text().splitlines() == ["-L"]
+    leases.close()
+    journal.close()
+
+
+def test_auto_falls_back_to_the_crash_loop_without_nvidia_smi(lab_procs, tmp_path, monkeypatch):
+    lab, procs, _, _ = lab_procs
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi on this machine either way
+    ctx, journal, leases = _ctx(lab, tmp_path)
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(ranks=[0]), duration=60), "f0")
+    [inj] = fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+    try:
+        assert inj.detail["mechanism"] == "crashloop"
+        assert _died_within(procs[0], 5) is not None
+    finally:
+        fault.revert(ctx, inj)
+        assert fault.verify(ctx, inj) is None
+        leases.release(inj.fault_id)
+        leases.close()
+        journal.close()
+
+
+# -- scenarios: the plan, bad input ---------------------------------------------------------
+
+EXAMPLE = ROOT / "examples" / "gpu-fail-inplace.yaml"
+
+
+def test_dry_run_names_the_mechanism():
+    res = run_cli("run", EXAMPLE, "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    [fault] = res.json["plan"]
+    commands = [a["command"] for a in fault["actions"]]
+    assert fault["kind"] == "gpu.fail"
+    assert commands[0].startswith("mechanism auto: nvidia if 'nvidia-smi -L'")
+    assert any(c.startswith("if nvidia: nvidia-smi -i <GPU of n1/rank1> -c PROHIBITED") for c in commands)
+    assert any(c.startswith("else crashloop: start detached on the node") for c in commands)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("mechanism", "magic", "mechanism"),
+    ("device", "-1", "device"),
+    ("duration", "0s", "duration"),
+])
+def test_bad_input_is_refused_with_its_position(tmp_path, field, value, message):
+    text = EXAMPLE.read_text()
+    lines = [line for line in text.splitlines() if not line.strip().startswith(f"{field}:")]
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("- kind: gpu.fail"))
+    lines.insert(at + 1, f"    {field}: {value}")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\n".join(lines) + "\n")
+    res = run_cli("run", bad, "--dry-run")
+    assert res.code == 2, res.stdout + res.stderr
+    assert f"bad.yaml:{at + 2}:" in res.stderr and message in res.stderr
+
+
+# -- the whole drill -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gpu_fail_inplace_fails_and_says_why(tmp_path):
+    """examples/gpu-fail-inplace: no spare, torchrun restarts rank 1 on the failed device, it dies again
+    until the restarts run out. The run FAILs (exit 1), names the mechanism, and leaves nothing behind."""
+    from chaoskit.cluster.transports.local import read_proc
+    from tests.conftest import need_torch
+
+    need_torch()
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # no nvidia-smi: the crash loop, as on this machine
+    try:
+        res = run_cli("run", EXAMPLE, "--out", tmp_path / "run", "--json")
+    finally:
+        monkey.undo()
+    assert res.code == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    r = res.json
+    assert r["verdict"] == "fail"
+    [fault] = r["faults"]
+    assert fault["kind"] == "gpu.fail" and fault["mechanism"] == "crashloop" and fault["fidelity"] == "emulated"
+    assert r["phases"]["detection_s"] is not None  # torchrun saw the worker die...
+    assert r["phases"]["recovery_s"] is None  # ...but training never resumed on the failed device
+    assert r["checks"]["training_finished"]["pass"] is False and r["checks"]["faults_reverted"]["pass"] is True
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["kind"] == "worker.start" and e["ts"] > fault["t_fault"]]
+    assert starts, "torchrun never restarted the workers in place"
+    injected = [e for e in events if e["kind"] == "fault.injected"]
+    assert injected[0]["mechanism"] == "crashloop"
+    assert not [p for p in read_proc() if "chaoskit-crashloop-" in p.cmdline]

@@ -1,0 +1,168 @@
+"""node.slow on real processes and real cgroups: a rank throttled to a CPU share, put back where it was.
+
+Needs root and a cgroup cpu controller (v2 cpu.max, or v1 as on this machine): skipped outside CI
+without them, a failure in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+from chaoskit.faults.slow import SlowFault, SlowSpec
+from chaoskit.lab.process import ProcessLab
+from chaoskit.runner import RunContext
+from chaoskit.safety.journal import Journal, read_journal
+from chaoskit.safety.lease import LeaseManager
+from tests.conftest import ROOT, run_cli, wait_state
+from tests.netns_fixtures import require
+
+BUSY = "import os\nif os.fork() == 0:\n    while True: pass\nwhile True: pass  # worker"
+
+
+def _cgroups_ok() -> str | None:
+    if os.geteuid() != 0:
+        return "node.slow needs root (cgroups)"
+    text = Path("/proc/self/mounts").read_text()
+    if " cgroup2 " not in text and not any(" cgroup " in l and "cpu" in l.split()[3].split(",") for l in text.splitlines()):
+        return "no cgroup cpu controller mounted"
+    return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cgroup_line(pid: int) -> str:
+    """The process's cgroup lines for the cpu controller (v1) and the unified hierarchy (v2)."""
+    return "\n".join(line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                     if line.startswith("0::") or "cpu" in line.split(":")[1].split(","))
+
+
+@pytest.fixture
+def busy_lab():
+    problem = _cgroups_ok()
+    require(problem is None, problem or "")
+    lab = ProcessLab.create(1)
+    env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n0"), RANK="0", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t")
+    proc = subprocess.Popen([sys.executable, "-c", BUSY], env=env)
+    wait_state(proc.pid, lambda s: s is not None)
+    time.sleep(0.3)
+    yield lab, proc
+    proc.kill()
+    proc.wait()
+    lab.kill_all()
+
+
+def _usage(pid: int, seconds: float = 1.5) -> float:
+    """Share of one CPU ``pid`` (the main process, not its child) used over ``seconds``."""
+    a, t0 = _cpu_seconds(pid), time.time()
+    time.sleep(seconds)
+    return (_cpu_seconds(pid) - a) / (time.time() - t0)
+
+
+def test_throttle_caps_the_rank_and_revert_puts_it_back(busy_lab, tmp_path):
+    lab, proc = busy_lab
+    before_cgroup = _cgroup_line(proc.pid)
+    ctx = RunContext(lab.inventory(), Journal(tmp_path / "j.jsonl"), LeaseManager(tmp_path / "leases", "r1", ttl=10))
+    fault = SlowFault(SlowSpec(kind="node.slow", target=TargetSpec(ranks=[0]), cpu_share=10, duration=60), "f0")
+    [inj] = fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+    try:
+        assert inj.detail["mechanism"] in ("cgroup v1", "cgroup v2") and len(inj.detail["pids"]) == 2  # the worker and its child
+        assert Path(inj.detail["cgroup"]).is_dir() and "chaoskit-" in _cgroup_line(proc.pid)
+        assert read_journal(tmp_path / "j.jsonl")[0]["revert"] == inj.detail["revert"]
+        # Both processes share 10% of one CPU; the main one gets at most about half of it.
+        assert _usage(proc.pid) < 0.2
+    finally:
+        fault.revert(ctx, inj)
+    assert fault.verify(ctx, inj) is None
+    ctx.leases.release(inj.fault_id)
+    assert _cgroup_line(proc.pid) == before_cgroup and not Path(inj.detail["cgroup"]).exists()
+    assert _usage(proc.pid, 1.0) > 0.3  # free again (two cores, other tests running)
+    ctx.leases.close()
+
+
+CONTROLLER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+    from chaoskit.faults.slow import SlowFault, SlowSpec
+    from chaoskit.lab.process import ProcessLab
+    from chaoskit.runner import RunContext
+    from chaoskit.safety.journal import Journal
+    from chaoskit.safety.lease import LeaseManager
+    lab = ProcessLab(sys.argv[1], 1)
+    inv = lab.inventory()
+    leases = LeaseManager(Path(sys.argv[2]), "run3", ttl=1.0)
+    ctx = RunContext(inv, Journal(Path(sys.argv[2]) / "j.jsonl"), leases)
+    fault = SlowFault(SlowSpec(kind="node.slow", target=TargetSpec(ranks=[0]), cpu_share=5, duration=300), "f0")
+    [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
+    print(inj.detail["cgroup"], flush=True)
+    time.sleep(600)
+""")
+
+
+def test_lease_restores_the_cgroups_when_the_controller_is_killed(busy_lab, tmp_path):
+    lab, proc = busy_lab
+    before_cgroup = _cgroup_line(proc.pid)
+    controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, lab.lab_id, str(tmp_path)],
+                                  env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+    cgroup = Path(controller.stdout.readline().strip())
+    assert cgroup.is_dir()
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    end = time.time() + 15
+    while cgroup.exists() and time.time() < end:
+        time.sleep(0.1)
+    assert not cgroup.exists() and _cgroup_line(proc.pid) == before_cgroup
+    assert "lease expired" in (tmp_path / "run3" / "f0.0" / "fired").read_text()
+
+
+STRAGGLER = ROOT / "scenarios" / "straggler.yaml"
+
+
+def test_dry_run_shows_the_cgroup_commands():
+    res = run_cli("run", STRAGGLER, "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    commands = [a["command"] for a in res.json["plan"][0]["actions"]]
+    assert "cpu.max '20000 100000'" in commands[1] and "cpu.cfs_quota_us 20000" in commands[1]
+
+
+@pytest.mark.parametrize("value", ["0", "100", "150", "-5", "fast"])
+def test_a_share_outside_0_100_is_refused_with_its_position(tmp_path, value):
+    lines = STRAGGLER.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("cpu_share:"))
+    lines[at] = f"    cpu_share: {value}"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\n".join(lines) + "\n")
+    res = run_cli("run", bad, "--dry-run")
+    assert res.code == 2, res.stdout + res.stderr
+    assert f"bad.yaml:{at + 1}:" in res.stderr and "cpu_share" in res.stderr
+
+
+def test_slowdown_measures_step_time_before_during_after():
+    """Pure: a job at 100 ms a step, 400 ms while throttled, back after the revert."""
+    from chaoskit.measure import measure_slowdown
+
+    events, t, step = [], 1000.0, 0
+    for dt, n in ((0.1, 50), (0.4, 20), (0.1, 30)):
+        for _ in range(n):
+            t += dt
+            step += 1
+            events.append({"ts": t, "kind": "step", "step": step, "rank": 0})
+    t_fault, t_revert = 1000.0 + 50 * 0.1 + 0.01, 1000.0 + 50 * 0.1 + 20 * 0.4 + 0.01
+    m = measure_slowdown(events, t_fault, t_revert)
+    assert m["step_time_before_s"] == pytest.approx(0.1) and m["step_time_during_s"] == pytest.approx(0.4)
+    assert m["step_time_after_s"] == pytest.approx(0.1) and m["throughput_lost_pct"] == pytest.approx(75.0)
+    assert 0 < m["recovery_after_revert_s"] <= 0.2 and m["reasons"] == {}
+    never = measure_slowdown(events[:60], t_fault, None)
+    assert never["recovery_after_revert_s"] is None and "not reverted" in never["reasons"]["recovery_after_revert_s"]
