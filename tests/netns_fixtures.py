@@ -134,9 +134,11 @@ def clean_lab(netns_lab):
         assert wait_until(lambda: node_clean(netns_lab, node) is None, 5), node_clean(netns_lab, node)
 
 
-SITE_USER = "ckdrill"
-SITE_NOSUDO_USER = "ckdrill-nosudo"
-SITE_SUDOERS = Path("/etc/sudoers.d/chaoskit-test-ckdrill")
+SITE_TAG = f"{os.getpid() % 100000:05d}"
+"""Per test session: two sessions on one machine (CI jobs, engineers) must not share users or sudoers."""
+SITE_USER = f"ckdrill{SITE_TAG}"
+SITE_NOSUDO_USER = f"cknosudo{SITE_TAG}"
+SITE_SUDOERS = Path(f"/etc/sudoers.d/chaoskit-test-{SITE_TAG}")
 
 
 @dataclass

@@ -1,9 +1,14 @@
 """``cluster: {inventory: FILE}`` with ``launch: attach``: a netns lab treated as somebody else's cluster.
 
-The test plays the user: it starts a torchrun job on the lab's nodes itself (its own launcher
-command line, its own log files), and only then points chaoskit at the nodes' inventory. chaoskit
-must find the job's workers over SSH, measure every phase from the log files the nodes' agents
-follow, leave the job running, and exit 3 (touching nothing) when it cannot see the job.
+The ``site`` fixture makes the lab look like a real site: chaoskit logs in as a non-root user
+with password-less sudo (``become: sudo``), and only through a bastion node, since nftables
+refuses SSH from this machine to the nodes themselves. The test plays the user: it starts a
+torchrun job on the nodes itself (its own launcher command line, its own log files), and only
+then points chaoskit at the site's inventory. chaoskit must find the job's workers over SSH,
+measure every phase from the log files the nodes' agents follow, leave the job running, let the
+node's lease revert a NIC fault when chaoskit is SIGKILLed, and exit 3 (touching nothing) when
+it cannot see the job. (The job runs as root: this machine's Python lives under /root, which
+the site's user cannot read; chaoskit's own access is the site user's, through sudo.)
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import pytest
 from tests.conftest import need_torch, run_cli, wait_until
 
 pytest_plugins = ["tests.netns_fixtures"]
+
+TTL_S = 2.0
 
 PLAIN_TRAIN = Path(__file__).resolve().parents[1] / "chaoskit" / "workloads" / "plain_train.py"
 
@@ -86,7 +93,8 @@ class UserJob:
             p.wait(timeout=10)
 
 
-def scenario(tmp_path: Path, inventory: Path, job: UserJob, faults: str, extra: str = "", process: str = "plain_train\\.py") -> Path:
+def scenario(tmp_path: Path, inventory: Path, job: UserJob, faults: str, extra: str = "", process: str = "plain_train\\.py",
+             safety: str = "safety: {max_nodes: 1, abort_after: 3m}\n") -> Path:
     files = "".join(f"    - {{node: {n}, path: {p}}}\n" for n, p in job.logs.items())
     path = tmp_path / "attach.yaml"
     path.write_text(
@@ -95,16 +103,16 @@ def scenario(tmp_path: Path, inventory: Path, job: UserJob, faults: str, extra: 
         f"workload: {{launch: attach, process: '{process}'}}\n"
         "probes:\n  sdk: false\n" + LOG_RULES + "  log_files:\n" + files +
         "steady_state: {steps: 3, timeout: 90s}\n"
-        "safety: {max_nodes: 1, abort_after: 3m}\n"
+        + safety +
         f"faults:\n{faults}{extra}"
     )
     return path
 
 
 @pytest.fixture
-def user_job(netns_lab, tmp_path):
+def user_job(site, tmp_path):
     need_torch()
-    job = UserJob(netns_lab, tmp_path).start()
+    job = UserJob(site.lab, tmp_path).start()
     try:
         assert wait_until(lambda: job.steps() >= 5, 120, interval=0.5), "the user's job never trained"
         yield job
@@ -112,7 +120,7 @@ def user_job(netns_lab, tmp_path):
         job.stop()
 
 
-def test_kill_one_rank_of_a_job_chaoskit_did_not_start(netns_lab, user_job, tmp_path, monkeypatch):
+def test_kill_one_rank_of_a_job_chaoskit_did_not_start(site, user_job, tmp_path, monkeypatch):
     """Also with the nodes' clocks seconds apart: the lab's nodes share this machine's clock, so the
     test shifts what their agents report (n1 7.5 s ahead, n0 4 s behind). The fault's time and the
     detection come from n1, the restarted workers from both: uncorrected, reallocation would be off
@@ -120,7 +128,7 @@ def test_kill_one_rank_of_a_job_chaoskit_did_not_start(netns_lab, user_job, tmp_
     from chaoskit.cluster.transports.ssh import TEST_SKEW_ENV
 
     monkeypatch.setenv(TEST_SKEW_ENV, "n1=7.5,n0=-4")
-    sc = scenario(tmp_path, netns_lab.inventory_path, user_job,
+    sc = scenario(tmp_path, site.inventory_path, user_job,
                   "  - {kind: process.kill, target: {process: 'plain_train\\.py', ranks: [1]}, at: {after: 1s}}\n",
                   "slo: {detection: 5s, reallocation: 60s, checkpoint_load: 30s, recovery: 90s}\n")
     out = tmp_path / "run"
@@ -146,23 +154,50 @@ def test_kill_one_rank_of_a_job_chaoskit_did_not_start(netns_lab, user_job, tmp_
     assert wait_until(lambda: user_job.steps() > before + 3, 30, interval=0.5)
 
 
-def test_a_job_that_is_not_there_is_exit_3_and_nothing_is_injected(netns_lab, tmp_path):
-    job = UserJob(netns_lab, tmp_path)          # never started
-    sc = scenario(tmp_path, netns_lab.inventory_path, job,
+def test_a_job_that_is_not_there_is_exit_3_and_nothing_is_injected(site, tmp_path):
+    job = UserJob(site.lab, tmp_path)          # never started
+    sc = scenario(tmp_path, site.inventory_path, job,
                   "  - {kind: network.link_down, target: {nodes: [n1]}, interface: data, duration: 5s}\n")
     sc.write_text(sc.read_text().replace("timeout: 90s", "timeout: 3s"))
     out = tmp_path / "run"
     res = run_cli("run", sc, "--out", out)
     assert res.code == 3, res.stdout + res.stderr
-    assert "no process matching 'plain_train\\\\.py'" in res.stderr and "n0, n1" in res.stderr
+    assert "no process matching 'plain_train\\.py'" in res.stderr and "n0, n1" in res.stderr
     assert not (out / "journal.jsonl").exists() or "inject" not in (out / "journal.jsonl").read_text()
 
 
-def test_a_selector_that_matches_nothing_is_exit_3_before_any_fault(netns_lab, user_job, tmp_path):
-    sc = scenario(tmp_path, netns_lab.inventory_path, user_job,
+def test_a_selector_that_matches_nothing_is_exit_3_before_any_fault(site, user_job, tmp_path):
+    sc = scenario(tmp_path, site.inventory_path, user_job,
                   "  - {kind: process.kill, target: {process: 'no-such-trainer', nodes: [n1]}, at: {after: 1s}}\n")
     out = tmp_path / "run"
     res = run_cli("run", sc, "--out", out)
     assert res.code == 3, res.stdout + res.stderr
     assert "faults.0.target: no process matches" in res.stderr and "nothing was injected" in res.stderr
+    assert user_job.alive()
+
+
+def test_a_nic_drop_is_reverted_by_the_nodes_lease_when_chaoskit_is_sigkilled(site, user_job, tmp_path):
+    """chaoskit dies (SIGKILL: no revert of its own) while n1's data NIC is down; the watchdog armed
+    on n1 before the drop brings the link back once the lease goes stale."""
+    from tests.netns_fixtures import node_clean
+
+    sc = scenario(tmp_path, site.inventory_path, user_job,
+                  "  - {kind: network.link_down, target: {nodes: [n1]}, interface: data, duration: 5m, at: {after: 0s}}\n",
+                  safety=f"safety: {{max_nodes: 1, abort_after: 10m, lease_ttl: {TTL_S:g}s}}\n")
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(sc), "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    journal = out / "journal.jsonl"
+    try:
+        injected = wait_until(lambda: journal.exists() and '"injected"' in journal.read_text(), 120, interval=0.2)
+        assert injected, proc.stderr.read() if proc.poll() is not None else "no injection within 120s"
+        assert node_clean(site.lab, "n1") == "n1:eth0 is down"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed = time.time()
+        assert wait_until(lambda: node_clean(site.lab, "n1") is None, TTL_S + 5), node_clean(site.lab, "n1")
+        assert time.time() - killed <= TTL_S + 5
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert user_job.alive()
