@@ -108,6 +108,17 @@ def test_commands_travel_over_the_agent_with_exit_codes_and_node_time(lab_invent
     assert sorted(lat)[25] < 0.02, f"agent round trip p50 {sorted(lat)[25] * 1e3:.2f} ms"
     with pytest.raises(InfraError, match="command not found on node n0"):
         t.run(["no-such-command-chaoskit"], 5)
+    assert t._client.get_transport().remote_cipher == "aes128-gcm@openssh.com"  # AEAD offered first
+
+
+def test_replies_larger_than_the_channel_window_keep_flowing(lab_inventory):
+    # 1 MiB of NULs is 6 MiB of JSON, three times paramiko's 2 MiB window: the
+    # controller must tell the server there is room again as it consumes replies
+    t = lab_inventory["n0"].conn
+    for _ in range(2):
+        res = t.run(["head", "-c", "3000000", "/dev/zero"], 20)
+        assert (res.returncode, len(res.stdout)) == (0, 1 << 20)
+    assert t.ping() > 0
 
 
 def test_a_command_past_its_deadline_is_killed_on_the_node(netns_lab, lab_inventory):
@@ -181,6 +192,33 @@ def test_processes_are_scoped_to_the_node_and_signals_outside_are_refused(netns_
     assert t0.state(pid) in ("S", "R")
     t0.signal(pid, signal.SIGKILL)
     assert wait_until(lambda: not t0.in_scope(pid), 3)
+
+
+def test_a_fan_out_to_nodes_not_connected_yet_connects_them_in_parallel(netns_lab):
+    from chaoskit.cluster.transports.ssh import SSHTransport, ping_many, run_many
+
+    spans: dict[str, tuple[float, float]] = {}
+
+    class Timed(SSHTransport):
+        def _open_client(self):
+            start = time.monotonic()
+            try:
+                return super()._open_client()
+            finally:
+                spans[self.node] = (start, time.monotonic())
+
+    conns = [Timed(node, netns_lab.mgmt_address(node), key_file=netns_lab.key_path,
+                   known_hosts=netns_lab.known_hosts_path, connect_timeout=5) for node in ("n0", "n1")]
+    try:
+        results = run_many(conns, ["true"], 10)
+        assert [r.returncode for r in results.values()] == [0, 0]
+        (a_start, a_end), (b_start, b_end) = spans.values()
+        assert a_start < b_end and b_start < a_end, f"handshakes one after the other: {spans}"
+        assert all(c.mode == "agent" and c._agent is not None for c in conns)
+        assert all(isinstance(v, float) for v in ping_many(conns).values())  # now straight to the agents
+    finally:
+        for c in conns:
+            c.close()
 
 
 def test_files_and_fan_out(netns_lab, lab_inventory):

@@ -51,6 +51,7 @@ import itertools
 import json
 import logging
 import os
+import queue
 import re
 import threading
 import time
@@ -89,6 +90,11 @@ AGENT_RESTARTS = 3
 # ERROR; with no handler configured Python prints them on stderr. chaoskit reports what matters itself.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+"""Offered first, ahead of paramiko's own order (which starts with aes128-ctr plus
+hmac-sha2-256): an AEAD cipher costs one call into the cipher per packet, where CTR
+plus HMAC also computes the MAC and compares it byte by byte in Python. OpenSSH has
+offered these since 6.2; a server without them gets paramiko's list as before."""
 IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", "rmtree"})
 """Requests safe to send again when the connection died after they left."""
 _LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -371,6 +377,7 @@ class SSHTransport:
                 look_for_keys=False,
                 allow_agent=False,
                 sock=sock,
+                transport_factory=_transport_preferring_aead,
             )
         except HostKeyError:
             client.close()
@@ -696,17 +703,69 @@ class _Deadline(Exception):
         self.silent = silent
 
 
-class _Slot:
-    __slots__ = ("event", "reply", "gone")
+_request_ids = itertools.count(1)
+"""One id space for the whole process, so a fan-out encodes its request once and
+writes the same bytes to every node (each agent only needs ids unique on its channel)."""
 
-    def __init__(self) -> None:
-        self.event = threading.Event()
+
+class _Batch:
+    """Completion of many requests at once: the fan-out's thread wakes once, when the
+    last of them is answered (or gone), not once per node."""
+
+    __slots__ = ("_left", "_lock", "_all")
+
+    def __init__(self, expected: int) -> None:
+        self._left = expected
+        self._lock = threading.Lock()
+        self._all = threading.Lock()
+        self._all.acquire()
+        if expected <= 0:
+            self._all.release()
+
+    def one_done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._all.release()
+
+    def wait(self, timeout: float) -> bool:
+        return self._all.acquire(timeout=max(0.0, timeout))
+
+
+class _Slot:
+    """One request in flight: completed exactly once, by its reply or by the channel's death."""
+
+    __slots__ = ("reply", "gone", "sent_at", "_wake", "_batch")
+
+    def __init__(self, batch: _Batch | None = None) -> None:
         self.reply: dict[str, Any] | None = None
         self.gone: str | None = None
+        self.sent_at = 0.0
+        self._batch = batch
+        if batch is None:  # a bare lock: cheaper to wait on and to wake than an Event
+            self._wake = threading.Lock()
+            self._wake.acquire()
+
+    def complete(self) -> None:
+        if self._batch is None:
+            self._wake.release()
+        else:
+            self._batch.one_done()
+
+    def wait(self, timeout: float) -> bool:
+        return self._wake.acquire(timeout=max(0.0, timeout))
 
 
 class _AgentChannel:
-    """One exec channel running the agent; requests are multiplexed by id."""
+    """One exec channel running the agent; requests are multiplexed by id.
+
+    Over a paramiko channel the agent's replies are parsed and handed to their
+    waiters right in paramiko's transport thread, as the data arrives
+    (:class:`_ReplyFeed`): no reader thread, no copy through the channel's
+    buffer, one thread hand-off per reply. Any other channel (the docker
+    transport's exec socket) gets a reader thread calling ``recv``.
+    """
 
     def __init__(self, chan: Any, node: str) -> None:
         self.chan, self.node = chan, node
@@ -715,11 +774,11 @@ class _AgentChannel:
         self.hello: dict[str, Any] = {}
         self._pending: dict[int, _Slot] = {}
         self._streams: dict[int, tuple[Callable[[dict[str, Any]], None], Callable[[str], None]]] = {}
-        self._ids = itertools.count(1)
+        self._deliveries: queue.SimpleQueue | None = None
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
+        self._buf = bytearray()
         self.last_rx = time.monotonic()
-        self._reader = threading.Thread(target=self._read_loop, name=f"chaoskit-agent-{node}", daemon=True)
 
     @classmethod
     def start(cls, client: Any, command: str, timeout: float, node: str) -> "_AgentChannel":
@@ -733,16 +792,16 @@ class _AgentChannel:
     @classmethod
     def over(cls, chan: Any, timeout: float, node: str) -> "_AgentChannel":
         """Ship the agent's source down ``chan`` (a channel already running :data:`BOOT`) and wait for its hello."""
-        try:
-            chan.sendall(f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE)
-        except Exception as exc:  # noqa: BLE001
-            chan.close()
-            raise _AgentGone(f"cannot start the agent: {exc}") from None
         agent = cls(chan, node)
         hello = _Slot()
         agent._pending[0] = hello
-        agent._reader.start()
-        if not hello.event.wait(timeout):
+        agent._listen()  # before the source leaves: nothing is printed until the agent has it
+        try:
+            chan.sendall(f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE)
+        except Exception as exc:  # noqa: BLE001
+            agent.close()
+            raise _AgentGone(f"cannot start the agent: {exc}") from None
+        if not hello.wait(timeout):
             agent.close()
             raise _AgentGone(f"the agent did not start within {timeout:g}s")
         if hello.gone:
@@ -750,32 +809,45 @@ class _AgentChannel:
         agent.hello = hello.reply or {}
         return agent
 
-    def request(self, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
-        slot = self.send(fields)
-        return self.wait(slot, timeout)
+    def _listen(self) -> None:
+        if _ReplyFeed.fits(self.chan):
+            self.chan.in_buffer = _ReplyFeed(self)
+        else:
+            threading.Thread(target=self._read_loop, name=f"chaoskit-agent-{self.node}", daemon=True).start()
 
-    def send(self, fields: dict[str, Any]) -> tuple[int, _Slot, float]:
-        rid = next(self._ids)
+    def request(self, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
+        rid = next(_request_ids)
         slot = _Slot()
+        self.submit(rid, (json.dumps({"id": rid, **fields}) + "\n").encode(), slot)
+        return self.wait(rid, slot, timeout)
+
+    def submit(self, rid: int, data: bytes, slot: _Slot) -> None:
+        """Write one request (``data``, one JSON line carrying ``rid``) for ``slot``.
+
+        On return the slot is in flight; on :class:`_AgentGone` it has been completed
+        (``gone`` set), so a batch it belongs to never waits for it.
+        """
         with self._lock:
             if self.dead:
+                slot.gone = self.reason
+                slot.complete()
                 raise _AgentGone(self.reason)
             self._pending[rid] = slot
-        data = (json.dumps({"id": rid, **fields}) + "\n").encode()
-        sent_at = time.monotonic()
+        slot.sent_at = time.monotonic()
         try:
             with self._send_lock:
                 self.chan.sendall(data)
         except Exception as exc:  # noqa: BLE001
-            self._die(f"send failed: {exc}")
+            self._die(f"send failed: {exc}")  # completes the slot
             raise _AgentGone(self.reason) from None
-        return rid, slot, sent_at
 
     def stream(self, fields: dict[str, Any], on_message: Callable[[dict[str, Any]], None],
                on_gone: Callable[[str], None]) -> int:
-        """Start a request that answers many times: each answer goes to ``on_message`` (on the reader
-        thread) until one without ``more``; ``on_gone(reason)`` when the channel dies first."""
-        rid = next(self._ids)
+        """Start a request that answers many times: each answer goes to ``on_message`` until one
+        without ``more``; ``on_gone(reason)`` when the channel dies first. Both are called on this
+        channel's delivery thread, in order, never on paramiko's transport thread (a callback that
+        sends on this channel, or waits for it, must not hold up the thread that reads it)."""
+        rid = next(_request_ids)
         with self._lock:
             if self.dead:
                 raise _AgentGone(self.reason)
@@ -792,19 +864,23 @@ class _AgentChannel:
         """End a stream (best effort: a dead channel has ended it already)."""
         try:
             with self._send_lock:
-                self.chan.sendall((json.dumps({"id": next(self._ids), "op": "cancel", "stream": rid}) + "\n").encode())
+                self.chan.sendall((json.dumps({"id": next(_request_ids), "op": "cancel", "stream": rid}) + "\n").encode())
         except Exception:  # noqa: BLE001
             pass
 
-    def wait(self, handle: tuple[int, _Slot, float], timeout: float) -> dict[str, Any]:
-        rid, slot, sent_at = handle
-        if not slot.event.wait(timeout):
-            with self._lock:
-                self._pending.pop(rid, None)
-            raise _Deadline(silent=self.last_rx < sent_at)
-        if slot.gone is not None:
-            raise _AgentGone(slot.gone, sent=True)
-        reply = slot.reply or {}
+    def wait(self, rid: int, slot: _Slot, timeout: float) -> dict[str, Any]:
+        slot.wait(timeout)
+        return self.outcome(rid, slot)
+
+    def outcome(self, rid: int, slot: _Slot) -> dict[str, Any]:
+        """The reply of a request whose wait is over; :class:`_Deadline` if none came."""
+        with self._lock:  # a reply or a death lands under this lock, so what is read here is final
+            self._pending.pop(rid, None)
+            reply, gone = slot.reply, slot.gone
+        if reply is None and gone is None:
+            raise _Deadline(silent=self.last_rx < slot.sent_at)
+        if gone is not None:
+            raise _AgentGone(gone, sent=True)
         if not reply.get("ok"):
             raise _OpFailed(reply.get("error", "failed"))
         return reply
@@ -816,23 +892,30 @@ class _AgentChannel:
         except Exception:  # noqa: BLE001
             pass
 
+    def _feed(self, data: bytes) -> None:
+        """Bytes of the agent's stdout, in order; every complete line is a reply."""
+        self.last_rx = time.monotonic()
+        buf = self._buf
+        if not buf and data.endswith(b"\n") and data.count(b"\n") == 1:
+            self._dispatch(data)  # the common case: one whole reply per packet
+            return
+        buf += data
+        start = 0
+        while True:
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                break
+            self._dispatch(bytes(buf[start:nl]))
+            start = nl + 1
+        del buf[:start]
+
     def _read_loop(self) -> None:
-        buf = bytearray()
         try:
             while True:
                 data = self.chan.recv(65536)
                 if not data:
                     break
-                self.last_rx = time.monotonic()
-                buf += data
-                start = 0
-                while True:
-                    nl = buf.find(b"\n", start)
-                    if nl < 0:
-                        break
-                    self._dispatch(bytes(buf[start:nl]))
-                    start = nl + 1
-                del buf[:start]
+                self._feed(data)
         except Exception as exc:  # noqa: BLE001
             self._die(f"connection lost: {exc}")
             return
@@ -842,7 +925,10 @@ class _AgentChannel:
                 err += self.chan.recv_stderr(65536)
         except Exception:  # noqa: BLE001
             pass
-        detail = err.decode(errors="replace").strip().splitlines()
+        self._exited(err)
+
+    def _exited(self, stderr: bytes) -> None:
+        detail = stderr.decode(errors="replace").strip().splitlines()
         self._die("the agent exited" + (f": {detail[-1]}" if detail else ""))
 
     def _dispatch(self, line: bytes) -> None:
@@ -853,15 +939,16 @@ class _AgentChannel:
         rid = reply.get("id")
         with self._lock:
             stream = self._streams.get(rid)
-            if stream is not None and not reply.get("more"):
-                del self._streams[rid]
-            slot = self._pending.pop(rid, None) if stream is None else None
-        if stream is not None:
-            stream[0](reply)
-            return
-        if slot is not None:
+            if stream is not None:
+                if not reply.get("more"):
+                    del self._streams[rid]
+                self._deliver(stream[0], reply)
+                return
+            slot = self._pending.pop(rid, None)
+            if slot is None:
+                return
             slot.reply = reply
-            slot.event.set()
+        slot.complete()
 
     def _die(self, reason: str) -> None:
         with self._lock:
@@ -869,12 +956,33 @@ class _AgentChannel:
                 return
             self.dead, self.reason = True, reason
             pending, self._pending = self._pending, {}
-            streams, self._streams = self._streams, {}
+            for slot in pending.values():
+                slot.gone = reason
+            for _, on_gone in self._streams.values():
+                self._deliver(on_gone, reason)
+            self._streams = {}
+            if self._deliveries is not None:
+                self._deliveries.put(None)  # the delivery thread ends after what is queued
         for slot in pending.values():
-            slot.gone = reason
-            slot.event.set()
-        for _, on_gone in streams.values():
-            on_gone(reason)
+            slot.complete()
+
+    def _deliver(self, callback: Callable[[Any], None], arg: Any) -> None:
+        """Run a stream's callback on this channel's delivery thread (started with the first one;
+        the caller holds ``self._lock``)."""
+        if self._deliveries is None:
+            self._deliveries = queue.SimpleQueue()
+            threading.Thread(target=self._delivery_loop, args=(self._deliveries,),
+                             name=f"chaoskit-stream-{self.node}", daemon=True).start()
+        self._deliveries.put((callback, arg))
+
+    @staticmethod
+    def _delivery_loop(deliveries: queue.SimpleQueue) -> None:
+        while (item := deliveries.get()) is not None:
+            callback, arg = item
+            try:
+                callback(arg)
+            except Exception:  # noqa: BLE001 - a probe's bug must not stop the streams behind it
+                logging.getLogger(__name__).exception("a stream callback failed")
 
 
 class _Stream:
@@ -893,6 +1001,78 @@ class _Stream:
     def cancel(self) -> None:
         if not self.done.is_set():
             self.agent.cancel(self.rid)
+
+
+class _ReplyFeed:
+    """Stands in for a paramiko channel's ``in_buffer`` (a ``BufferedPipe``).
+
+    paramiko's transport thread calls ``feed`` with each packet of the agent's
+    stdout and ``close`` at EOF or when the connection dies; the agent's replies
+    are dispatched right there. What ``Channel.recv`` would otherwise do with the
+    bytes it consumed, tell the server the window has room again, is done here
+    too, on a short-lived thread (a ``WINDOW_ADJUST`` goes out every ~10% of the
+    window, 200 KiB by default): the transport thread must never wait to send,
+    since during a key exchange only it can let a sender through.
+    """
+
+    def __init__(self, agent: _AgentChannel) -> None:
+        self.agent = agent
+
+    @staticmethod
+    def fits(chan: Any) -> bool:
+        try:
+            from paramiko import Channel
+            from paramiko.buffered_pipe import BufferedPipe
+        except ImportError:
+            return False
+        return isinstance(chan, Channel) and type(getattr(chan, "in_buffer", None)) is BufferedPipe
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.agent._feed(data)
+            room = self.agent.chan._check_add_window(len(data))
+            if room:
+                threading.Thread(target=self._adjust_window, args=(room,), daemon=True).start()
+        except Exception as exc:  # noqa: BLE001 - never let an exception end paramiko's transport thread
+            self.agent._die(f"bad data from the agent: {exc}")
+
+    def _adjust_window(self, room: int) -> None:
+        from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
+        from paramiko.message import Message
+
+        chan = self.agent.chan
+        m = Message()
+        m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
+        m.add_int(chan.remote_chanid)
+        m.add_int(room)
+        try:
+            chan.transport._send_user_message(m)
+        except Exception:  # noqa: BLE001 - a connection going away is noticed by close()
+            pass
+
+    def close(self) -> None:
+        chan = self.agent.chan
+        if not chan.eof_received:  # closed without EOF: the connection went away under the channel
+            self.agent._die("connection lost")
+            return
+        # the caller holds the channel's lock, so read the stderr buffer itself, not recv_stderr
+        self.agent._exited(chan.in_stderr_buffer.empty())
+
+    # what else a Channel may ask of its buffer; the agent's bytes never wait here
+    def read_ready(self) -> bool:
+        return False
+
+    def read(self, nbytes: int, timeout: float | None = None) -> bytes:
+        return b""
+
+    def empty(self) -> bytes:
+        return b""
+
+    def set_event(self, event: threading.Event) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
 
 
 class _RejectPolicy:
@@ -955,6 +1135,17 @@ def _sudo_line(text: str) -> str | None:
         if at >= 0 and any(r in line for r in _SUDO_REFUSALS):
             return line[at:].strip()
     return None
+
+
+def _transport_preferring_aead(sock: Any, **kwargs: Any) -> Any:
+    """A paramiko Transport offering :data:`PREFERRED_CIPHERS` first (``SSHClient.connect``'s ``transport_factory``)."""
+    import paramiko
+
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    first = tuple(c for c in PREFERRED_CIPHERS if c in options.ciphers)
+    options.ciphers = first + tuple(c for c in options.ciphers if c not in first)
+    return transport
 
 
 def _boot_code() -> str:
@@ -1034,25 +1225,33 @@ def ping_many(transports: Iterable[SSHTransport], timeout: float = 5.0) -> dict[
 
 
 def _fan_out(transports, fields, timeout, on_reply, fallback, max_workers: int = 64) -> dict[str, Any]:
+    """One request to every node: written straight onto each running agent's channel
+    (encoded once, the same bytes for all), answered into one :class:`_Batch`; nodes
+    without a running agent (not connected yet, agent restarting, exec mode) go through
+    ``fallback`` on a bounded pool of threads, so they connect in parallel."""
     ts = list(transports)
     out: dict[str, Any] = {}
-    sent: list[tuple[SSHTransport, _AgentChannel, tuple[int, _Slot, float]]] = []
-    slow: list[SSHTransport] = []
-    for t in ts:
-        agent = t._agent
-        if t.mode == "agent" and agent is not None and not agent.dead:
-            try:
-                sent.append((t, agent, agent.send(dict(fields))))
-                continue
-            except _AgentGone:
-                pass
-        slow.append(t)
-    pooled = parallel({t.node: (lambda t=t: fallback(t)) for t in slow}, max_workers) if slow else {}
-    end = time.monotonic() + timeout + GRACE_S
-    what = _describe(fields)
-    for t, agent, handle in sent:
+    rid = next(_request_ids)
+    data = (json.dumps({"id": rid, **fields}) + "\n").encode()
+    ready = [(t, t._agent) for t in ts if t.mode == "agent" and t._agent is not None and not t._agent.dead]
+    batch = _Batch(len(ready))
+    sent: list[tuple[SSHTransport, _AgentChannel, _Slot]] = []
+    slow: list[SSHTransport] = [t for t in ts if all(t is not r for r, _ in ready)]
+    for t, agent in ready:
+        slot = _Slot(batch)
         try:
-            out[t.node] = on_reply(t, agent.wait(handle, max(0.0, end - time.monotonic())))
+            agent.submit(rid, data, slot)
+        except _AgentGone:  # gone before the request left: the fallback reconnects it
+            slow.append(t)
+            continue
+        sent.append((t, agent, slot))
+    end = time.monotonic() + timeout + GRACE_S
+    pooled = parallel({t.node: (lambda t=t: fallback(t)) for t in slow}, max_workers) if slow else {}
+    batch.wait(end - time.monotonic())
+    what = _describe(fields)
+    for t, agent, slot in sent:
+        try:
+            out[t.node] = on_reply(t, agent.outcome(rid, slot))
         except _Deadline:
             out[t.node] = InfraError(f"{what}: no answer from node {t.node} within {timeout:g}s")
         except _OpFailed as exc:
