@@ -6,12 +6,16 @@ itself: privileges, tools, netem (this kernel has none), the clock offset, GPUs 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_until
 
 pytest_plugins = ["tests.netns_fixtures"]
 
@@ -96,3 +100,39 @@ def test_a_bad_inventory_is_bad_input(tmp_path):
     inv.write_text("name: x\nnodes:\n  - {name: a, address: 'eth0;reboot'}\n")
     res = run_cli("doctor", inv)
     assert res.code == 2 and f"{inv}:3:" in res.stderr and "invalid address" in res.stderr
+
+
+@pytest.fixture
+def n1_without_tc(netns_lab):
+    """n1's sshd restarted in a mount namespace of its own where /usr/sbin/tc is covered by /dev/null:
+    a node whose image lacks iproute2's tc. Its normal sshd comes back after the test."""
+    node_dir = netns_lab.node_dir("n1")
+
+    def restart(argv_prefix: list[str]) -> None:
+        os.kill(int((node_dir / "sshd.pid").read_text().split()[0]), signal.SIGTERM)
+        assert wait_until(lambda: not netns_lab._sshd_alive("n1"), 5)
+        (node_dir / "sshd.pid").unlink(missing_ok=True)
+        sshd = [*netns_lab.exec_argv("n1", [netns_lab.sshd, "-f", str(node_dir / "sshd_config"), "-E", str(node_dir / "sshd.log")])]
+        subprocess.run([*argv_prefix, *sshd] if argv_prefix else sshd, check=True, capture_output=True, timeout=10)
+        netns_lab._wait_ssh(["n1"])
+
+    hide = "mount --bind /dev/null /usr/sbin/tc && exec \"$@\""
+    restart(["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh"])
+    try:
+        yield
+    finally:
+        restart([])
+
+
+def test_a_node_without_tc_is_named_and_a_fault_that_needs_it_is_not_ready(netns_lab, n1_without_tc, tmp_path):
+    link = _scenario(tmp_path, "{kind: network.link_down, target: {nodes: [n1]}, interface: data, duration: 10s}")
+    res = run_cli("doctor", netns_lab.inventory_path, "--scenario", link, "--json")
+    nodes = {n["node"]: n for n in res.json["nodes"]}
+    assert nodes["n1"]["tools"]["tc"] is False and nodes["n1"]["tools"]["ip"] is True
+    assert nodes["n0"]["tools"]["tc"] is True
+    degrade = _scenario(tmp_path, "{kind: network.blackhole, target: {nodes: [n1]}, interface: data, duration: 10s}")
+    res = run_cli("doctor", netns_lab.inventory_path, "--scenario", degrade, "--json")
+    assert res.code == 3
+    assert "n1: no tc" in res.json["faults"][0]["missing"]
+    table = run_cli("doctor", netns_lab.inventory_path, "--scenario", degrade)
+    assert "tc" in table.stdout and "n1" in table.stdout

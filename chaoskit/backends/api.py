@@ -117,6 +117,8 @@ class ClusterBackend:
     """One line for ``chaoskit lab up --help`` and the scenario schema: what a node is, what it needs."""
     launches: ClassVar[tuple[str, ...]] = LAUNCHES
     """The ``workload.launch`` values a run on this backend can start."""
+    has_lab: ClassVar[bool] = True
+    """Whether ``chaoskit lab up --kind NAME`` can make one on this machine (a real cluster's backend cannot)."""
     builds_images: ClassVar[bool] = False
     """Whether ``lab up --build`` means something here (its lab runs images it builds)."""
 

@@ -46,8 +46,9 @@ class InventorySpec(ClusterSpec):
 class InventoryBackend(ClusterBackend):
     name = "inventory"
     Spec = InventorySpec
-    summary = "your own nodes over SSH, from an inventory file (jobs are attached to, never started)"
+    summary = "your own nodes over SSH, listed in an inventory file; their job is attached to, never started"
     launches = ("attach",)
+    has_lab = False
 
     def preview(self, spec: InventorySpec, base: Path) -> ClusterHandle:
         path = spec.path(base)

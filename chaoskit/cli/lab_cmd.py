@@ -31,6 +31,9 @@ def lab_up(
     """Create a lab that runs reuse (otherwise each run makes and removes its own)."""
     env = current_env()
     chosen = backend(kind)
+    if not chosen.has_lab:
+        raise ScenarioError(f"--kind {kind} is not a lab: {chosen.summary}",
+                            hint="a scenario names it (see 'chaoskit lab kinds'); 'chaoskit doctor' checks the nodes")
     given = {k: v for k, v in {"nodes": nodes, "spare": spare, "compose": str(compose) if compose else None}.items()
              if v is not None}
     try:
@@ -53,8 +56,11 @@ def _flag_error(exc: ValidationError, kind: str) -> str:
 @lab_app.command("kinds")
 def lab_kinds() -> None:
     """List the kinds of cluster: what a node is, and what each needs."""
-    for name in CLUSTERS.names():
-        current_env().stdout.write(f"{name:8} {CLUSTERS.get(name).summary}\n")
+    names = CLUSTERS.names()
+    width = max(map(len, names)) + 1
+    for name in names:
+        cls = CLUSTERS.get(name)
+        current_env().stdout.write(f"{name:{width}} {cls.summary}{'' if cls.has_lab else ' (not a lab)'}\n")
 
 
 @lab_app.command("down")
