@@ -121,3 +121,10 @@ def test_the_entry_point_scan_agrees_with_importlib_metadata():
 
     for group in ("chaoskit.faults", "chaoskit.clusters", "console_scripts"):
         assert sorted(declared_entry_points(group)) == sorted((ep.name, ep.value) for ep in entry_points(group=group))
+
+
+def test_a_backend_without_a_lab_is_refused_by_lab_up():
+    res = run_cli("lab", "up", "--kind", "inventory")
+    assert res.code == 2 and "--kind inventory is not a lab" in res.stderr
+    kinds = run_cli("lab", "kinds").stdout
+    assert any(line.startswith("inventory ") and line.endswith("(not a lab)") for line in kinds.splitlines())

@@ -101,3 +101,18 @@ def test_durations_accept_the_documented_forms():
     for bad in ("5", "s", "-1s", "1d", True, None, "1.5.2s"):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+def test_examples_are_valid_and_dry_run_without_a_connection():
+    """The files the README's "Drill your own cluster" path starts from: an inventory template and an
+    attach scenario over it; a dry run connects to nothing."""
+    examples = ROOT / "examples"
+    res = run_cli("validate", examples)
+    assert res.code == 0, res.stderr
+    assert "(inventory)" in res.stdout
+    res = run_cli("run", examples / "own-cluster" / "kill-rank-attach.yaml", "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    assert res.json["cluster"]["kind"] == "inventory" and res.json["job"] == {}
+    assert "never started or stopped" in res.json["attach"]
+    [fault] = res.json["plan"]
+    assert fault["nodes"] == ["gpu01", "gpu02"] and fault["actions"][0]["node"] == "gpu02"  # rank 9 of 8 per node
