@@ -136,3 +136,37 @@ def test_a_node_clock_seconds_off_is_measured_and_removed(netns_lab, monkeypatch
         assert event["ts_uncertainty"] == pytest.approx(c1.uncertainty_s, abs=1e-6)
     finally:
         inventory.close()
+
+
+def test_the_process_probe_sees_a_remote_worker_vanish_within_a_poll(netns_lab, n1):
+    """Through n1's agent: only torchrun's workers travel (not every process with its environment),
+    and a killed worker becomes ``process.gone`` within one poll plus a round trip."""
+    import signal
+    import subprocess
+
+    from chaoskit.observe.probes import ProcessWatcher
+
+    env = {"PATH": "/usr/bin:/bin", "TORCHELASTIC_RUN_ID": "someone-elses-job", "RANK": "3"}
+    worker = subprocess.Popen(netns_lab.exec_argv("n1", ["sleep", "300"]), env=env, start_new_session=True)
+    other = subprocess.Popen(netns_lab.exec_argv("n1", ["sleep", "301"]), start_new_session=True)
+    bus = _Collector()
+    watcher = ProcessWatcher(bus, {"n1": n1})
+    try:
+        assert wait_until(lambda: any(p.cmdline == "sleep 300" for p in n1.processes(workers_only=True)), 10)
+        found = n1.processes(workers_only=True)
+        assert [p.rank for p in found] == [3] and not any(p.cmdline == "sleep 301" for p in found)
+        assert any(p.cmdline == "sleep 301" for p in n1.processes())
+        watcher.start()
+        assert wait_until(lambda: watcher.seen, 5)
+        pid = next(iter(watcher.seen))[1]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.time()
+        assert wait_until(lambda: bus.events, 5)
+    finally:
+        watcher.stop()
+        for p in (worker, other):
+            p.kill()
+            p.wait()
+    [gone] = bus.events
+    assert gone["kind"] == "process.gone" and gone["rank"] == 3 and gone["node"] == "n1"
+    assert gone["ts"] - killed <= 0.2  # one 50 ms poll and a round trip, with slack for a busy 2-core machine

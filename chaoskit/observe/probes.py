@@ -218,7 +218,7 @@ class ProcessWatcher(threading.Thread):
             now: dict[tuple[str, int], int | None] = {}
             for node, transport in self.transports.items():
                 try:
-                    procs = transport.processes()
+                    procs = transport.processes(workers_only=True)
                 except Exception:  # noqa: BLE001 - an unreachable node (powered off, NIC down) has no workers we can see
                     procs = []
                 for proc in procs:

@@ -227,18 +227,51 @@ def op_rmtree(req):
     return {}
 
 
+_NOT_WORKERS = {}
+"""pid -> the start time of a process seen not to be a training worker: never read again while it lives."""
+
+
+def _start_time(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            stat = fh.read()
+        return stat[stat.rfind(b")") + 2:].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _is_worker(info):
+    return "TORCHELASTIC_RUN_ID" in info["env"] and info["env"].get("RANK", "").isdigit()
+
+
 def op_procs(req):
+    """The node's processes in scope; with ``workers``, only torchrun's workers (a process table polled
+    every 50 ms must not ship every process's environment each time)."""
     scope = req.get("scope") or {}
+    workers = bool(req.get("workers"))
     own = _own_netns() if scope.get("netns") else None
     out = []
+    seen = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        if own is not None and _netns_of(int(name)) != own:
+        pid = int(name)
+        if own is not None and _netns_of(pid) != own:
             continue  # cheap test first: the host's other processes are never read
-        info = _proc(int(name))
-        if info is not None and _in_scope(info, scope):
-            out.append(info)
+        if workers:
+            seen.add(pid)
+            if pid in _NOT_WORKERS and _NOT_WORKERS[pid] == _start_time(pid):
+                continue
+        info = _proc(pid)
+        if info is None or not _in_scope(info, scope):
+            continue
+        if workers and not _is_worker(info):
+            _NOT_WORKERS[pid] = _start_time(pid)  # an exec could make it one: rare, and a new start time is not
+            continue
+        out.append(info)
+    if workers:
+        for pid in [p for p in _NOT_WORKERS if p not in seen]:
+            del _NOT_WORKERS[pid]
     return {"procs": out}
 
 

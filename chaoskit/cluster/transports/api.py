@@ -67,8 +67,9 @@ class Transport(Protocol):
     def close(self) -> None:
         """Drop the connection (the node's sessions died, e.g. with its power); the next command reconnects."""
 
-    def processes(self) -> list[ProcInfo]:
-        """Processes that belong to this node (its scope), never others."""
+    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
+        """Processes that belong to this node (its scope), never others; with ``workers_only``, only
+        torchrun's training workers (:attr:`ProcInfo.is_worker`), which is what the process probe polls."""
 
     def signal(self, pid: int, signum: int) -> float:
         """Send ``signum`` to ``pid`` (which must be in scope); return when it was sent on the node, on the controller's clock."""

@@ -41,10 +41,10 @@ class LocalTransport:
     def close(self) -> None:
         pass
 
-    def processes(self) -> list[ProcInfo]:
+    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
         if not self.scope:
             return []
-        return [p for p in read_proc() if p.env.get(self.SCOPE_ENV) == self.scope]
+        return [p for p in read_proc() if p.env.get(self.SCOPE_ENV) == self.scope and (p.is_worker or not workers_only)]
 
     def in_scope(self, pid: int) -> bool:
         info = proc_info(pid)

@@ -60,8 +60,8 @@ class ChaosAgent:
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "scope_env": os.environ.get("CHAOSKIT_SCOPE"), "t": time.time()}
 
-    def processes(self) -> list[ProcInfo]:
-        return self.local.processes()
+    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
+        return self.local.processes(workers_only)
 
     def in_scope(self, pid: int) -> bool:
         return self.local.in_scope(pid)
@@ -236,8 +236,8 @@ class RayTransport:
 
     # -- Transport ---------------------------------------------------------------------------
 
-    def processes(self) -> list[ProcInfo]:
-        return self._call("processes")
+    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
+        return [p for p in self._call("processes") if p.is_worker or not workers_only]
 
     def in_scope(self, pid: int) -> bool:
         return self._call("in_scope", int(pid))

@@ -630,8 +630,8 @@ class SSHTransport:
         stream.rid = agent.stream(fields, message, stream.finish)
         return stream
 
-    def processes(self) -> list[ProcInfo]:
-        reply = self._request("procs", self.command_timeout, scope=self.scope)
+    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
+        reply = self._request("procs", self.command_timeout, scope=self.scope, workers=workers_only)
         return [ProcInfo(p["pid"], p["ppid"], p["cmdline"], p["env"], p["state"]) for p in reply["procs"]]
 
     def state(self, pid: int) -> str | None:
