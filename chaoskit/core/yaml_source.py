@@ -15,6 +15,7 @@ seq, map); any other tag, and a value its tag cannot read, is an error at its po
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import stat
@@ -42,6 +43,14 @@ _SCALAR_TAGS = {_CORE + t for t in ("str", "int", "float", "bool", "null")}
 # Plain scalars that PyYAML's resolver would turn into a date or a 'value' (a lone '=') stay text:
 # a description such as `2024-05-01` means the string.
 _AS_TEXT = {_CORE + "timestamp", _CORE + "value"}
+_STR = _CORE + "str"
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_plain(value: str, implicit: tuple[bool, bool]) -> str:
+    """The tag of an untagged scalar (inventories repeat the same values hundreds of times)."""
+    tag = _RESOLVER.resolve(yaml.ScalarNode, value, implicit)
+    return _STR if tag in _AS_TEXT else tag
 _MERGE = _CORE + "merge"
 # What YAML 1.1 allows in a stream (libyaml refuses the rest with a character offset, not a line).
 _NOT_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -276,9 +285,7 @@ class _Builder:
         self._depth(0, pos)
         tag = ev.tag
         if tag is None or tag == "!":
-            tag = _RESOLVER.resolve(yaml.ScalarNode, ev.value, ev.implicit)
-            if tag in _AS_TEXT:
-                tag = _CORE + "str"
+            tag = _resolve_plain(ev.value, ev.implicit)
         is_key, path = self._slot()
         if tag == _MERGE:
             if is_key and ev.tag is None:
@@ -288,12 +295,15 @@ class _Builder:
         if tag not in _SCALAR_TAGS:
             raise ScenarioError(f"the tag {_short(tag)} is not supported: only strings, numbers, booleans and null",
                                 pos=pos)
-        node = yaml.ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark, ev.style)
-        try:
-            value = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, node)
-        except (yaml.YAMLError, ValueError, KeyError, TypeError, ArithmeticError):
-            text = ev.value if len(ev.value) <= 40 else ev.value[:37] + "..."
-            raise ScenarioError(f"cannot read {text!r} as {_short(tag)}", pos=pos) from None
+        if tag == _STR:
+            value: Any = ev.value  # what the constructor would return, without building a node for it
+        else:
+            node = yaml.ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark, ev.style)
+            try:
+                value = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, node)
+            except (yaml.YAMLError, ValueError, KeyError, TypeError, ArithmeticError):
+                text = ev.value if len(ev.value) <= 40 else ev.value[:37] + "..."
+                raise ScenarioError(f"cannot read {text!r} as {_short(tag)}", pos=pos) from None
         start = len(self.entries)
         if not is_key:
             self._record(path, pos)
