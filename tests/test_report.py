@@ -296,6 +296,21 @@ def test_run_report_comes_from_the_runs_files_alone(tmp_path: Path) -> None:
     assert "cluster process lab-test" in html
 
 
+def test_node_clocks_and_each_phases_uncertainty_are_shown(tmp_path: Path) -> None:
+    """A run over nodes with clocks of their own: each node's measured offset, and each phase's ± (its two
+    ends read on different machines' clocks) next to the phase."""
+    run = tmp_path / "run"
+    result = synth_run(run)
+    result["clocks"] = {"n1": {"offset_s": 7.5012, "uncertainty_s": 0.0007}, "n0": {"offset_s": -4.0, "uncertainty_s": 0.0009}}
+    result["phases"]["uncertainty_s"] = {"detection": 0.0016, "reallocation": 0.0, "checkpoint_load": None, "recovery": 0.0007}
+    (run / "result.json").write_text(json.dumps(result))
+    assert run_cli("report", run).code == 0
+    html = (run / "report.html").read_text()
+    assert "+7501.2ms" in html and "± 0.7ms" in html and "-4000.0ms" in html
+    detection = result["phases"]["detection_s"]
+    assert f"{detection:.3f}s ± 1.6ms" in html
+
+
 def test_a_failed_check_says_what_was_expected_and_what_was_seen(tmp_path: Path) -> None:
     import io
 

@@ -168,6 +168,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "error": error,
         "notes": (result or {}).get("notes") or [],
         "cluster": _cluster_label((result or {}).get("cluster") or {}),
+        "clocks": _clock_rows((result or {}).get("clocks") or {}),
         "capabilities": (result or {}).get("capabilities") or {},
         "failed_checks": [check_text(k, c) for k, c in ((result or {}).get("checks") or {}).items() if not c.get("pass")],
         "started_at": (result or {}).get("started_at") or record.get("started_at"),
@@ -189,6 +190,16 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
     }
 
 
+def _clock_rows(clocks: dict[str, Any]) -> list[dict[str, str]]:
+    """Each node whose clock was measured: its offset to the controller's and how well it is known."""
+    rows = []
+    for node, c in sorted(clocks.items()):
+        offset, error = c.get("offset_s"), c.get("uncertainty_s")
+        rows.append({"node": node, "offset": "?" if offset is None else f"{offset * 1000:+.1f}ms",
+                     "uncertainty": "not measured" if error is None else f"± {error * 1000:.1f}ms"})
+    return rows
+
+
 def _cluster_label(cluster: dict[str, Any]) -> str | None:
     """``kind id`` of the cluster a run used (the backend's name), ``None`` when the run never got one."""
     return " ".join(str(cluster[k]) for k in ("kind", "id") if cluster.get(k)) or None
@@ -202,7 +213,7 @@ def _read_json(path: Path) -> Any:
 
 
 _PHASE_KEYS = ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps",
-               "restored_step", "last_step_before", "detected_by")
+               "restored_step", "last_step_before", "detected_by", "uncertainty_s")
 _PHASE_NAMES = (
     ("detection", "detection_s", "detection", "fault -> the system noticed"),
     ("reallocation", "reallocation_s", "reallocation", "noticed -> new world started"),
@@ -213,13 +224,16 @@ _PHASE_NAMES = (
 
 def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
     reasons = phases.get("reasons") or {}
+    uncertainty = phases.get("uncertainty_s") or {}
     rows = []
     for name, key, label, meaning in _PHASE_NAMES:
         entry = slo.get(name)
         value = phases.get(key)
+        plus_minus = uncertainty.get(name)
         rows.append({
             "label": label, "meaning": meaning,
-            "measured": f"{value:.3f}s" if value is not None else "not observed",
+            "measured": ("not observed" if value is None
+                         else f"{value:.3f}s" + (f" ± {plus_minus * 1000:.1f}ms" if plus_minus else "")),
             "reason": None if value is not None else (entry or {}).get("reason") or reasons.get(name),
             "limit": f"<= {entry['limit_s']:g}s" if entry else "-",
             "ok": None if not entry else bool(entry["pass"]),
