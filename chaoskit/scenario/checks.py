@@ -81,6 +81,9 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
     for j, lf in enumerate(sc.probes.log_files):
         if lf.node not in inventory:
             raise loaded.error(f"probes.log_files.{j}.node: node {lf.node!r} is not in the inventory", "probes", "log_files", j, "node")
+        if sc.workload.launch == "attach" and not lf.path.startswith("/"):
+            raise loaded.error(f"probes.log_files.{j}.path: an attached job writes its logs on its nodes: give the "
+                               f"absolute path on {lf.node} (each node's agent reads it there)", "probes", "log_files", j, "path")
     if sc.workload.launch not in backend(sc.cluster.kind).launches:
         able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
         raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
