@@ -54,6 +54,9 @@ class FaultContext(Protocol):
 
     inventory: Inventory
     leases: Leases | None
+    checkpoint_dir: str | None
+    """The job's checkpoint folder as its nodes see it (``CHAOSKIT_CKPT_DIR`` of a job chaoskit starts,
+    ``workload.checkpoint_dir`` of an attached one); ``None`` where no job's is known."""
 
     def transport(self, node: str) -> Transport:
         """The node's transport; refuses a node outside the inventory."""
@@ -155,6 +158,11 @@ class Fault:
         """Why this fault can never act on ``node``, judged from the inventory alone (``validate`` refuses
         the scenario then, before anything starts), or ``None``. What only the live node can tell is
         :meth:`preflight`'s."""
+        return None
+
+    def check_job(self, workload: Any) -> tuple[str, str] | None:
+        """What in this fault does not fit the scenario's ``workload`` (judged before anything starts, as
+        :meth:`unfit` is): ``(field of the fault, message)``, or ``None``."""
         return None
 
     def needs(self) -> tuple[str, ...]:
