@@ -449,7 +449,8 @@ class _Run:
 
     def _observe(self) -> None:
         sc = self.sc
-        t_fault = self.injections[0][1].t_fault if self.injections else time.time()
+        felt = [inj for fault, inj in self.injections if not fault.primes] or [inj for _, inj in self.injections]
+        t_fault = felt[0].t_fault if felt else time.time()
         announced: set[str] = set()
         while True:
             self._check_abort()
@@ -551,7 +552,10 @@ class _Run:
             if getattr(fault, "measures_slowdown", False) and slowdown is None:
                 t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
                 slowdown = measure_slowdown(events, inj.t_fault, t_revert)
-        phases_full = per_fault[0] if per_fault else None
+        # The headline is the first fault the job feels: a corrupted checkpoint only matters at the restart a later
+        # fault causes, and the work lost counts from that fault's last step to the (older) step restored.
+        felt = [m for (fault, _), m in zip(self.injections, per_fault) if not fault.primes]
+        phases_full = (felt or per_fault or [None])[0]
         slo_cfg = self.sc.slo.model_dump()
         slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
         steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]

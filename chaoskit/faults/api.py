@@ -147,6 +147,9 @@ class Fault:
     """True when the harm persists until reverted; such faults arm a lease first."""
     target_type: ClassVar[Literal["process", "node"]] = "process"
     """What ``inject`` receives: ``"process"`` (ProcessTarget: node, pid, rank) or ``"node"`` (NodeTarget)."""
+    primes: ClassVar[bool] = False
+    """True when the job sees no harm from this fault until a later one makes it restart (a corrupted checkpoint is
+    read only then): the run's phases are measured from the first fault that does not prime."""
     revert_runs_on: ClassVar[Literal["node", "controller"]] = "node"
     """Where the revert command runs (rollback reads it): on the node, or on the controller (power, engine)."""
 

@@ -374,6 +374,7 @@ class _StorageFault(Fault):
 class CorruptFault(_StorageFault):
     kind = "storage.corrupt"
     Spec = CorruptSpec
+    primes: ClassVar[bool] = True
 
     def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
         d, mode, where = self.spec.duration, self.spec.mode, self._where()

@@ -27,11 +27,11 @@ class SdkHooks(Hooks):
         return probe.checkpoint_save(step)
 
     def load_failed(self, rank: int, path: str, exc: BaseException, fallback: str | None) -> None:
-        probe.emit("ckpt.load.failed", path=path, error=error_line(exc), fallback=fallback)
+        probe.emit("ckpt.load.failed", path=path, why="checkpoint load failed", error=error_line(exc), fallback=fallback)
         super().load_failed(rank, path, exc, fallback)
 
     def save_failed(self, rank: int, step: int, exc: BaseException) -> None:
-        probe.emit("ckpt.save.failed", step=int(step), error=error_line(exc))
+        probe.emit("ckpt.save.failed", step=int(step), why="checkpoint save failed", error=error_line(exc))
         super().save_failed(rank, step, exc)
 
     def step(self, rank: int, step: int, loss: float) -> None:
