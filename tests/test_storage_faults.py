@@ -284,11 +284,13 @@ def test_drill_corrupt_then_kill_falls_back_to_an_older_checkpoint(tmp_path):
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     phases = result["phases"]
     assert result["verdict"] == "pass"
-    # Measured from the kill: the corrupted step-50 checkpoint could not be loaded, so step 25 was restored.
-    assert phases["restored_step"] == 25 and phases["lost_steps"] == phases["last_step_before"] - 25
+    # Measured from the kill: the corrupted checkpoint could not be loaded, so the one before it was restored.
+    corrupted = result["faults"][0]["targets"][0].split(":", 1)[1]
+    step = int(Path(corrupted).stem.split("-")[1])
+    assert phases["restored_step"] == step - 50 and phases["lost_steps"] == phases["last_step_before"] - (step - 50)
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     failed = [e for e in events if e["kind"] == "ckpt.load.failed"]
-    assert failed and all(e["path"].endswith("ckpt-00000050.pt") for e in failed)
+    assert failed and all(e["path"] == corrupted for e in failed)
     assert result["checks"]["faults_reverted"]["pass"]
     assert not list((tmp_path / "run").rglob(ASIDE_PREFIX + "*"))
 

@@ -197,7 +197,7 @@ elif op == "restore":
     elif now is None or (state["after"] is not None and now == state["after"]) or (state["after"] is None and state["mode"] != "remove"):
         put_back(original, target)
         fsync_dir(os.path.dirname(target))
-        why, restored = "put back", True
+        why, restored = ("put back (the corrupted file had been removed meanwhile)" if now is None and state["mode"] != "remove" else "put back"), True
     else:
         why, restored = "the job wrote a new %%s meanwhile; kept the job's" %% os.path.basename(target), False
     shutil.rmtree(aside)
