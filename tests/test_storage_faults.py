@@ -148,11 +148,12 @@ def test_lease_puts_the_checkpoint_back_when_the_controller_is_killed(lab, tmp_p
     assert not newest.exists()
     os.kill(controller.pid, signal.SIGKILL)
     controller.wait()
+    fired = tmp_path / "run3" / "f0.0" / "fired"  # written once the revert has returned
     end = time.time() + 20
-    while not newest.exists() and time.time() < end:
+    while not fired.exists() and time.time() < end:
         time.sleep(0.1)
     assert newest.exists() and _sha(newest) == original
-    assert "lease expired" in (tmp_path / "run3" / "f0.0" / "fired").read_text()
+    assert "lease expired" in fired.read_text()
     assert not list(ckpts.glob(ASIDE_PREFIX + "*"))
 
 
