@@ -133,6 +133,7 @@ REQUIREMENTS = {
     "netns": "nodes with their own network stack (root and iproute2, for the network-namespace lab)",
     "netem": "tc netem (root, iproute2's tc and the sch_netem kernel module)",
     "cgroup": "a cgroup cpu controller the nodes' chaoskit may write (root; v2 cpu.max or v1 cpu)",
+    "checkpoint_fs": "a small file system of the job's own for its checkpoints (the process lab mounts a tmpfs: root)",
 }
 
 # The catalog. Each class sits at the scope where it usually strikes; the order is
@@ -185,10 +186,15 @@ _CLASSES = (
                "The GPU driver or CUDA runtime fails on a node; every rank there errors out.",
                requires=("gpu",)),
     FaultClass("storage.checkpoint", "cluster", "Checkpoint corruption",
-               "The newest checkpoint is truncated or corrupt; restore must fall back to an older one."),
+               "The newest checkpoint is truncated or corrupt; restore must fall back to an older one.",
+               kinds=("storage.corrupt",),
+               mechanisms=(Mechanism("storage.corrupt", "truncate/flip/remove", "real", (),
+                                     "the newest checkpoint file itself, put back at revert"),)),
     FaultClass("storage.disk", "node", "Disk full or failed",
                "A node's local disk (SSD) fails or fills up; checkpoint writes and logging fail there.",
-               sources=("storage",)),
+               kinds=("storage.full",), sources=("storage",),
+               mechanisms=(Mechanism("storage.full", "fill", "real", ("checkpoint_fs",),
+                                     "fills the job's own checkpoint file system; a failing SSD is not imitated"),)),
 )
 
 
@@ -319,6 +325,10 @@ def detect_capabilities() -> Capabilities:
         missing["cgroup"] = "cgroups need root"
     elif not _cpu_cgroup_here():
         missing["cgroup"] = "no cgroup cpu controller is mounted (v2 cpu.max or v1 cpu)"
+    if not root:
+        missing["checkpoint_fs"] = "a checkpoint file system of the job's own (tmpfs) needs root"
+    elif not shutil.which("mount"):
+        missing["checkpoint_fs"] = "mount (util-linux) is not installed"
     if "netns" in missing:
         missing["netem"] = "tc netem needs root and iproute2"
     elif not shutil.which("tc"):

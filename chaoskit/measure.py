@@ -19,7 +19,8 @@ from typing import Any, Iterable
 
 __all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "slo_verdict", "PHASES"]
 
-DETECT_KINDS = frozenset({"detect", "worker.exit"})
+DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed"})
+"""A failed save counts: it is how a job notices a full disk, often without restarting."""
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
 
 Event = dict[str, Any]

@@ -30,6 +30,7 @@ from chaoskit.cluster.selectors import (
     subset,
 )
 from chaoskit.cluster.transports.api import FileFollower, Transport
+from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.state import state_dir
@@ -53,7 +54,7 @@ from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
 from chaoskit.workloads.attach import AttachedJob
-from chaoskit.workloads.launch import TorchrunJob, job_dir, torch_available
+from chaoskit.workloads.launch import TorchrunJob, checkpoint_dir, job_dir, torch_available
 from chaoskit.workloads.ray_train import RayTrainJob
 
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
@@ -67,13 +68,18 @@ class RunOutcome:
     plan: list[dict[str, Any]] = field(default_factory=list)
 
 
+CHECKPOINT_FS_ID = "ckptfs"
+"""The journal's and lease's id for ``workload.checkpoint_fs``: armed like a fault, so ``chaoskit rollback`` unmounts it."""
+
+
 class RunContext:
     """What a fault may use while it acts (:class:`~chaoskit.faults.api.FaultContext`): the inventory's
     transports, the journal, leases. A dry run's has neither journal nor leases."""
 
     def __init__(self, inventory: Inventory, journal: Journal | None = None, leases: Leases | None = None,
-                 bus: EventBus | None = None) -> None:
+                 bus: EventBus | None = None, checkpoint_dir: str | None = None) -> None:
         self.inventory, self.journal, self.leases, self.bus = inventory, journal, leases, bus
+        self.checkpoint_dir = checkpoint_dir
 
     def transport(self, node: str) -> Transport:
         if node not in self.inventory:
@@ -214,6 +220,7 @@ class _Run:
         self.threads: list[Probe] = []
         self.job_dir: Path | None = None
         self.t_baseline: float | None = None
+        self._checkpoint_fs: tuple[str, list[str]] | None = None
 
     # -- stages -------------------------------------------------------------------------
 
@@ -228,7 +235,7 @@ class _Run:
         self.bus = EventBus(self.run_dir / "events.jsonl")
         self.journal = Journal(self.run_dir / "journal.jsonl")
         self.leases = LeaseManager(default_lease_root(), self.run_id, sc.safety.lease_ttl)
-        self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus)
+        self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus, self._checkpoint_dir())
         self.deadline = self.t0 + sc.safety.abort_after
         self._active_marker = state_dir() / "runs" / f"{self.run_id}.json"
         self._active_marker.parent.mkdir(parents=True, exist_ok=True)
@@ -287,9 +294,54 @@ class _Run:
         before anything starts."""
         self.cluster.connect()
         self._sync_clocks()
+        self._mount_checkpoint_fs()
         for fault in _faults(self.sc):
             if fault.target_type == "node":
                 fault.preflight(self.ctx, resolve_nodes(self.inventory, fault.spec.target))
+
+    def _checkpoint_dir(self) -> str | None:
+        """The job's checkpoint folder as its nodes see it (what storage faults act in)."""
+        w = self.sc.workload
+        if w.launch == "attach":
+            return w.checkpoint_dir
+        if w.launch == "ray-train":
+            return None
+        return str(checkpoint_dir(self.cluster, self.run_dir, self.run_id))
+
+    def _mount_checkpoint_fs(self) -> None:
+        """``workload.checkpoint_fs``: the job's own small file system on its checkpoint folder, its removal
+        armed as a lease (on this machine) first."""
+        size = self.sc.workload.checkpoint_fs
+        fs = self.cluster.checkpoint_fs
+        if size is None or fs is None or self.ctx.checkpoint_dir is None:
+            return
+        folder = Path(self.ctx.checkpoint_dir)
+        revert = fs.unmount_argv(folder)
+        node = self.cluster.job_nodes[0]
+        self.ctx.arm(LocalTransport(node), CHECKPOINT_FS_ID, "workload.checkpoint_fs", revert,
+                     self.sc.safety.abort_after + 120.0, target=str(folder), on="controller")
+        try:
+            fs.mount(folder, size)
+        except BaseException:
+            LocalTransport(node).run(revert, 30.0)
+            self.leases.release(CHECKPOINT_FS_ID)
+            raise
+        self._checkpoint_fs = (node, revert)
+        self.say(f"the job's checkpoint folder is a file system of its own: {folder} ({size} bytes)")
+
+    def _unmount_checkpoint_fs(self) -> None:
+        if self._checkpoint_fs is None:
+            return
+        node, revert = self._checkpoint_fs
+        res = LocalTransport(node).run(revert, 30.0)
+        if res.returncode == 0:
+            self.leases.release(CHECKPOINT_FS_ID)
+            self.journal.record("reverted", fault_id=CHECKPOINT_FS_ID, kind="workload.checkpoint_fs", node=node,
+                                verified=True, problem=None)
+        else:  # its watchdog unmounts it once the lease goes stale
+            self.leases.abandon(CHECKPOINT_FS_ID)
+            self.notes.append(f"unmounting the job's checkpoint file system failed: {res.stderr.strip()}")
+        self._checkpoint_fs = None
 
     def _sync_clocks(self) -> None:
         """Each remote node's clock offset (several round trips each, the nodes in parallel): the times its
@@ -397,7 +449,8 @@ class _Run:
 
     def _observe(self) -> None:
         sc = self.sc
-        t_fault = self.injections[0][1].t_fault if self.injections else time.time()
+        felt = [inj for fault, inj in self.injections if not fault.primes] or [inj for _, inj in self.injections]
+        t_fault = felt[0].t_fault if felt else time.time()
         announced: set[str] = set()
         while True:
             self._check_abort()
@@ -452,6 +505,7 @@ class _Run:
         finally:
             if self.job is not None:
                 self.job.stop()
+            self._unmount_checkpoint_fs()
             for t in self.threads:
                 t.stop()
             self.leases.close()
@@ -498,7 +552,10 @@ class _Run:
             if getattr(fault, "measures_slowdown", False) and slowdown is None:
                 t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
                 slowdown = measure_slowdown(events, inj.t_fault, t_revert)
-        phases_full = per_fault[0] if per_fault else None
+        # The headline is the first fault the job feels: a corrupted checkpoint only matters at the restart a later
+        # fault causes, and the work lost counts from that fault's last step to the (older) step restored.
+        felt = [m for (fault, _), m in zip(self.injections, per_fault) if not fault.primes]
+        phases_full = (felt or per_fault or [None])[0]
         slo_cfg = self.sc.slo.model_dump()
         slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
         steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]

@@ -47,6 +47,16 @@ class Probe(Protocol):
     def stop(self) -> None: ...
 
 
+class CheckpointFs(Protocol):
+    """A small file system of the job's own on its checkpoint folder, made and removed on this machine."""
+
+    def unmount_argv(self, folder: Path) -> list[str]:
+        """What removes it (idempotent); the runner arms it as a lease before :meth:`mount`."""
+
+    def mount(self, folder: Path, size: int) -> None:
+        """Make a file system of ``size`` bytes on ``folder``; :class:`~chaoskit.core.errors.InfraError` if it cannot."""
+
+
 @dataclass
 class ClusterHandle:
     """What the runner needs of a cluster; every field is plain data or a plain callable."""
@@ -77,6 +87,9 @@ class ClusterHandle:
     """How to reach a node's job processes to stop them (default: local process scopes)."""
     probes: Callable[[EventBus], list[Probe]] = lambda bus: []
     """Event sources of the cluster itself (Ray's node table), started beside the job's."""
+    checkpoint_fs: CheckpointFs | None = None
+    """How this cluster gives the job a file system of its own for its checkpoints (``workload.checkpoint_fs``);
+    ``None``: it cannot."""
 
     @property
     def agent_nodes(self) -> list[str]:

@@ -15,6 +15,7 @@ from chaoskit.backends.api import (
     Say,
 )
 from chaoskit.cluster.inventory import Inventory
+from chaoskit.lab.checkpoint_fs import TmpfsCheckpoints
 from chaoskit.lab.process import ProcessLab
 
 __all__ = ["ProcessBackend", "ProcessSpec"]
@@ -35,7 +36,7 @@ class ProcessBackend(ClusterBackend):
     def preview(self, spec: ProcessSpec, base: Path) -> ClusterHandle:
         inventory = ProcessLab("check", spec.nodes).inventory()
         return ClusterHandle(id="(new process lab)", kind=self.name, inventory=inventory, job_nodes=inventory.names(),
-                             rdzv_host="127.0.0.1", scope=lambda node: f"<lab>.{node}")
+                             rdzv_host="127.0.0.1", scope=lambda node: f"<lab>.{node}", checkpoint_fs=TmpfsCheckpoints())
 
     def open(self, spec: ProcessSpec, base: Path) -> ClusterHandle:
         lab = ProcessLab.load()
@@ -47,7 +48,7 @@ class ProcessBackend(ClusterBackend):
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=inventory.names(),
             rdzv_host="127.0.0.1", scope=lab.scope,
             teardown=lab.kill_all if ephemeral else (lambda: None),
-            details={"lab": lab.lab_id, "ephemeral": ephemeral},
+            details={"lab": lab.lab_id, "ephemeral": ephemeral}, checkpoint_fs=TmpfsCheckpoints(),
         )
 
     def lab_up(self, spec: ProcessSpec, base: Path, say: Say, rebuild: bool = False) -> str:

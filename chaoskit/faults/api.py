@@ -54,6 +54,9 @@ class FaultContext(Protocol):
 
     inventory: Inventory
     leases: Leases | None
+    checkpoint_dir: str | None
+    """The job's checkpoint folder as its nodes see it (``CHAOSKIT_CKPT_DIR`` of a job chaoskit starts,
+    ``workload.checkpoint_dir`` of an attached one); ``None`` where no job's is known."""
 
     def transport(self, node: str) -> Transport:
         """The node's transport; refuses a node outside the inventory."""
@@ -144,6 +147,9 @@ class Fault:
     """True when the harm persists until reverted; such faults arm a lease first."""
     target_type: ClassVar[Literal["process", "node"]] = "process"
     """What ``inject`` receives: ``"process"`` (ProcessTarget: node, pid, rank) or ``"node"`` (NodeTarget)."""
+    primes: ClassVar[bool] = False
+    """True when the job sees no harm from this fault until a later one makes it restart (a corrupted checkpoint is
+    read only then): the run's phases are measured from the first fault that does not prime."""
     revert_runs_on: ClassVar[Literal["node", "controller"]] = "node"
     """Where the revert command runs (rollback reads it): on the node, or on the controller (power, engine)."""
 
@@ -155,6 +161,11 @@ class Fault:
         """Why this fault can never act on ``node``, judged from the inventory alone (``validate`` refuses
         the scenario then, before anything starts), or ``None``. What only the live node can tell is
         :meth:`preflight`'s."""
+        return None
+
+    def check_job(self, workload: Any) -> tuple[str, str] | None:
+        """What in this fault does not fit the scenario's ``workload`` (judged before anything starts, as
+        :meth:`unfit` is): ``(field of the fault, message)``, or ``None``."""
         return None
 
     def needs(self) -> tuple[str, ...]:

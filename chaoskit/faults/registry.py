@@ -25,6 +25,8 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "node.poweroff": "chaoskit.faults.power:PowerOffFault",
     "gpu.fail": "chaoskit.faults.gpu:GpuFailFault",
     "node.slow": "chaoskit.faults.slow:SlowFault",
+    "storage.corrupt": "chaoskit.faults.storage:CorruptFault",
+    "storage.full": "chaoskit.faults.storage:FullFault",
 }, check=_check)
 
 

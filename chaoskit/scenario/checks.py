@@ -64,6 +64,10 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
             problem = fault.unfit(node)
             if problem:
                 raise loaded.error(f"faults.{i}: {problem}", "faults", i, "kind")
+        misfit = fault.check_job(sc.workload)
+        if misfit:
+            field, problem = misfit
+            raise loaded.error(f"faults.{i}.{field}: {problem}", "faults", i, field)
         peers = getattr(spec, "peers", None)
         for name in (peers.nodes if peers is not None else None) or []:
             if name not in inventory:
@@ -88,6 +92,9 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
         able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
         raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
                            f"it needs kind: {' or '.join(able)}", "workload", "launch")
+    if sc.workload.checkpoint_fs is not None and cluster.checkpoint_fs is None:
+        raise loaded.error(f"workload.checkpoint_fs: a cluster of kind {sc.cluster.kind} cannot give the job a checkpoint "
+                           "file system of its own (the process lab, cluster: lab, can)", "workload", "checkpoint_fs")
     if sc.workload.launch == "attach" and not sc.probes.log:
         raise loaded.error(
             "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "

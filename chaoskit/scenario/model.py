@@ -17,6 +17,7 @@ from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.core.models import NAME_RE, StrictModel, check_regex
+from chaoskit.core.sizes import ByteSize
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
 
@@ -56,6 +57,12 @@ class Workload(StrictModel):
     collective_timeout: Duration = Field(30.0, description="Timeout of one collective (torch's default is 30 min).")
     nproc_per_node: int = Field(1, ge=1, le=16, description="Workers per node.")
     max_restarts: int = Field(3, ge=0, le=MAX_COUNT, description="torchrun --max-restarts.")
+    checkpoint_dir: str | None = Field(None, min_length=2, max_length=4096, pattern=r"^/[^\x00-\x1f\x7f]*$", description=(
+        "launch: attach only: the absolute folder the job keeps its checkpoints in on the nodes (storage faults act "
+        "inside it). A job chaoskit starts keeps them in <job dir>/checkpoints (CHAOSKIT_CKPT_DIR)."))
+    checkpoint_fs: ByteSize | None = Field(None, description=(
+        "Give the job a file system of its own of this size (e.g. 64MiB) for its checkpoint folder: the process lab "
+        "mounts a tmpfs there (root needed) and unmounts it after the run. What storage.full fills."))
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
@@ -75,6 +82,11 @@ class Workload(StrictModel):
             raise ValueError("launch: attach needs 'process: REGEX' (the job's command line, e.g. 'train\\.py')")
         if self.launch != "attach" and self.process:
             raise ValueError("'process' is only used with launch: attach")
+        if self.launch != "attach" and self.checkpoint_dir is not None:
+            raise ValueError("'checkpoint_dir' is only used with launch: attach (a job chaoskit starts keeps its "
+                             "checkpoints in <job dir>/checkpoints)")
+        if self.launch in ("attach", "ray-train") and self.checkpoint_fs is not None:
+            raise ValueError(f"'checkpoint_fs' is only used with a job chaoskit starts under torchrun, not launch: {self.launch}")
         if self.launch == "attach" and "wait" not in self.model_fields_set:
             self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from chaoskit.sdk import probe
-from chaoskit.workloads.plain_train import Hooks, parse_args, train
+from chaoskit.workloads.plain_train import Hooks, error_line, parse_args, train
 
 
 class SdkHooks(Hooks):
@@ -25,6 +25,14 @@ class SdkHooks(Hooks):
 
     def save(self, rank: int, step: int):
         return probe.checkpoint_save(step)
+
+    def load_failed(self, rank: int, path: str, exc: BaseException, fallback: str | None) -> None:
+        probe.emit("ckpt.load.failed", path=path, why="checkpoint load failed", error=error_line(exc), fallback=fallback)
+        super().load_failed(rank, path, exc, fallback)
+
+    def save_failed(self, rank: int, step: int, exc: BaseException) -> None:
+        probe.emit("ckpt.save.failed", step=int(step), why="checkpoint save failed", error=error_line(exc))
+        super().save_failed(rank, step, exc)
 
     def step(self, rank: int, step: int, loss: float) -> None:
         probe.step(step, loss=round(loss, 5))

@@ -21,7 +21,7 @@ from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 
-__all__ = ["TorchrunJob", "free_port", "job_dir", "torch_available"]
+__all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available"]
 
 LineSink = Callable[[str, str, float], None]
 
@@ -37,6 +37,11 @@ def job_dir(cluster: ClusterHandle, run_dir: Path, run_id: str) -> Path:
     when its nodes are not this machine, else the run directory."""
     shared = cluster.shared_dir
     return Path(shared) / run_id if shared is not None else Path(run_dir)
+
+
+def checkpoint_dir(cluster: ClusterHandle, run_dir: Path, run_id: str) -> Path:
+    """The folder the job keeps its checkpoints in (``CHAOSKIT_CKPT_DIR``, ``--checkpoint-dir``)."""
+    return job_dir(cluster, Path(run_dir).resolve(), run_id) / "checkpoints"
 
 
 def _processes(scope) -> list:
@@ -72,7 +77,7 @@ class TorchrunJob:
         self.cluster, self.workload, self.run_dir, self.run_id = cluster, workload, Path(run_dir).resolve(), run_id
         self.events_path, self.on_line = events_path, on_line
         self.job_dir = job_dir(cluster, self.run_dir, run_id)
-        self.ckpt_dir = self.job_dir / "checkpoints"
+        self.ckpt_dir = checkpoint_dir(cluster, self.run_dir, run_id)
         self.log_dir = self.run_dir / "logs"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._readers: list[threading.Thread] = []

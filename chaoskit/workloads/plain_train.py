@@ -6,7 +6,11 @@ most real jobs do, so chaoskit can measure it through log-regex probes alone
 is the same job with SDK hooks.
 
 Checkpoints are written atomically (temp file + rename) into a shared folder by
-rank 0 and every rank resumes from the newest one on (re)start.
+rank 0, which keeps the newest :data:`KEEP` of them. On (re)start every rank
+resumes from the newest one it can load: one that is truncated, corrupt or gone
+is reported and the next older one is tried (the "fallback"); with none left the
+job starts from step 0, and says so. A save that fails (a full disk) is reported
+and training goes on: the previous checkpoints are still there.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import glob
 import os
 import sys
 import time
+
+KEEP = 3
+"""Checkpoints kept: the newest, and two to fall back to when it cannot be loaded."""
 
 
 class Hooks:
@@ -33,6 +40,13 @@ class Hooks:
 
     def save(self, rank: int, step: int):
         return _PrintSave(rank, step)
+
+    def load_failed(self, rank: int, path: str, exc: BaseException, fallback: str | None) -> None:
+        then = f"falling back to {os.path.basename(fallback)}" if fallback else "no older checkpoint: starting from step 0"
+        print(f"[rank {rank}] cannot load checkpoint {os.path.basename(path)}: {error_line(exc)}; {then}", flush=True)
+
+    def save_failed(self, rank: int, step: int, exc: BaseException) -> None:
+        print(f"[rank {rank}] checkpoint save at step {step} failed: {error_line(exc)}; training goes on", flush=True)
 
     def step(self, rank: int, step: int, loss: float) -> None:
         print(f"[rank {rank}] step {step} loss {loss:.4f}", flush=True)
@@ -76,9 +90,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def checkpoints(folder: str) -> list[str]:
+    """The job's checkpoints in ``folder``, newest first."""
+    return sorted(glob.glob(os.path.join(folder, "ckpt-*.pt")), reverse=True)
+
+
 def newest_checkpoint(folder: str) -> str | None:
-    paths = sorted(glob.glob(os.path.join(folder, "ckpt-*.pt")))
-    return paths[-1] if paths else None
+    paths = checkpoints(folder)
+    return paths[0] if paths else None
+
+
+def error_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300]
 
 
 def train(args: argparse.Namespace, hooks: Hooks) -> int:
@@ -106,15 +130,28 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     start = 0
     os.makedirs(args.checkpoint_dir, exist_ok=True)
-    path = newest_checkpoint(args.checkpoint_dir)
-    if path:
-        with hooks.load(rank, path) as info:
-            state = torch.load(path, map_location=device, weights_only=True)
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-            start = int(state["step"])
-            info["step"] = start
-            info["bytes"] = os.path.getsize(path)
+    candidates = checkpoints(args.checkpoint_dir)
+    for n, path in enumerate(candidates):
+        try:
+            state = None
+            with hooks.load(rank, path) as info:
+                state = torch.load(path, map_location=device, weights_only=True)
+                model.load_state_dict(state["model"])
+                opt.load_state_dict(state["opt"])
+                start = int(state["step"])
+                info["step"] = start
+                info["bytes"] = os.path.getsize(path)
+                if n:
+                    info["fallback"] = n
+            break
+        except Exception as exc:  # noqa: BLE001 - truncated, corrupt or gone: try the next older one
+            torch.manual_seed(0)  # a half-loaded state must not leak into the next try
+            model = torch.nn.Sequential(
+                torch.nn.Linear(32, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1)
+            ).to(device)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            start = 0
+            hooks.load_failed(rank, path, exc, candidates[n + 1] if n + 1 < len(candidates) else None)
     ddp = DDP(model)
     gen = torch.Generator().manual_seed(1000 + rank)
     for step in range(start + 1, args.steps + 1):
@@ -142,18 +179,31 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
 
 
 def _save(folder, step, model, opt, hooks, rank) -> None:
+    """Write one checkpoint atomically; a failed save (a full disk) is reported, its partial file removed,
+    and training goes on with the checkpoints already there."""
     import torch
 
     final = os.path.join(folder, f"ckpt-{step:08d}.pt")
     tmp = f"{final}.tmp.{os.getpid()}"
-    with hooks.save(rank, step) as info:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)  # atomic: a reader sees the whole file or none
-        info["bytes"] = os.path.getsize(final)
-    for old in sorted(glob.glob(os.path.join(folder, "ckpt-*.pt")))[:-3]:
-        os.unlink(old)
+    try:
+        with hooks.save(rank, step) as info:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)  # atomic: a reader sees the whole file or none
+            info["bytes"] = os.path.getsize(final)
+    except (OSError, RuntimeError) as exc:  # torch.save reports ENOSPC as a RuntimeError from its zip writer
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        hooks.save_failed(rank, step, exc)
+        return
+    for old in checkpoints(folder)[KEEP:]:
+        try:
+            os.unlink(old)
+        except OSError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
