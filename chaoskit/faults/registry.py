@@ -25,6 +25,7 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "node.poweroff": "chaoskit.faults.power:PowerOffFault",
     "gpu.fail": "chaoskit.faults.gpu:GpuFailFault",
     "node.slow": "chaoskit.faults.slow:SlowFault",
+    "mem.oom": "chaoskit.faults.memory:OomFault",
 }, check=_check)
 
 
