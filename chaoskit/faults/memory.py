@@ -46,7 +46,7 @@ from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 
-__all__ = ["OomFault", "OomSpec", "MEMORY_TOOL", "BALLAST", "CGROUP_PREFIX"]
+__all__ = ["OomFault", "OomSpec", "MEMORY_TOOL", "BALLAST", "BALLAST_NAME", "CGROUP_PREFIX"]
 
 COMMAND_TIMEOUT_S = 15.0
 STARTED_S = 10.0
@@ -56,6 +56,8 @@ STATE = "/tmp/chaoskit-oom-"
 CGROUP_PREFIX = "chaoskit-oom-"
 """Every cgroup this fault makes is named ``chaoskit-oom-<node>-<token>`` (the kmsg probe reads the node from it)."""
 MAX_LIMIT_MIB = 1 << 20
+BALLAST_NAME = "ck-oom-ballast"
+"""The ballast's process name (``comm``), as the kernel's OOM lines show it."""
 
 MEMORY_TOOL = r"""
 import json, os, signal, sys, time
@@ -211,7 +213,11 @@ elif op == "check":
 """``python3 -c MEMORY_TOOL probe | cap NAME LIMIT_BYTES STATE BALLAST_DIR PID... | restore STATE | check STATE CGROUP``."""
 
 BALLAST = r"""
-import os, sys, time
+import ctypes, os, sys, time
+try:
+    ctypes.CDLL(None).prctl(15, b"%s", 0, 0, 0)  # PR_SET_NAME: the kmsg probe knows the ballast's kill is not the rank's
+except (OSError, AttributeError):
+    pass
 procs, d, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
 ranks = [int(p) for p in sys.argv[4:]]
 os.mkdir(d, 0o700)
@@ -245,7 +251,7 @@ while reason is None:
 del held
 with open(os.path.join(d, "exited"), "w") as fh:
     fh.write("%f %s\n" % (time.time(), reason))
-"""
+""".replace("%s", BALLAST_NAME, 1)
 """``python3 -c BALLAST CGROUP_PROCS DIR DURATION_S RANK_PID...``: joins the cgroup, fills it a MiB at a time
 until every rank process is gone (or ``DIR/stop``, or the deadline); writes ``DIR/started`` and ``DIR/exited``."""
 

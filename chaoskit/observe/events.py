@@ -21,6 +21,7 @@ EVENT_KINDS = (
     "fault.injected", "fault.reverted", "worker.start", "worker.exit", "detect",
     "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
     "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end", "straggler",
+    "oom.kill", "gpu.xid", "gpu.ecc",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 
