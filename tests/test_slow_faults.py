@@ -274,3 +274,21 @@ def test_each_mechanism_needs_its_own_setting(fields, message):
 
     with pytest.raises(ValidationError, match=message):
         SlowSpec(kind="node.slow", duration=5, **fields)
+
+
+@pytest.mark.slow
+def test_straggler_drill_passes_and_costs_throughput(tmp_path):
+    """scenarios/straggler.yaml end to end on the process lab: it passes and the slow phase cost throughput."""
+    from tests.conftest import need_torch
+
+    problem = _cgroups_ok()
+    require(problem is None, problem or "")
+    need_torch()
+    res = run_cli("run", STRAGGLER, "--out", tmp_path / "run", "--json")
+    assert res.code == 0, res.stdout + res.stderr
+    r = res.json
+    assert r["verdict"] == "pass" and r["faults"][0]["mechanism"].startswith("cgroup")
+    slow = r["slowdown"]
+    assert slow["throughput_lost_pct"] is not None and slow["throughput_lost_pct"] > 0
+    assert slow["step_time_during_s"] > slow["step_time_before_s"]
+    assert "<h3>Slowdown</h3>" in (tmp_path / "run" / "report.html").read_text()
