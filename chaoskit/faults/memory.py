@@ -204,6 +204,15 @@ elif op == "restore":
             break
         except OSError:
             time.sleep(0.1)  # a killed ballast still exiting
+    for leftover in ("started", "stop", "exited"):
+        try:
+            os.unlink(os.path.join(ballast, leftover))
+        except OSError:
+            pass
+    try:
+        os.rmdir(ballast)
+    except OSError:
+        pass
     os.unlink(state)
 elif op == "check":
     state, target = sys.argv[2], sys.argv[3]
