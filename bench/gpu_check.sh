@@ -50,4 +50,15 @@ grep -q Prohibited "$out/modes.log" || { echo "FAIL: the compute mode was never 
 [ "$mech" = nvidia ] || { echo "FAIL: mechanism $mech, not nvidia" >&2; exit 1; }
 [ "$before" = "$after" ] || { echo "FAIL: compute mode not restored" >&2; exit 1; }
 pgrep -f chaoskit-crashloop- >/dev/null && { echo "FAIL: a crash loop is left" >&2; exit 1; }
+# The NVML health probe (chaoskit[gpu]): NVML loads, sees the devices and takes Xid/ECC event registration.
+"$PY" - <<'PY' || { echo "FAIL: the NVML probe did not start on this GPU machine (pip install 'chaoskit[gpu]')" >&2; exit 1; }
+from chaoskit.cluster.inventory import Node
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.observe.events import EventBus
+from chaoskit.observe.gpu import NvmlProbe
+probe = NvmlProbe.for_nodes(EventBus(), [Node("n0", gpus=1, conn=LocalTransport("n0", "gpu-check"))])
+assert probe is not None and probe.devices > 0, "NvmlProbe.for_nodes gave no probe"
+probe.start(); probe.stop()
+print(f"NVML probe: watching {probe.devices} GPU(s) for Xid and ECC events; errors: {probe.errors or 'none'}")
+PY
 echo "PASS: gpu.fail (nvidia) verified on $(nvidia-smi -i 0 --query-gpu=name --format=csv,noheader); files in $out"

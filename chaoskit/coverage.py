@@ -134,6 +134,7 @@ REQUIREMENTS = {
     "netem": "tc netem (root, iproute2's tc and the sch_netem kernel module)",
     "cgroup": "a cgroup cpu controller the nodes' chaoskit may write (root; v2 cpu.max or v1 cpu)",
     "checkpoint_fs": "a small file system of the job's own for its checkpoints (the process lab mounts a tmpfs: root)",
+    "memcg": "a cgroup memory controller the nodes' chaoskit may write (root; v2 memory.max or v1 memory)",
 }
 
 # The catalog. Each class sits at the scope where it usually strikes; the order is
@@ -160,7 +161,8 @@ _CLASSES = (
                "rank waits for it in each collective, so the whole job slows down without failing.",
                kinds=("node.slow",),
                mechanisms=(Mechanism("node.slow", "cgroup", "emulated", ("cgroup",),
-                                     "a CPU share imitates a slow GPU; nvidia-smi -lgc is not built yet"),)),
+                                     "a CPU share imitates a slow GPU"),
+                           Mechanism("node.slow", "nvidia", "real", ("gpu",), GPU_UNVERIFIED))),
     FaultClass("network.nic", "node", "NIC down",
                "A node's data NIC goes down; its ranks can no longer reach their peers.",
                kinds=("network.link_down",), requires=("netns",), sources=("network.nic",)),
@@ -181,7 +183,11 @@ _CLASSES = (
                "a timeout or watchdog fires (NCCL watchdog timeouts).",
                kinds=("process.hang",), sources=("software.hang",)),
     FaultClass("software.oom", "rank", "Out of memory",
-               "A rank runs out of host or device memory and is killed by the OOM killer or the allocator."),
+               "A rank runs out of host or device memory and is killed by the OOM killer or the allocator.",
+               kinds=("mem.oom",),
+               mechanisms=(Mechanism("mem.oom", "cgroup", "real", ("memcg",),
+                                     "host memory: the rank's cgroup capped and filled, the kernel's OOM killer ends it; "
+                                     "GPU memory is not exhausted"),)),
     FaultClass("software.driver", "node", "Driver or CUDA error",
                "The GPU driver or CUDA runtime fails on a node; every rank there errors out.",
                requires=("gpu",)),
@@ -329,6 +335,10 @@ def detect_capabilities() -> Capabilities:
         missing["checkpoint_fs"] = "a checkpoint file system of the job's own (tmpfs) needs root"
     elif not shutil.which("mount"):
         missing["checkpoint_fs"] = "mount (util-linux) is not installed"
+    if not root:
+        missing["memcg"] = "cgroups need root"
+    elif not _memory_cgroup_here():
+        missing["memcg"] = "no cgroup memory controller is mounted (v2 memory.max or v1 memory)"
     if "netns" in missing:
         missing["netem"] = "tc netem needs root and iproute2"
     elif not shutil.which("tc"):
@@ -339,15 +349,23 @@ def detect_capabilities() -> Capabilities:
 
 
 def _cpu_cgroup_here() -> bool:
+    return _cgroup_controller_here("cpu")
+
+
+def _memory_cgroup_here() -> bool:
+    return _cgroup_controller_here("memory")
+
+
+def _cgroup_controller_here(controller: str) -> bool:
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return False
     for line in mounts:
         parts = line.split()
-        if len(parts) > 3 and parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+        if len(parts) > 3 and parts[2] == "cgroup" and controller in parts[3].split(","):
             return True
-        if len(parts) > 3 and parts[2] == "cgroup2" and "cpu" in _read(Path(parts[1]) / "cgroup.controllers").split():
+        if len(parts) > 3 and parts[2] == "cgroup2" and controller in _read(Path(parts[1]) / "cgroup.controllers").split():
             return True
     return False
 

@@ -19,8 +19,10 @@ from typing import Any, Iterable
 
 __all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "slo_verdict", "PHASES"]
 
-DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed"})
-"""A failed save counts: it is how a job notices a full disk, often without restarting."""
+DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc"})
+"""Events that show the system noticed a fault: an agent or a surviving rank, a failed checkpoint save (how a
+job notices a full disk, often without restarting), the kernel's OOM killer (``observe/kmsg.py``), the GPU's own
+Xid and uncorrectable ECC reports (``observe/gpu.py``)."""
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
 
 Event = dict[str, Any]
@@ -54,7 +56,7 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     detect = next((e for e in after if e.get("kind") in DETECT_KINDS), None)
     t_detect = detect["ts"] if detect else None
     if detect is None:
-        reasons["detection"] = "not observed: no worker.exit or detect event after the fault"
+        reasons["detection"] = "not observed: no worker.exit, detect, oom.kill or gpu event after the fault"
 
     loads = [e for e in after if e.get("kind") == "ckpt.load.end"]
     starts = [e for e in after if e.get("kind") == "worker.start"]

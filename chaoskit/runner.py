@@ -39,6 +39,8 @@ from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.measure import measure_fault, measure_slowdown, slo_verdict
 from chaoskit.observe.events import EventBus, make_event
+from chaoskit.observe.gpu import NvmlProbe
+from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.probes import (
     TORCHRUN_RULES,
     FileLogProbe,
@@ -377,6 +379,11 @@ class _Run:
         if sc.probes.process:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
         self.threads.extend(self.cluster.probes(self.bus))
+        # The nodes' own health: OOM kills in the kernel's log, Xid and ECC errors from NVML; each is None
+        # (not started, silent) where it cannot read anything.
+        for health in (KmsgProbe.for_nodes(self.bus, self.inventory.nodes), NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
+            if health is not None:
+                self.threads.append(health)
         for t in self.threads:
             t.start()
         self.job = _job_class(sc.workload)(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)

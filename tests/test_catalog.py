@@ -142,7 +142,9 @@ def test_catalog_command() -> None:
     crash = next(c for c in data["classes"] if c["id"] == "software.crash")
     assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill"]
     assert crash["weight"] == 56 and crash["runnable_here"] is True
+    driver = next(c for c in data["classes"] if c["id"] == "software.driver")
+    assert driver["runnable_here"] is False and "no fault kind" in driver["reason"]
     oom = next(c for c in data["classes"] if c["id"] == "software.oom")
-    assert oom["runnable_here"] is False and "no fault kind" in oom["reason"]
+    assert oom["kinds"] == ["mem.oom"] and [m["fidelity"] for m in oom["mechanisms"]] == ["real"]
     res = run_cli("catalog")
     assert res.code == 0 and "software.crash" in res.stdout and "56 (13.4%)" in res.stdout and "not runnable" in res.stdout

@@ -311,6 +311,24 @@ def test_node_clocks_and_each_phases_uncertainty_are_shown(tmp_path: Path) -> No
     assert f"{detection:.3f}s ± 1.6ms" in html
 
 
+def test_report_shows_the_slowdown_of_a_straggler(tmp_path: Path) -> None:
+    """node.slow's measures (result.json["slowdown"]) get a table of their own; a run without them shows none."""
+    run = tmp_path / "run"
+    result = synth_run(run)
+    result["slowdown"] = {"step_time_before_s": 0.052, "step_time_during_s": 0.21, "step_time_after_s": 0.053,
+                          "throughput_lost_pct": 75.2, "recovery_after_revert_s": None,
+                          "reasons": {"recovery_after_revert_s": "the step time never came back within 1.25x of before"}}
+    (run / "result.json").write_text(json.dumps(result))
+    res = run_cli("report", run)
+    assert res.code == 0, res.stderr
+    html = (run / "report.html").read_text()
+    assert "<h3>Slowdown</h3>" in html and "75.2 %" in html and "0.210 s" in html and "0.052 s" in html
+    assert "never came back within 1.25x" in html
+    plain = tmp_path / "plain"
+    synth_run(plain)
+    assert run_cli("report", plain).code == 0 and "<h3>Slowdown</h3>" not in (plain / "report.html").read_text()
+
+
 def test_a_failed_check_says_what_was_expected_and_what_was_seen(tmp_path: Path) -> None:
     import io
 

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from chaoskit.cluster.nvidia import device_of, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
@@ -240,8 +241,8 @@ class GpuFailFault(Fault):
             devices = self._devices(transport, group)
             mechanism = self.spec.mechanism
             if mechanism == "auto":
-                mechanism = "nvidia" if _lists_devices(transport, devices) else "crashloop"
-            elif mechanism == "nvidia" and not _lists_devices(transport, devices):
+                mechanism = "nvidia" if lists_devices(transport, devices, COMMAND_TIMEOUT_S) else "crashloop"
+            elif mechanism == "nvidia" and not lists_devices(transport, devices, COMMAND_TIMEOUT_S):
                 raise InfraError(
                     f"gpu.fail with mechanism nvidia: 'nvidia-smi -L' on node {node} does not list GPU "
                     f"{', '.join(map(str, devices))}",
@@ -259,7 +260,7 @@ class GpuFailFault(Fault):
         if self.spec.device is not None:
             return [self.spec.device]
         envs = {p.pid: p.env for p in transport.processes()}
-        return sorted({_device_of(envs.get(t.pid, {})) for t in group})
+        return sorted({device_of(envs.get(t.pid, {})) for t in group})
 
     def _inject_nvidia(self, ctx: FaultContext, transport: Transport, fid: str, node: str, device: int,
                        labels: list[str]) -> Injection:
@@ -361,28 +362,6 @@ def _by_node(targets: list[Any]) -> dict[str, list[Any]]:
     for t in targets:
         out.setdefault(t.node, []).append(t)
     return out
-
-
-def _device_of(env: dict[str, str]) -> int:
-    """The GPU index a worker uses: ``LOCAL_RANK`` (0 if unset), mapped through ``CUDA_VISIBLE_DEVICES``."""
-    local = env.get("LOCAL_RANK", "0")
-    local_rank = int(local) if local.isdigit() else 0
-    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if visible and local_rank < len(visible) and visible[local_rank].isdigit():
-        return int(visible[local_rank])
-    return local_rank
-
-
-def _lists_devices(transport: Transport, devices: list[int]) -> bool:
-    """True when ``nvidia-smi -L`` on the node answers and lists every one of ``devices``."""
-    try:
-        res = transport.run(["nvidia-smi", "-L"], COMMAND_TIMEOUT_S)
-    except InfraError:  # not installed
-        return False
-    if res.returncode != 0:
-        return False
-    listed = {line.split(":", 1)[0].strip() for line in res.stdout.splitlines()}
-    return all(f"GPU {d}" in listed for d in devices)
 
 
 def _compute_mode(transport: Transport, dev: str) -> str:

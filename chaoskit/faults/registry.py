@@ -27,6 +27,7 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "node.slow": "chaoskit.faults.slow:SlowFault",
     "storage.corrupt": "chaoskit.faults.storage:CorruptFault",
     "storage.full": "chaoskit.faults.storage:FullFault",
+    "mem.oom": "chaoskit.faults.memory:OomFault",
 }, check=_check)
 
 

@@ -19,13 +19,15 @@ import sys
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from chaoskit.cluster.nvidia import device_of, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
+from chaoskit.core.limits import MAX_COUNT
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 
 __all__ = ["SlowFault", "SlowSpec", "CGROUP_TOOL", "PERIOD_US"]
@@ -150,11 +152,34 @@ elif op == "check":
 
 
 class SlowSpec(FaultSpec):
-    """Throttle the selected ranks' processes to ``cpu_share`` percent of one CPU for ``duration``."""
+    """Make the selected ranks slow for ``duration``: their processes throttled to ``cpu_share`` percent of one CPU
+    (cgroup), or their GPU's graphics clock locked at ``gpu_clock_mhz`` (nvidia)."""
 
     kind: Literal["node.slow"]
-    cpu_share: int = Field(..., gt=0, lt=100, description="Percent of one CPU the rank's processes may use, 1 to 99.")
+    cpu_share: int | None = Field(None, gt=0, lt=100, description="cgroup: percent of one CPU the rank's processes may use, 1 to 99.")
+    gpu_clock_mhz: int | None = Field(
+        None, ge=1, le=100_000,
+        description="nvidia: lock the graphics clock of the rank's GPU at this many MHz (nvidia-smi -lgc MHZ,MHZ; "
+                    "revert nvidia-smi -rgc). Needs nvidia-smi and root on the node.",
+    )
+    mechanism: Literal["auto", "cgroup", "nvidia"] = Field(
+        "auto",
+        description="cgroup: a CPU share (emulated; needs cpu_share). nvidia: the GPU's clocks locked low (real; needs "
+                    "gpu_clock_mhz). auto: nvidia when gpu_clock_mhz is set and 'nvidia-smi -L' on the node lists the "
+                    "device, else cgroup.",
+    )
+    device: int | None = Field(None, ge=0, le=MAX_COUNT, description="nvidia: GPU index on the node; default: the device "
+                               "each selected worker uses (LOCAL_RANK, through CUDA_VISIBLE_DEVICES).")
     duration: PositiveDuration = Field(..., description="How long the rank stays slow; the node reverts it by itself after that.")
+
+    @model_validator(mode="after")
+    def _what_slows(self) -> "SlowSpec":
+        if self.mechanism in ("cgroup", "auto") and self.cpu_share is None:
+            raise ValueError(f"mechanism {self.mechanism} needs 'cpu_share' (percent of one CPU, 1 to 99)"
+                             + (" as the fallback where there is no GPU" if self.mechanism == "auto" else ""))
+        if self.mechanism == "nvidia" and self.gpu_clock_mhz is None:
+            raise ValueError("mechanism nvidia needs 'gpu_clock_mhz' (the graphics clock to lock the GPU at)")
+        return self
 
 
 class SlowFault(Fault):
@@ -165,17 +190,32 @@ class SlowFault(Fault):
     """The runner reports step time before, during and after this fault, and the throughput it cost."""
 
     def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
-        d, share = self.spec.duration, self.spec.cpu_share
-        quota = share * PERIOD_US // 100
+        d, share, mech, mhz = self.spec.duration, self.spec.cpu_share, self.spec.mechanism, self.spec.gpu_clock_mhz
         out = []
         for t in targets:
             label = t.label()
-            out.append(Action(t.node, f"arm lease: watchdog runs 'python3 -c <cgroup tool> restore {STATE}<token>.json' "
-                                      f"after {d:g}s or a stale lease", label))
-            out.append(Action(t.node, f"mkdir <cgroup mount>/chaoskit-<token>; cgroup v2: cpu.max '{quota} {PERIOD_US}' "
-                                      f"(v1: cpu.cfs_quota_us {quota}, cpu.cfs_period_us {PERIOD_US}); "
-                                      f"move {t.pid} and its descendants in (cgroup.procs), their cgroups written down", label))
-            out.append(Action(t.node, f"after {d:g}s: move them back to their own cgroups; rmdir the chaoskit cgroup", label))
+            if mech == "auto" and mhz is not None:
+                out.append(Action(t.node, "mechanism auto: nvidia if 'nvidia-smi -L' on the node lists the device, "
+                                          "else cgroup (emulated)", label))
+            if mech == "nvidia" or (mech == "auto" and mhz is not None):
+                dev = str(self.spec.device) if self.spec.device is not None else f"<GPU of {label}>"
+                prefix = "if nvidia: " if mech == "auto" else ""
+                out.append(Action(t.node, prefix + f"arm lease: watchdog runs 'nvidia-smi -i {dev} -rgc' after {d:g}s "
+                                                   "or a stale lease", label))
+                out.append(Action(t.node, prefix + f"nvidia-smi -i {dev} -lgc {mhz},{mhz}", label))
+                out.append(Action(t.node, prefix + f"after {d:g}s: nvidia-smi -i {dev} -rgc", label))
+            if mech == "nvidia":
+                continue
+            quota = (share or 0) * PERIOD_US // 100
+            prefix = "else cgroup (emulated): " if mech == "auto" and mhz is not None else ""
+            out.append(Action(t.node, prefix + f"arm lease: watchdog runs 'python3 -c <cgroup tool> restore "
+                                               f"{STATE}<token>.json' after {d:g}s or a stale lease", label))
+            out.append(Action(t.node, prefix + f"mkdir <cgroup mount>/chaoskit-<token>; cgroup v2: cpu.max '{quota} "
+                                               f"{PERIOD_US}' (v1: cpu.cfs_quota_us {quota}, cpu.cfs_period_us {PERIOD_US}); "
+                                               f"move {t.pid} and its descendants in (cgroup.procs), their cgroups written down",
+                              label))
+            out.append(Action(t.node, prefix + f"after {d:g}s: move them back to their own cgroups; rmdir the chaoskit cgroup",
+                              label))
         return out
 
     def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
@@ -186,6 +226,16 @@ class SlowFault(Fault):
                 continue
             fid = f"{self.fault_id}.{i}"
             transport = ctx.transport(t.node)
+            if self.spec.mechanism != "cgroup" and self.spec.gpu_clock_mhz is not None:
+                envs = {p.pid: p.env for p in transport.processes()}
+                device = self.spec.device if self.spec.device is not None else device_of(envs.get(t.pid, {}))
+                if lists_devices(transport, [device], COMMAND_TIMEOUT_S):
+                    covered.add((t.node, t.pid))
+                    out.append(self._inject_nvidia(ctx, transport, fid, t, device))
+                    continue
+                if self.spec.mechanism == "nvidia":
+                    raise InfraError(f"node.slow with mechanism nvidia: 'nvidia-smi -L' on node {t.node} does not list GPU {device}",
+                                     hint="use mechanism: cgroup (or auto, with cpu_share) on nodes without NVIDIA GPUs")
             pids = _tree(transport, t.pid)
             covered.update((t.node, p) for p in pids)
             python = _python(ctx, transport, t.node)
@@ -198,7 +248,7 @@ class SlowFault(Fault):
             revert = [python, "-c", CGROUP_TOOL, "restore", state]
             ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
             try:
-                done = _tool(transport, python, ["throttle", name, str(self.spec.cpu_share), str(PERIOD_US), state, *map(str, pids)])
+                done = _tool(transport, python, ["throttle", name, str(self.spec.cpu_share or 0), str(PERIOD_US), state, *map(str, pids)])
             except InfraError:
                 _undo(ctx, transport, fid, revert)
                 raise
@@ -211,12 +261,29 @@ class SlowFault(Fault):
             out.append(Injection(fid, self.kind, t.node, [t.label()], ts, detail))
         return out
 
+    def _inject_nvidia(self, ctx: FaultContext, transport: Transport, fid: str, t: ProcessTarget, device: int) -> Injection:
+        dev, mhz = str(int(device)), int(self.spec.gpu_clock_mhz or 0)
+        revert = ["nvidia-smi", "-i", dev, "-rgc"]
+        ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.label()}:gpu{dev}")
+        res = transport.run(["nvidia-smi", "-i", dev, "-lgc", f"{mhz},{mhz}"], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            _undo(ctx, transport, fid, revert)
+            raise InfraError(f"node.slow: nvidia-smi -i {dev} -lgc {mhz},{mhz} failed on node {t.node}: "
+                             f"{res.stderr.strip() or res.stdout.strip()}", hint="locking the clocks needs root on the node")
+        ts = res.finished_at or time.time()
+        detail = {"mechanism": "nvidia", "fidelity": "real", "device": int(dev), "gpu_clock_mhz": mhz, "revert": revert}
+        return Injection(fid, self.kind, t.node, [f"{t.label()}:gpu{dev}"], ts, detail)
+
     def revert(self, ctx: FaultContext, injection: Injection) -> None:
         res = ctx.transport(injection.node).run(injection.detail["revert"], COMMAND_TIMEOUT_S)
         if res.returncode != 0:
-            raise InfraError(f"node.slow: restoring the cgroups on node {injection.node} failed: {res.stderr.strip()}")
+            what = "the GPU clocks" if injection.detail["mechanism"] == "nvidia" else "the cgroups"
+            raise InfraError(f"node.slow: restoring {what} on node {injection.node} failed: "
+                             f"{res.stderr.strip() or res.stdout.strip()}")
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
+        if injection.detail["mechanism"] == "nvidia":
+            return None  # nvidia-smi -rgc answered 0 (revert raises otherwise); nvidia-smi shows no lock to read back
         transport = ctx.transport(injection.node)
         end = time.time() + VERIFY_S
         while True:
@@ -227,6 +294,8 @@ class SlowFault(Fault):
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
+        if revert[0] == "nvidia-smi":
+            return None  # the reset is idempotent and ran; the driver shows no clock lock to compare with
         state = revert[-1]
         if not state.startswith(STATE):
             raise ValueError(f"not a chaoskit node.slow state file: {state!r}")

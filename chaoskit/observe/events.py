@@ -22,6 +22,7 @@ EVENT_KINDS = (
     "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
     "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end", "straggler",
     "ckpt.load.failed", "ckpt.save.failed",
+    "oom.kill", "gpu.xid", "gpu.ecc",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

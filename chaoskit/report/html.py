@@ -183,6 +183,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "phases": phases,
         "phase_rows": _phase_rows(phases, slo),
         "detected_by": phases.get("detected_by"),
+        "slowdown": _slowdown_rows((result or {}).get("slowdown")),
         "waterfall": _waterfall(timing, slo, t_fault),
         "grid": _node_grid(events, nodes, t_fault, timing),
         "ckpt": _checkpoint_chart(events, t_fault, timing),
@@ -197,6 +198,28 @@ def _clock_rows(clocks: dict[str, Any]) -> list[dict[str, str]]:
         offset, error = c.get("offset_s"), c.get("uncertainty_s")
         rows.append({"node": node, "offset": "?" if offset is None else f"{offset * 1000:+.1f}ms",
                      "uncertainty": "not measured" if error is None else f"± {error * 1000:.1f}ms"})
+    return rows
+
+
+_SLOWDOWN_ROWS = (
+    ("step_time_before_s", "step time before", "median over the 10 s before the fault", "s"),
+    ("step_time_during_s", "step time during", "median while the fault lasted", "s"),
+    ("step_time_after_s", "step time after", "median after the revert", "s"),
+    ("throughput_lost_pct", "throughput lost", "share of steps the slow phase did not make (1 - before / during)", "%"),
+    ("recovery_after_revert_s", "recovery after the revert", "until a step time within 1.25x of before", "s"),
+)
+
+
+def _slowdown_rows(slowdown: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The straggler measures of ``result.json["slowdown"]`` as table rows; none when the run had no slowdown."""
+    if not slowdown:
+        return []
+    reasons = slowdown.get("reasons") or {}
+    rows = []
+    for key, label, meaning, unit in _SLOWDOWN_ROWS:
+        value = slowdown.get(key)
+        shown = "not observed" if value is None else (f"{value:g} %" if unit == "%" else f"{value:.3f} s")
+        rows.append({"key": key, "label": label, "value": shown, "reason": reasons.get(key), "meaning": meaning})
     return rows
 
 

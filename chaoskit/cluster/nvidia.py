@@ -1,0 +1,33 @@
+"""A node's NVIDIA GPUs as faults see them: which device a worker uses, and whether ``nvidia-smi`` lists it.
+
+Shared by the fault kinds that act on a GPU (``gpu.fail``, ``node.slow``), which may not import each other.
+"""
+
+from __future__ import annotations
+
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.core.errors import InfraError
+
+__all__ = ["device_of", "lists_devices"]
+
+
+def device_of(env: dict[str, str]) -> int:
+    """The GPU index a worker uses: ``LOCAL_RANK`` (0 if unset), mapped through ``CUDA_VISIBLE_DEVICES``."""
+    local = env.get("LOCAL_RANK", "0")
+    local_rank = int(local) if local.isdigit() else 0
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and local_rank < len(visible) and visible[local_rank].isdigit():
+        return int(visible[local_rank])
+    return local_rank
+
+
+def lists_devices(transport: Transport, devices: list[int], timeout: float) -> bool:
+    """True when ``nvidia-smi -L`` on the node answers and lists every one of ``devices``."""
+    try:
+        res = transport.run(["nvidia-smi", "-L"], timeout)
+    except InfraError:  # not installed
+        return False
+    if res.returncode != 0:
+        return False
+    listed = {line.split(":", 1)[0].strip() for line in res.stdout.splitlines()}
+    return all(f"GPU {d}" in listed for d in devices)

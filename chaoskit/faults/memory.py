@@ -1,0 +1,426 @@
+"""Out of memory (``mem.oom``): a rank's memory capped through its cgroup, so the kernel's OOM killer ends it.
+
+A memory cgroup of chaoskit's own is made for each fault
+(``chaoskit-oom-<node>-<token>``): on a cgroup v2 hierarchy with the memory
+controller, ``memory.max`` (and ``memory.swap.max`` 0) at the hierarchy's root, as
+``node.slow`` does; else on the v1 ``memory`` hierarchy, ``memory.limit_in_bytes``
+(and ``memory.memsw.limit_in_bytes`` where swap accounting exists), nested under
+the rank's own memory cgroup so any limit above it still holds. The rank's
+processes (the worker and its descendants) go in, their original cgroups written
+down on the node first.
+
+Moving a process into a cgroup does not move the memory it already holds (v2
+never does; v1 only with ``move_charge_at_immigrate``, left off), so a cap alone
+only bites once the rank allocates more than the limit, which a steady training
+step may never do. The pressure therefore comes from a *ballast*: a small
+process started detached in the same cgroup, with ``oom_score_adj`` -999, that
+fills the cgroup up to its limit one MiB at a time. When the limit is reached the
+kernel's OOM killer picks the task of that cgroup with the highest badness, which
+is the rank (the ballast's adjustment puts it last); the kill is the kernel's own,
+logged as ``Memory cgroup out of memory: Killed process PID`` (the ``oom.kill``
+event of :mod:`chaoskit.observe.kmsg`). The ballast stops once every rank process
+is gone, or when it is the next one killed.
+
+The revert (armed as a lease first, so a SIGKILLed controller still ends with the
+node restored) stops the ballast, moves whatever is left in the cgroup back to
+where it came from and removes the cgroup. Torchrun's restarted workers start
+from the agent, outside the cgroup. Everything on the node is done by
+:data:`MEMORY_TOOL` and :data:`BALLAST`, stdlib-only scripts run as ``python3 -c``
+through the node's transport.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from chaoskit.cluster.selectors import ProcessTarget
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.durations import PositiveDuration
+from chaoskit.core.errors import InfraError
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+
+__all__ = ["OomFault", "OomSpec", "MEMORY_TOOL", "BALLAST", "BALLAST_NAME", "CGROUP_PREFIX"]
+
+COMMAND_TIMEOUT_S = 15.0
+STARTED_S = 10.0
+"""How long inject waits for the ballast to say it is in the cgroup."""
+VERIFY_S = 5.0
+STATE = "/tmp/chaoskit-oom-"
+CGROUP_PREFIX = "chaoskit-oom-"
+"""Every cgroup this fault makes is named ``chaoskit-oom-<node>-<token>`` (the kmsg probe reads the node from it)."""
+MAX_LIMIT_MIB = 1 << 20
+BALLAST_NAME = "ck-oom-ballast"
+"""The ballast's process name (``comm``), as the kernel's OOM lines show it."""
+
+MEMORY_TOOL = r"""
+import json, os, signal, sys, time
+def mounts():
+    v1 = v2 = None
+    with open("/proc/self/mounts") as fh:
+        for line in fh:
+            dev, path, fs, opts = line.split()[:4]
+            if fs == "cgroup2" and v2 is None:
+                v2 = path
+            if fs == "cgroup" and "memory" in opts.split(",") and v1 is None:
+                v1 = path
+    return v1, v2
+def pick():
+    v1, v2 = mounts()
+    if v2 is not None:
+        try:
+            with open(os.path.join(v2, "cgroup.controllers")) as fh:
+                if "memory" in fh.read().split():
+                    return "v2", v2
+        except OSError:
+            pass
+    if v1 is not None:
+        return "v1", v1
+    return None, None
+def own(pid, version):
+    with open("/proc/%d/cgroup" % pid) as fh:
+        for line in fh:
+            num, ctrl, path = line.rstrip("\n").split(":", 2)
+            if version == "v2" and num == "0":
+                return path
+            if version == "v1" and "memory" in ctrl.split(","):
+                return path
+    return "/"
+def write(path, text):
+    with open(path, "w") as fh:
+        fh.write(text)
+def procs(path):
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+op = sys.argv[1]
+if op == "probe":
+    version, mount = pick()
+    print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
+elif op == "cap":
+    name, limit, state, ballast = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    pids = [int(p) for p in sys.argv[6:]]
+    version, mount = pick()
+    if version is None:
+        sys.exit("no cgroup memory controller on this node")
+    original = {}
+    for pid in pids:
+        try:
+            original[pid] = own(pid, version)
+        except OSError:
+            pass
+    if not original:
+        sys.exit("the rank's processes are gone")
+    parent = "/" if version == "v2" else original[pids[0]] if pids[0] in original else "/"
+    target = os.path.join(mount, parent.lstrip("/"), name)
+    fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"version": version, "mount": mount, "cgroup": target, "original": original, "ballast": ballast}, fh)
+    os.mkdir(target)
+    if version == "v2":
+        with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
+            enabled = fh.read().split()
+        if "memory" not in enabled:
+            write(os.path.join(mount, "cgroup.subtree_control"), "+memory")
+        write(os.path.join(target, "memory.max"), str(limit))
+        if os.path.exists(os.path.join(target, "memory.swap.max")):
+            write(os.path.join(target, "memory.swap.max"), "0")
+    else:
+        write(os.path.join(target, "memory.limit_in_bytes"), str(limit))
+        if os.path.exists(os.path.join(target, "memory.memsw.limit_in_bytes")):
+            write(os.path.join(target, "memory.memsw.limit_in_bytes"), str(limit))
+    moved = []
+    for pid in original:
+        try:
+            write(os.path.join(target, "cgroup.procs"), str(pid))
+            moved.append(pid)
+        except OSError:
+            pass
+    adj = {}
+    try:
+        write("/proc/self/oom_score_adj", "-999")  # the ballast (same credentials) can put itself last
+    except OSError:
+        for pid in moved:  # no CAP_SYS_RESOURCE (a container): put the rank first instead, undone at restore
+            try:
+                with open("/proc/%d/oom_score_adj" % pid) as fh:
+                    adj[pid] = fh.read().strip()
+                write("/proc/%d/oom_score_adj" % pid, "1000")
+            except OSError:
+                pass
+    with open(state, "w") as fh:
+        json.dump({"version": version, "mount": mount, "cgroup": target, "original": original, "ballast": ballast,
+                   "oom_score_adj": adj}, fh)
+    print(json.dumps({"version": version, "cgroup": target, "limit_bytes": limit, "moved": moved,
+                      "victim_first": sorted(adj)}))
+elif op == "restore":
+    state = sys.argv[2]
+    try:
+        with open(state) as fh:
+            info = json.load(fh)
+    except FileNotFoundError:
+        sys.exit(0)
+    target, mount, ballast = info["cgroup"], info["mount"], info["ballast"]
+    os.makedirs(ballast, exist_ok=True)
+    write(os.path.join(ballast, "stop"), "")
+    try:
+        with open(os.path.join(ballast, "started")) as fh:
+            os.kill(int(fh.read().split()[1]), signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
+    for pid, value in info.get("oom_score_adj", {}).items():
+        try:
+            write("/proc/%s/oom_score_adj" % pid, value)
+        except OSError:
+            pass
+    original = {int(k): v for k, v in info["original"].items()}
+    fallback = next(iter(original.values()), "/")
+    for _ in range(50):
+        left = procs(target)
+        if not left:
+            break
+        for pid in left:
+            back = os.path.join(mount, original.get(pid, fallback).lstrip("/"))
+            try:
+                write(os.path.join(back, "cgroup.procs"), str(pid))
+            except OSError:
+                try:
+                    write(os.path.join(mount, "cgroup.procs"), str(pid))
+                except OSError:
+                    pass
+        time.sleep(0.02)
+    for _ in range(50):
+        try:
+            os.rmdir(target)
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            time.sleep(0.1)  # a killed ballast still exiting
+    for leftover in ("started", "stop", "exited"):
+        try:
+            os.unlink(os.path.join(ballast, leftover))
+        except OSError:
+            pass
+    try:
+        os.rmdir(ballast)
+    except OSError:
+        pass
+    os.unlink(state)
+elif op == "check":
+    state, target = sys.argv[2], sys.argv[3]
+    left = os.path.exists(target) or os.path.exists(state)
+    print("cgroup %s is still there" % target if left else "")
+"""
+"""``python3 -c MEMORY_TOOL probe | cap NAME LIMIT_BYTES STATE BALLAST_DIR PID... | restore STATE | check STATE CGROUP``."""
+
+BALLAST = r"""
+import ctypes, os, sys, time
+try:
+    ctypes.CDLL(None).prctl(15, b"%s", 0, 0, 0)  # PR_SET_NAME: the kmsg probe knows the ballast's kill is not the rank's
+except (OSError, AttributeError):
+    pass
+procs, d, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
+ranks = [int(p) for p in sys.argv[4:]]
+os.mkdir(d, 0o700)
+with open(procs, "w") as fh:
+    fh.write(str(os.getpid()))
+try:
+    with open("/proc/self/oom_score_adj", "w") as fh:
+        fh.write("-999")
+except OSError:
+    pass  # no CAP_SYS_RESOURCE: the cap raised the rank's own score instead
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+with open(os.path.join(d, "started"), "w") as fh:
+    fh.write("%f %d\n" % (time.time(), os.getpid()))
+held, reason = [], None
+while reason is None:
+    if os.path.exists(os.path.join(d, "stop")):
+        reason = "stopped"
+    elif time.time() >= deadline:
+        reason = "deadline"
+    elif not any(alive(p) for p in ranks):
+        reason = "rank gone"
+    elif len(held) < 65536:
+        held.append(b"\x01" * (1 << 20))  # written, not just reserved: every page is charged to the cgroup
+    else:
+        time.sleep(0.05)
+del held
+with open(os.path.join(d, "exited"), "w") as fh:
+    fh.write("%f %s\n" % (time.time(), reason))
+""".replace("%s", BALLAST_NAME, 1)
+"""``python3 -c BALLAST CGROUP_PROCS DIR DURATION_S RANK_PID...``: joins the cgroup, fills it a MiB at a time
+until every rank process is gone (or ``DIR/stop``, or the deadline); writes ``DIR/started`` and ``DIR/exited``."""
+
+
+class OomSpec(FaultSpec):
+    """Cap the selected ranks' memory at ``limit_mib`` and fill it: the kernel's OOM killer ends the rank."""
+
+    kind: Literal["mem.oom"]
+    limit_mib: int = Field(
+        64, ge=1, le=MAX_LIMIT_MIB,
+        description="Memory limit of the rank's chaoskit cgroup in MiB (memory newly charged after the fault: what "
+                    "the rank already holds stays charged where it was). A ballast fills it; at the limit the "
+                    "kernel's OOM killer ends the rank.",
+    )
+    duration: PositiveDuration = Field(
+        30.0, description="How long the cgroup stays; the node removes it by itself after that (the kill comes within "
+                          "moments of the fault).")
+
+
+class OomFault(Fault):
+    kind = "mem.oom"
+    Spec = OomSpec
+    lasting: ClassVar[bool] = True
+
+    def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
+        d, limit = self.spec.duration, self.spec.limit_mib << 20
+        out = []
+        for t in targets:
+            label = t.label()
+            out.append(Action(t.node, f"arm lease: watchdog runs 'python3 -c <memory tool> restore {STATE}<token>.json' "
+                                      f"after {d:g}s or a stale lease", label))
+            out.append(Action(t.node, f"mkdir <memory cgroup>/{CGROUP_PREFIX}{t.node}-<token>; cgroup v2: memory.max {limit}, "
+                                      f"memory.swap.max 0 (v1, under the rank's own cgroup: memory.limit_in_bytes {limit}); "
+                                      f"move {t.pid} and its descendants in (cgroup.procs), their cgroups written down", label))
+            out.append(Action(t.node, f"start detached: python3 -c <ballast> (joins the cgroup, oom_score_adj -999, fills "
+                                      f"it a MiB at a time): the kernel's OOM killer ends {t.pid}", label))
+            out.append(Action(t.node, f"after {d:g}s: stop the ballast, move what is left back to its own cgroups; "
+                                      "rmdir the chaoskit cgroup", label))
+        return out
+
+    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
+        out: list[Injection] = []
+        covered: set[tuple[str, int]] = set()
+        for i, t in enumerate(targets):
+            if (t.node, t.pid) in covered:  # a child of a rank already capped (it inherits RANK)
+                continue
+            fid = f"{self.fault_id}.{i}"
+            transport = ctx.transport(t.node)
+            pids = _tree(transport, t.pid)
+            covered.update((t.node, p) for p in pids)
+            python = _python(ctx, transport, t.node)
+            probe = _tool(transport, python, ["probe"])
+            if probe.get("version") is None:
+                raise InfraError(f"mem.oom: node {t.node} has no cgroup memory controller (v2 memory.max or v1 memory)")
+            token = secrets.token_hex(6)
+            state = f"{STATE}{token}.json"
+            ballast = f"{STATE}{token}.ballast"
+            revert = [python, "-c", MEMORY_TOOL, "restore", state]
+            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
+            try:
+                done = _tool(transport, python, ["cap", f"{CGROUP_PREFIX}{t.node}-{token}", str(self.spec.limit_mib << 20),
+                                                 state, ballast, *map(str, pids)])
+                if t.pid not in done["moved"]:
+                    raise InfraError(f"mem.oom: could not move pid {t.pid} into {done['cgroup']} on node {t.node}")
+                transport.spawn_detached([python, "-c", BALLAST, f"{done['cgroup']}/cgroup.procs", ballast,
+                                          f"{self.spec.duration:g}", *map(str, done["moved"])])
+                started = _wait_file(transport, f"{ballast}/started", STARTED_S)
+                if started is None:
+                    raise InfraError(f"mem.oom: the ballast did not start on node {t.node} within {STARTED_S:g}s")
+            except InfraError:
+                _undo(ctx, transport, fid, revert)
+                raise
+            detail = {"mechanism": f"cgroup {done['version']}", "fidelity": "real", "cgroup": done["cgroup"],
+                      "state": state, "ballast": ballast, "ballast_pid": int(started.split()[1]), "pids": done["moved"],
+                      "limit_bytes": done["limit_bytes"], "rank_oom_score_adj_raised": bool(done["victim_first"]),
+                      "revert": revert}
+            out.append(Injection(fid, self.kind, t.node, [t.label()], float(started.split()[0]), detail))
+        return out
+
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
+        transport = ctx.transport(injection.node)
+        injection.detail["ballast_exit"] = _read(transport, f"{injection.detail['ballast']}/exited").strip() or None
+        res = transport.run(injection.detail["revert"], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            raise InfraError(f"mem.oom: restoring the cgroups on node {injection.node} failed: {res.stderr.strip()}")
+
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
+        transport = ctx.transport(injection.node)
+        end = time.time() + VERIFY_S
+        while True:
+            problem = self.check_reverted(transport, injection.detail["revert"], cgroup=injection.detail["cgroup"])
+            if problem is None:
+                transport.run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
+                return None
+            if time.time() >= end:
+                return problem
+            time.sleep(0.1)
+
+    @classmethod
+    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
+        state = revert[-1]
+        if not state.startswith(STATE):
+            raise ValueError(f"not a chaoskit mem.oom state file: {state!r}")
+        res = transport.run([*revert[:3], "check", state, cgroup or "/nonexistent"], COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            return f"cannot check the cgroups: {res.stderr.strip()}"
+        return res.stdout.strip() or None
+
+
+def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
+    res = transport.run([python, "-c", MEMORY_TOOL, *args], COMMAND_TIMEOUT_S)
+    if res.returncode != 0:
+        last = res.stderr.strip().splitlines()[-1:] or [str(res.returncode)]
+        raise InfraError(f"mem.oom on node {transport.node}: {args[0]} failed: {last[0]}", hint="cgroups need root on the node")
+    return json.loads(res.stdout)
+
+
+def _tree(transport: Transport, pid: int) -> list[int]:
+    """``pid`` and its descendants, all of the node's scope."""
+    children: dict[int, list[int]] = {}
+    for p in transport.processes():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
+
+
+def _python(ctx: FaultContext, transport: Transport, node: str) -> str:
+    if isinstance(transport, LocalTransport):
+        return sys.executable  # the controller is the node
+    info = ctx.inventory[node]
+    return info.ssh.python if info.ssh is not None else "python3"
+
+
+def _read(transport: Transport, path: str) -> str:
+    res = transport.run(["cat", path], COMMAND_TIMEOUT_S)
+    return res.stdout if res.returncode == 0 else ""
+
+
+def _wait_file(transport: Transport, path: str, timeout: float) -> str | None:
+    end = time.time() + timeout
+    while time.time() < end:
+        text = _read(transport, path)
+        if text.strip():
+            return text
+        time.sleep(0.05)
+    return None
+
+
+def _undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
+    """The inject failed after the lease was armed: revert now, or leave it to the watchdog within the TTL."""
+    leases = ctx.leases
+    try:
+        transport.run(revert, COMMAND_TIMEOUT_S)
+    except InfraError:
+        if leases is not None:
+            leases.abandon(fid)
+        return
+    if leases is not None:
+        leases.release(fid)
