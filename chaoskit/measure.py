@@ -19,7 +19,9 @@ from typing import Any, Iterable
 
 __all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "slo_verdict", "PHASES"]
 
-DETECT_KINDS = frozenset({"detect", "worker.exit"})
+DETECT_KINDS = frozenset({"detect", "worker.exit", "node.down", "job.node_fail", "job.requeued"})
+"""Events that show the system noticed a fault: a torchrun agent or a rank (``worker.exit``, ``detect``), Ray,
+or the scheduler (``node.down``; ``job.requeued``: a preempted job, which no node failure announced)."""
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
 
 Event = dict[str, Any]

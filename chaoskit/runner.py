@@ -10,6 +10,7 @@ runs, every exit path reverts what was injected, stops the job and writes
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import shutil
@@ -55,6 +56,7 @@ from chaoskit.scenario.checks import check_scenario, world_size
 from chaoskit.workloads.attach import AttachedJob
 from chaoskit.workloads.launch import TorchrunJob, job_dir, torch_available
 from chaoskit.workloads.ray_train import RayTrainJob
+from chaoskit.workloads.slurm import SlurmJob
 
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
 
@@ -157,12 +159,12 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     run_id = f"{_utc_stamp()}-{sc.name}"
     if dry_run:
         cluster = preview
-        job = _job_class(sc.workload)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
+        job = _job_class(sc.workload, cluster, loaded.path.parent)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
         plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
-        if isinstance(job, AttachedJob):
-            result["attach"] = job.describe()
+        if isinstance(job, (AttachedJob, SlurmJob)):
+            result["attach" if isinstance(job, AttachedJob) else "submit"] = job.describe()
         if not torch_available() and sc.workload.launch not in ("command", "attach"):
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, result, None, plan)
@@ -181,8 +183,11 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     return run.execute()
 
 
-def _job_class(workload):
-    """The job runner for ``workload.launch``: torchrun agents, a Ray Train driver, or somebody else's job."""
+def _job_class(workload, cluster: ClusterHandle, base: Path):
+    """The job runner for ``workload.launch``: torchrun agents, a Ray Train driver, somebody else's job, or,
+    on a cluster with a batch scheduler, a job submitted to it (``base``: where a relative script is)."""
+    if cluster.scheduler is not None and workload.launch in ("reference", "uninstrumented", "sbatch"):
+        return functools.partial(SlurmJob, base=base)
     return {"ray-train": RayTrainJob, "attach": AttachedJob}.get(workload.launch, TorchrunJob)
 
 
@@ -209,7 +214,7 @@ class _Run:
         self.injections: list[tuple[Fault, Injection]] = []
         self.notes: list[str] = []
         self.verdict: str | None = None
-        self.job: TorchrunJob | RayTrainJob | AttachedJob | None = None
+        self.job: TorchrunJob | RayTrainJob | AttachedJob | SlurmJob | None = None
         self.clocks: dict[str, ClockOffset] = {}
         self.threads: list[Probe] = []
         self.job_dir: Path | None = None
@@ -327,7 +332,8 @@ class _Run:
         self.threads.extend(self.cluster.probes(self.bus))
         for t in self.threads:
             t.start()
-        self.job = _job_class(sc.workload)(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
+        self.job = _job_class(sc.workload, self.cluster, self.loaded.path.parent)(
+            self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
         if isinstance(self.job, AttachedJob):
             self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to the job on "
@@ -547,6 +553,7 @@ class _Run:
             "capabilities": self.capabilities.as_dict(),
             "clocks": {name: c.as_dict() for name, c in self.clocks.items()},
             **({"attached": self.job.info()} if isinstance(self.job, AttachedJob) else {}),
+            **({"slurm": self.job.info()} if isinstance(self.job, SlurmJob) else {}),
         }
 
     def _clock_error(self, node: str) -> float:

@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Protocol
 from pydantic import Field
 
 from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import StrictModel
@@ -77,6 +78,12 @@ class ClusterHandle:
     """How to reach a node's job processes to stop them (default: local process scopes)."""
     probes: Callable[[EventBus], list[Probe]] = lambda bus: []
     """Event sources of the cluster itself (Ray's node table), started beside the job's."""
+    scheduler: SlurmAccess | None = None
+    """The batch scheduler jobs go through (Slurm), or ``None``: the runner then submits the job to it
+    (``sbatch``) instead of starting torchrun agents itself."""
+    scheduler_options: dict[str, str] = field(default_factory=dict)
+    """What a generated batch script needs to know of this cluster: ``partition``, ``local_addr_interface``
+    (the NIC whose address a torchrun agent advertises)."""
 
     @property
     def agent_nodes(self) -> list[str]:

@@ -21,6 +21,8 @@ EVENT_KINDS = (
     "fault.injected", "fault.reverted", "worker.start", "worker.exit", "detect",
     "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
     "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end", "straggler",
+    # A scheduler's view (chaoskit.observe.slurm): a node it gave up on, and the job's way back.
+    "node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

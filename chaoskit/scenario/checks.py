@@ -85,6 +85,9 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
         able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
         raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
                            f"it needs kind: {' or '.join(able)}", "workload", "launch")
+    if sc.workload.script is not None and not (loaded.path.parent / sc.workload.script).is_file():
+        raise loaded.error(f"workload.script: no batch script {loaded.path.parent / sc.workload.script}; nothing was submitted",
+                           "workload", "script")
     if sc.workload.launch == "attach" and not sc.probes.log:
         raise loaded.error(
             "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "
