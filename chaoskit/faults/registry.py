@@ -25,6 +25,8 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "node.poweroff": "chaoskit.faults.power:PowerOffFault",
     "gpu.fail": "chaoskit.faults.gpu:GpuFailFault",
     "node.slow": "chaoskit.faults.slow:SlowFault",
+    "slurm.drain": "chaoskit.faults.slurm:DrainFault",
+    "slurm.requeue": "chaoskit.faults.slurm:RequeueFault",
 }, check=_check)
 
 
