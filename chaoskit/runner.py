@@ -37,7 +37,7 @@ from chaoskit.core.state import state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.measure import measure_fault, measure_slowdown, slo_verdict
+from chaoskit.measure import measure_fault, measure_slowdown, reallocation_steps, slo_verdict
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.probes import (
     TORCHRUN_RULES,
@@ -500,6 +500,9 @@ class _Run:
         slowdown = None
         for fault, inj in self.injections:
             m = measure_fault(events, inj.t_fault, self._clock_error(inj.node))
+            steps = reallocation_steps(events, m["t_detect"], m["t_realloc"], self.cluster.details.get("slurm"))
+            if steps:
+                m["reallocation_steps"] = steps
             per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
             if getattr(fault, "measures_slowdown", False) and slowdown is None:
                 t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
@@ -531,6 +534,8 @@ class _Run:
             phases["detected_by"] = phases_full["detected_by"]
             phases["reasons"] = phases_full["reasons"]
             phases["uncertainty_s"] = phases_full["uncertainty_s"]
+            if phases_full.get("reallocation_steps"):
+                phases["reallocation_steps"] = phases_full["reallocation_steps"]
         return {
             "scenario": self.sc.name,
             "scenario_file": str(self.loaded.path),
