@@ -251,15 +251,20 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
         return next((e for e in window if pred(e)), None)
 
     down = first(lambda e: e["kind"] == "node.down" and e.get("state") == "DOWN")
-    if down is not None:
-        marks.append(("node DOWN", down["ts"], f"{setting('slurmd_timeout', 'SlurmdTimeout')}: a silent slurmd is DOWN after it"))
     requeued = first(lambda e: e["kind"] == "job.requeued")
+    if down is not None:
+        # slurmctld requeues the job as it marks the node DOWN; two polls may see the two apart
+        t_down = min(down["ts"], requeued["ts"]) if requeued is not None and abs(down["ts"] - requeued["ts"]) < 1.0 else down["ts"]
+        marks.append(("node DOWN", t_down, f"{setting('slurmd_timeout', 'SlurmdTimeout')}: a silent slurmd is DOWN after it"))
     if requeued is not None:
         marks.append(("job requeued", requeued["ts"], "--requeue (JobRequeue=1): immediate once the node is DOWN or on preemption"))
         t_req = requeued["ts"]
         eligible = first(lambda e: e["ts"] > t_req and (
             (e["kind"] == "job.pending" and e.get("reason") != "BeginTime") or e["kind"] in ("job.allocated", "job.running")))
         held = first(lambda e: e["ts"] >= t_req and e["kind"] == "job.pending" and e.get("reason") == "BeginTime")
+        if held is not None and held["ts"] > t_req:
+            marks.append(("held (BeginTime)", held["ts"], f"the old job's processes ending: {setting('kill_wait', 'KillWait')} "
+                                                          "from SIGTERM to SIGKILL (COMPLETING)"))
         if held is not None and eligible is not None and eligible["kind"] == "job.pending":
             marks.append(("eligible again", eligible["ts"], f"the requeue hold: {setting('requeue_hold', 'AuthInfo=cred_expire')} "
                                                           "(pending, reason BeginTime)"))

@@ -80,11 +80,12 @@ def test_reallocation_is_split_into_slurm_steps_each_with_its_bound():
     assert m["detection_s"] == 8.0 and "slurmctld" in m["detected_by"]
     steps = reallocation_steps(ev, m["t_detect"], m["t_realloc"], {"slurmd_timeout": 6.0, "requeue_hold": 5.0, "sched_interval": 2.0})
     assert [s["step"] for s in steps] == [
-        "detected -> node DOWN", "node DOWN -> job requeued", "job requeued -> eligible again",
-        "eligible again -> allocated n0,n2", "allocated n0,n2 -> workers started"]
+        "detected -> node DOWN", "node DOWN -> job requeued", "job requeued -> held (BeginTime)",
+        "held (BeginTime) -> eligible again", "eligible again -> allocated n0,n2", "allocated n0,n2 -> workers started"]
     assert "SlurmdTimeout=6s" in steps[0]["bound_by"]
-    assert "cred_expire=5s" in steps[2]["bound_by"] and steps[2]["seconds"] == pytest.approx(5.3)
-    assert "sched_interval=2s" in steps[3]["bound_by"]
+    assert "KillWait" in steps[2]["bound_by"]
+    assert "cred_expire=5s" in steps[3]["bound_by"] and steps[3]["seconds"] == pytest.approx(5.1)
+    assert "sched_interval=2s" in steps[4]["bound_by"]
     assert sum(s["seconds"] for s in steps) == pytest.approx(m["reallocation_s"])
     # torchrun restarting in place: no scheduler event, no steps
     assert reallocation_steps([e for e in ev if not e["kind"].startswith(("job.", "node."))], t + 1, t + 25.5) == []
@@ -228,7 +229,7 @@ def test_slurm_preempt_requeues_and_resumes_from_the_checkpoint(tmp_path):
     assert res.code == 0, (res.stderr, r["slo"], r["notes"])
     assert r["slurm"]["restarts"] == 1
     steps = [s["step"] for s in r["phases"]["reallocation_steps"]]
-    assert "job requeued -> eligible again" in steps
+    assert "held (BeginTime) -> eligible again" in steps
     ev = events_of(tmp_path / "run")
     assert any(e["kind"] == "job.pending" and e.get("reason") == "BeginTime" for e in ev)
     assert r["phases"]["restored_step"] > 0
