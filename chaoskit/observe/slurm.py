@@ -12,8 +12,8 @@ a change as one event, stamped with the time of the poll that saw it:
   (``BeginTime`` is the requeue hold, ``Resources`` no free node, ``Priority`` the queue);
 - ``job.allocated`` with its ``nodes``; ``job.running``.
 
-Jobs slurmctld already knew when the probe started are left out (the lab keeps finished
-jobs for a while); ``only_jobs`` narrows the jobs further (a real cluster's other users').
+A job first seen already finished is left out (the lab keeps finished jobs for a while);
+``only_jobs`` narrows the jobs further (a real cluster's other users').
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SlurmProbe(threading.Thread):
         self.stop_event = threading.Event()
         self.node_state: dict[str, set[str]] = {}
         self.job_state: dict[str, dict[str, Any]] = {}
-        self.known_before: set[str] | None = None
+        self.finished_before: set[str] = set()
         self.errors = 0
 
     def poll(self) -> list[Event]:
@@ -75,15 +75,15 @@ class SlurmProbe(threading.Thread):
         return out
 
     def _jobs(self, jobs: list[dict[str, str]], nodes: dict[str, dict[str, str]], ts: float) -> list[Event]:
-        if self.known_before is None:
-            self.known_before = {j.get("JobId", "") for j in jobs}
         wanted = self.only_jobs() if self.only_jobs is not None else None
         out = []
         for fields in jobs:
             job_id = fields.get("JobId", "")
-            if job_id in self.known_before or (wanted is not None and job_id not in wanted):
-                continue
             state = fields.get("JobState", "")
+            if job_id not in self.job_state and state in JOB_DONE_STATES:
+                self.finished_before.add(job_id)  # an earlier run's: no transition of it is this run's
+            if job_id in self.finished_before or (wanted is not None and job_id not in wanted):
+                continue
             restarts = _int(fields.get("Restarts"))
             reason = fields.get("Reason") or None
             alloc = node_list(fields.get("NodeList"))
@@ -110,11 +110,6 @@ class SlurmProbe(threading.Thread):
             if state in JOB_DONE_STATES and prev["state"] not in JOB_DONE_STATES and prev["state"] is not None:
                 out.append(make_event("job.end", ts, **common, state=state, exit_code=fields.get("ExitCode")))
         return out
-
-    def start(self) -> None:
-        """Take the first look now, before the job is submitted: the jobs already there are left out."""
-        self.poll()
-        super().start()
 
     def run(self) -> None:
         while not self.stop_event.wait(self.interval):
