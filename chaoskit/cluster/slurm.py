@@ -3,9 +3,10 @@
 :class:`SlurmAccess` is all a fault, a probe or a job needs to act through Slurm:
 which ``slurm.conf`` (``SLURM_CONF``; ``None``: the machine's own) and where the
 binaries are. Every command runs without a shell, with a deadline. States are read
-with ``scontrol -o show``, one line per job or node, which every Slurm since 2.x
-prints the same way (22.05's ``--json`` output needs a data_parser plugin that
-distributions do not always ship, and is several times slower to produce).
+with ``scontrol -o show``, one line per job or node: it carries what the probe needs
+(``Restarts``, ``Reason``, ``BatchHost``, the node flags) in a form older Slurms print
+too, where ``squeue --json`` exists from 21.08 on only and its layout changes with
+the data_parser version.
 """
 
 from __future__ import annotations
