@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "slo_verdict", "PHASES"]
+__all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
 
-DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc"})
-"""Events that show the system noticed a fault: an agent or a surviving rank, a failed checkpoint save (how a
-job notices a full disk, often without restarting), the kernel's OOM killer (``observe/kmsg.py``), the GPU's own
-Xid and uncorrectable ECC reports (``observe/gpu.py``)."""
+DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
+                          "node.down", "job.node_fail", "job.requeued"})
+"""Events that show the system noticed a fault: a torchrun agent or a rank (``worker.exit``, ``detect``), a failed
+checkpoint save (how a job notices a full disk, often without restarting), the kernel's OOM killer
+(``observe/kmsg.py``), the GPU's own Xid and uncorrectable ECC reports (``observe/gpu.py``), Ray, or the scheduler
+(``node.down``; ``job.requeued``: a preempted job, which no node failure announced)."""
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
 
 Event = dict[str, Any]
@@ -226,3 +228,59 @@ def measure_slowdown(events: Iterable[Event], t_fault: float, t_revert: float | 
     r = (lambda v: None if v is None else round(v, 4))
     return {"step_time_before_s": r(before), "step_time_during_s": r(during), "step_time_after_s": r(after),
             "throughput_lost_pct": lost, "recovery_after_revert_s": recovery, "reasons": reasons}
+
+
+SCHEDULER_KINDS = frozenset({"node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running"})
+
+
+def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_realloc: float | None,
+                       settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Reallocation in the scheduler's steps (Slurm's events between detection and the new world's workers),
+    each with the setting that bounds it (from ``settings``: the cluster's ``slurmd_timeout``, ``requeue_hold``,
+    ``sched_interval`` in seconds, when known). Empty when the scheduler took no part (torchrun restarted in place)."""
+    if t_detect is None or t_realloc is None:
+        return []
+    s = settings or {}
+
+    def setting(key: str, name: str) -> str:
+        return f"{name}={s[key]:g}s" if isinstance(s.get(key), (int, float)) else name
+
+    window = [e for e in sorted(events, key=lambda e: e["ts"]) if t_detect <= e["ts"] <= t_realloc and e.get("kind") in SCHEDULER_KINDS]
+    if not any(e["kind"].startswith("job.") for e in window):
+        return []
+    marks: list[tuple[str, float, str]] = [("detected", t_detect, "")]
+
+    def first(pred) -> Event | None:
+        return next((e for e in window if pred(e)), None)
+
+    down = first(lambda e: e["kind"] == "node.down" and e.get("state") == "DOWN")
+    requeued = first(lambda e: e["kind"] == "job.requeued")
+    if down is not None:
+        # slurmctld requeues the job as it marks the node DOWN; two polls may see the two apart
+        t_down = min(down["ts"], requeued["ts"]) if requeued is not None and abs(down["ts"] - requeued["ts"]) < 1.0 else down["ts"]
+        marks.append(("node DOWN", t_down, f"{setting('slurmd_timeout', 'SlurmdTimeout')}: a silent slurmd is DOWN after it"))
+    if requeued is not None:
+        marks.append(("job requeued", requeued["ts"], "--requeue (JobRequeue=1): immediate once the node is DOWN or on preemption"))
+        t_req = requeued["ts"]
+        eligible = first(lambda e: e["ts"] > t_req and (
+            (e["kind"] == "job.pending" and e.get("reason") != "BeginTime") or e["kind"] in ("job.allocated", "job.running")))
+        held = first(lambda e: e["ts"] >= t_req and e["kind"] == "job.pending" and e.get("reason") == "BeginTime")
+        if held is not None and held["ts"] > t_req:
+            marks.append(("held (BeginTime)", held["ts"], f"the old job's processes ending: {setting('kill_wait', 'KillWait')} "
+                                                          "from SIGTERM to SIGKILL (COMPLETING)"))
+        if held is not None and eligible is not None and eligible["kind"] == "job.pending":
+            marks.append(("eligible again", eligible["ts"], f"the requeue hold: {setting('requeue_hold', 'AuthInfo=cred_expire')} "
+                                                          "(pending, reason BeginTime)"))
+    allocated = first(lambda e: e["kind"] == "job.allocated" and (requeued is None or e["ts"] >= requeued["ts"]))
+    if allocated is not None:
+        bound = f"scheduling: {setting('sched_interval', 'SchedulerParameters=sched_interval')}, and a free node"
+        marks.append((f"allocated {','.join(allocated.get('nodes') or [])}".strip(), allocated["ts"], bound))
+    running = first(lambda e: e["kind"] == "job.running" and (allocated is None or e["ts"] >= allocated["ts"]))
+    if running is not None and (allocated is None or running["ts"] > allocated["ts"]):
+        marks.append(("running", running["ts"], "job launch: prolog, credentials, the batch script starting"))
+    marks.append(("workers started", t_realloc, "the batch script, srun and torchrun start-up on the new allocation"))
+    marks = [marks[0]] + sorted((m for m in marks[1:] if m[1] > t_detect), key=lambda m: m[1])  # the detection itself is no step
+    steps = []
+    for (a, ta, _), (b, tb, bound) in zip(marks, marks[1:]):
+        steps.append({"step": f"{a} -> {b}", "seconds": round(tb - ta, 3), "bound_by": bound})
+    return steps

@@ -10,6 +10,7 @@ runs, every exit path reverts what was injected, stops the job and writes
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ from chaoskit.core.state import state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.measure import measure_fault, measure_slowdown, slo_verdict
+from chaoskit.measure import measure_fault, measure_slowdown, reallocation_steps, slo_verdict
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
@@ -58,6 +59,7 @@ from chaoskit.scenario.checks import check_scenario, world_size
 from chaoskit.workloads.attach import AttachedJob
 from chaoskit.workloads.launch import TorchrunJob, checkpoint_dir, job_dir, torch_available
 from chaoskit.workloads.ray_train import RayTrainJob
+from chaoskit.workloads.slurm import SlurmJob
 
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
 
@@ -165,12 +167,12 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     run_id = f"{_utc_stamp()}-{sc.name}"
     if dry_run:
         cluster = preview
-        job = _job_class(sc.workload)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
+        job = _job_class(sc.workload, cluster, loaded.path.parent)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
         plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
-        if isinstance(job, AttachedJob):
-            result["attach"] = job.describe()
+        if isinstance(job, (AttachedJob, SlurmJob)):
+            result["attach" if isinstance(job, AttachedJob) else "submit"] = job.describe()
         if not torch_available() and sc.workload.launch not in ("command", "attach"):
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, result, None, plan)
@@ -189,8 +191,11 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     return run.execute()
 
 
-def _job_class(workload):
-    """The job runner for ``workload.launch``: torchrun agents, a Ray Train driver, or somebody else's job."""
+def _job_class(workload, cluster: ClusterHandle, base: Path):
+    """The job runner for ``workload.launch``: torchrun agents, a Ray Train driver, somebody else's job, or,
+    on a cluster with a batch scheduler, a job submitted to it (``base``: where a relative script is)."""
+    if cluster.scheduler is not None and workload.launch in ("reference", "uninstrumented", "sbatch"):
+        return functools.partial(SlurmJob, base=base)
     return {"ray-train": RayTrainJob, "attach": AttachedJob}.get(workload.launch, TorchrunJob)
 
 
@@ -217,7 +222,7 @@ class _Run:
         self.injections: list[tuple[Fault, Injection]] = []
         self.notes: list[str] = []
         self.verdict: str | None = None
-        self.job: TorchrunJob | RayTrainJob | AttachedJob | None = None
+        self.job: TorchrunJob | RayTrainJob | AttachedJob | SlurmJob | None = None
         self.clocks: dict[str, ClockOffset] = {}
         self.threads: list[Probe] = []
         self.job_dir: Path | None = None
@@ -386,7 +391,8 @@ class _Run:
                 self.threads.append(health)
         for t in self.threads:
             t.start()
-        self.job = _job_class(sc.workload)(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
+        self.job = _job_class(sc.workload, self.cluster, self.loaded.path.parent)(
+            self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
         if isinstance(self.job, AttachedJob):
             self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to the job on "
@@ -555,6 +561,9 @@ class _Run:
         slowdown = None
         for fault, inj in self.injections:
             m = measure_fault(events, inj.t_fault, self._clock_error(inj.node))
+            steps = reallocation_steps(events, m["t_detect"], m["t_realloc"], self.cluster.details.get("slurm"))
+            if steps:
+                m["reallocation_steps"] = steps
             per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
             if getattr(fault, "measures_slowdown", False) and slowdown is None:
                 t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
@@ -589,6 +598,8 @@ class _Run:
             phases["detected_by"] = phases_full["detected_by"]
             phases["reasons"] = phases_full["reasons"]
             phases["uncertainty_s"] = phases_full["uncertainty_s"]
+            if phases_full.get("reallocation_steps"):
+                phases["reallocation_steps"] = phases_full["reallocation_steps"]
         return {
             "scenario": self.sc.name,
             "scenario_file": str(self.loaded.path),
@@ -611,6 +622,7 @@ class _Run:
             "capabilities": self.capabilities.as_dict(),
             "clocks": {name: c.as_dict() for name, c in self.clocks.items()},
             **({"attached": self.job.info()} if isinstance(self.job, AttachedJob) else {}),
+            **({"slurm": self.job.info()} if isinstance(self.job, SlurmJob) else {}),
         }
 
     def _clock_error(self, node: str) -> float:

@@ -96,7 +96,7 @@ def test_backends_are_imported_only_when_used():
             "backend('process'); "
             "print(names, sorted(m for m in sys.modules if m.startswith('chaoskit.backends.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == ("['docker', 'inventory', 'netns', 'process', 'ray'] "
+    assert out.strip() == ("['docker', 'inventory', 'netns', 'process', 'ray', 'slurm'] "
                            "['chaoskit.backends.api', 'chaoskit.backends.process', 'chaoskit.backends.registry']")
 
 

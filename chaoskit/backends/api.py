@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Protocol
 from pydantic import Field
 
 from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import StrictModel
@@ -90,6 +91,12 @@ class ClusterHandle:
     checkpoint_fs: CheckpointFs | None = None
     """How this cluster gives the job a file system of its own for its checkpoints (``workload.checkpoint_fs``);
     ``None``: it cannot."""
+    scheduler: SlurmAccess | None = None
+    """The batch scheduler jobs go through (Slurm), or ``None``: the runner then submits the job to it
+    (``sbatch``) instead of starting torchrun agents itself."""
+    scheduler_options: dict[str, str] = field(default_factory=dict)
+    """What a generated batch script needs to know of this cluster: ``partition``, ``local_addr_interface``
+    (the NIC whose address a torchrun agent advertises)."""
 
     @property
     def agent_nodes(self) -> list[str]:

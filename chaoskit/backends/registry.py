@@ -26,6 +26,7 @@ CLUSTERS: Registry[type[ClusterBackend]] = Registry("cluster backend", GROUP, {
     "netns": "chaoskit.backends.netns:NetnsBackend",
     "docker": "chaoskit.backends.docker:DockerBackend",
     "inventory": "chaoskit.backends.inventory:InventoryBackend",
+    "slurm": "chaoskit.backends.slurm:SlurmBackend",
 }, check=_check)
 
 

@@ -166,6 +166,9 @@ class Node:
     processes: str = "all"
     """Which processes belong to the node: ``all`` on the host, or ``netns`` (those in the agent's namespace)."""
     workdir: str | None = None
+    scheduler: Any = None
+    """How to reach the Slurm that manages this node (a :class:`chaoskit.cluster.slurm.SlurmAccess`), when one does;
+    the node's Slurm name is its name. Scheduler faults (``slurm.drain``, ``slurm.requeue``) act through it."""
 
     def matches(self, labels: dict[str, str] | None) -> bool:
         return all(self.labels.get(k) == str(v) for k, v in (labels or {}).items())

@@ -28,6 +28,8 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "storage.corrupt": "chaoskit.faults.storage:CorruptFault",
     "storage.full": "chaoskit.faults.storage:FullFault",
     "mem.oom": "chaoskit.faults.memory:OomFault",
+    "slurm.drain": "chaoskit.faults.slurm:DrainFault",
+    "slurm.requeue": "chaoskit.faults.slurm:RequeueFault",
 }, check=_check)
 
 

@@ -184,6 +184,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "phase_rows": _phase_rows(phases, slo),
         "detected_by": phases.get("detected_by"),
         "slowdown": _slowdown_rows((result or {}).get("slowdown")),
+        "reallocation_steps": phases.get("reallocation_steps") or [],
         "waterfall": _waterfall(timing, slo, t_fault),
         "grid": _node_grid(events, nodes, t_fault, timing),
         "ckpt": _checkpoint_chart(events, t_fault, timing),

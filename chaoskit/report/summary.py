@@ -70,6 +70,8 @@ def render_result(console, result: dict[str, Any]) -> None:
                           + (f" ({f['fidelity']})" if f.get("fidelity") else ""))
     if phases.get("detected_by"):
         console.print(f"detected by: {phases['detected_by']}")
+    for step in phases.get("reallocation_steps") or []:
+        console.print(f"  reallocation step {step['step']}: {step['seconds']:.2f}s  [dim](bounded by {escape(step['bound_by'])})[/dim]")
     for name, check in (result.get("checks") or {}).items():
         if not check.get("pass"):
             console.print(f"[red]check failed:[/red] {escape(check_text(name, check))}")

@@ -95,6 +95,9 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
     if sc.workload.checkpoint_fs is not None and cluster.checkpoint_fs is None:
         raise loaded.error(f"workload.checkpoint_fs: a cluster of kind {sc.cluster.kind} cannot give the job a checkpoint "
                            "file system of its own (the process lab, cluster: lab, can)", "workload", "checkpoint_fs")
+    if sc.workload.script is not None and not (loaded.path.parent / sc.workload.script).is_file():
+        raise loaded.error(f"workload.script: no batch script {loaded.path.parent / sc.workload.script}; nothing was submitted",
+                           "workload", "script")
     if sc.workload.launch == "attach" and not sc.probes.log:
         raise loaded.error(
             "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "

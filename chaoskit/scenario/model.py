@@ -18,6 +18,7 @@ from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.core.models import NAME_RE, StrictModel, check_regex
 from chaoskit.core.sizes import ByteSize
+from chaoskit.core.shell import check_path
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
 
@@ -36,7 +37,7 @@ __all__ = [
 class Workload(StrictModel):
     """The training job the drill runs against."""
 
-    launch: Literal["reference", "uninstrumented", "command", "ray-train", "attach"] = Field(
+    launch: Literal["reference", "uninstrumented", "command", "ray-train", "attach", "sbatch"] = Field(
         "reference",
         description=(
             "reference: the SDK-instrumented PyTorch DDP job; uninstrumented: the same job with no chaoskit "
@@ -44,9 +45,14 @@ class Workload(StrictModel):
             "TorchTrainer (one worker per node, FailureConfig(max_failures=max_restarts), checkpoints through "
             "ray.train.report) on a cluster of kind: ray; attach: a job somebody else started (already running, "
             "or started within steady_state.timeout), found on each node by `process` and torchrun's environment, "
-            "never started or stopped by chaoskit."
+            "never started or stopped by chaoskit; sbatch: your own batch script, submitted unmodified to the "
+            "cluster's Slurm (kind: slurm). On kind: slurm, reference and uninstrumented run through a generated "
+            "batch script too (srun, one torchrun agent per node, --requeue)."
         ),
     )
+    script: str | None = Field(None, description=(
+        "launch: sbatch only: the batch script to submit (relative to the scenario); chaoskit never edits it. "
+        "The job's environment carries CHAOSKIT_EVENTS (where the SDK writes) and CHAOSKIT_CKPT_DIR."))
     command: list[str] | None = Field(None, description="launch: command only: the training script and its arguments.")
     process: str | None = Field(None, description=(
         "launch: attach only: a regular expression matched against each process's command line on the nodes; "
@@ -66,6 +72,11 @@ class Workload(StrictModel):
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        return None if v is None else check_path(v)
 
     @field_validator("process")
     @classmethod
@@ -87,6 +98,10 @@ class Workload(StrictModel):
                              "checkpoints in <job dir>/checkpoints)")
         if self.launch in ("attach", "ray-train") and self.checkpoint_fs is not None:
             raise ValueError(f"'checkpoint_fs' is only used with a job chaoskit starts under torchrun, not launch: {self.launch}")
+        if self.launch == "sbatch" and not self.script:
+            raise ValueError("launch: sbatch needs 'script: FILE' (the batch script to submit)")
+        if self.launch != "sbatch" and self.script:
+            raise ValueError("'script' is only used with launch: sbatch")
         if self.launch == "attach" and "wait" not in self.model_fields_set:
             self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self

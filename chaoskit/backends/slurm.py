@@ -1,0 +1,176 @@
+"""``kind: slurm``: a Slurm lab (slurmctld, one slurmd per network-namespace node) where Slurm runs the job.
+
+See :mod:`chaoskit.lab.slurm`. The job goes through ``sbatch`` (the reference job's
+generated batch script, or the user's own), Slurm allocates its nodes, and Slurm's
+own job and node states join the timeline (:class:`chaoskit.observe.slurm.SlurmProbe`),
+so reallocation shows in its scheduler steps. Spares are idle Slurm nodes a requeued
+job may land on.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from chaoskit.backends.api import ClusterBackend, ClusterHandle, ClusterSpec, LabStatus, Say
+from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
+from chaoskit.cluster.inventory_file import load_inventory
+from chaoskit.cluster.slurm import SlurmAccess
+from chaoskit.cluster.transports.ssh import connect_all
+from chaoskit.core.durations import PositiveDuration
+from chaoskit.core.models import StrictModel
+from chaoskit.core.state import state_dir
+from chaoskit.lab.netns import NetnsLab
+from chaoskit.lab.slurm import DEFAULT_SETTINGS, SlurmLab, require_slurm_tools, slurm_lab_dir
+from chaoskit.observe.slurm import SlurmProbe
+
+__all__ = ["SlurmBackend", "SlurmSpec", "SlurmSettings"]
+
+
+class SlurmSettings(StrictModel):
+    """The lab's slurm.conf timings. Short by default, so a drill takes seconds; set them to your cluster's to see
+    what they cost (each bounds one step of reallocation in the report)."""
+
+    slurmd_timeout: PositiveDuration = Field(DEFAULT_SETTINGS["slurmd_timeout"], description=(
+        "SlurmdTimeout: how long slurmctld waits for a silent slurmd before it marks the node DOWN (Slurm's default 300s)."))
+    requeue_hold: PositiveDuration = Field(DEFAULT_SETTINGS["requeue_hold"], description=(
+        "AuthInfo=cred_expire: how long a requeued job is held (reason BeginTime) before it may start again "
+        "(Slurm's default 120s; at least 5s)."))
+    sched_interval: PositiveDuration = Field(DEFAULT_SETTINGS["sched_interval"], description=(
+        "SchedulerParameters=sched_interval: the main scheduler's period (Slurm's default 60s; it also runs on events)."))
+    message_timeout: PositiveDuration = Field(DEFAULT_SETTINGS["message_timeout"], description="MessageTimeout.")
+    kill_wait: PositiveDuration = Field(DEFAULT_SETTINGS["kill_wait"], description=(
+        "KillWait: from SIGTERM to SIGKILL of a job's processes when it ends or is requeued."))
+
+
+class SlurmSpec(ClusterSpec):
+    """A Slurm lab on this machine: slurmctld, and one slurmd per node, each node a network namespace."""
+
+    kind: Literal["slurm"] = Field(..., description=(
+        "slurm: a Slurm lab (slurmctld and one slurmd per network-namespace node) that runs the job through sbatch "
+        "(needs root, slurmctld, slurmd, munge, iproute2, nftables, openssh-server)."))
+    spare: int = Field(1, ge=0, le=16, description="Idle Slurm nodes a requeued job can be allocated.")
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="slurm.conf timings of the lab.")
+
+
+class SlurmBackend(ClusterBackend):
+    name = "slurm"
+    Spec = SlurmSpec
+    summary = "a Slurm lab: slurmctld + one slurmd per network namespace; jobs through sbatch (root)"
+    launches = ("reference", "uninstrumented", "sbatch")
+
+    def preview(self, spec: SlurmSpec, base: Path) -> ClusterHandle:
+        lab = SlurmLab("(new slurm lab)", slurm_lab_dir(), spec.nodes, spec.spare, _settings(spec))
+        net = NetnsLab("(new slurm lab)", slurm_lab_dir() / "netns", spec.nodes, spec.spare)
+        inventory = _inventory_from_document(lab.inventory_document(net), lab.access())
+        return self._handle(spec, lab, inventory, details={})
+
+    def open(self, spec: SlurmSpec, base: Path) -> ClusterHandle:
+        """The lab ``lab up --kind slurm`` made when it has this shape and these settings, else one made for this run."""
+        require_slurm_tools()
+        lab = SlurmLab.load()
+        ephemeral = lab is None or lab.nodes != spec.nodes or lab.spare != spec.spare or lab.settings != _settings(spec)
+        if ephemeral:
+            lab = SlurmLab.create(spec.nodes, spec.spare, _settings(spec),
+                                  directory=state_dir() / "lab" / f"slurm-run-{secrets.token_hex(3)}")
+        inventory = _with_scheduler(load_inventory(lab.inventory_path), lab.access())
+
+        def teardown() -> None:
+            inventory.close()
+            if ephemeral:
+                lab.down()
+
+        handle = self._handle(spec, lab, inventory, details={
+            "inventory": str(lab.inventory_path), "directory": str(lab.directory), "ephemeral": ephemeral,
+        })
+        handle.connect = lambda: connect_all([n.conn for n in inventory.nodes])
+        handle.teardown = teardown
+        return handle
+
+    def _handle(self, spec: SlurmSpec, lab: SlurmLab, inventory: Inventory, details: dict[str, Any]) -> ClusterHandle:
+        names = [n.name for n in inventory.nodes]
+        access = lab.access()
+        settings = {**lab.settings, "conf": str(lab.conf_path)}
+        return ClusterHandle(
+            id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=names[: spec.nodes],
+            rdzv_host="<first node of the allocation>", scope=lambda node: f"{lab.lab_id}.{node}",
+            launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
+            details={**details, "slurm": settings},
+            scheduler=access,
+            scheduler_options={"partition": "chaoskit", "local_addr_interface": "eth0"},
+            probes=lambda bus: [SlurmProbe(bus, access)],
+        )
+
+    # -- labs ------------------------------------------------------------------------------
+
+    def lab_up(self, spec: SlurmSpec, base: Path, say: Say, rebuild: bool = False) -> str:
+        existing = SlurmLab.load()
+        if existing is not None:
+            return f"Slurm lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first"
+        lab = SlurmLab.create(spec.nodes, spec.spare, _settings(spec))
+        return (f"Slurm lab {lab.lab_id} up: {spec.nodes} nodes + {spec.spare} spare ({', '.join(lab.node_names())})\n"
+                f"slurm.conf: {lab.conf_path} (export SLURM_CONF={lab.conf_path} to use sinfo, squeue, sbatch)\n"
+                f"inventory: {lab.inventory_path}")
+
+    def lab_down(self, compose: Path | None = None) -> list[str]:
+        lab = _lab_if_root()
+        if lab is None:
+            return []
+        lab.down()
+        return [f"Slurm lab {lab.lab_id} down"]
+
+    def lab_status(self) -> list[LabStatus]:
+        lab = _lab_if_root()
+        if lab is None:
+            return []
+        st = lab.status()
+        nodes = [{**n, "detail": f"{'on ' if n['on'] else 'OFF'} mgmt {n['address']}, slurm {n['slurm_state']}"}
+                 for n in st["nodes"]]
+        ctld = "up" if st["slurmctld"] else "NOT RUNNING"
+        return [LabStatus(self.name, lab.lab_id, f"Slurm lab {lab.lab_id}: slurmctld {ctld}, SLURM_CONF={lab.conf_path}",
+                          nodes, {"directory": st["directory"], "conf": st["conf"], "inventory": st["inventory"]})]
+
+    # -- after a crash -----------------------------------------------------------------------
+
+    def rollback_inventory(self, details: dict[str, Any], nodes: list[str]) -> Inventory:
+        conf = (details.get("slurm") or {}).get("conf")
+        return _with_scheduler(load_inventory(details["inventory"]), SlurmAccess(conf=conf))
+
+    def crash_teardown(self, details: dict[str, Any]) -> str | None:
+        if not details.get("ephemeral") or not details.get("directory"):
+            return None
+        lab = SlurmLab.load(details["directory"])
+        if lab is None:
+            return None
+        lab.down()
+        return f"Slurm lab {lab.lab_id} removed"
+
+
+def _settings(spec: SlurmSpec) -> dict[str, float]:
+    return {k: float(v) for k, v in spec.slurm.model_dump().items()}
+
+
+def _with_scheduler(inventory: Inventory, access: SlurmAccess) -> Inventory:
+    """Every node of the lab is the Slurm node of its own name, reached through ``access``."""
+    for node in inventory.nodes:
+        node.scheduler = access
+    return inventory
+
+
+def _inventory_from_document(doc: dict[str, Any], access: SlurmAccess) -> Inventory:
+    """The inventory ``lab up`` would write, built without touching anything (``preview``)."""
+    nodes = [
+        Node(n["name"], n["address"], "ssh", n["labels"], n["gpus"],
+             interfaces={role: InterfaceSpec(**i) for role, i in n["interfaces"].items()},
+             power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"], scheduler=access)
+        for n in doc["nodes"]
+    ]
+    return Inventory("check", nodes)
+
+
+def _lab_if_root() -> SlurmLab | None:
+    return SlurmLab.load() if os.geteuid() == 0 else None

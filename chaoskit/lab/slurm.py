@@ -1,0 +1,451 @@
+"""The Slurm lab: a real slurmctld and one real slurmd per node, on the network-namespace lab.
+
+Needs root and Debian's slurm-wlm (``apt-get install slurmctld slurmd munge``).
+The nodes are those of a :class:`~chaoskit.lab.netns.NetnsLab` (a namespace each,
+with its data and mgmt NICs and its sshd); on top of it:
+
+- one ``munged`` for the lab, with its own key and socket (``AuthInfo=socket=``), so
+  the machine's own munge, if any, is never touched; every namespace shares the socket
+  (a unix socket is a file, not an address);
+- ``slurmctld`` in this machine's namespace, reached on the lab's mgmt bridge address:
+  ``SlurmctldHost`` carries the machine's host name (slurmctld checks it) with that
+  address in parentheses;
+- one ``slurmd -N <node>`` per node, entered with ``nsenter --net=/var/run/netns/NS``:
+  ``ip netns exec`` remounts /sys, and slurmd then finds no cgroup file system;
+  ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none`` need no cgroups.
+
+The generated ``slurm.conf`` keeps every timeout short so drills are fast; a scenario
+sets them (:data:`DEFAULT_SETTINGS` names the keys). ``down`` leaves no daemon, state
+folder, namespace or munge process that the lab started.
+
+Power: ``python -m chaoskit.lab.slurm power off|on|status --dir DIR NODE``: the netns
+lab's power (links down, every process of the namespace killed: slurmd, the job's
+steps), and on power-on the node's slurmd starts again, which is what a booting node
+does; ``ReturnToService=2`` lets slurmctld take it back when it registers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaoskit.cluster.slurm import SlurmAccess
+from chaoskit.core.errors import InfraError
+from chaoskit.core.state import state_dir
+from chaoskit.lab.netns import NetnsLab, require_netns_tools
+
+__all__ = ["SlurmLab", "slurm_lab_dir", "require_slurm_tools", "DEFAULT_SETTINGS", "PARTITION"]
+
+TOOLS = ("slurmctld", "slurmd", "munged", "nsenter", "scontrol", "sbatch", "squeue", "scancel", "sinfo", "srun")
+HINT = "apt-get install -y slurmctld slurmd slurm-client munge"
+PARTITION = "chaoskit"
+_SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
+
+DEFAULT_SETTINGS: dict[str, float] = {
+    "slurmd_timeout": 6.0,
+    "requeue_hold": 5.0,
+    "sched_interval": 2.0,
+    "message_timeout": 5.0,
+    "kill_wait": 2.0,
+}
+"""The lab's Slurm timings, in seconds (short, so a drill lasts seconds, not minutes):
+
+- ``slurmd_timeout``: ``SlurmdTimeout``: how long slurmctld waits for a silent slurmd before the node is DOWN;
+- ``requeue_hold``: ``AuthInfo=cred_expire``: a requeued job may not start before its old credentials expired
+  (the BeginTime a requeued job waits for; Slurm's default 120 s);
+- ``sched_interval``: ``SchedulerParameters=sched_interval``: the main scheduler's period (it also runs on events);
+- ``message_timeout``: ``MessageTimeout``; ``kill_wait``: ``KillWait`` (SIGTERM to SIGKILL of a job's steps).
+"""
+
+
+def slurm_lab_dir() -> Path:
+    return state_dir() / "lab" / "slurm"
+
+
+def require_slurm_tools() -> dict[str, str]:
+    """Paths of what the lab needs; :class:`InfraError` (exit 3) naming what is missing, or that root is needed."""
+    if os.geteuid() != 0:
+        raise InfraError("the Slurm lab needs root (network namespaces, slurmctld, slurmd, munged)",
+                         hint=f"run it with sudo; it also needs: {HINT}")
+    found = {name: shutil.which(name, path=os.environ.get("PATH", "") + ":" + _SBIN) for name in TOOLS}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise InfraError(f"the Slurm lab needs {', '.join(missing)}", hint=HINT)
+    require_netns_tools()
+    return {k: v for k, v in found.items() if v}
+
+
+@dataclass
+class SlurmLab:
+    lab_id: str
+    directory: Path
+    nodes: int
+    spare: int = 0
+    settings: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
+    port: int = 6817
+    hostname: str = ""
+    bin_dir: str = "/usr/sbin"
+    created: float = field(default_factory=time.time)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, nodes: int, spare: int = 0, settings: dict[str, float] | None = None,
+               directory: str | os.PathLike[str] | None = None) -> "SlurmLab":
+        """Build the lab; return once slurmctld sees every node IDLE. On failure nothing is left."""
+        tools = require_slurm_tools()
+        directory = Path(directory or slurm_lab_dir()).resolve()
+        if (directory / "lab.json").exists():
+            raise InfraError(f"a Slurm lab is already up in {directory}", hint="chaoskit lab down")
+        if directory.exists() and any(directory.iterdir()):
+            raise InfraError(f"{directory} is not empty; a Slurm lab needs a directory of its own")
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o711)  # munged wants its socket's folders searchable by all
+        net = NetnsLab.create(nodes, spare=spare, directory=directory / "netns")
+        lab = cls(net.lab_id, directory, nodes, spare, {**DEFAULT_SETTINGS, **(settings or {})}, _free_port(),
+                  socket.gethostname(), str(Path(tools["slurmctld"]).parent))
+        lab._save("building")
+        try:
+            lab._build()
+        except BaseException:
+            lab.down()
+            raise
+        lab._save("up")
+        return lab
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str] | None = None) -> "SlurmLab | None":
+        path = Path(directory or slurm_lab_dir()) / "lab.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data.pop("state", None)
+        data["directory"] = Path(data["directory"])
+        return cls(**data)
+
+    def down(self) -> None:
+        """Stop every daemon the lab started (slurmd with its namespace, slurmctld, munged), remove the namespaces
+        and the lab's directory (slurmctld's state, the spools, the munge key)."""
+        net = self.net
+        if net is not None:
+            for node in net.node_names():
+                net._kill_node(node)
+        for name in ("slurmctld", "munged"):
+            _kill_pidfile(self.directory / f"{name}.pid")
+        _kill_marked(str(self.directory / "slurm.conf"))
+        _kill_marked(str(self.munge_socket))
+        if net is not None:
+            net.down()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- names and paths ------------------------------------------------------------------
+
+    @property
+    def net(self) -> NetnsLab | None:
+        return NetnsLab.load(self.directory / "netns")
+
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(self.nodes + self.spare)]
+
+    @property
+    def conf_path(self) -> Path:
+        return self.directory / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.directory / "munge" / "munge.socket"
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.directory / "inventory.yaml"
+
+    def node_dir(self, node: str) -> Path:
+        return self.directory / "nodes" / node
+
+    def access(self) -> SlurmAccess:
+        return SlurmAccess(conf=str(self.conf_path))
+
+    def power_argv(self, node: str, action: str) -> list[str]:
+        return [sys.executable, "-m", "chaoskit.lab.slurm", "power", action, "--dir", str(self.directory), node]
+
+    def inventory_document(self, net: NetnsLab | None = None) -> dict[str, Any]:
+        """The netns lab's inventory, with this lab's power commands (they restart slurmd) and labels."""
+        doc = (net or self.net).inventory_document()
+        doc["ssh"]["key"] = str(self.directory / "netns" / doc["ssh"]["key"])
+        doc["ssh"]["known_hosts"] = str(self.directory / "netns" / doc["ssh"]["known_hosts"])
+        for node in doc["nodes"]:
+            node["labels"]["lab"] = "slurm"
+            node["power"] = {a: self.power_argv(node["name"], a) for a in ("off", "on", "status")}
+        return doc
+
+    # -- power ----------------------------------------------------------------------------
+
+    def power(self, node: str, action: str) -> bool:
+        net = self._net()
+        if action == "on":
+            on = net.power(node, "on")
+            if not self._slurmd_alive(node):
+                self._start_slurmd(node)
+            return on
+        if action == "status":
+            return net.power(node, "status") and self._slurmd_alive(node)
+        return net.power(node, action)
+
+    def status(self) -> dict[str, Any]:
+        net = self._net()
+        try:
+            slurm = self.access().nodes()
+        except InfraError:
+            slurm = {}
+        return {
+            "kind": "slurm", "id": self.lab_id, "directory": str(self.directory), "conf": str(self.conf_path),
+            "inventory": str(self.inventory_path), "slurmctld": _alive(self.directory / "slurmctld.pid"),
+            "nodes": [{"name": n, "address": net.mgmt_address(n), "on": net.power(n, "status"),
+                       "slurm_state": slurm.get(n, {}).get("State", "?")} for n in self.node_names()],
+        }
+
+    # -- building -------------------------------------------------------------------------
+
+    def _net(self) -> NetnsLab:
+        net = self.net
+        if net is None:
+            raise InfraError(f"the Slurm lab in {self.directory} has no netns lab under it (half torn down?)",
+                             hint="chaoskit lab down")
+        return net
+
+    def _save(self, state: str) -> None:
+        data = asdict(self)
+        data["directory"] = str(self.directory)
+        data["state"] = state
+        tmp = self.directory / "lab.json.tmp"
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(self.directory / "lab.json")
+
+    def _build(self) -> None:
+        net = self._net()
+        self._start_munged()
+        (self.directory / "ctld").mkdir(mode=0o700, exist_ok=True)
+        for node in self.node_names():
+            (self.node_dir(node) / "spool").mkdir(parents=True, exist_ok=True)
+        self.conf_path.write_text(self.conf_text(net))
+        _run([os.path.join(self.bin_dir, "slurmctld"), "-c", "-f", str(self.conf_path)], env=self._env())
+        for node in self.node_names():
+            self._start_slurmd(node)
+        self._wait_idle(self.node_names(), timeout=30.0)
+        import yaml
+
+        header = f"# chaoskit Slurm lab {self.lab_id}: generated by `chaoskit lab up --kind slurm`; removed by `lab down`.\n"
+        self.inventory_path.write_text(header + yaml.safe_dump(self.inventory_document(net), sort_keys=False, width=200))
+
+    def conf_text(self, net: NetnsLab) -> str:
+        s = self.settings
+        d = self.directory
+        lines = [
+            f"# slurm.conf of chaoskit Slurm lab {self.lab_id} (generated; removed by `chaoskit lab down`)",
+            f"ClusterName={self.lab_id}",
+            # slurmctld checks its host name against SlurmctldHost; the address is the lab's mgmt bridge.
+            f"SlurmctldHost={self.hostname}({net.controller_address})",
+            f"SlurmctldPort={self.port}",
+            "SlurmdPort=6818",  # one per namespace: the same port on every node's own address
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket},cred_expire={int(max(5, s['requeue_hold']))}",
+            f"StateSaveLocation={d / 'ctld'}",
+            f"SlurmdSpoolDir={d / 'nodes' / '%n' / 'spool'}",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'nodes' / '%n' / 'slurmd.pid'}",
+            f"SlurmctldLogFile={d / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'nodes' / '%n' / 'slurmd.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "SchedulerType=sched/builtin",
+            "SelectType=select/linear",
+            f"SchedulerParameters=sched_interval={int(max(1, s['sched_interval']))}",
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "JobRequeue=1",
+            f"SlurmdTimeout={int(max(1, s['slurmd_timeout']))}",
+            f"SlurmctldTimeout={int(max(3, s['slurmd_timeout']))}",
+            f"MessageTimeout={int(max(2, s['message_timeout']))}",
+            f"KillWait={int(max(1, s['kill_wait']))}",
+            "InactiveLimit=0",
+            "MinJobAge=600",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+        ]
+        for node in self.node_names():
+            lines.append(f"NodeName={node} NodeHostname={node} NodeAddr={net.mgmt_address(node)} CPUs=1 "
+                         "RealMemory=100 State=UNKNOWN")
+        lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf_path)}
+
+    def _start_munged(self) -> None:
+        mdir = self.directory / "munge"
+        mdir.mkdir(mode=0o711, exist_ok=True)
+        key = mdir / "munge.key"
+        key.write_bytes(secrets.token_bytes(128))
+        key.chmod(0o400)
+        # --force: munged refuses root and a key it cannot prove private otherwise; the key is ours, 0400.
+        _run(["munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+              f"--pid-file={self.directory / 'munged.pid'}", f"--log-file={mdir / 'munged.log'}",
+              f"--seed-file={mdir / 'munged.seed'}"])
+
+    def _start_slurmd(self, node: str) -> None:
+        net = self._net()
+        (self.node_dir(node) / "slurmd.pid").unlink(missing_ok=True)
+        _run(["nsenter", f"--net=/var/run/netns/{net.netns(node)}",
+              os.path.join(self.bin_dir, "slurmd"), "-f", str(self.conf_path), "-N", node], env=self._env())
+
+    def _slurmd_alive(self, node: str) -> bool:
+        return _alive(self.node_dir(node) / "slurmd.pid")
+
+    def _wait_idle(self, nodes: list[str], timeout: float) -> None:
+        end = time.time() + timeout
+        states: dict[str, Any] = {}
+        while time.time() < end:
+            try:
+                states = {n: f.get("State", "") for n, f in self.access().nodes().items()}
+            except InfraError:
+                states = {}
+            if all(states.get(n, "").split("+")[0] in ("IDLE", "ALLOCATED", "MIXED") and "NOT_RESPONDING" not in states.get(n, "")
+                   for n in nodes):
+                return
+            time.sleep(0.2)
+        log = self.directory / "slurmctld.log"
+        tail = log.read_text()[-400:].strip() if log.exists() else ""
+        raise InfraError(f"slurmctld did not see every node idle within {timeout:g}s: {states or 'no answer'}"
+                         + (f"; slurmctld.log ends: {tail}" if tail else ""))
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+    except FileNotFoundError:
+        raise InfraError(f"{argv[0]}: command not found", hint=HINT) from None
+    except subprocess.TimeoutExpired:
+        raise InfraError(f"{' '.join(argv)}: no answer within {timeout:g}s") from None
+    if res.returncode != 0:
+        raise InfraError(f"{' '.join(argv)} failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}")
+    return res
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(path: Path) -> bool:
+    pid = _pid(path)
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_pidfile(path: Path, timeout: float = 5.0) -> None:
+    """SIGTERM the daemon of ``path`` (it cleans up its socket), SIGKILL it if it lingers."""
+    pid = _pid(path)
+    if pid is None or not _alive(path):
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        end = time.time() + wait
+        while time.time() < end and _alive(path):
+            time.sleep(0.05)
+        if not _alive(path):
+            return
+
+
+def _kill_marked(marker: str) -> None:
+    """SIGKILL every process whose command line names ``marker`` (a daemon whose pid file is gone)."""
+    needle = marker.encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), os.getppid()):
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if needle in cmdline:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaoskit.lab.slurm``: the lab's power commands, and up/down/status for debugging."""
+    parser = argparse.ArgumentParser(prog="python -m chaoskit.lab.slurm")
+    parser.add_argument("--dir", dest="directory", default=None)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_power = sub.add_parser("power")
+    p_power.add_argument("action", choices=["off", "on", "status"])
+    p_power.add_argument("--dir", dest="directory", default=argparse.SUPPRESS)
+    p_power.add_argument("node")
+    p_up = sub.add_parser("up")
+    p_up.add_argument("--nodes", type=int, default=2)
+    p_up.add_argument("--spare", type=int, default=0)
+    sub.add_parser("down")
+    sub.add_parser("status")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            lab = SlurmLab.create(args.nodes, args.spare, directory=args.directory)
+            print(lab.conf_path)
+            return 0
+        lab = SlurmLab.load(args.directory)
+        if lab is None:
+            print("no Slurm lab is up", file=sys.stderr)
+            return 3
+        if args.cmd == "down":
+            lab.down()
+            return 0
+        if args.cmd == "status":
+            print(json.dumps(lab.status(), indent=2))
+            return 0
+        on = lab.power(args.node, args.action)
+        print("on" if on else "off")
+        return 0 if on or args.action == "off" else 1
+    except InfraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Slurm: a real slurmctld and one real slurmd per network-namespace node; jobs through sbatch; Slurm's
+states on the timeline; scheduler faults; the three Slurm drills.
+
+Tests that need root and Slurm's daemons skip outside CI and fail in CI (``require``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.cluster.slurm import node_list, parse_show
+from chaoskit.measure import measure_fault, reallocation_steps
+from chaoskit.observe.events import make_event
+from tests.conftest import SCENARIOS, need_torch, run_cli, wait_until
+from tests.netns_fixtures import netns_problem, require
+
+SLURM_TOOLS = ("slurmctld", "slurmd", "munged", "nsenter", "scontrol", "sbatch", "srun")
+
+
+def require_slurm() -> None:
+    problem = netns_problem()
+    if problem is None:
+        path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+        missing = [t for t in SLURM_TOOLS if shutil.which(t, path=path) is None]
+        if missing:
+            problem = f"{', '.join(missing)} not installed (apt-get install slurmctld slurmd slurm-client munge)"
+    require(problem is None, problem or "")
+
+
+def leftovers(lab_id: str, directory: Path) -> list[str]:
+    """What the lab could leave: its namespaces, a daemon naming its folder, the folder."""
+    found = [f"netns: {line}" for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+             if line.startswith(f"{lab_id}-")]
+    procs = subprocess.run(["pgrep", "-af", str(directory)], capture_output=True, text=True).stdout
+    found += [f"process: {line}" for line in procs.splitlines()]
+    for pid in subprocess.run(["pgrep", "-x", "slurmd|slurmctld|munged"], capture_output=True, text=True).stdout.split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(directory).encode() in cmdline:
+            found.append(f"daemon {pid}: {cmdline!r}")
+    if directory.exists():
+        found.append(f"directory: {directory}")
+    return found
+
+
+# -- without a lab: parsing, measuring, bad input -------------------------------------------------
+
+
+def test_scontrol_lines_and_node_lists_parse():
+    f = parse_show("NodeName=n1 Arch=x86_64 State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2026-01-01T00:00:00] "
+                   "NodeAddr=10.77.1.2")
+    assert f["State"] == "DOWN+NOT_RESPONDING" and f["Reason"].startswith("Not responding [") and f["NodeAddr"] == "10.77.1.2"
+    assert node_list("n[0-1],n3") == ["n0", "n1", "n3"]
+    assert node_list("gpu[08-10]") == ["gpu08", "gpu09", "gpu10"]
+    assert node_list("(null)") == []
+
+
+def test_reallocation_is_split_into_slurm_steps_each_with_its_bound():
+    t = 1000.0
+    ev = [make_event("step", t - 1, step=40),
+          make_event("node.down", t + 8, node="n1", state="NOT_RESPONDING", who="slurmctld", why="slurmd not responding"),
+          make_event("node.down", t + 14, node="n1", state="DOWN"),
+          make_event("job.requeued", t + 14.2, job="7", restart_count=1),
+          make_event("job.pending", t + 14.4, job="7", reason="BeginTime"),
+          make_event("job.pending", t + 19.5, job="7", reason="None"),
+          make_event("job.allocated", t + 20.0, job="7", nodes=["n0", "n2"]),
+          make_event("job.running", t + 20.0, job="7"),
+          make_event("worker.start", t + 25.0, rank=0), make_event("worker.start", t + 25.5, rank=1),
+          make_event("ckpt.load.end", t + 27.0, rank=0, step=40), make_event("ckpt.load.end", t + 27.1, rank=1, step=40),
+          make_event("step", t + 28.0, step=41)]
+    m = measure_fault(ev, t)
+    assert m["detection_s"] == 8.0 and "slurmctld" in m["detected_by"]
+    steps = reallocation_steps(ev, m["t_detect"], m["t_realloc"], {"slurmd_timeout": 6.0, "requeue_hold": 5.0, "sched_interval": 2.0})
+    assert [s["step"] for s in steps] == [
+        "detected -> node DOWN", "node DOWN -> job requeued", "job requeued -> held (BeginTime)",
+        "held (BeginTime) -> eligible again", "eligible again -> allocated n0,n2", "allocated n0,n2 -> workers started"]
+    assert "SlurmdTimeout=6s" in steps[0]["bound_by"]
+    assert "KillWait" in steps[2]["bound_by"]
+    assert "cred_expire=5s" in steps[3]["bound_by"] and steps[3]["seconds"] == pytest.approx(5.1)
+    assert "sched_interval=2s" in steps[4]["bound_by"]
+    assert sum(s["seconds"] for s in steps) == pytest.approx(m["reallocation_s"])
+    # torchrun restarting in place: no scheduler event, no steps
+    assert reallocation_steps([e for e in ev if not e["kind"].startswith(("job.", "node."))], t + 1, t + 25.5) == []
+
+
+def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+SBATCH = """name: mine
+cluster: {kind: slurm, nodes: 2}
+workload:
+  launch: sbatch
+%s
+faults:
+  - kind: slurm.requeue
+    target: {nodes: [n0]}
+    at: {step: 10}
+"""
+
+
+def test_sbatch_without_a_script_or_with_a_missing_one_is_a_positioned_error(tmp_path):
+    res = run_cli("validate", write(tmp_path, SBATCH % ""))
+    assert res.code == 2 and "s.yaml:4" in res.stderr and "needs 'script: FILE'" in res.stderr
+    res = run_cli("run", write(tmp_path, SBATCH % "  script: jobs/train.sbatch", "t.yaml"))
+    assert res.code == 2, res.stderr
+    assert "t.yaml:5" in res.stderr and "no batch script" in res.stderr and "nothing was submitted" in res.stderr
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "train.sbatch").write_text("#!/bin/bash\nsrun true\n")
+    assert run_cli("validate", tmp_path / "t.yaml").code == 0
+    res = run_cli("validate", write(tmp_path, SBATCH.replace("kind: slurm, ", "") % "  script: jobs/train.sbatch", "p.yaml"))
+    assert res.code == 2 and "kind: slurm" in res.stderr
+
+
+def test_scheduler_faults_refuse_nodes_without_slurm(tmp_path):
+    res = run_cli("validate", write(tmp_path, "name: x\ncluster: {kind: netns, nodes: 2}\nfaults:\n"
+                                              "  - {kind: slurm.drain, target: {nodes: [n0]}, duration: 5s}\n"))
+    assert res.code == 2 and "not managed by Slurm" in res.stderr
+
+
+def test_a_slurm_lab_needs_root_and_slurm_with_a_clear_error(monkeypatch):
+    from chaoskit.lab import slurm
+
+    monkeypatch.setattr(slurm.os, "geteuid", lambda: 1000)
+    res = run_cli("lab", "up", "--kind", "slurm")
+    assert res.code == 3 and "needs root" in res.stderr and "apt-get install" in res.stderr
+    monkeypatch.setattr(slurm.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(slurm.shutil, "which", lambda name, path=None: None if name in ("slurmctld", "munged") else f"/usr/bin/{name}")
+    res = run_cli("lab", "up", "--kind", "slurm")
+    assert res.code == 3 and "needs slurmctld, munged" in res.stderr
+    assert "apt-get install -y slurmctld slurmd slurm-client munge" in res.stderr
+
+
+# -- a real Slurm lab --------------------------------------------------------------------------
+
+
+def test_lab_up_status_down_leaves_no_daemon_namespace_or_folder(_private_state):
+    require_slurm()
+    from chaoskit.lab.slurm import SlurmLab, slurm_lab_dir
+
+    res = run_cli("lab", "up", "--kind", "slurm", "--nodes", "2", "--spare", "1")
+    assert res.code == 0, res.stderr
+    lab = SlurmLab.load()
+    try:
+        assert "Slurm lab" in res.stdout and str(lab.conf_path) in res.stdout
+        status = run_cli("lab", "status", "--json").json
+        [entry] = [x for x in status["labs"] if x["kind"] == "slurm"]
+        assert [n["slurm_state"] for n in entry["nodes"]] == ["IDLE"] * 3
+        # The lab's Slurm works with its own commands: a 2-node job runs one task in each node's namespace.
+        env = {**os.environ, "SLURM_CONF": str(lab.conf_path)}
+        out = subprocess.run(["srun", "-N2", "bash", "-c", "echo $SLURMD_NODENAME $(ip -o -4 addr show dev eth1 | awk '{print $4}')"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert sorted(out.stdout.split("\n")[:2]) == sorted([f"n0 {lab.net.mgmt_address('n0')}/24", f"n1 {lab.net.mgmt_address('n1')}/24"])
+        # Power: off kills slurmd with the node, on starts it again and Slurm takes the node back.
+        assert subprocess.run(lab.power_argv("n2", "off"), capture_output=True).returncode == 0
+        assert subprocess.run(lab.power_argv("n2", "status"), capture_output=True).returncode == 1
+        assert subprocess.run(lab.power_argv("n2", "on"), capture_output=True).returncode == 0
+        assert wait_until(lambda: lab.access().nodes()["n2"]["State"] == "IDLE", 20), lab.access().nodes()["n2"]
+    finally:
+        down = run_cli("lab", "down")
+    assert down.code == 0 and f"Slurm lab {lab.lab_id} down" in down.stdout
+    assert wait_until(lambda: not leftovers(lab.lab_id, slurm_lab_dir()), 10), leftovers(lab.lab_id, slurm_lab_dir())
+    assert run_cli("lab", "down").stdout == "no lab is up\n"
+
+
+def test_drain_is_reverted_by_its_lease_when_the_controller_stops_renewing(tmp_path):
+    require_slurm()
+    from chaoskit.backends.slurm import SlurmBackend, SlurmSpec
+    from chaoskit.cluster.selectors import NodeTarget
+    from chaoskit.faults.slurm import DrainFault, DrainSpec
+    from tests.conftest import fault_context
+
+    handle = SlurmBackend().open(SlurmSpec(kind="slurm", nodes=1, spare=1), tmp_path)
+    try:
+        access = handle.scheduler
+        fault = DrainFault(DrainSpec(kind="slurm.drain", duration=60), "f0")
+        with fault_context(handle.inventory, tmp_path, ttl=2.0) as ctx:
+            [inj] = fault.inject(ctx, [NodeTarget(handle.inventory["n1"])])
+            assert "DRAIN" in access.nodes()["n1"]["State"]
+            ctx.leases.abandon(inj.fault_id)  # the controller "dies": nobody renews the lease
+            assert wait_until(lambda: "DRAIN" not in access.nodes()["n1"]["State"], 20), access.nodes()["n1"]
+        assert fault.verify(ctx, inj) is None
+    finally:
+        handle.teardown()
+
+
+# -- the drills ---------------------------------------------------------------------------------
+
+
+def drill(name: str, out: Path):
+    require_slurm()
+    need_torch()
+    res = run_cli("run", SCENARIOS / f"{name}.yaml", "--out", out, "--json")
+    assert res.stdout, res.stderr
+    return res, res.json
+
+
+def events_of(out: Path) -> list[dict]:
+    from chaoskit.observe.events import read_events
+
+    return read_events(out / "events.jsonl")
+
+
+@pytest.mark.slow
+def test_slurm_kill_rank_recovers_in_place_without_slurm_noticing(tmp_path):
+    res, r = drill("slurm-kill-rank", tmp_path / "run")
+    assert res.code == 0, (res.stderr, r["slo"], r["notes"])
+    assert r["slurm"]["job_id"] and r["slurm"]["restarts"] == 0 and r["slurm"]["generated"]
+    assert r["slurm"]["outputs"] and Path(r["slurm"]["outputs"][0]).exists()
+    kinds = {e["kind"] for e in events_of(tmp_path / "run")}
+    assert "job.running" in kinds and not kinds & {"job.requeued", "node.down", "job.node_fail"}
+    assert "reallocation_steps" not in r["phases"]
+
+
+@pytest.mark.slow
+def test_slurm_preempt_requeues_and_resumes_from_the_checkpoint(tmp_path):
+    res, r = drill("slurm-preempt", tmp_path / "run")
+    assert res.code == 0, (res.stderr, r["slo"], r["notes"])
+    assert r["slurm"]["restarts"] == 1
+    steps = [s["step"] for s in r["phases"]["reallocation_steps"]]
+    assert "held (BeginTime) -> eligible again" in steps
+    ev = events_of(tmp_path / "run")
+    assert any(e["kind"] == "job.pending" and e.get("reason") == "BeginTime" for e in ev)
+    assert r["phases"]["restored_step"] > 0
+
+
+@pytest.mark.slow
+def test_slurm_node_poweroff_requeues_onto_the_spare(tmp_path):
+    res, r = drill("slurm-node-poweroff", tmp_path / "run")
+    assert res.code == 0, (res.stderr, r["slo"], r["notes"])
+    ev = events_of(tmp_path / "run")
+    assert any(e["kind"] == "node.down" and e["node"] == "n1" for e in ev)
+    assert any(e["kind"] == "job.requeued" for e in ev)
+    allocated = [e["nodes"] for e in ev if e["kind"] == "job.allocated"]
+    assert allocated[0] == ["n0", "n1"] and allocated[-1] == ["n0", "n2"]
+    steps = r["phases"]["reallocation_steps"]
+    assert any("SlurmdTimeout" in s["bound_by"] for s in steps) or r["phases"]["detected_by"].startswith("slurmctld")
+    assert r["checks"]["faults_reverted"]["pass"]
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "reallocation, step by step" in html
