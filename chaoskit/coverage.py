@@ -135,6 +135,7 @@ REQUIREMENTS = {
     "cgroup": "a cgroup cpu controller the nodes' chaoskit may write (root; v2 cpu.max or v1 cpu)",
     "checkpoint_fs": "a small file system of the job's own for its checkpoints (the process lab mounts a tmpfs: root)",
     "memcg": "a cgroup memory controller the nodes' chaoskit may write (root; v2 memory.max or v1 memory)",
+    "slurm": "a Slurm cluster (the Slurm lab: root, slurmctld, slurmd and munge installed)",
 }
 
 # The catalog. Each class sits at the scope where it usually strikes; the order is
@@ -150,9 +151,13 @@ _CLASSES = (
                "and the device stays unusable until it is reset.",
                kinds=("gpu.fail",), sources=("hardware.gpu_memory",), mechanisms=_GPU_FAIL),
     FaultClass("hardware.host", "node", "Host lost",
-               "The whole node goes away: CPU, system memory, chassis or IO board failure, or an "
-               "unplanned host maintenance pulls it out of the job.",
-               kinds=("node.poweroff",), sources=("hardware.host", "maintenance")),
+               "The whole node goes away without warning: CPU, system memory, chassis or IO board failure.",
+               kinds=("node.poweroff",), sources=("hardware.host",)),
+    FaultClass("hardware.maintenance", "node", "Host maintenance",
+               "The scheduler takes nodes away for maintenance or a higher-priority job: the job is requeued "
+               "(preempted) and restarts on other nodes from its checkpoint, or the node is drained and nothing "
+               "new lands on it.",
+               kinds=("slurm.requeue", "slurm.drain"), requires=("slurm",), sources=("maintenance",)),
     FaultClass("hardware.power", "node", "Power loss",
                "A power supply fails and the node drops without warning.",
                kinds=("node.poweroff",), sources=("hardware.power",)),
@@ -339,6 +344,10 @@ def detect_capabilities() -> Capabilities:
         missing["memcg"] = "cgroups need root"
     elif not _memory_cgroup_here():
         missing["memcg"] = "no cgroup memory controller is mounted (v2 memory.max or v1 memory)"
+    if not root:
+        missing["slurm"] = "the Slurm lab needs root"
+    elif not all(shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") for t in ("slurmctld", "slurmd", "munged")):
+        missing["slurm"] = "slurmctld, slurmd and munge are not installed"
     if "netns" in missing:
         missing["netem"] = "tc netem needs root and iproute2"
     elif not shutil.which("tc"):

@@ -108,7 +108,7 @@ def test_the_built_ins_come_from_the_entry_point_group():
     assert declared == {
         "process": "chaoskit.backends.process:ProcessBackend", "ray": "chaoskit.backends.ray:RayBackend",
         "netns": "chaoskit.backends.netns:NetnsBackend", "docker": "chaoskit.backends.docker:DockerBackend",
-        "inventory": "chaoskit.backends.inventory:InventoryBackend",
+        "inventory": "chaoskit.backends.inventory:InventoryBackend", "slurm": "chaoskit.backends.slurm:SlurmBackend",
     }
 
 

@@ -28,7 +28,8 @@ def test_weights_are_the_counts_of_the_shipped_data() -> None:
     assert weights["hardware.gpu"] == 148 + 17 + 6 + 6  # faulty GPU, GSP, SDC, thermal interface
     assert weights["hardware.gpu_memory"] == 72 + 19  # HBM3, SRAM
     assert weights["software.crash"] == 54 + 2  # software bug, dependency
-    assert weights["hardware.host"] == 32 + 2 + 2 + 2 + 2  # host maintenance, chassis, IO board, CPU, memory
+    assert weights["hardware.host"] == 2 + 2 + 2 + 2  # chassis, IO board, CPU, memory
+    assert weights["hardware.maintenance"] == 32  # host maintenance: the scheduler takes the nodes away
     assert weights["network.link"] == 35
     assert weights["network.nic"] == 7
     assert weights["software.hang"] == 7  # NCCL watchdog timeouts
@@ -49,7 +50,7 @@ def test_shipped_data_is_the_shared_data_with_its_source() -> None:
 def test_catalog_spans_every_category_and_scope() -> None:
     classes = catalog()
     ids = [c.id for c in classes]
-    assert len(ids) == len(set(ids)) == 15
+    assert len(ids) == len(set(ids)) == 16
     assert {c.category for c in classes} == set(CATEGORIES)
     assert {c.scope for c in classes} == set(SCOPES)
     for c in classes:
@@ -104,9 +105,9 @@ def test_coverage_statuses_and_scores() -> None:
     # runnable (its kind is installed, it needs nothing missing) but its scenario has not run
     assert status["network.nic"]["status"] == "not attempted"
     assert cov["covered"] == ["software.crash"]
-    assert cov["plain"] == pytest.approx(1 / 15)
+    assert cov["plain"] == pytest.approx(1 / 16)
     assert cov["weighted"] == pytest.approx(56 / 419)
-    assert sum(cov["counts"].values()) == 15
+    assert sum(cov["counts"].values()) == 16
 
 
 def test_gpu_classes_run_here_through_the_emulated_mechanism_only() -> None:
@@ -138,7 +139,7 @@ def test_catalog_command() -> None:
     res = run_cli("catalog", "--json")
     assert res.code == 0, res.stderr
     data = res.json
-    assert len(data["classes"]) == 15 and data["weight_total"] == 419
+    assert len(data["classes"]) == 16 and data["weight_total"] == 419
     crash = next(c for c in data["classes"] if c["id"] == "software.crash")
     assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill"]
     assert crash["weight"] == 56 and crash["runnable_here"] is True
