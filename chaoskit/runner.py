@@ -565,7 +565,7 @@ class _Run:
             if steps:
                 m["reallocation_steps"] = steps
             per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
-            if getattr(fault, "measures_slowdown", False) and slowdown is None:
+            if fault.measures_slowdown and slowdown is None:
                 t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
                 slowdown = measure_slowdown(events, inj.t_fault, t_revert)
         # The headline is the first fault the job feels: a corrupted checkpoint only matters at the restart a later
@@ -585,7 +585,10 @@ class _Run:
         reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)
         if any(f.lasting for f, _ in self.injections):
             checks["faults_reverted"] = {"pass": reverted_ok}
-        if phases_full and phases_full["t_detect"] is None and self.verdict is None and checks.get("training_finished", {}).get("pass"):
+        if slowdown is not None and self.verdict is None and not (slowdown.get("throughput_lost_pct") or 0) > 0:
+            self.notes.append("the slowdown did not slow the job: its step time did not grow while the fault lasted")
+        elif (slowdown is None and phases_full and phases_full["t_detect"] is None and self.verdict is None
+              and checks.get("training_finished", {}).get("pass")):
             self.notes.append("the job showed no sign of the fault: nothing detected it and training never stopped")
         verdict = self.verdict
         if verdict is None:

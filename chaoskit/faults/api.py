@@ -152,6 +152,9 @@ class Fault:
     read only then): the run's phases are measured from the first fault that does not prime."""
     revert_runs_on: ClassVar[Literal["node", "controller"]] = "node"
     """Where the revert command runs (rollback reads it): on the node, or on the controller (power, engine)."""
+    measures_slowdown: ClassVar[bool] = False
+    """True when the harm is a slowdown, not a failure: the run measures step time before, during and after
+    (``result.json["slowdown"]``) rather than expecting a restart."""
 
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         self.spec = spec
