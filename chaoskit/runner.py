@@ -395,8 +395,10 @@ class _Run:
             self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
         if isinstance(self.job, AttachedJob):
-            self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to the job on "
-                     f"{', '.join(self.cluster.job_nodes)} (processes matching '{sc.workload.process}')")
+            where = (f"Slurm job {sc.workload.slurm_job}" if sc.workload.slurm_job is not None
+                     else f"the job on {', '.join(self.cluster.job_nodes)}")
+            self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to {where} "
+                     f"(processes matching '{sc.workload.process}')")
         else:
             self.say(
                 f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "

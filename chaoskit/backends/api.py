@@ -94,6 +94,8 @@ class ClusterHandle:
     scheduler: SlurmAccess | None = None
     """The batch scheduler jobs go through (Slurm), or ``None``: the runner then submits the job to it
     (``sbatch``) instead of starting torchrun agents itself."""
+    scheduler_jobs: set[str] = field(default_factory=set)
+    """The scheduler's jobs this run submitted or attached to (a shared cluster's probe follows only these)."""
     scheduler_options: dict[str, str] = field(default_factory=dict)
     """What a generated batch script needs to know of this cluster: ``partition``, ``local_addr_interface``
     (the NIC whose address a torchrun agent advertises)."""

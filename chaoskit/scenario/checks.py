@@ -92,6 +92,12 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
         able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
         raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "
                            f"it needs kind: {' or '.join(able)}", "workload", "launch")
+    if sc.workload.launch == "sbatch" and cluster.scheduler is None:
+        raise loaded.error("workload.launch: sbatch needs a cluster with Slurm (kind: slurm, or an inventory with "
+                           "scheduler: slurm); nothing was submitted", "workload", "launch")
+    if sc.workload.slurm_job is not None and cluster.scheduler is None:
+        raise loaded.error("workload.slurm_job: the cluster has no Slurm to ask for the job (kind: slurm, or an "
+                           "inventory with scheduler: slurm)", "workload", "slurm_job")
     if sc.workload.checkpoint_fs is not None and cluster.checkpoint_fs is None:
         raise loaded.error(f"workload.checkpoint_fs: a cluster of kind {sc.cluster.kind} cannot give the job a checkpoint "
                            "file system of its own (the process lab, cluster: lab, can)", "workload", "checkpoint_fs")

@@ -7,6 +7,7 @@ documented like a built-in one.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Union
 
@@ -57,6 +58,9 @@ class Workload(StrictModel):
     process: str | None = Field(None, description=(
         "launch: attach only: a regular expression matched against each process's command line on the nodes; "
         "its workers are those of the matches that carry torchrun's RANK in their environment."))
+    slurm_job: str | None = Field(None, description=(
+        "launch: attach on a cluster with Slurm only: the id of the job to drill (queued or running); its nodes "
+        "are the ones Slurm allocated it, and its state changes join the timeline."))
     steps: int = Field(400, ge=1, le=MAX_COUNT, description="Training steps to run.")
     step_time: Duration = Field(0.05, description="Minimum wall time of one step (the reference job sleeps the rest).")
     checkpoint_every: int = Field(25, ge=1, le=MAX_COUNT, description="Save a checkpoint every N steps.")
@@ -77,6 +81,15 @@ class Workload(StrictModel):
     @classmethod
     def _script(cls, v: str | None) -> str | None:
         return None if v is None else check_path(v)
+
+    @field_validator("slurm_job", mode="before")
+    @classmethod
+    def _slurm_job(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)
+        if isinstance(v, str) and not re.fullmatch(r"[0-9]{1,12}(_[0-9]{1,9})?", v):
+            raise ValueError(f"invalid Slurm job id {v!r}: digits, or JOB_TASK for an array task")
+        return v
 
     @field_validator("process")
     @classmethod
@@ -102,6 +115,8 @@ class Workload(StrictModel):
             raise ValueError("launch: sbatch needs 'script: FILE' (the batch script to submit)")
         if self.launch != "sbatch" and self.script:
             raise ValueError("'script' is only used with launch: sbatch")
+        if self.launch != "attach" and self.slurm_job is not None:
+            raise ValueError("'slurm_job' is only used with launch: attach (a job already queued or running in Slurm)")
         if self.launch == "attach" and "wait" not in self.model_fields_set:
             self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self

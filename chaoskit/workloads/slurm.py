@@ -179,6 +179,7 @@ class SlurmJob:
             raise InfraError(f"sbatch refused the job (exit {res.returncode}): {(res.stderr or res.stdout).strip()}",
                              hint=f"the script: {script}")
         self.job_id = res.stdout.strip().split(";")[0]
+        self.cluster.scheduler_jobs.add(self.job_id)
         self.submitted_at = time.time()
         self.refresh()
         if self.generated:
