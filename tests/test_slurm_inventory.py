@@ -1,0 +1,197 @@
+"""``cluster: {inventory: FILE, scheduler: slurm}``: somebody else's Slurm cluster, driven through its own commands.
+
+A Slurm lab stands in for the site's cluster: chaoskit is pointed at the lab's inventory
+and its slurm.conf as it would be at a real site's, never at the lab itself. A job the
+"site" queued is attached to by its Slurm job id, a user's batch script is submitted with
+``launch: sbatch``, and a drained node is resumed by its lease when chaoskit is SIGKILLed.
+
+Tests that need root and Slurm's daemons skip outside CI and fail in CI (``require``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, wait_until
+from tests.test_slurm import events_of, require_slurm
+
+TTL_S = 2.0
+
+INVENTORY = """name: site
+ssh: {user: root}
+nodes:
+  - {name: n0, address: 10.0.0.10}
+  - {name: n1, address: 10.0.0.11}
+"""
+
+STEP_RULES = """probes:
+  log:
+    - {match: 'step (?P<step>\\d+)', event: step}
+"""
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def scenario(folder: Path, inventory: Path, conf: Path | str | None, workload: str, faults: str, extra: str = "") -> Path:
+    slurm = f", slurm: {{conf: {conf}}}" if conf is not None else ""
+    return write(folder, "s.yaml", f"name: site-drill\ncluster: {{inventory: {inventory}, scheduler: slurm{slurm}}}\n"
+                                   f"workload:\n{workload}faults:\n{faults}{extra}")
+
+
+DRAIN_N0 = "  - {kind: slurm.drain, target: {nodes: [n0]}, duration: 2s, at: {step: 5}}\n"
+
+
+# -- without a cluster: what validate can tell --------------------------------------------------
+
+
+def test_an_inventory_with_slurm_validates_and_refuses_what_it_cannot_do(tmp_path):
+    inv = write(tmp_path, "inv.yaml", INVENTORY)
+    conf = write(tmp_path, "slurm.conf", "ClusterName=site\n")
+    (tmp_path / "train.sbatch").write_text("#!/bin/bash\nsrun true\n")
+    sbatch = "  launch: sbatch\n  script: train.sbatch\n"
+    ok = run_cli("validate", scenario(tmp_path, inv, conf, sbatch, DRAIN_N0, STEP_RULES))
+    assert ok.code == 0, ok.stderr
+    # slurm.conf named but missing: the scenario's cluster: line
+    res = run_cli("validate", scenario(tmp_path, inv, tmp_path / "nope.conf", sbatch, DRAIN_N0, STEP_RULES))
+    assert res.code == 2 and "s.yaml:2" in res.stderr and "no slurm.conf" in res.stderr
+    # no scheduler: the Slurm faults, sbatch and slurm_job are refused, each at its line
+    plain = write(tmp_path, "p.yaml", f"name: x\ncluster: {{inventory: {inv}}}\nworkload:\n  launch: sbatch\n"
+                                      f"  script: train.sbatch\nfaults:\n{DRAIN_N0}")
+    res = run_cli("validate", plain)
+    assert res.code == 2 and "not managed by Slurm" in res.stderr
+    attach = "  launch: attach\n  process: train\\.py\n  slurm_job: 42\n"
+    plain.write_text(f"name: x\ncluster: {{inventory: {inv}}}\nworkload:\n{attach}faults:\n"
+                     "  - {kind: process.kill, target: {process: 'train', ranks: [0]}, at: {step: 5}}\n" + STEP_RULES)
+    res = run_cli("validate", plain)
+    assert res.code == 2 and "p.yaml:6" in res.stderr and "workload.slurm_job" in res.stderr and "no Slurm" in res.stderr
+    # slurm_job only with attach; slurm: only with scheduler: slurm
+    res = run_cli("validate", scenario(tmp_path, inv, conf, "  launch: reference\n  slurm_job: 42\n", DRAIN_N0))
+    assert res.code == 2 and "s.yaml:" in res.stderr and "only used with launch: attach" in res.stderr
+    plain.write_text(f"name: x\ncluster: {{inventory: {inv}, slurm: {{conf: {conf}}}}}\nworkload:\n{attach}faults:\n{DRAIN_N0}")
+    res = run_cli("validate", plain)
+    assert res.code == 2 and "only used with scheduler: slurm" in res.stderr
+    # with Slurm, slurm_job and attach validate; --dry-run shows scontrol with the site's slurm.conf
+    sc = scenario(tmp_path, inv, conf, attach, DRAIN_N0, STEP_RULES)
+    assert run_cli("validate", sc).code == 0
+    dry = run_cli("run", sc, "--dry-run")
+    assert dry.code == 0, dry.stderr
+    assert f"SLURM_CONF={conf}" in dry.stdout and "state=drain" in dry.stdout
+
+
+# -- a Slurm lab as somebody else's cluster -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def site_slurm(tmp_path_factory):
+    """A 2-node Slurm lab; the tests only use its inventory file and its slurm.conf."""
+    require_slurm()
+    from chaoskit.lab.slurm import SlurmLab
+
+    lab = SlurmLab.create(2, 0, {"requeue_hold": 5.0, "sched_interval": 2.0},
+                          directory=tmp_path_factory.mktemp("site") / "slurm")
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+def submit(lab, folder: Path, script: str) -> str:
+    path = write(folder, f"job{time.monotonic_ns()}.sbatch", script)
+    res = lab.access().run("sbatch", "--parsable", "--chdir", str(folder), str(path))
+    return res.stdout.strip().split(";")[0]
+
+
+def fake_train(log: Path, node: str) -> str:
+    """A job on ``node`` whose one process looks like a torchrun worker (RANK in its environment) and logs steps."""
+    return (f"#!/bin/bash\n#SBATCH -N1 -w {node} -o {log} -J fake-train\nexport RANK=0 LOCAL_RANK=0\n"
+            f"exec {sys.executable} -u -c 'import time\nfor i in range(100000): print(f\"step {{i}}\", flush=True); "
+            f"time.sleep(0.2)' chaoskit_fake_train\n")
+
+
+def cancel(lab, *jobs: str) -> None:
+    lab.access().run("scancel", *jobs, check=False)
+
+
+def test_a_queued_slurm_job_is_attached_by_its_id_and_its_node_drained_and_resumed(site_slurm, tmp_path, monkeypatch):
+    lab = site_slurm
+    log = tmp_path / "train.log"
+    mine = submit(lab, tmp_path, fake_train(log, "n0"))
+    other = submit(lab, tmp_path, "#!/bin/bash\n#SBATCH -N1 -w n1 -J somebody-else\nsleep 600\n")
+    try:
+        assert wait_until(lambda: log.exists() and "step 3" in log.read_text(), 30), lab.access().job(mine)
+        # chaoskit with no slurm: option: SLURM_CONF says which cluster (as on a site's login node)
+        sc = scenario(tmp_path, lab.inventory_path, None,
+                      f"  launch: attach\n  process: chaoskit_fake_train\n  slurm_job: {mine}\n", DRAIN_N0,
+                      STEP_RULES + f"  log_files:\n    - {{node: n0, path: {log}}}\n"
+                      "steady_state: {steps: 3, timeout: 60s}\nsafety: {max_nodes: 1, abort_after: 2m}\n")
+        monkeypatch.setenv("SLURM_CONF", str(lab.conf_path))
+        res = run_cli("run", sc, "--out", tmp_path / "run", "--json")
+        r = res.json
+        assert r is not None, res.stderr
+        assert r["attached"]["slurm_job"] == mine and r["attached"]["slurm_nodes"] == ["n0"]
+        assert [w["rank"] for w in r["attached"]["workers"]] == [0]
+        assert r["checks"]["faults_reverted"]["pass"], r["checks"]
+        ev = events_of(tmp_path / "run")
+        assert any(e["kind"] == "fault.injected" for e in ev)
+        jobs = {e.get("job") for e in ev if e["kind"].startswith("job.")}
+        assert jobs == {mine}, jobs  # somebody else's job is not on the timeline
+        assert "DRAIN" not in lab.access().nodes()["n0"]["State"]
+        assert lab.access().job(mine)["JobState"] == "RUNNING"  # drained, not stopped; and attach never stops it
+    finally:
+        cancel(lab, mine, other)
+
+
+def test_a_slurm_job_that_is_not_there_is_exit_3_with_nothing_injected(site_slurm, tmp_path):
+    sc = scenario(tmp_path, site_slurm.inventory_path, site_slurm.conf_path,
+                  "  launch: attach\n  process: train\n  slurm_job: 987654\n", DRAIN_N0, STEP_RULES)
+    res = run_cli("run", sc, "--out", tmp_path / "run")
+    assert res.code == 3, res.stderr
+    assert "Slurm knows no job 987654" in res.stderr and "nothing was injected" in res.stderr
+    journal = tmp_path / "run" / "journal.jsonl"
+    assert not journal.exists() or '"injected"' not in journal.read_text()
+
+
+def test_a_drain_is_resumed_by_its_lease_when_chaoskit_is_sigkilled(site_slurm, tmp_path):
+    """A user's batch script through ``launch: sbatch`` on the site's Slurm; chaoskit dies (SIGKILL, no revert
+    of its own) while n0 is drained; the watchdog armed on the controller resumes n0 once the lease goes stale."""
+    lab = site_slurm
+    log = tmp_path / "train.log"
+    write(tmp_path, "train.sbatch", fake_train(log, "n0"))
+    sc = scenario(tmp_path, lab.inventory_path, lab.conf_path, "  launch: sbatch\n  script: train.sbatch\n",
+                  "  - {kind: slurm.drain, target: {nodes: [n0]}, duration: 5m, at: {step: 3}}\n",
+                  STEP_RULES + "steady_state: {steps: 2, timeout: 60s}\n"
+                  f"safety: {{max_nodes: 1, abort_after: 10m, lease_ttl: {TTL_S:g}s}}\n")
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(sc), "--out", str(out)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    journal = out / "journal.jsonl"
+    drained = lambda: "DRAIN" in lab.access().nodes()["n0"]["State"]  # noqa: E731
+    try:
+        injected = wait_until(lambda: journal.exists() and '"injected"' in journal.read_text(), 90, interval=0.2)
+        assert injected, proc.stderr.read() if proc.poll() is not None else "no injection within 90s"
+        assert drained(), lab.access().nodes()["n0"]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed = time.time()
+        assert wait_until(lambda: not drained(), TTL_S + 8), lab.access().nodes()["n0"]
+        assert time.time() - killed <= TTL_S + 8
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        # the job is chaoskit's, but chaoskit died before it could cancel it
+        jobs = lab.access().run("squeue", "-h", "-n", "fake-train", "-o", "%i", check=False).stdout.split()
+        if jobs:
+            cancel(lab, *jobs)
+        lab.access().run("scontrol", "update", "nodename=n0", "state=resume", check=False)
