@@ -89,6 +89,50 @@ def test_an_inventory_with_slurm_validates_and_refuses_what_it_cannot_do(tmp_pat
     assert f"SLURM_CONF={conf}" in dry.stdout and "state=drain" in dry.stdout
 
 
+def test_an_attached_slurm_job_is_looked_for_only_on_its_allocation():
+    """Pending: no node is looked at (another job's processes on idle nodes are not its workers); running: its
+    nodes are Slurm's; requeued elsewhere: they follow; forgotten by Slurm: the job is over."""
+    from types import SimpleNamespace
+
+    from chaoskit.backends.api import ClusterHandle
+    from chaoskit.cluster.inventory import Inventory, Node
+    from chaoskit.cluster.slurm import SlurmAccess
+    from chaoskit.workloads.attach import AttachedJob
+
+    class FakeSlurm(SlurmAccess):
+        answer: dict | None = None
+
+        def job(self, job_id):
+            return type(self).answer
+
+    class FakeConn:
+        def __init__(self, name):
+            self.name, self.asked = name, 0
+
+        def processes(self):
+            self.asked += 1
+            return []
+
+    conns = {n: FakeConn(n) for n in ("n0", "n1", "n2")}
+    inventory = Inventory("site", [Node(n, n, "ssh", {}, 0, conn=c) for n, c in conns.items()])
+    handle = ClusterHandle(id="site", kind="inventory", inventory=inventory, job_nodes=["n0", "n1", "n2"],
+                           rdzv_host="", scope=lambda node: "", scheduler=FakeSlurm())
+    job = AttachedJob(handle, SimpleNamespace(process="train", slurm_job="7"), Path("."), "r")
+    FakeSlurm.answer = {"JobId": "7", "JobState": "PENDING", "Reason": "Resources", "NodeList": "(null)"}
+    job.start()
+    assert handle.scheduler_jobs == {"7"} and sum(c.asked for c in conns.values()) == 0 and job.running()
+    assert "PENDING" in job.diagnosis()
+    FakeSlurm.answer = {"JobId": "7", "JobState": "RUNNING", "NodeList": "n[1-2],gpu9"}
+    job.scan()
+    assert handle.job_nodes == ["n1", "n2"] and conns["n0"].asked == 0
+    FakeSlurm.answer = {"JobId": "7", "JobState": "RUNNING", "NodeList": "n0"}
+    job.scan()
+    assert handle.job_nodes == ["n0"] and job.info()["slurm_nodes"] == ["n0"]
+    FakeSlurm.answer = None
+    job.scan()
+    assert not job.running()
+
+
 # -- a Slurm lab as somebody else's cluster -------------------------------------------------------
 
 
@@ -123,7 +167,7 @@ def cancel(lab, *jobs: str) -> None:
     lab.access().run("scancel", *jobs, check=False)
 
 
-def test_a_queued_slurm_job_is_attached_by_its_id_and_its_node_drained_and_resumed(site_slurm, tmp_path, monkeypatch):
+def test_a_running_slurm_job_is_attached_by_its_id_and_its_node_drained_and_resumed(site_slurm, tmp_path, monkeypatch):
     lab = site_slurm
     log = tmp_path / "train.log"
     mine = submit(lab, tmp_path, fake_train(log, "n0"))
@@ -177,7 +221,10 @@ def test_a_drain_is_resumed_by_its_lease_when_chaoskit_is_sigkilled(site_slurm, 
     proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(sc), "--out", str(out)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     journal = out / "journal.jsonl"
-    drained = lambda: "DRAIN" in lab.access().nodes()["n0"]["State"]  # noqa: E731
+
+    def drained() -> bool:
+        return "DRAIN" in lab.access().nodes()["n0"]["State"]
+
     try:
         injected = wait_until(lambda: journal.exists() and '"injected"' in journal.read_text(), 90, interval=0.2)
         assert injected, proc.stderr.read() if proc.poll() is not None else "no injection within 90s"

@@ -83,9 +83,8 @@ class AttachedJob:
         """The job's workers on its nodes now (and whether any process of it is there at all)."""
         workers: list[Worker] = []
         matches = 0
-        if self.slurm_job is not None:
-            self._allocation()
-        for name in self.cluster.job_nodes:
+        nodes = self._allocation() if self.slurm_job is not None else self.cluster.job_nodes
+        for name in nodes:
             conn = self.cluster.inventory[name].conn
             try:
                 procs = conn.processes()
@@ -107,20 +106,26 @@ class AttachedJob:
                 self.found_at = time.time()
         return workers
 
-    def _allocation(self) -> None:
-        """The Slurm job's nodes now: the handle's job nodes become those of the allocation this inventory lists."""
+    def _allocation(self) -> list[str]:
+        """The Slurm job's nodes now, those of them this inventory lists; none while it waits for an allocation
+        (another job's processes on idle nodes are never taken for its workers). The handle's job nodes follow."""
         assert self.cluster.scheduler is not None and self.slurm_job is not None
         try:
             fields = self.cluster.scheduler.job(self.slurm_job)
         except InfraError:
-            return  # slurmctld busy: keep the last answer
+            if not self.slurm:
+                return []
+            fields = self.slurm  # slurmctld busy: keep the last answer
         if fields is None:
             self.slurm = {**self.slurm, "JobState": "GONE"}
-            return
+            return []
         self.slurm = fields
+        if fields.get("JobState") not in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+            return []
         nodes = [n for n in node_list(fields.get("NodeList")) if n in self.cluster.inventory]
         if nodes:
             self.cluster.job_nodes = nodes
+        return nodes
 
     def running(self) -> bool:
         """True until the job was found and then no process of it is left on any node (checked every 0.5 s);
