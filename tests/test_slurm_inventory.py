@@ -133,6 +133,24 @@ def test_an_attached_slurm_job_is_looked_for_only_on_its_allocation():
     assert not job.running()
 
 
+def test_a_node_slurm_does_not_know_is_refused_before_anything_is_armed():
+    from chaoskit.cluster.inventory import Node
+    from chaoskit.cluster.selectors import NodeTarget
+    from chaoskit.cluster.slurm import SlurmAccess
+    from chaoskit.core.errors import InfraError
+    from chaoskit.faults.slurm import DrainFault, DrainSpec, RequeueFault, RequeueSpec
+
+    class FakeSlurm(SlurmAccess):
+        def nodes(self):
+            return {"gpu01": {"NodeName": "gpu01", "State": "IDLE"}}
+
+    known, unknown = (NodeTarget(Node(n, n, "ssh", {}, 0, scheduler=FakeSlurm())) for n in ("gpu01", "node-a"))
+    for fault in (DrainFault(DrainSpec(kind="slurm.drain"), "f0"), RequeueFault(RequeueSpec(kind="slurm.requeue"), "f1")):
+        fault.preflight(None, [known])
+        with pytest.raises(InfraError, match="Slurm knows no node 'node-a' \\(its nodes: gpu01\\)"):
+            fault.preflight(None, [known, unknown])
+
+
 # -- a Slurm lab as somebody else's cluster -------------------------------------------------------
 
 

@@ -41,6 +41,16 @@ def _unfit(node: Node) -> str | None:
     return None
 
 
+def _known_to_slurm(targets: list[NodeTarget]) -> None:
+    """Raise before anything is armed when Slurm has no node of a target's name (on a real cluster the
+    inventory's node names must be its Slurm node names)."""
+    for t in targets:
+        known = _access(t.info).nodes()
+        if t.node not in known:
+            raise InfraError(f"Slurm knows no node {t.node!r} (its nodes: {', '.join(sorted(known)) or 'none'})",
+                             hint="name the inventory's nodes as Slurm does (scontrol show node)")
+
+
 def _access(node: Node) -> SlurmAccess:
     if node.scheduler is None:
         raise InfraError(_unfit(node) or "")
@@ -74,6 +84,9 @@ class DrainFault(Fault):
     @staticmethod
     def resume_argv(node: Node) -> list[str]:
         return _access(node).argv("scontrol", "update", f"nodename={node.name}", "state=resume")
+
+    def preflight(self, ctx: FaultContext, targets: list[NodeTarget]) -> None:
+        _known_to_slurm(targets)
 
     def plan(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Action]:
         out = []
@@ -135,6 +148,9 @@ class RequeueFault(Fault):
 
     def unfit(self, node: Node) -> str | None:
         return _unfit(node)
+
+    def preflight(self, ctx: FaultContext, targets: list[NodeTarget]) -> None:
+        _known_to_slurm(targets)
 
     def plan(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Action]:
         return [Action(t.node, "on the controller: " + shell_quote(_access(t.info).argv("scontrol", "requeue", "<job on " + t.node + ">")),
