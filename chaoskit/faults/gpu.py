@@ -39,7 +39,7 @@ import sys
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from chaoskit.cluster.nvidia import device_of, listed_devices, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
@@ -206,11 +206,6 @@ class GpuFailSpec(FaultSpec):
             "else crashloop."
         ),
     )
-    device: int | None = Field(
-        None, ge=0, le=MAX_COUNT,
-        description="GPU index on the node (nvidia); default: the device each selected worker uses (LOCAL_RANK, "
-                    "through CUDA_VISIBLE_DEVICES).",
-    )
     scope: Literal["device", "node"] = Field(
         "device",
         description=(
@@ -221,12 +216,18 @@ class GpuFailSpec(FaultSpec):
             "the scheduler must take its place. The selector picks the node(s)."
         ),
     )
+    device: int | None = Field(
+        None, ge=0, le=MAX_COUNT,
+        description="GPU index on the node (nvidia); default: the device each selected worker uses (LOCAL_RANK, "
+                    "through CUDA_VISIBLE_DEVICES).",
+    )
 
-    @model_validator(mode="after")
-    def _device_or_node(self) -> "GpuFailSpec":
-        if self.scope == "node" and self.device is not None:
+    @field_validator("device")
+    @classmethod
+    def _device_or_node(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("scope") == "node":
             raise ValueError("scope node fails every GPU of the node: give device or scope node, not both")
-        return self
+        return v
 
 
 class GpuFailFault(Fault):
