@@ -135,7 +135,8 @@ def matches(pid):
     rank = int(rank) if rank is not None and rank.isdigit() else None
     if whole_node:
         if "CHAOSKIT_NODE" in env or "TORCHELASTIC_RUN_ID" in env:
-            return (rank, int(rest[1]))
+            worker = "TORCHELASTIC_RUN_ID" in env and rank is not None
+            return (rank, int(rest[1]) if worker else None)
         if AGENT.search(cmd):
             return (rank, None, "agent")
         return None
@@ -183,9 +184,10 @@ with open(os.path.join(d, "exited"), "w") as fh:
 """
 """The crash loop, run as ``python3 -c CRASHLOOP DIR DURATION_S POLL_S SCOPE_JSON SELECTOR_JSON`` on the node.
 
-``SELECTOR_JSON`` holds the fault's ``ranks``, ``pid`` and ``process``, or ``{"node": true}`` for
-``scope: node`` (every process of the job in the node's scope, agents first). It refuses an
-existing ``DIR``, writes ``DIR/started`` (its clock, its pid) once it watches, one line per kill to ``DIR/kills``, and ``DIR/exited`` when ``DIR/stop``
+``SELECTOR_JSON`` holds the fault's ``ranks``, ``pid`` and ``process``, or ``{"node": true}``
+for ``scope: node`` (every process of the job in the node's scope, agents first). It refuses
+an existing ``DIR``, writes ``DIR/started`` (its clock, its pid) once it watches, one line
+per kill to ``DIR/kills`` (time, pid, rank or ``None``), and ``DIR/exited`` when ``DIR/stop``
 appears or ``DURATION_S`` has passed. Only processes of the node's scope are ever
 touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace, as the
 transports' own agents judge it)."""
@@ -275,7 +277,7 @@ class GpuFailFault(Fault):
 
     def _plan_devices(self, group: list[Any]) -> list[str]:
         if self.spec.scope == "node":
-            return ["<each GPU 'nvidia-smi -L' lists>"]
+            return ["<each GPU nvidia-smi -L lists>"]
         if self.spec.device is not None:
             return [str(self.spec.device)]
         return sorted({f"<GPU of {t.label()}>" for t in group})
