@@ -72,17 +72,19 @@ class Mechanism:
     ``fidelity``: ``real`` (the hardware's own failure, e.g. a GPU's compute mode) or
     ``emulated`` (an imitation the job cannot tell apart on its recovery path, e.g. a
     crash loop for a failed GPU). ``requires``: keys of :data:`REQUIREMENTS`.
-    ``note``: what is still unproven about it (``not yet verified on a GPU``)."""
+    ``note``: what is still unproven about it (``not yet verified on a GPU``).
+    ``emulates``: for an emulated mechanism, what the job sees instead of the real failure."""
 
     kind: str
     name: str
     fidelity: str
     requires: tuple[str, ...] = ()
     note: str | None = None
+    emulates: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "fidelity": self.fidelity,
-                "requires": list(self.requires), "note": self.note}
+                "requires": list(self.requires), "note": self.note, "emulates": self.emulates}
 
 
 GPU_UNVERIFIED = "not yet verified on a GPU"
@@ -90,7 +92,10 @@ GPU_UNVERIFIED = "not yet verified on a GPU"
 
 _GPU_FAIL = (
     Mechanism("gpu.fail", "nvidia", "real", ("gpu",), GPU_UNVERIFIED),
-    Mechanism("gpu.fail", "crashloop", "emulated"),
+    Mechanism("gpu.fail", "crashloop", "emulated", emulates=(
+        "the failed device's workers killed as they appear (scope device: torchrun restarts in place and dies "
+        "again); scope node: every process of the job on the node, its torchrun agent included, as a health "
+        "check that takes the node out of the job does, so a spare or the scheduler must take its place")),
 )
 
 
@@ -306,7 +311,8 @@ class Capabilities:
         return "; ".join(reasons) or None
 
     def here(self, cls: FaultClass) -> list[str]:
-        """One line per mechanism of ``cls``: its name, real or emulated, whether it runs here, and its note."""
+        """One line per mechanism of ``cls``: its name, real or emulated, whether it runs here, and its note.
+        What an emulated mechanism stands in for is in the catalog's JSON (``emulates``), to keep the table short."""
         out = []
         for m in cls.mechanisms:
             reason = self.mechanism_reason(m)

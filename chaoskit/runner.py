@@ -636,8 +636,8 @@ class _Run:
 
 
 def _mechanism(inj: Injection) -> dict[str, Any]:
-    """How a fault with several mechanisms acted (``gpu.fail``: nvidia, real; crashloop, emulated), for the report."""
-    return {k: inj.detail[k] for k in ("mechanism", "fidelity") if k in inj.detail}
+    """How a fault with several mechanisms acted (``gpu.fail``: nvidia, real; crashloop, emulated; on a device or the whole node), for the report."""
+    return {k: inj.detail[k] for k in ("mechanism", "fidelity", "scope") if k in inj.detail}
 
 
 def _install_sigterm():

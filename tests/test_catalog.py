@@ -127,6 +127,7 @@ def test_gpu_classes_run_here_through_the_emulated_mechanism_only() -> None:
     [entry] = [c for c in res.json["classes"] if c["id"] == "hardware.gpu"]
     assert [(m["name"], m["fidelity"]) for m in entry["mechanisms"]] == [("nvidia", "real"), ("crashloop", "emulated")]
     assert any("crashloop: emulated" in line for line in entry["here"])
+    assert "scope node" in entry["mechanisms"][1]["emulates"] and entry["mechanisms"][0]["emulates"] is None
 
 
 def test_a_pass_covers_only_classes_whose_fault_it_injected() -> None:

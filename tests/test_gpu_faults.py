@@ -169,6 +169,69 @@ def test_lease_stops_the_crash_loop_when_the_controller_is_killed(lab_procs, tmp
     subprocess.run(["rm", "-rf", str(directory)], check=True)
 
 
+# -- scope node: the whole node out of the job, its torchrun agent included ---------------------
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(x) for x in out]
+
+
+def test_scope_node_kills_the_whole_job_on_the_node_agents_included(lab_procs, tmp_path):
+    """scope node: every process of the job on n1 dies (the agent first), any that appears there again dies;
+    the other node, the node's processes that are not the job's, and an outsider live on."""
+    lab, procs, outsider, started = lab_procs
+    env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n1"), CHAOSKIT_NODE="n1")
+    agent = subprocess.Popen(  # a stand-in torchrun agent: the job's mark, no rank
+        [sys.executable, "-c", "import time; time.sleep(600)  # torch.distributed.run"], env=env)
+    attached_agent = subprocess.Popen(  # an agent without the mark, parent of a worker (an attached job)
+        [sys.executable, "-c", "import os, subprocess, sys, time  # torchrun\n"
+         "e = dict(os.environ, RANK='1', LOCAL_RANK='0', TORCHELASTIC_RUN_ID='t')\n"
+         f"subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env=e)\ntime.sleep(600)"],
+        env=dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n1")))
+    not_the_job = subprocess.Popen(  # in the node's scope, but no mark of the job (e.g. a lease watchdog)
+        [sys.executable, "-c", "import time; time.sleep(600)  # torchrun-looking but no worker"],
+        env=dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n1")))
+    started += [agent, attached_agent, not_the_job]
+    wait_state(agent.pid, lambda s: s is not None)
+    end = time.time() + 5
+    while not _children(attached_agent.pid) and time.time() < end:
+        time.sleep(0.05)
+    [attached_worker] = _children(attached_agent.pid)
+    ctx, journal, leases = _ctx(lab, tmp_path, run="run5")
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(nodes=["n1"]), duration=60,
+                                     mechanism="crashloop", scope="node"), "f0")
+    targets = resolve_processes(ctx.inventory, fault.spec.target)
+    [inj] = fault.inject(ctx, targets)
+    try:
+        assert inj.detail["scope"] == "node" and inj.detail["mechanism"] == "crashloop"
+        for proc in (procs[1], agent, attached_agent):
+            assert _died_within(proc, 5) is not None, proc.args
+        end = time.time() + 5
+        while Path(f"/proc/{attached_worker}").exists() and time.time() < end:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{attached_worker}/cmdline").exists() or Path(
+            f"/proc/{attached_worker}/stat").read_text().split(") ")[1][0] == "Z"
+        again = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # torchrun"], env=env)
+        started.append(again)
+        assert _died_within(again, 2) is not None, "an agent started again on the failed node survived"
+        time.sleep(0.3)
+        assert procs[0].poll() is None and outsider.poll() is None and not_the_job.poll() is None
+        kills = [line.split() for line in Path(inj.detail["directory"], "kills").read_text().splitlines()]
+        first_pass = [k for k in kills if k[1] != str(again.pid)]
+        ranks = [k[2] for k in first_pass]
+        assert ranks.index("None") < ranks.index("1"), "a worker died before its agent"
+    finally:
+        fault.revert(ctx, inj)
+        assert fault.verify(ctx, inj) is None
+        leases.release(inj.fault_id)
+        leases.close()
+        journal.close()
+    after = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # torchrun"], env=env)
+    started.append(after)
+    time.sleep(0.5)
+    assert after.poll() is None, "a process of the job started after the revert was killed"
+
+
 # -- the NVIDIA mechanism, against a stand-in ---------------------------------------------
 
 FAKE_NVIDIA_SMI = textwrap.dedent("""\
@@ -239,6 +302,31 @@ def test_nvidia_prohibits_the_device_kills_our_contexts_and_restores_the_mode(la
     journal.close()
 
 
+def test_nvidia_scope_node_prohibits_every_listed_device_and_kills_the_job_there(lab_procs, tmp_path, fake_nvidia_smi):
+    """Against the stand-in nvidia-smi: scope node fails each GPU -L lists and kills the node's job, agent first."""
+    lab, procs, outsider, started = lab_procs
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # torch.distributed.run"],
+                             env=dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n1"), CHAOSKIT_NODE="n1"))
+    started.append(agent)
+    wait_state(agent.pid, lambda s: s is not None)
+    ctx, journal, leases = _ctx(lab, tmp_path)
+    fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(nodes=["n1"]), duration=60,
+                                     mechanism="nvidia", scope="node"), "f0")
+    [inj] = fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+    assert inj.detail["scope"] == "node" and inj.detail["device"] == 0
+    assert _died_within(agent, 5) is not None and _died_within(procs[1], 5) is not None
+    assert inj.detail["killed"] == [agent.pid, procs[1].pid]  # the agent first: it cannot restart the worker
+    assert procs[0].poll() is None and outsider.poll() is None
+    assert (fake_nvidia_smi / "mode").read_text().strip() == "Prohibited"
+    fault.revert(ctx, inj)
+    assert fault.verify(ctx, inj) is None
+    leases.release(inj.fault_id)
+    assert (fake_nvidia_smi / "calls").read_text().splitlines()[:3] == [
+        "-L", "-L", "-i 0 --query-gpu=compute_mode --format=csv,noheader"]
+    leases.close()
+    journal.close()
+
+
 def test_nvidia_mode_is_restored_by_the_lease_at_the_deadline(lab_procs, tmp_path, fake_nvidia_smi):
     """Against the stand-in nvidia-smi: the watchdog (not the controller) restores the compute mode."""
     lab, procs, _, _ = lab_procs
@@ -289,6 +377,7 @@ def test_auto_falls_back_to_the_crash_loop_without_nvidia_smi(lab_procs, tmp_pat
 # -- scenarios: the plan, bad input ---------------------------------------------------------
 
 EXAMPLE = ROOT / "examples" / "gpu-fail-inplace.yaml"
+SPARE = ROOT / "scenarios" / "gpu-fail-spare.yaml"
 
 
 def test_dry_run_names_the_mechanism():
@@ -302,8 +391,30 @@ def test_dry_run_names_the_mechanism():
     assert any(c.startswith("else crashloop: start detached on the node") for c in commands)
 
 
+def test_dry_run_of_the_spare_drill_names_the_whole_node():
+    res = run_cli("run", SPARE, "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    [fault] = res.json["plan"]
+    commands = [a["command"] for a in fault["actions"]]
+    assert commands[0].startswith("scope node: the whole node is out of the job")
+    assert any("kills every process of the job on the node, its torchrun agent included" in c for c in commands)
+    assert {a["node"] for a in fault["actions"]} == {"n1"}
+
+
+def test_device_and_scope_node_together_are_refused_at_the_device(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    lines = SPARE.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("scope: node"))
+    lines.insert(at + 1, "    device: 1")
+    bad.write_text("\n".join(lines) + "\n")
+    res = run_cli("run", bad, "--dry-run")
+    assert res.code == 2, res.stdout + res.stderr
+    assert f"bad.yaml:{at + 2}:13:" in res.stderr and "give device or scope node, not both" in res.stderr
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("mechanism", "magic", "mechanism"),
+    ("scope", "rack", "scope"),
     ("device", "-1", "device"),
     ("duration", "0s", "duration"),
 ])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.errors import InfraError
 
-__all__ = ["device_of", "lists_devices"]
+__all__ = ["device_of", "listed_devices", "lists_devices"]
 
 
 def device_of(env: dict[str, str]) -> int:
@@ -21,13 +21,19 @@ def device_of(env: dict[str, str]) -> int:
     return local_rank
 
 
-def lists_devices(transport: Transport, devices: list[int], timeout: float) -> bool:
-    """True when ``nvidia-smi -L`` on the node answers and lists every one of ``devices``."""
+def listed_devices(transport: Transport, timeout: float) -> list[int]:
+    """The GPU indexes ``nvidia-smi -L`` on the node lists (``GPU 0: ...``); empty when it does not answer."""
     try:
         res = transport.run(["nvidia-smi", "-L"], timeout)
     except InfraError:  # not installed
-        return False
+        return []
     if res.returncode != 0:
-        return False
-    listed = {line.split(":", 1)[0].strip() for line in res.stdout.splitlines()}
-    return all(f"GPU {d}" in listed for d in devices)
+        return []
+    heads = (line.split(":", 1)[0].strip() for line in res.stdout.splitlines())
+    return sorted({int(h[4:]) for h in heads if h.startswith("GPU ") and h[4:].isdigit()})
+
+
+def lists_devices(transport: Transport, devices: list[int], timeout: float) -> bool:
+    """True when ``nvidia-smi -L`` on the node answers and lists every one of ``devices``."""
+    listed = set(listed_devices(transport, timeout))
+    return bool(listed) and all(d in listed for d in devices)

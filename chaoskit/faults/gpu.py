@@ -15,6 +15,16 @@ named in the scenario, and both named in the dry-run plan and the report:
   a stop file appears or its own deadline (the fault's duration) passes. The
   recovery path the job takes is the same: restarts in place die again.
 
+``scope`` says what fails: ``device`` (the default) fails the selected workers' GPU, so
+torchrun restarts them in place on the same node until its restarts run out; ``node``
+takes the whole node out of the job, as a health check that finds a failed GPU does:
+every device of the node is failed and every process of the job there, its torchrun
+agent included, is killed (the crash loop keeps killing any that appears). With the
+agent gone the rendezvous loses the node, and a spare (or the scheduler) takes its place.
+A job's process is one whose environment carries the job's marks (``CHAOSKIT_NODE``, set
+for every process chaoskit starts, or torchrun's ``TORCHELASTIC_RUN_ID``), or the torchrun
+agent that is the parent of such a worker (a job chaoskit attached to).
+
 Either way the revert is armed as a lease first, so a controller that is
 SIGKILLed still ends with the compute mode restored or the loop stopped.
 """
@@ -22,24 +32,25 @@ SIGKILLed still ends with the compute mode restored or the loop stopped.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import signal
 import sys
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
-from chaoskit.cluster.nvidia import device_of, lists_devices
+from chaoskit.cluster.nvidia import device_of, listed_devices, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
-from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.api import ProcInfo, Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 
-__all__ = ["GpuFailFault", "GpuFailSpec", "CRASHLOOP", "COMPUTE_MODES", "POLL_S"]
+__all__ = ["GpuFailFault", "GpuFailSpec", "CRASHLOOP", "COMPUTE_MODES", "POLL_S", "job_processes"]
 
 POLL_S = 0.05
 """How often the crash loop scans the node's processes: a new worker dies within one poll."""
@@ -77,6 +88,8 @@ token = scope.get("env")
 ranks = set(sel["ranks"]) if sel.get("ranks") is not None else None
 pattern = re.compile(sel["process"]) if sel.get("process") else None
 pid_sel = sel.get("pid")
+whole_node = bool(sel.get("node"))
+AGENT = re.compile(r"torchrun|torch[./]distributed[./]run")
 cache = {}
 def env_of(pid, key):
     env = cache.get(key)
@@ -120,11 +133,18 @@ def matches(pid):
         return None
     rank = env.get("RANK")
     rank = int(rank) if rank is not None and rank.isdigit() else None
+    if whole_node:
+        if "CHAOSKIT_NODE" in env or "TORCHELASTIC_RUN_ID" in env:
+            worker = "TORCHELASTIC_RUN_ID" in env and rank is not None
+            return (rank, int(rest[1]) if worker else None)
+        if AGENT.search(cmd):
+            return (rank, None, "agent")
+        return None
     if pid_sel is None and pattern is None and ("TORCHELASTIC_RUN_ID" not in env or rank is None):
         return None
     if ranks is not None and rank not in ranks:
         return None
-    return (rank,)
+    return (rank, None)
 with open(os.path.join(d, "started"), "w") as fh:
     fh.write("%f %d\n" % (time.time(), me))
 kills = open(os.path.join(d, "kills"), "a")
@@ -137,19 +157,26 @@ while reason is None:
     if time.time() >= deadline:
         reason = "deadline"
         break
+    found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         pid = int(name)
-        found = matches(pid)
-        if found is None:
-            continue
+        hit = matches(pid)
+        if hit is not None:
+            found[pid] = hit
+    if whole_node:
+        # The job's own processes carry its marks; an agent of a job started elsewhere is known as the
+        # parent of a worker. Agents die first, so none of them can start a worker again in this pass.
+        parents = {hit[1] for hit in found.values() if hit[1] is not None}
+        found = {pid: hit for pid, hit in found.items() if len(hit) == 2 or pid in parents}
+    for pid in sorted(found, key=lambda p: found[p][0] is not None):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
         killed += 1
-        kills.write("%f %d %s\n" % (time.time(), pid, found[0]))
+        kills.write("%f %d %s\n" % (time.time(), pid, found[pid][0]))
         kills.flush()
     time.sleep(poll)
 with open(os.path.join(d, "exited"), "w") as fh:
@@ -157,15 +184,18 @@ with open(os.path.join(d, "exited"), "w") as fh:
 """
 """The crash loop, run as ``python3 -c CRASHLOOP DIR DURATION_S POLL_S SCOPE_JSON SELECTOR_JSON`` on the node.
 
-It refuses an existing ``DIR``, writes ``DIR/started`` (its clock, its pid) once it
-watches, one line per kill to ``DIR/kills``, and ``DIR/exited`` when ``DIR/stop``
+``SELECTOR_JSON`` holds the fault's ``ranks``, ``pid`` and ``process``, or ``{"node": true}``
+for ``scope: node`` (every process of the job in the node's scope, agents first). It refuses
+an existing ``DIR``, writes ``DIR/started`` (its clock, its pid) once it watches, one line
+per kill to ``DIR/kills`` (time, pid, rank or ``None``), and ``DIR/exited`` when ``DIR/stop``
 appears or ``DURATION_S`` has passed. Only processes of the node's scope are ever
 touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace, as the
 transports' own agents judge it)."""
 
 
 class GpuFailSpec(FaultSpec):
-    """Fail the GPU of the selected ranks (or every GPU their node's workers use) until ``duration`` ends."""
+    """Fail the GPU of the selected ranks (``scope: device``), or take their whole node out of the job
+    (``scope: node``), until ``duration`` ends."""
 
     kind: Literal["gpu.fail"]
     duration: PositiveDuration = Field(..., description="How long the device stays failed; the node reverts it by itself after that.")
@@ -178,11 +208,28 @@ class GpuFailSpec(FaultSpec):
             "else crashloop."
         ),
     )
+    scope: Literal["device", "node"] = Field(
+        "device",
+        description=(
+            "device: only the selected workers' GPU fails; torchrun restarts them in place on the same node. "
+            "node: the whole node is out of the job, as when a health check takes a node with a failed GPU away: "
+            "nvidia sets every GPU of the node PROHIBITED, and both mechanisms kill every process of the job on "
+            "the node, its torchrun agent included (crashloop: any that appears, until revert), so a spare or "
+            "the scheduler must take its place. The selector picks the node(s)."
+        ),
+    )
     device: int | None = Field(
         None, ge=0, le=MAX_COUNT,
         description="GPU index on the node (nvidia); default: the device each selected worker uses (LOCAL_RANK, "
                     "through CUDA_VISIBLE_DEVICES).",
     )
+
+    @field_validator("device")
+    @classmethod
+    def _device_or_node(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("scope") == "node":
+            raise ValueError("scope node fails every GPU of the node: give device or scope node, not both")
+        return v
 
 
 class GpuFailFault(Fault):
@@ -195,9 +242,15 @@ class GpuFailFault(Fault):
     def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
         d = self.spec.duration
         mech = self.spec.mechanism
+        whole_node = self.spec.scope == "node"
         out = []
         for node, group in _by_node(targets).items():
             label = ",".join(t.label() for t in group)
+            if whole_node:
+                out.append(Action(node, "scope node: the whole node is out of the job (a health check that takes a "
+                                        "node with a failed GPU away): every process of the job there, its torchrun "
+                                        "agent included, is killed, so a spare or the scheduler must take its place",
+                                  label))
             if mech == "auto":
                 out.append(Action(node, "mechanism auto: nvidia if 'nvidia-smi -L' on the node lists the device, "
                                         "else crashloop (emulated)", label))
@@ -206,18 +259,25 @@ class GpuFailFault(Fault):
                 for device in self._plan_devices(group):
                     for command in self._nvidia_plan(device, d):
                         out.append(Action(node, prefix + command, label))
+                if whole_node:
+                    out.append(Action(node, prefix + "kill -s KILL every process of the job on the node, agents "
+                                                     "first (CHAOSKIT_NODE or TORCHELASTIC_RUN_ID in its environment, "
+                                                     "or the torchrun parent of a worker)", label))
             if mech in ("auto", "crashloop"):
                 prefix = "else crashloop: " if mech == "auto" else "crashloop (emulated): "
                 out.append(Action(node, prefix + f"arm lease: watchdog runs 'touch {LOOP_DIR}<token>/stop' after {d:g}s "
                                                  "or a stale lease", label))
+                victims = ("every process of the job on the node, its torchrun agent included," if whole_node
+                           else f"every job worker matching {self.spec.target.describe()}")
                 out.append(Action(node, prefix + f"start detached on the node: python3 -c <crash loop> {LOOP_DIR}<token> "
-                                                 f"{d:g} {POLL_S:g} (kills every job worker matching "
-                                                 f"{self.spec.target.describe()} within {POLL_S * 1000:g} ms, ends by itself "
-                                                 f"after {d:g}s)", label))
+                                                 f"{d:g} {POLL_S:g} (kills {victims} within {POLL_S * 1000:g} ms of "
+                                                 f"appearing, ends by itself after {d:g}s)", label))
                 out.append(Action(node, prefix + f"after {d:g}s: touch {LOOP_DIR}<token>/stop", label))
         return out
 
     def _plan_devices(self, group: list[Any]) -> list[str]:
+        if self.spec.scope == "node":
+            return ["<each GPU nvidia-smi -L lists>"]
         if self.spec.device is not None:
             return [str(self.spec.device)]
         return sorted({f"<GPU of {t.label()}>" for t in group})
@@ -252,11 +312,15 @@ class GpuFailFault(Fault):
             if mechanism == "nvidia":
                 for j, device in enumerate(devices):
                     out.append(self._inject_nvidia(ctx, transport, f"{self.fault_id}.{i}.{j}", node, device, labels))
+                if self.spec.scope == "node":
+                    _kill_job(transport, out[-1].detail)
             else:
                 out.append(self._inject_crashloop(ctx, transport, f"{self.fault_id}.{i}", node, labels))
         return out
 
     def _devices(self, transport: Transport, group: list[ProcessTarget]) -> list[int]:
+        if self.spec.scope == "node":
+            return listed_devices(transport, COMMAND_TIMEOUT_S) or [device_of({})]
         if self.spec.device is not None:
             return [self.spec.device]
         envs = {p.pid: p.env for p in transport.processes()}
@@ -288,7 +352,7 @@ class GpuFailFault(Fault):
                     skipped.append(pid)
             else:
                 skipped.append(pid)
-        detail = {"mechanism": "nvidia", "fidelity": "real", "device": int(dev), "restore_mode": mode,
+        detail = {"mechanism": "nvidia", "fidelity": "real", "scope": self.spec.scope, "device": int(dev), "restore_mode": mode,
                   "revert": revert, "killed": killed, "not_ours": skipped}
         return Injection(fid, self.kind, node, [f"{label}:gpu{dev}" for label in labels], ts, detail)
 
@@ -297,7 +361,8 @@ class GpuFailFault(Fault):
         revert = ["touch", f"{directory}/stop"]
         ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=",".join(labels))
         sel = self.spec.target
-        selector = {"ranks": sel.ranks, "pid": sel.pid, "process": sel.process}
+        selector = ({"node": True} if self.spec.scope == "node"
+                    else {"ranks": sel.ranks, "pid": sel.pid, "process": sel.process})
         argv = [_python(ctx, transport, node), "-c", CRASHLOOP, directory, f"{self.spec.duration:g}", f"{POLL_S:g}",
                 json.dumps(_scope(transport)), json.dumps(selector)]
         try:
@@ -310,7 +375,8 @@ class GpuFailFault(Fault):
             _undo(ctx, transport, fid, revert)
             raise InfraError(f"gpu.fail: the crash loop did not start on node {node} within {STARTED_S:g}s")
         ts, pid = float(started.split()[0]), int(started.split()[1])
-        detail = {"mechanism": "crashloop", "fidelity": "emulated", "directory": directory, "loop_pid": pid, "revert": revert}
+        detail = {"mechanism": "crashloop", "fidelity": "emulated", "scope": self.spec.scope, "directory": directory,
+                  "loop_pid": pid, "revert": revert}
         return Injection(fid, self.kind, node, labels, ts, detail)
 
     # -- revert, verify -----------------------------------------------------------------
@@ -362,6 +428,33 @@ def _by_node(targets: list[Any]) -> dict[str, list[Any]]:
     for t in targets:
         out.setdefault(t.node, []).append(t)
     return out
+
+
+def job_processes(procs: list[ProcInfo]) -> list[ProcInfo]:
+    """The job's processes among a node's ``procs`` (already in its scope), agents first.
+
+    A process is the job's when its environment carries ``CHAOSKIT_NODE`` (every process chaoskit
+    starts for the job) or ``TORCHELASTIC_RUN_ID`` (a torchrun worker), or when it is the torchrun
+    agent a worker was started by: the same rule the crash loop applies with ``scope: node``."""
+    marked = [p for p in procs if "CHAOSKIT_NODE" in p.env or "TORCHELASTIC_RUN_ID" in p.env]
+    parents = {p.ppid for p in marked if p.is_worker}
+    ours = {p.pid for p in marked}
+    agents = [p for p in procs if p.pid in parents and p.pid not in ours and _AGENT.search(p.cmdline)]
+    return sorted(agents + marked, key=lambda p: p.is_worker)
+
+
+_AGENT = re.compile(r"torchrun|torch[./]distributed[./]run")
+
+
+def _kill_job(transport: Transport, detail: dict[str, Any]) -> None:
+    """``scope: node`` with nvidia: every process of the job on the node, agents first, killed once."""
+    for proc in job_processes(transport.processes()):
+        try:
+            transport.signal(proc.pid, signal.SIGKILL)
+        except InfraError:  # gone in the meantime
+            continue
+        if proc.pid not in detail["killed"]:
+            detail["killed"].append(proc.pid)
 
 
 def _compute_mode(transport: Transport, dev: str) -> str:

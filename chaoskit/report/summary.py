@@ -67,7 +67,8 @@ def render_result(console, result: dict[str, Any]) -> None:
     for f in result.get("faults") or []:
         if f.get("mechanism"):
             console.print(f"fault {f['kind']} on {', '.join(f.get('targets') or [])}: mechanism {f['mechanism']}"
-                          + (f" ({f['fidelity']})" if f.get("fidelity") else ""))
+                          + (f" ({f['fidelity']})" if f.get("fidelity") else "")
+                          + (f", scope {f['scope']}" if f.get("scope") else ""))
     if phases.get("detected_by"):
         console.print(f"detected by: {phases['detected_by']}")
     for step in phases.get("reallocation_steps") or []:
