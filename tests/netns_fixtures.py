@@ -204,7 +204,7 @@ def site(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("site")
     lab = NetnsLab.create(2, spare=1, directory=directory / "lab")
-    table = f"chaoskit_site_test_{lab.lab_id}"
+    table = f"cksite_{lab.lab_id}"  # not "chaoskit...": other tests look for tables chaoskit left behind
     try:
         keys = {}
         for user in (SITE_USER, SITE_NOSUDO_USER):

@@ -20,7 +20,7 @@ from tests.conftest import SCENARIOS, need_torch, run_cli
 # worked out by hand from the catalog and the Llama 3 table.
 CLAIMS = {"kill-rank": "software.crash", "kill-uninstrumented": "software.crash", "hang-rank": "software.hang"}
 WEIGHT = {"software.crash": 54 + 2, "software.hang": 7}
-CATALOG_SIZE, INTERRUPTIONS = 15, 419
+CATALOG_SIZE, INTERRUPTIONS = 16, 419
 
 
 # -- without a training job -------------------------------------------------------------

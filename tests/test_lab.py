@@ -51,7 +51,7 @@ def test_a_second_lab_up_is_refused_politely():
 def test_unknown_lab_kind_is_bad_input():
     res = run_cli("lab", "up", "--kind", "moon")
     assert res.code == 2 and "unknown cluster kind 'moon'" in res.stderr
-    assert "known kinds: docker, netns, process, ray" in res.stderr
+    assert "known kinds: docker, inventory, netns, process, ray, slurm" in res.stderr
 
 
 def test_a_flag_that_does_not_apply_to_the_kind_is_bad_input():
@@ -65,4 +65,4 @@ def test_a_flag_that_does_not_apply_to_the_kind_is_bad_input():
 def test_lab_kinds_lists_every_backend():
     res = run_cli("lab", "kinds")
     assert res.code == 0
-    assert [line.split()[0] for line in res.stdout.splitlines()] == ["docker", "netns", "process", "ray"]
+    assert [line.split()[0] for line in res.stdout.splitlines()] == ["docker", "inventory", "netns", "process", "ray", "slurm"]

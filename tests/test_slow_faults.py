@@ -134,7 +134,7 @@ def test_dry_run_shows_the_cgroup_commands():
     res = run_cli("run", STRAGGLER, "--dry-run", "--json")
     assert res.code == 0, res.stderr
     commands = [a["command"] for a in res.json["plan"][0]["actions"]]
-    assert "cpu.max '20000 100000'" in commands[1] and "cpu.cfs_quota_us 20000" in commands[1]
+    assert "cpu.max '5000 100000'" in commands[1] and "cpu.cfs_quota_us 5000" in commands[1]
 
 
 @pytest.mark.parametrize("value", ["0", "100", "150", "-5", "fast"])

@@ -229,7 +229,9 @@ def test_slurm_preempt_requeues_and_resumes_from_the_checkpoint(tmp_path):
     assert res.code == 0, (res.stderr, r["slo"], r["notes"])
     assert r["slurm"]["restarts"] == 1
     steps = [s["step"] for s in r["phases"]["reallocation_steps"]]
-    assert "held (BeginTime) -> eligible again" in steps
+    # the requeue hold is a step of its own; whether Slurm shows the job pending for another reason after it
+    # ("eligible again") or allocates it at once depends on when its scheduler runs
+    assert any(step.startswith("held (BeginTime) -> ") for step in steps), steps
     ev = events_of(tmp_path / "run")
     assert any(e["kind"] == "job.pending" and e.get("reason") == "BeginTime" for e in ev)
     assert r["phases"]["restored_step"] > 0
