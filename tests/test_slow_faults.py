@@ -22,7 +22,7 @@ from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import ROOT, run_cli, wait_state
+from tests.conftest import ROOT, run_cli, wait_state, wait_until
 from tests.netns_fixtures import require
 
 BUSY = "import os\nif os.fork() == 0:\n    while True: pass\nwhile True: pass  # worker"
@@ -124,7 +124,9 @@ def test_lease_restores_the_cgroups_when_the_controller_is_killed(busy_lab, tmp_
     while cgroup.exists() and time.time() < end:
         time.sleep(0.1)
     assert not cgroup.exists() and _cgroup_line(proc.pid) == before_cgroup
-    assert "lease expired" in (tmp_path / "run3" / "f0.0" / "fired").read_text()
+    fired = tmp_path / "run3" / "f0.0" / "fired"  # the watchdog writes it once its revert has returned
+    assert wait_until(fired.exists, 5)
+    assert "lease expired" in fired.read_text()
 
 
 STRAGGLER = ROOT / "scenarios" / "straggler.yaml"
