@@ -29,7 +29,7 @@ from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import ROOT, run_cli, wait_state
+from tests.conftest import ROOT, run_cli, wait_state, wait_until
 
 SLEEPER = "import time; time.sleep(600)  # worker"
 
@@ -160,7 +160,9 @@ def test_lease_stops_the_crash_loop_when_the_controller_is_killed(lab_procs, tmp
     while not (directory / "exited").exists() and time.time() < end:
         time.sleep(0.1)
     assert (directory / "exited").read_text().split()[1] == "stopped"
-    fired = (tmp_path / "run3" / "f0.0" / "fired").read_text()
+    fired_file = tmp_path / "run3" / "f0.0" / "fired"  # written once the watchdog's revert has returned
+    assert wait_until(fired_file.exists, 5)
+    fired = fired_file.read_text()
     assert "lease expired" in fired
     after = _worker(lab, "n1", 1)
     started.append(after)
@@ -339,6 +341,7 @@ def test_nvidia_mode_is_restored_by_the_lease_at_the_deadline(lab_procs, tmp_pat
     while (fake_nvidia_smi / "mode").read_text().strip() != "Default" and time.time() < end:
         time.sleep(0.05)
     assert (fake_nvidia_smi / "mode").read_text().strip() == "Default"
+    assert wait_until((leases.root / inj.fault_id / "fired").exists, 5)
     assert "deadline" in (leases.root / inj.fault_id / "fired").read_text()
     leases.close()
     journal.close()
