@@ -107,6 +107,8 @@ class TorchrunJob:
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.cluster.rdzv_host}:{self.port}",
             "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if host else 'false'}",
             "--max-restarts", str(w.max_restarts), "--monitor-interval", "0.1",
+            # torchrun's own files (each attempt's error files) stay with the run, not in /tmp/torchelastic_*
+            "--log-dir", str(self.job_dir / "torchelastic" / node),
             *self.cluster.agent_args(node),
             *self.script_argv(),
         ]

@@ -142,7 +142,8 @@ class SlurmJob:
             lines.append(f"local_addr=$(ip -o -4 addr show dev {shlex.quote(iface)} | awk '{{print $4}}' | cut -d/ -f1)")
             extra = ' --local-addr "$local_addr"'
         lines.append(f'exec {shlex.join(argv)} --rdzv-endpoint "$CHAOSKIT_RDZV_HOST:{self.port}" '
-                     f'--rdzv-conf "is_host=$is_host"{extra} {shlex.join(script)}')
+                     f'--rdzv-conf "is_host=$is_host" --log-dir {shlex.quote(str(self.log_dir))}/torchelastic/"$SLURMD_NODENAME"'
+                     f'{extra} {shlex.join(script)}')
         return "\n".join(lines) + "\n"
 
     def job_env(self) -> dict[str, str]:
