@@ -294,3 +294,33 @@ def test_straggler_drill_passes_and_costs_throughput(tmp_path):
     assert slow["throughput_lost_pct"] is not None and slow["throughput_lost_pct"] > 0
     assert slow["step_time_during_s"] > slow["step_time_before_s"]
     assert "<h3>Slowdown</h3>" in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_a_cpu_throttle_makes_the_reference_step_compute(tmp_path):
+    """A step that sleeps fits in any CPU quota on an idle machine: with a cpu_share fault the reference job
+    spends half its step computing (counted in CPU time), unless the scenario says otherwise."""
+    from chaoskit.scenario import load_scenario
+
+    assert load_scenario(STRAGGLER).model.workload.step_compute == pytest.approx(0.025)
+    plain = tmp_path / "kill.yaml"
+    plain.write_text("name: k\nworkload: {step_time: 40ms}\nfaults: [{kind: process.kill, target: {ranks: [1]}}]\n")
+    assert load_scenario(plain).model.workload.step_compute is None
+    own = tmp_path / "own.yaml"
+    own.write_text("name: s\nworkload: {step_time: 40ms, step_compute: 10ms}\n"
+                   "faults: [{kind: node.slow, target: {ranks: [1]}, cpu_share: 5, duration: 5s}]\n")
+    assert load_scenario(own).model.workload.step_compute == pytest.approx(0.010)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: s\nworkload: {step_time: 40ms, step_compute: 50ms}\n"
+                   "faults: [{kind: process.kill, target: {ranks: [1]}}]\n")
+    res = run_cli("validate", bad)
+    assert res.code == 2 and "bad.yaml:2:" in res.stdout + res.stderr and "longer than step_time" in res.stdout + res.stderr
+
+
+def test_the_busy_step_is_cpu_time_not_wall_time():
+    """compute() ends after its CPU seconds: a process held to a fraction of a CPU takes longer in wall time."""
+    from chaoskit.workloads.plain_train import compute
+
+    t0, c0 = time.monotonic(), time.thread_time()
+    compute(0.05)
+    assert time.thread_time() - c0 >= 0.05
+    assert time.monotonic() - t0 >= 0.05

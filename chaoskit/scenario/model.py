@@ -63,6 +63,11 @@ class Workload(StrictModel):
         "are the ones Slurm allocated it, and its state changes join the timeline."))
     steps: int = Field(400, ge=1, le=MAX_COUNT, description="Training steps to run.")
     step_time: Duration = Field(0.05, description="Minimum wall time of one step (the reference job sleeps the rest).")
+    step_compute: Duration | None = Field(None, description=(
+        "reference and uninstrumented: CPU time each step spends computing (a busy loop counted in the worker's own "
+        "CPU time) before it sleeps the rest of step_time. Default: none, or half of step_time when a fault of the "
+        "scenario throttles the CPU (cpu_share), so that the throttle slows the step on an idle machine as on a "
+        "loaded one."))
     checkpoint_every: int = Field(25, ge=1, le=MAX_COUNT, description="Save a checkpoint every N steps.")
     collective_timeout: Duration = Field(30.0, description="Timeout of one collective (torch's default is 30 min).")
     nproc_per_node: int = Field(1, ge=1, le=16, description="Workers per node.")
@@ -117,6 +122,10 @@ class Workload(StrictModel):
             raise ValueError("'script' is only used with launch: sbatch")
         if self.launch != "attach" and self.slurm_job is not None:
             raise ValueError("'slurm_job' is only used with launch: attach (a job already queued or running in Slurm)")
+        if self.step_compute is not None and self.launch not in ("reference", "uninstrumented"):
+            raise ValueError(f"'step_compute' is only used with the reference job (launch: reference or uninstrumented)")
+        if self.step_compute is not None and self.step_compute > self.step_time:
+            raise ValueError(f"step_compute ({self.step_compute:g}s) is longer than step_time ({self.step_time:g}s)")
         if self.launch == "attach" and "wait" not in self.model_fields_set:
             self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self
@@ -199,6 +208,14 @@ class ScenarioBase(StrictModel):
     safety: Safety = Field(default_factory=Safety)
     steady_state: SteadyState = Field(default_factory=SteadyState)
     covers: list[str] | None = Field(None, description="Catalog classes this scenario exercises (defaults from its faults).")
+
+    @model_validator(mode="after")
+    def _compute_when_throttled(self) -> "ScenarioBase":
+        """A CPU throttle only shows when the step computes: a step that sleeps fits in any CPU quota."""
+        w = self.workload
+        if w.step_compute is None and w.launch in ("reference", "uninstrumented") and any(getattr(f, "cpu_share", None) for f in getattr(self, "faults", ())):
+            w.step_compute = w.step_time / 2
+        return self
 
 
 _MODELS: dict[tuple[Any, ...], type[ScenarioBase]] = {}

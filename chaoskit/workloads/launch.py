@@ -90,6 +90,8 @@ class TorchrunJob:
             "--checkpoint-every", str(w.checkpoint_every), "--checkpoint-dir", str(self.ckpt_dir),
             "--collective-timeout", f"{w.collective_timeout:g}",
         ]
+        if w.step_compute:
+            args += ["--step-compute", f"{w.step_compute:g}"]
         if w.launch == "reference":
             return ["-m", "chaoskit.workloads.ddp_train", *args]
         if w.launch == "uninstrumented":

@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--step-time", type=float, default=0.05, help="minimum seconds per step")
+    p.add_argument("--step-compute", type=float, default=0.0,
+                   help="CPU seconds of busy work per step (counted in this thread's CPU time), before sleeping the rest")
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--checkpoint-dir", default=os.environ.get("CHAOSKIT_CKPT_DIR", "checkpoints"))
     p.add_argument("--collective-timeout", type=float, default=30.0, help="seconds (torch's default is 30 min)")
@@ -103,6 +105,19 @@ def newest_checkpoint(folder: str) -> str | None:
 def error_line(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def compute(cpu_s: float) -> None:
+    """Busy work until this thread has used ``cpu_s`` seconds of CPU.
+
+    Counted in CPU time, not wall time: a throttled or starved worker takes longer in wall time for
+    the same work, the way a real step's compute does, while a sleeping step would not notice a
+    CPU throttle at all on an idle machine."""
+    end = time.thread_time() + cpu_s
+    x = 0
+    while time.thread_time() < end:
+        for i in range(2000):
+            x += i * i
 
 
 def train(args: argparse.Namespace, hooks: Hooks) -> int:
@@ -166,6 +181,8 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
             hooks.collective_error(rank, exc)
             return 1
         opt.step()
+        if args.step_compute > 0:
+            compute(args.step_compute)
         rest = args.step_time - (time.monotonic() - t0)
         if rest > 0:
             time.sleep(rest)
