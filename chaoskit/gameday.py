@@ -33,14 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
-from chaoskit.core.files import GAMEDAY_FILE, HISTORY_FILE
+from chaoskit.core.files import GAMEDAY_FILE, HISTORY_FILE, read_history
 from chaoskit.coverage import (
     catalog_by_id,
     compute_coverage,
     detect_capabilities,
     resolve_covers,
 )
-from chaoskit.report.html import write_gameday_report, write_run_report
+from chaoskit.history import find_regressions, fresh_coverage, scenario_figures
+from chaoskit.repeat import run_repeated
+from chaoskit.report.html import write_gameday_report, write_repeat_report, write_run_report
 from chaoskit.report.junit import write_junit
 from chaoskit.runner import run_scenario
 from chaoskit.scenario import load_scenario, scenario_files
@@ -64,11 +66,16 @@ def run_gameday(
     min_coverage: float | None = None,
     console=None,
     capabilities=None,
+    fail_on_regression: float | None = None,
+    fresh_s: float | None = None,
 ) -> GamedayOutcome:
     """Run the scenarios under ``paths`` (files, or folders searched for YAML).
 
-    ``min_coverage`` is a fraction (0..1) of plain coverage; ``capabilities``
-    (a :class:`chaoskit.coverage.Capabilities`) defaults to probing this machine.
+    ``min_coverage`` is a fraction (0..1) of plain coverage (of the fresh coverage with
+    ``fresh_s``); ``capabilities`` (a :class:`chaoskit.coverage.Capabilities`) defaults to probing
+    this machine. ``fail_on_regression`` (0.25 = 25%): fail when a scenario's recovery is that much
+    above the median of its last game days in the history; ``fresh_s``: coverage counts a class
+    proven by this game day or by one in the history within that many seconds.
     Raises :class:`ScenarioError` when there is nothing to run or ``out`` already
     holds a game day.
     """
@@ -83,7 +90,10 @@ def run_gameday(
         raise ScenarioError(f"{out} already holds a game day", hint="choose another --out, or remove that folder")
     out.mkdir(parents=True, exist_ok=True)
     caps = capabilities or detect_capabilities()
+    if fail_on_regression is not None and fail_on_regression < 0:
+        raise ScenarioError(f"--fail-on-regression {fail_on_regression:g} is negative", hint="e.g. --fail-on-regression 25%")
     gd = _Gameday(out, [_plan(i, f) for i, f in enumerate(files, 1)], caps, min_coverage, started, console)
+    gd.fail_on_regression, gd.fresh_s = fail_on_regression, fresh_s
     return gd.execute()
 
 
@@ -97,9 +107,13 @@ def summarize(
     min_coverage: float | None = None,
     finished: bool = True,
     interrupted: bool = False,
+    regressions: list[dict[str, Any]] | None = None,
+    fresh: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The content of ``gameday.json``: the scenario records (as :func:`run_gameday`
-    keeps them), their counts, the coverage and the exit status."""
+    keeps them), their counts, the coverage and the exit status. ``regressions``
+    (from :func:`chaoskit.history.find_regressions`) fail it; ``fresh`` (the coverage
+    within a window) is what ``min_coverage`` then applies to."""
 
     cov = compute_coverage(records, caps)
     ran = [r for r in records if r["status"] is not None]
@@ -111,10 +125,10 @@ def summarize(
         "interrupted_scenarios": sum(1 for r in ran if r["status"] == "interrupted"),
         "not_run": len(records) - len(ran),
     }
-    below = min_coverage is not None and cov["plain"] < min_coverage
+    below = min_coverage is not None and (fresh or cov)["plain"] < min_coverage
     if interrupted:
         code = ExitCode.INTERRUPTED
-    elif counts["passed"] != counts["total"] or below:
+    elif counts["passed"] != counts["total"] or below or regressions:
         code = ExitCode.CHECK_FAILED
     else:
         code = ExitCode.OK
@@ -135,6 +149,8 @@ def summarize(
         **counts,
         "exit_code": int(code),
         "coverage": cov,
+        **({"fresh_coverage": fresh} if fresh is not None else {}),
+        "regressions": regressions or [],
         "scenarios": records,
     }
 
@@ -174,6 +190,11 @@ class _Gameday:
         self.out, self.records, self.caps, self.min_coverage = out, records, caps, min_coverage
         self.started, self.console = started, console
         self.interrupted = False
+        self.fail_on_regression: float | None = None
+        self.fresh_s: float | None = None
+        self.history = read_history(out.parent / HISTORY_FILE)
+        self.regressions: list[dict[str, Any]] | None = None
+        self.fresh: dict[str, Any] | None = None
 
     def execute(self) -> GamedayOutcome:
         board = _Board(self.records)
@@ -191,6 +212,7 @@ class _Gameday:
             if self.console is not None and not self.console.is_terminal:
                 self.console.line()  # a non-terminal Live ends its last render without a newline
         finally:
+            self._judge_history()
             summary = self._write(finished=True)
 
         write_junit(summary, self.out / "junit.xml")
@@ -247,9 +269,16 @@ class _Gameday:
         record["checks"] = result.get("checks")
         record["notes"] = result.get("notes") or []
 
+    def _judge_history(self) -> None:
+        """Regressions against the history, and coverage within the freshness window (when asked for)."""
+        if self.fail_on_regression is not None:
+            self.regressions = find_regressions(scenario_figures(self.records), self.history, self.fail_on_regression)
+        if self.fresh_s is not None:
+            self.fresh = fresh_coverage(self.records, self.caps, self.history, self.fresh_s, time.time())
+
     def _write(self, finished: bool) -> dict[str, Any]:
         summary = summarize(self.out.name, self.records, self.caps, started=self.started, min_coverage=self.min_coverage,
-                            finished=finished, interrupted=self.interrupted)
+                            finished=finished, interrupted=self.interrupted, regressions=self.regressions, fresh=self.fresh)
         _write_json(self.out / GAMEDAY_FILE, summary)
         return summary
 
@@ -260,6 +289,7 @@ class _Gameday:
             "scenarios": summary["total"], "passed": summary["passed"], "failed": summary["failed"],
             "errored": summary["errored"], "plain": cov["plain"], "weighted": cov["weighted"],
             "covered": cov["covered"], "catalog_size": cov["total"], "exit_code": summary["exit_code"],
+            "figures": scenario_figures(self.records),
         }
         with open(self.out.parent / HISTORY_FILE, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry, separators=(",", ":")) + "\n")

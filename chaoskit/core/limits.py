@@ -43,3 +43,7 @@ MAX_COUNT = 1_000_000_000
 
 MAX_PID = 4_194_304
 """Linux's ``PID_MAX_LIMIT`` (2**22): no process id is larger."""
+
+MAX_REPEAT = 1000
+"""``chaoskit run --repeat``: 1,000 samples, far past where a median's 95% interval stops narrowing
+usefully (it shrinks as 1/sqrt(n)); a typo such as ``--repeat 50000`` is refused, not run for weeks."""

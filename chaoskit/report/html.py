@@ -48,9 +48,11 @@ from chaoskit.measure import measure_fault
 from chaoskit.observe.events import read_events
 from chaoskit.report.summary import check_text
 
-__all__ = ["build_report", "write_run_report", "write_gameday_report", "load_run", "render_html"]
+__all__ = ["build_report", "write_run_report", "write_repeat_report", "write_gameday_report", "load_run", "render_html"]
 
 
+REPEAT_KIND = "chaoskit.repeat"
+"""``kind`` of the result.json of a ``chaoskit run --repeat`` folder (``chaoskit/repeat.py``)."""
 _W = 760  # width of the timeline charts
 _LEFT = 64  # room for node names and step labels
 _BINS = 120
@@ -63,6 +65,8 @@ def build_report(path: str | Path) -> Path:
     path = Path(path)
     if (path / GAMEDAY_FILE).is_file():
         return write_gameday_report(path)
+    if (_read_json(path / "result.json") or {}).get("kind") == REPEAT_KIND:
+        return write_repeat_report(path)
     if any((path / f).is_file() for f in ("result.json", "events.jsonl", "error.json")):
         return write_run_report(path)
     raise ScenarioError(
@@ -80,11 +84,68 @@ def write_run_report(run_dir: str | Path) -> Path:
         "kind": "run", "title": f"chaoskit run: {run['name']}", "runs": [run],
         "coverage": _coverage_view(compute_coverage([record], Capabilities.from_dict(run["capabilities"]))),
         "coverage_note": "coverage of this run alone; what could not run on its machine was probed when it ran",
-        "trend": None, "gameday": None,
+        "trend": None, "gameday": None, "repeat": None,
     }
     out = run_dir / RUN_REPORT
     out.write_text(render_html(page), encoding="utf-8")
     return out
+
+
+def write_repeat_report(repeat_dir: str | Path) -> Path:
+    """Render ``report.html`` of a ``chaoskit run --repeat`` folder: the distribution of each phase, then every
+    sample as a game day shows its scenarios; return its path."""
+    repeat_dir = Path(repeat_dir)
+    summary = _read_json(repeat_dir / "result.json") or {}
+    runs = [load_run(repeat_dir / s["dir"], {"index": i, "status": s.get("status"), "error": s.get("error") and {
+                 "type": "Error", "message": s["error"], "hint": None}})
+            for i, s in enumerate(summary.get("samples") or [], 1) if (repeat_dir / s["dir"]).is_dir()]
+    records = [{"scenario": r["name"], "covers": r["covers"], "injected_kinds": r["injected_kinds"], "status": r["status"]} for r in runs]
+    caps = Capabilities.from_dict(runs[0]["capabilities"] if runs else {})
+    page = {
+        "kind": "repeat", "title": f"chaoskit run: {summary.get('scenario')} x{summary.get('repeat')}", "runs": runs,
+        "coverage": _coverage_view(compute_coverage(records, caps)),
+        "coverage_note": "coverage of these samples alone", "trend": None, "gameday": None,
+        "repeat": {**summary, "strips": _strips(summary.get("distribution") or {}, summary.get("slo") or {})},
+    }
+    out = repeat_dir / RUN_REPORT
+    out.write_text(render_html(page), encoding="utf-8")
+    return out
+
+
+_STRIP_LABELS = {"detection_s": "detection", "reallocation_s": "reallocation", "checkpoint_load_s": "checkpoint load",
+                 "startup_s": "start-up", "recovery_s": "recovery", "lost_steps": "lost work"}
+
+
+def _strips(dist: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
+    """One strip plot per phase: every sample a dot, the median and the p95 as ticks, the median's 95% interval
+    as a band, each percentile SLO as a line; the scale is the phase's own, from 0."""
+    w, left, right = _W, 120, 250
+    rows = []
+    for key, label in _STRIP_LABELS.items():
+        d = dist.get(key)
+        if not d or d.get("p50") is None:
+            if d and d.get("n"):
+                rows.append({"label": label, "empty": f"not observed in any of {d['n']} samples"})
+            continue
+        slo_name = "lost_steps" if key == "lost_steps" else key[:-2]
+        lines = [(p, c["limit"]) for p, c in ((slo.get(slo_name) or {}).get("percentiles") or {}).items()]
+        top = max([d["max"], *[v for _, v in lines]]) or 1.0
+        scale = (w - left - right) / (top * 1.05)
+        x = lambda v: round(left + v * scale, 1)  # noqa: E731
+        unit = "" if key == "lost_steps" else "s"
+        fmt = (lambda v: f"{v:g}") if key == "lost_steps" else (lambda v: f"{v:.2f}s")
+        rows.append({
+            "label": label, "empty": None,
+            "dots": [{"x": x(v), "title": f"sample {i}: {fmt(v)}"} for i, v in enumerate(d["samples"], 1) if v is not None],
+            "p50": {"x": x(d["p50"]), "title": f"median {fmt(d['p50'])}"},
+            "p95": {"x": x(d["p95"]), "title": f"p95 {fmt(d['p95'])}"},
+            "ci": None if not d.get("ci95") else {"x": x(d["ci95"][0]), "w": max(1.0, x(d["ci95"][1]) - x(d["ci95"][0])),
+                                                   "title": f"95% interval of the median: {fmt(d['ci95'][0])} to {fmt(d['ci95'][1])}"},
+            "slo": [{"x": x(v), "title": f"SLO {p}{' (every sample)' if p == 'max' else ''} <= {fmt(v)}"} for p, v in lines],
+            "text": f"p50 {fmt(d['p50'])} · p95 {fmt(d['p95'])} · max {fmt(d['max'])}" + (f" · {d['missing']} missing" if d["missing"] else ""),
+            "text_x": w - right + 6, "left": left, "right": w - right, "unit": unit,
+        })
+    return rows
 
 
 def write_gameday_report(gd_dir: str | Path) -> Path:
@@ -96,7 +157,7 @@ def write_gameday_report(gd_dir: str | Path) -> Path:
     page = {
         "kind": "gameday", "title": f"chaoskit game day: {summary['name']}", "runs": runs,
         "coverage": _coverage_view(cov), "coverage_note": None,
-        "trend": _trend(history), "gameday": summary,
+        "trend": _trend(history), "gameday": summary, "repeat": None,
     }
     out = gd_dir / GAMEDAY_REPORT
     out.write_text(render_html(page), encoding="utf-8")

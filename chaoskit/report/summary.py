@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_result", "render_plan", "check_text"]
+__all__ = ["render_result", "render_repeat", "render_plan", "check_text"]
 
 _ROWS = (
     ("detection", "detection_s", "fault -> the system noticed"),
@@ -78,6 +78,42 @@ def render_result(console, result: dict[str, Any]) -> None:
             console.print(f"[red]check failed:[/red] {escape(check_text(name, check))}")
     for note in result.get("notes") or []:
         console.print(f"note: {note}")
+    colour = {"pass": "green", "fail": "red"}.get(result["verdict"], "yellow")
+    console.print(f"verdict: [bold {colour}]{result['verdict'].upper()}[/bold {colour}]")
+    if result.get("run_dir"):
+        console.print(f"result: {result['run_dir']}/result.json")
+
+
+_DIST_ROWS = (*((name, key) for name, key, _ in _ROWS[:3]), ("startup", "startup_s"), ("recovery", "recovery_s"),
+              ("lost work", "lost_steps"))
+
+
+def render_repeat(console, result: dict[str, Any]) -> None:
+    """The distribution of each phase over a repeat's samples, with the SLOs judged on it."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    dist, slo = result.get("distribution") or {}, result.get("slo") or {}
+    table = Table(title=f"recovery of {result['scenario']} over {result['completed']} of {result['repeat']} samples",
+                  title_justify="left")
+    for col, justify in (("phase", "left"), ("p50", "right"), ("95% CI of p50", "right"), ("p95", "right"),
+                         ("max", "right"), ("SLO", "right"), ("", "center")):
+        table.add_column(col, justify=justify)
+    for name, key in _DIST_ROWS:
+        d = dist.get(key) or {}
+        f = (lambda v: "-" if v is None else f"{v:g}") if key == "lost_steps" else (lambda v: "-" if v is None else f"{v:.3f}s")
+        entry = slo.get("lost_steps" if key == "lost_steps" else key[:-2])
+        limits = ", ".join(f"{'every' if p == 'max' and entry['every_sample'] else p} <= {c['limit']:g}"
+                           for p, c in entry["percentiles"].items()) if entry else "-"
+        mark = ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else ""
+        ci = d.get("ci95")
+        missing = f" [yellow]({d['missing']} not observed)[/yellow]" if d.get("missing") else ""
+        table.add_row(name.replace("_", " "), f(d.get("p50")) + missing, "-" if not ci else f"{f(ci[0])} .. {f(ci[1])}",
+                      f(d.get("p95")), f(d.get("max")), limits, mark)
+    console.print(table)
+    for s in result.get("samples") or []:
+        if s["status"] != "pass":
+            console.print(f"sample {escape(s['dir'])}: {s['status']}" + (f": {escape(s['error'])}" if s.get("error") else ""))
     colour = {"pass": "green", "fail": "red"}.get(result["verdict"], "yellow")
     console.print(f"verdict: [bold {colour}]{result['verdict'].upper()}[/bold {colour}]")
     if result.get("run_dir"):

@@ -16,7 +16,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 from chaoskit.backends.api import ClusterSpec
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import Duration, PositiveDuration
-from chaoskit.core.limits import MAX_COUNT
+from chaoskit.core.limits import MAX_COUNT, MAX_REPEAT
 from chaoskit.core.models import NAME_RE, StrictModel, check_regex
 from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import check_path
@@ -28,6 +28,8 @@ __all__ = [
     "LogRule",
     "Probes",
     "SLO",
+    "PhasePercentiles",
+    "StepPercentiles",
     "Safety",
     "SteadyState",
     "ScenarioBase",
@@ -170,14 +172,49 @@ class Probes(StrictModel):
     )
 
 
-class SLO(StrictModel):
-    """Recovery objectives; a phase that was not observed fails its SLO."""
+class _Percentiles(StrictModel):
+    """Limits on percentiles of a phase over repeated drills (``chaoskit run --repeat N``)."""
 
-    detection: Duration | None = None
-    reallocation: Duration | None = None
-    checkpoint_load: Duration | None = None
-    recovery: Duration | None = None
-    lost_steps: int | None = Field(None, ge=0, le=MAX_COUNT)
+    @model_validator(mode="after")
+    def _one(self) -> "_Percentiles":
+        if all(getattr(self, name) is None for name in type(self).model_fields):
+            raise ValueError(f"name at least one of {', '.join(type(self).model_fields)}")
+        return self
+
+
+class PhasePercentiles(_Percentiles):
+    """``{p95: 60s}``: the 95th percentile of the samples must be at most 60 s (a single drill is its own every percentile)."""
+
+    p50: Duration | None = None
+    p90: Duration | None = None
+    p95: Duration | None = None
+    p99: Duration | None = None
+    max: Duration | None = None
+
+
+class StepPercentiles(_Percentiles):
+    """``{p95: 25}``: lost steps at the 95th percentile of the samples."""
+
+    p50: int | None = Field(None, ge=0, le=MAX_COUNT)
+    p90: int | None = Field(None, ge=0, le=MAX_COUNT)
+    p95: int | None = Field(None, ge=0, le=MAX_COUNT)
+    p99: int | None = Field(None, ge=0, le=MAX_COUNT)
+    max: int | None = Field(None, ge=0, le=MAX_COUNT)
+
+
+_PHASE_SLO = "A duration every sample must meet, or percentiles of the samples ({p95: 60s}) over repeated drills."
+
+
+class SLO(StrictModel):
+    """Recovery objectives; a phase that was not observed fails its SLO. A plain value holds for every sample of
+    ``chaoskit run --repeat N``; a mapping names percentiles (p50, p90, p95, p99, max) of the samples."""
+
+    detection: Duration | PhasePercentiles | None = Field(None, description=_PHASE_SLO)
+    reallocation: Duration | PhasePercentiles | None = Field(None, description=_PHASE_SLO)
+    checkpoint_load: Duration | PhasePercentiles | None = Field(None, description=_PHASE_SLO)
+    recovery: Duration | PhasePercentiles | None = Field(None, description=_PHASE_SLO)
+    lost_steps: Annotated[int, Field(ge=0, le=MAX_COUNT)] | StepPercentiles | None = Field(
+        None, description="Steps of work lost, for every sample, or percentiles of the samples ({p95: 25}).")
 
 
 class Safety(StrictModel):
@@ -208,6 +245,9 @@ class ScenarioBase(StrictModel):
     safety: Safety = Field(default_factory=Safety)
     steady_state: SteadyState = Field(default_factory=SteadyState)
     covers: list[str] | None = Field(None, description="Catalog classes this scenario exercises (defaults from its faults).")
+    repeat: int = Field(1, ge=1, le=MAX_REPEAT, description=(
+        "Samples to take of this drill, back to back, judged on their distribution (p50, p95, max per phase): "
+        "what `chaoskit run` and a game day do unless `--repeat N` says otherwise."))
 
     @model_validator(mode="after")
     def _compute_when_throttled(self) -> "ScenarioBase":
