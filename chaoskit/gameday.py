@@ -68,6 +68,7 @@ def run_gameday(
     capabilities=None,
     fail_on_regression: float | None = None,
     fresh_s: float | None = None,
+    until: str = "recovered",
 ) -> GamedayOutcome:
     """Run the scenarios under ``paths`` (files, or folders searched for YAML).
 
@@ -75,7 +76,9 @@ def run_gameday(
     ``fresh_s``); ``capabilities`` (a :class:`chaoskit.coverage.Capabilities`) defaults to probing
     this machine. ``fail_on_regression`` (0.25 = 25%): fail when a scenario's recovery is that much
     above the median of its last game days in the history; ``fresh_s``: coverage counts a class
-    proven by this game day or by one in the history within that many seconds.
+    proven by this game day or by one in the history within that many seconds. ``until``: each
+    drill's ``workload.wait`` where the scenario sets none: ``recovered`` (the default: stop once
+    the job trained on after its recovery and every fault was reverted) or ``finish``.
     Raises :class:`ScenarioError` when there is nothing to run or ``out`` already
     holds a game day.
     """
@@ -93,7 +96,9 @@ def run_gameday(
     if fail_on_regression is not None and fail_on_regression < 0:
         raise ScenarioError(f"--fail-on-regression {fail_on_regression:g} is negative", hint="e.g. --fail-on-regression 25%")
     gd = _Gameday(out, [_plan(i, f) for i, f in enumerate(files, 1)], caps, min_coverage, started, console)
-    gd.fail_on_regression, gd.fresh_s = fail_on_regression, fresh_s
+    if until not in ("recovered", "finish"):
+        raise ScenarioError(f"--until {until!r}: expected recovered or finish", hint="--until finish trains every job to its last step")
+    gd.fail_on_regression, gd.fresh_s, gd.until = fail_on_regression, fresh_s, until
     return gd.execute()
 
 
@@ -171,6 +176,7 @@ def _plan(index: int, path: Path) -> dict[str, Any]:
         loaded = load_scenario(path)
         sc = loaded.model
         record["scenario"] = sc.name
+        record["repeat"] = sc.repeat
         record["kinds"] = list(dict.fromkeys(f.kind for f in sc.faults))
         try:
             record["covers"] = resolve_covers(sc.covers, record["kinds"])
@@ -192,6 +198,7 @@ class _Gameday:
         self.interrupted = False
         self.fail_on_regression: float | None = None
         self.fresh_s: float | None = None
+        self.until = "recovered"
         self.history = read_history(out.parent / HISTORY_FILE)
         self.regressions: list[dict[str, Any]] | None = None
         self.fresh: dict[str, Any] | None = None
@@ -234,8 +241,13 @@ class _Gameday:
         board.start(record, t0)
         run_console = _tap_console(board, live, record["scenario"])
         try:
-            outcome = run_scenario(record["file"], out=run_dir, console=run_console, capabilities=self.caps,
-                                   after_run=write_run_report)
+            if record.get("repeat", 1) > 1:
+                outcome = run_repeated(record["file"], record["repeat"], out=run_dir, console=run_console,
+                                       capabilities=self.caps, after_run=write_run_report, after_all=write_repeat_report,
+                                       wait=self.until)
+            else:
+                outcome = run_scenario(record["file"], out=run_dir, console=run_console, capabilities=self.caps,
+                                       after_run=write_run_report, wait=self.until)
             record.update(status=outcome.result.get("verdict"), exit_code=outcome.exit_code)
             self._take_result(record, outcome.result)
             if outcome.exit_code == ExitCode.INTERRUPTED:
@@ -262,6 +274,17 @@ class _Gameday:
 
     @staticmethod
     def _take_result(record: dict[str, Any], result: dict[str, Any]) -> None:
+        if result.get("kind") == "chaoskit.repeat":  # N samples: the medians stand for the scenario
+            record["verdict"] = result.get("verdict")
+            record["samples"] = result.get("completed")
+            record["distribution"] = result.get("distribution")
+            record["phases"] = {k: d.get("p50") for k, d in (result.get("distribution") or {}).items()}
+            record["slo"] = {name: _one_slo(name, v) for name, v in (result.get("slo") or {}).items()}
+            record["injected_kinds"] = list(dict.fromkeys(
+                k for s in result.get("samples") or [] for k in s.get("injected_kinds") or []))
+            record["checks"] = {"samples_checks": {"pass": all(s["checks_pass"] for s in result.get("samples") or [])}}
+            record["notes"] = [f"{s['dir']}: {s['status']}" for s in result.get("samples") or [] if s["status"] != "pass"]
+            return
         record["verdict"] = result.get("verdict")
         record["injected_kinds"] = list(dict.fromkeys(f.get("kind") for f in result.get("faults") or []))
         record["phases"] = dict(result.get("phases") or {})
@@ -395,6 +418,13 @@ def _print_summary(console, summary: dict[str, Any], out: Path) -> None:
         f"coverage: {cov['covered_count']}/{cov['total']} classes ({cov['plain']:.1%}), "
         f"weighted {cov['weight_covered']}/{cov['weight_total']} real interruptions ({cov['weighted']:.1%})"
     )
+    fresh = summary.get("fresh_coverage")
+    if fresh is not None:
+        console.print(f"fresh coverage (proven within {fresh['window_s'] / 86400:g} days): {fresh['covered_count']}/{fresh['total']} "
+                      f"classes ({fresh['plain']:.1%}), weighted {fresh['weighted']:.1%}")
+    for r in summary.get("regressions") or []:
+        console.print(f"[red]regression:[/red] {r['scenario']} recovered in {r['now']:.2f}s, {r['ratio'] - 1:.0%} above the median "
+                      f"{r['baseline']:.2f}s of its last {r['runs']} game days (threshold {r['threshold']:.0%})")
     if summary["coverage_below_minimum"]:
         console.print(f"[red]coverage {cov['plain']:.1%} is under the minimum {summary['min_coverage']:.1%}[/red]")
     console.print(
@@ -405,6 +435,19 @@ def _print_summary(console, summary: dict[str, Any], out: Path) -> None:
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+
+def _one_slo(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """A repeat's SLO on the distribution in the shape of one drill's (``limit_s``, ``measured_s``, ``pass``), so
+    the JUnit and the game-day page read both alike: the failing percentile if one failed, else the first."""
+    checks = entry.get("percentiles") or {}
+    pname, check = next(((p, c) for p, c in checks.items() if not c["pass"]), next(iter(checks.items()), (None, {})))
+    unit = "" if name == "lost_steps" else "_s"
+    out = {f"limit{unit}": check.get("limit"), f"measured{unit}": check.get("measured"), "pass": entry.get("pass"),
+           "percentile": "every sample" if pname == "max" and entry.get("every_sample") else pname}
+    if entry.get("reason"):
+        out["reason"] = entry["reason"]
+    return out
 
 
 def _error(exc: ChaoskitError) -> dict[str, Any]:

@@ -40,11 +40,11 @@ SAMPLE_DIR = "sample-{:02d}"
 
 def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, console=None, capabilities=None,
                  after_run: Callable[[Path], Any] | None = None,
-                 after_all: Callable[[Path], Any] | None = None) -> RunOutcome:
+                 after_all: Callable[[Path], Any] | None = None, wait: str | None = None) -> RunOutcome:
     """Run the scenario at ``path`` ``repeat`` times into ``out`` (default ``reports/<UTC>-<name>-xN``).
 
     ``after_run(sample_dir)`` follows each sample (its report), ``after_all(out)`` the whole (the
-    distribution's report). Raises :class:`ScenarioError` on a bad count or an ``out`` that
+    distribution's report); ``wait`` is passed to each sample's :func:`run_scenario`. Raises :class:`ScenarioError` on a bad count or an ``out`` that
     holds files, and whatever a sample raised, once the folder's result.json is written."""
     if not 1 <= repeat <= MAX_REPEAT:
         raise ScenarioError(f"--repeat {repeat} is out of range: 1 to {MAX_REPEAT}", hint="e.g. --repeat 5")
@@ -63,7 +63,8 @@ def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, cons
         if console is not None:
             console.print(f"[bold]sample {i} of {repeat}[/bold]")
         try:
-            outcome = run_scenario(path, out=sample_dir, console=console, capabilities=capabilities, after_run=after_run)
+            outcome = run_scenario(path, out=sample_dir, console=console, capabilities=capabilities, after_run=after_run,
+                                   wait=wait)
         except ChaoskitError as exc:
             samples.append(_sample(sample_dir, _read(sample_dir), exc.exit_code, error=str(exc)))
             raised = exc
@@ -125,6 +126,7 @@ def _sample(sample_dir: Path, result: dict[str, Any] | None, exit_code: int, err
         "status": "error" if error else status,
         "exit_code": int(exit_code),
         "phases": result.get("phases") if result.get("faults") else None,
+        "injected_kinds": list(dict.fromkeys(f.get("kind") for f in result.get("faults") or [])),
         "checks_pass": error is None and status not in ("error",) and all(c.get("pass") for c in checks.values()),
         "slo_pass": all(v.get("pass") for v in (result.get("slo") or {}).values()),
         **({"error": error} if error else {}),

@@ -154,14 +154,18 @@ def _placeholder_targets(target, nodes: list[str], world: int, per_node: int) ->
 
 
 def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = False, console=None,
-                 capabilities: Capabilities | None = None, after_run: Callable[[Path], Any] | None = None) -> RunOutcome:
+                 capabilities: Capabilities | None = None, after_run: Callable[[Path], Any] | None = None,
+                 wait: str | None = None) -> RunOutcome:
     """Run one scenario (or, with ``dry_run``, plan it); see the module docstring for what raises.
 
     ``capabilities``: what this machine can do, recorded in result.json (probed when not given);
     ``after_run(run_dir)``: called once the run's files are written, errors included (the CLI renders
-    the HTML report there); what it raises is reported as a progress line, never lost with the run."""
+    the HTML report there); what it raises is reported as a progress line, never lost with the run;
+    ``wait``: ``workload.wait`` for a scenario that does not set it (a game day stops at recovery)."""
     loaded = load_scenario(path)
     sc = loaded.model
+    if wait is not None and "wait" not in sc.workload.model_fields_set:
+        sc.workload.wait = wait
     preview = check_scenario(loaded)
 
     run_id = f"{_utc_stamp()}-{sc.name}"

@@ -14,14 +14,17 @@ import typer
 from chaoskit.cli.env import command_app, current_env
 from chaoskit.core.errors import ScenarioError
 from chaoskit.coverage import catalog, detect_capabilities, total_interruptions
+from chaoskit.core.durations import parse_duration
 from chaoskit.gameday import run_gameday
+from chaoskit.history import REGRESSION_WINDOW
 from chaoskit.report.html import build_report
 
 __all__ = ["catalog_app", "gameday_app", "report_app", "parse_fraction"]
 
 _EXIT_GAMEDAY = (
     "Exit codes: 0 every scenario passed and coverage reached --min-coverage; 1 a scenario failed, "
-    "errored or aborted, or coverage is under the minimum; 2 bad input; 130 interrupted."
+    "errored or aborted, coverage is under the minimum, or (--fail-on-regression) a scenario's recovery regressed; "
+    "2 bad input; 130 interrupted."
 )
 
 
@@ -65,11 +68,24 @@ def gameday_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Game-day folder (default reports/gameday-<UTC time>/); history.jsonl goes beside it."),
     min_coverage: Optional[str] = typer.Option(None, "--min-coverage", help="Exit 1 if plain coverage is under this: a fraction (0.5) or a percentage (50%)."),
     as_json: bool = typer.Option(False, "--json", help="Print gameday.json to stdout; progress goes to stderr."),
+    fail_on_regression: Optional[str] = typer.Option(None, "--fail-on-regression", help=(
+        "Exit 1 if a scenario's recovery (its median, with repeats) is more than this above the median of its last "
+        f"{REGRESSION_WINDOW} game days in history.jsonl: a fraction (0.25) or a percentage (25%).")),
+    fresh: Optional[str] = typer.Option(None, "--fresh", help=(
+        "Coverage counts a class only if this game day or one in history.jsonl proved it within this long (e.g. 30d): "
+        "a score that decays when drills stop. --min-coverage then applies to it.")),
+    until: str = typer.Option("recovered", "--until", help=(
+        "For scenarios that set no workload.wait: 'recovered' stops each drill once the job trained on after its "
+        "recovery and every fault was reverted (the game day's default: CI time is spent on drills, not on jobs "
+        "training on); 'finish' trains every job to its last step.")),
 ) -> int:
     """Run scenarios in turn and score fault coverage; write gameday.json, junit.xml, index.html."""
     env = current_env()
     minimum = None if min_coverage is None else parse_fraction(min_coverage, "--min-coverage")
-    outcome = run_gameday(paths, out=out, min_coverage=minimum, console=env.console(err=as_json))
+    regression = None if fail_on_regression is None else parse_fraction(fail_on_regression, "--fail-on-regression", top=10.0)
+    fresh_s = None if fresh is None else _duration(fresh, "--fresh")
+    outcome = run_gameday(paths, out=out, min_coverage=minimum, console=env.console(err=as_json),
+                          fail_on_regression=regression, fresh_s=fresh_s, until=until)
     if as_json:
         env.stdout.write(json.dumps(outcome.summary, indent=2, default=str) + "\n")
     return outcome.exit_code
@@ -81,15 +97,26 @@ def report_cmd(path: Path = typer.Argument(..., help="A run folder or a game-day
     current_env().stdout.write(f"{written}\n")
 
 
-def parse_fraction(text: str, flag: str) -> float:
-    """``0.5`` or ``50%`` -> 0.5; :class:`ScenarioError` for anything outside 0..1."""
+def parse_fraction(text: str, flag: str, top: float = 1.0) -> float:
+    """``0.5`` or ``50%`` -> 0.5; :class:`ScenarioError` for anything outside 0..``top``."""
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         raise ScenarioError(f"{flag} {text!r} is not a number", hint="a fraction such as 0.5 or a percentage such as 50%") from None
-    if not 0 <= value <= 1:
-        raise ScenarioError(f"{flag} {text} is outside 0..1", hint="a fraction such as 0.5 or a percentage such as 50%")
+    if not 0 <= value <= top:  # also refuses nan
+        raise ScenarioError(f"{flag} {text} is outside 0..{top:g}", hint="a fraction such as 0.5 or a percentage such as 50%")
+    return value
+
+
+def _duration(text: str, flag: str) -> float:
+    try:
+        raw = text.strip()
+        value = parse_duration(int(raw) if raw.isascii() and raw.isdigit() else raw)
+    except ValueError as exc:
+        raise ScenarioError(f"{flag} {text!r}: {exc}", hint="e.g. 30d, 12h or 3600") from None
+    if value <= 0:
+        raise ScenarioError(f"{flag} {text} is not a positive duration", hint="e.g. 30d")
     return value
 
 

@@ -1,4 +1,4 @@
-"""Durations as people write them: ``250ms``, ``30s``, ``5m``, ``1h``, ``1m30s`` or a number of seconds."""
+"""Durations as people write them: ``250ms``, ``30s``, ``5m``, ``1h``, ``30d``, ``1m30s`` or a number of seconds."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from chaoskit.core.limits import MAX_DURATION_S
 
 __all__ = ["Duration", "PositiveDuration", "parse_duration", "format_duration"]
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # [0-9], not \d: Python's \d takes any Unicode digit ("٣٠s"); the whole string must match (fullmatch).
-_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_WHOLE = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
+_WHOLE = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d))+")
 _MAX_TEXT = 64  # characters: "1h59m59s999ms" is 13; anything longer is not a duration a person wrote
 
 

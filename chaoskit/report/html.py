@@ -158,6 +158,7 @@ def write_gameday_report(gd_dir: str | Path) -> Path:
         "kind": "gameday", "title": f"chaoskit game day: {summary['name']}", "runs": runs,
         "coverage": _coverage_view(cov), "coverage_note": None,
         "trend": _trend(history), "gameday": summary, "repeat": None,
+        "recovery_trends": _recovery_trends(history, summary.get("regressions") or []),
     }
     out = gd_dir / GAMEDAY_REPORT
     out.write_text(render_html(page), encoding="utf-8")
@@ -186,6 +187,8 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
     run_dir = Path(run_dir)
     record = record or {}
     result = _read_json(run_dir / "result.json")
+    if (result or {}).get("kind") == REPEAT_KIND:
+        return _load_repeat(run_dir, result, record)
     error = _read_json(run_dir / "error.json") or record.get("error")
     events = read_events(run_dir / "events.jsonl") if (run_dir / "events.jsonl").is_file() else []
     if result is not None:
@@ -250,7 +253,23 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "grid": _node_grid(events, nodes, t_fault, timing),
         "ckpt": _checkpoint_chart(events, t_fault, timing),
         "migration": _migration(events, nodes, t_fault, timing),
+        "repeat": None,
     }
+
+
+def _load_repeat(run_dir: Path, result: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """A game day's scenario that took several samples: the first sample's timelines, the medians as its phases,
+    the repeat's verdict, and the distribution's strips."""
+    samples = [s for s in result.get("samples") or [] if (run_dir / s["dir"]).is_dir()]
+    run = load_run(run_dir / samples[0]["dir"], {**record, "status": record.get("status") or result.get("verdict")}) \
+        if samples else load_run(run_dir / "missing", record)
+    medians = {k: d.get("p50") for k, d in (result.get("distribution") or {}).items()}
+    run.update(dir=run_dir.name, status=record.get("status") or result.get("verdict"),
+               phases={**run["phases"], **medians},
+               phase_rows=_phase_rows({**run["phases"], **medians}, record.get("slo") or {}),
+               repeat={"completed": result.get("completed"), "repeat": result.get("repeat"),
+                       "strips": _strips(result.get("distribution") or {}, result.get("slo") or {})})
+    return run
 
 
 def _clock_rows(clocks: dict[str, Any]) -> list[dict[str, str]]:
@@ -618,6 +637,33 @@ def _coverage_view(cov: dict[str, Any]) -> dict[str, Any]:
     matrix = [{"category": cat, "cells": [[c for c in classes if c["category"] == cat and c["scope"] == scope] for scope in SCOPES]}
               for cat in CATEGORIES]
     return {**cov, "classes": classes, "matrix": matrix, "scopes": SCOPES}
+
+
+def _recovery_trends(history: Iterable[dict[str, Any]], regressions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario, its recovery over the game days of the history that measured it (the last 30): a sparkline,
+    the latest figure, and whether this game day flagged it as a regression."""
+    series: dict[str, list[tuple[str, float]]] = {}
+    for e in list(history)[-30:]:
+        figures = e.get("figures")
+        for name, fig in (figures.items() if isinstance(figures, dict) else ()):
+            value = fig.get("recovery_s") if isinstance(fig, dict) else None
+            if isinstance(value, (int, float)):
+                series.setdefault(name, []).append((str(e.get("started_at", "?")), float(value)))
+    flagged = {r["scenario"]: r for r in regressions}
+    w, h, pad = 220, 36, 4
+    rows = []
+    for name, points in sorted(series.items()):
+        top = max(v for _, v in points) or 1.0
+        x = _Scale(0, max(1, len(points) - 1), pad, w - pad)
+        y = _Scale(0.0, top * 1.1, h - pad, pad)
+        xy = [(x(i) if len(points) > 1 else w / 2, y(v), t, v) for i, (t, v) in enumerate(points)]
+        reg = flagged.get(name)
+        rows.append({"scenario": name, "w": w, "h": h, "line": " ".join(f"{a:.1f},{b:.1f}" for a, b, _, _ in xy),
+                     "dots": [{"x": a, "y": b, "title": f"{t}: {v:.2f}s"} for a, b, t, v in xy],
+                     "last": points[-1][1], "count": len(points),
+                     "regression": None if reg is None else f"{reg['now']:.2f}s against a median of {reg['baseline']:.2f}s "
+                                                            f"over {reg['runs']} game days (+{(reg['ratio'] - 1):.0%})"})
+    return rows
 
 
 def _trend(history: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
