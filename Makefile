@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test fuzz bench schema docker-image clean lint-imports
+.PHONY: demo test fuzz bench campaign schema docker-image clean lint-imports
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ fuzz: $(VENV)/.dev
 
 bench: $(VENV)/.dev
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# A 20-minute fault campaign on the process lab: ETTR measured against the simulator's prediction
+# (seed 14 draws 12 faults of three kinds: failed GPUs, crashed and hung ranks).
+campaign: $(VENV)/.workload
+	$(BIN)/chaoskit campaign examples/campaign.yaml --duration 20m --mtbf 2m --seed 14 --out reports/campaign-20m
 
 # The Docker lab's node image, built without any registry (docker/build-offline.sh says how);
 # with Docker Hub and PyPI, `docker compose build` builds the same docker/Dockerfile.

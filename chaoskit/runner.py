@@ -64,6 +64,10 @@ from chaoskit.workloads.slurm import SlurmJob
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
 
 
+Gate = Callable[[list[dict[str, Any]], list[float]], "str | None"]
+"""``gate(events since the last fault, fault times so far)``: why the next fault must wait, or ``None``."""
+
+
 @dataclass
 class RunOutcome:
     exit_code: int
@@ -155,14 +159,17 @@ def _placeholder_targets(target, nodes: list[str], world: int, per_node: int) ->
 
 def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = False, console=None,
                  capabilities: Capabilities | None = None, after_run: Callable[[Path], Any] | None = None,
-                 wait: str | None = None) -> RunOutcome:
+                 wait: str | None = None, gate: Gate | None = None) -> RunOutcome:
     """Run one scenario (or, with ``dry_run``, plan it); see the module docstring for what raises.
 
     ``capabilities``: what this machine can do, recorded in result.json (probed when not given);
     ``after_run(run_dir)``: called once the run's files are written, errors included (the CLI renders
     the HTML report there); what it raises is reported as a progress line, never lost with the run;
-    ``wait``: ``workload.wait`` for a scenario that does not set it (a game day stops at recovery)."""
-    loaded = load_scenario(path)
+    ``wait``: ``workload.wait`` for a scenario that does not set it (a game day stops at recovery);
+    ``path`` may be a scenario already loaded (a campaign's, built from another file);
+    ``gate(events, fault_times)``: why the next fault must wait once its trigger came, or ``None``
+    (a campaign holds a fault back while the previous one's recovery is in progress)."""
+    loaded = path if isinstance(path, LoadedScenario) else load_scenario(path)
     sc = loaded.model
     if wait is not None and "wait" not in sc.workload.model_fields_set:
         sc.workload.wait = wait
@@ -189,6 +196,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     cluster = backend(sc.cluster.kind).open(sc.cluster, loaded.path.parent)
     try:
         run = _Run(loaded, cluster, run_id, out, console, capabilities or detect_capabilities(), after_run)
+        run.gate = gate
     except BaseException:
         cluster.teardown()
         raise
@@ -217,6 +225,7 @@ class _Run:
     def __init__(self, loaded: LoadedScenario, cluster: ClusterHandle, run_id: str, out: Path | None, console,
                  capabilities: Capabilities, after_run: Callable[[Path], Any] | None) -> None:
         self.capabilities, self.after_run = capabilities, after_run
+        self.gate: Gate | None = None
         self.loaded, self.sc, self.cluster, self.inventory = loaded, loaded.model, cluster, cluster.inventory
         self.run_id = run_id
         # Absolute: the job runs with the run directory as its working directory.
@@ -439,6 +448,8 @@ class _Run:
                 raise SafetyAbort(f"the job never reached step {spec.at.step}")
         else:
             self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
+        if self.gate is not None:
+            self._hold(fault)
         resolve = resolve_nodes if fault.target_type == "node" else resolve_processes
         targets = resolve(self.inventory, spec.target)
         i = self.sc.faults.index(spec)
@@ -466,6 +477,23 @@ class _Run:
             if problem:
                 self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
 
+    def _hold(self, fault: Fault) -> None:
+        """Wait while the gate says why the fault must not come yet; say how long it was held."""
+        since = self.injections[-1][1].t_fault - 1.0 if self.injections else 0.0
+        def why() -> str | None:
+            if any(not inj.reverted for f, inj in self.injections if f.lasting):
+                return "the previous fault is still in effect"
+            return self.gate([e for e in self.bus.snapshot() if e["ts"] >= since], [inj.t_fault for _, inj in self.injections])
+
+        reason, t0 = why(), time.time()
+        if reason is None:
+            return
+        self.say(f"holding {fault.kind}: {reason}")
+        while reason is not None:
+            self._wait(lambda: False, 0.5, what="the gate", quiet=True)
+            reason = why()
+        self.notes.append(f"{fault.kind} ({fault.spec.at.describe()}) held back {time.time() - t0:.1f}s: {reason or 'until the previous recovery ended'}")
+
     def _observe(self) -> None:
         sc = self.sc
         felt = [inj for fault, inj in self.injections if not fault.primes] or [inj for _, inj in self.injections]
@@ -474,8 +502,11 @@ class _Run:
         while True:
             self._check_abort()
             self._revert_due()
-            m = measure_fault(self.bus.snapshot(), t_fault)  # progress lines only; result.json measures with clocks
-            for key, label in (("t_detect", "detected"), ("t_realloc", "new world started"), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
+            if len(announced) == 4 and sc.workload.wait != "recovered":
+                m = {"t_resumed": None}  # all said: a long job (a campaign) need not be measured ten times a second
+            else:
+                m = measure_fault(self.bus.snapshot(), t_fault)  # progress lines only; result.json measures with clocks
+            for key, label in () if len(announced) == 4 else (("t_detect", "detected"), ("t_realloc", "new world started"), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
                 if m[key] is not None and key not in announced:
                     announced.add(key)
                     extra = f" by {m['detected_by']}" if key == "t_detect" else ""

@@ -48,7 +48,8 @@ from chaoskit.measure import measure_fault
 from chaoskit.observe.events import read_events
 from chaoskit.report.summary import check_text
 
-__all__ = ["build_report", "write_run_report", "write_repeat_report", "write_gameday_report", "load_run", "render_html"]
+__all__ = ["build_report", "write_run_report", "write_repeat_report", "write_campaign_report", "write_gameday_report",
+           "load_run", "render_html"]
 
 
 REPEAT_KIND = "chaoskit.repeat"
@@ -162,6 +163,53 @@ def write_gameday_report(gd_dir: str | Path) -> Path:
     }
     out = gd_dir / GAMEDAY_REPORT
     out.write_text(render_html(page), encoding="utf-8")
+    return out
+
+
+_BUCKET_LABELS = {"startup": "job start-up", "detection": "detection", "reallocation": "reallocation",
+                  "checkpoint_load": "checkpoint load", "first_step": "first step after load",
+                  "recomputed": "recomputed steps", "checkpoint_saves": "checkpoint saves", "unexplained": "unexplained"}
+
+
+def write_campaign_report(folder: str | Path) -> Path:
+    """Render ``campaign.html`` of a ``chaoskit campaign`` folder from its ``campaign.json``: ETTR measured and
+    predicted, the badput buckets side by side, ETTR over time with every fault, the faults and their phases."""
+    folder = Path(folder)
+    c = _read_json(folder / "campaign.json")
+    if c is None:
+        raise ScenarioError(f"{folder}: no campaign.json here", hint="give the folder of chaoskit campaign --out")
+    w, left = _W, 150
+    pred = (c.get("prediction") or {}).get("badput") or {}
+    top = max([*(c["badput"].values()), *pred.values(), 1.0])
+    scale = (w - left - 120) / top
+    bars = []
+    for i, (key, label) in enumerate(_BUCKET_LABELS.items()):
+        v, p = c["badput"].get(key, 0.0), pred.get(key)
+        bars.append({"label": label, "y": i * 30, "w": round(max(0.0, v) * scale, 1), "value": f"{v:.1f}s",
+                     "pw": None if p is None else round(max(0.0, p) * scale, 1),
+                     "pvalue": "" if p is None else f"predicted {p:.1f}s"})
+    series = c.get("over_time") or []
+    chart = None
+    if series:
+        tmax = series[-1]["t"] or 1.0
+        x = _Scale(0.0, tmax, 50, w - 10)
+        y = _Scale(0.0, 1.0, 150, 10)
+        t0 = c.get("t_job_start")
+        chart = {"line": " ".join(f"{x(p['t'])},{y(p['ettr'])}" for p in series),
+                 "pred_y": None if c["ettr"]["predicted"] is None else y(c["ettr"]["predicted"]),
+                 "ticks": [{"y": y(v), "label": f"{v:.0%}"} for v in (0, 0.25, 0.5, 0.75, 1.0)],
+                 "faults": [] if t0 is None else [{"x": x(f["t_fault"] - t0), "title": f"{f['kind']} on {f['target']}"}
+                                                  for f in c.get("faults") or [] if 0 <= f["t_fault"] - t0 <= tmax],
+                 "bottom": 150, "tmax": f"{tmax:.0f}s"}
+    page = {"title": f"chaoskit campaign: {c.get('scenario')}", "c": c, "bars": bars, "bars_h": len(bars) * 30,
+            "chart": chart, "left": left}
+    out = folder / "campaign.html"
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("chaoskit.report", "templates"), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["pct"] = lambda v: "-" if v is None else f"{v:.1%}"
+    out.write_text(env.get_template("campaign.html.j2").render(page=page), encoding="utf-8")
     return out
 
 

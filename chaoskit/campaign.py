@@ -1,0 +1,357 @@
+"""``chaoskit campaign``: one long training run with faults arriving at a real rate, measured as ETTR.
+
+A drill asks "did this one fault recover"; a campaign asks "how much of our training time do
+failures cost". It takes a scenario as the menu (its cluster, its job, its blast radius, and
+its ``faults:`` as the kinds to draw from, each with its settings), then:
+
+1. **Draws** the faults: arrival times of a Poisson process of mean gap ``mtbf`` over the
+   campaign's ``duration`` (after steady state), each fault's kind from the scenario's faults
+   weighted by the catalog's real-world counts of the classes that kind exercises (plus one, so
+   that no listed kind is impossible), and its
+   target at random inside the blast radius (one random rank for a rank target, one random
+   job node for a node target). The seed and every draw are printed and recorded: the same
+   seed replays the same faults.
+2. **Runs** them in one job (an ordinary run into ``<out>/run/``, so its result.json,
+   events, journal and report are a drill's), holding a fault back while the previous one's
+   recovery is in progress (``--overlap`` lets them collide), for as long as it takes the job
+   to train ``duration`` worth of steps.
+3. **Measures** the effective training time ratio: time on steps that were kept over wall time
+   (job start to last step), and the badput in buckets: start-up, detection, reallocation,
+   checkpoint load, the first step after it, recomputed (lost) steps, checkpoint saves, and what
+   none of those explains (a fault held back costs no training time: it only arrives later).
+4. **Predicts** the same with the simulator's exact model (:func:`chaoskit.sim.model.goodput`)
+   from this campaign's own figures: its step time, checkpoint interval and save cost, the
+   rate of faults it suffered and the phases it measured; says the gap and the bucket that
+   explains most of it.
+
+It writes ``campaign.json`` (``{seed, duration_s, mtbf_s, faults: [{t, kind, target, phases}],
+ettr: {measured, predicted}, badput: {<bucket>: seconds}, ...}``) and ``campaign.html``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from chaoskit.core.errors import ScenarioError
+from chaoskit.core.files import EVENTS_FILE, RESULT_FILE
+from chaoskit.core.yaml_source import load_yaml
+from chaoskit.coverage import catalog
+from chaoskit.measure import measure_fault
+from chaoskit.observe.events import read_events
+from chaoskit.runner import RunOutcome, run_scenario
+from chaoskit.scenario import LoadedScenario, load_scenario, validate_data
+from chaoskit.scenario.checks import preview_cluster
+
+__all__ = ["plan_campaign", "run_campaign", "measure_campaign", "CAMPAIGN_FILE", "BUCKETS"]
+
+CAMPAIGN_FILE = "campaign.json"
+BUCKETS = ("startup", "detection", "reallocation", "checkpoint_load", "first_step", "recomputed", "checkpoint_saves",
+           "unexplained")
+"""The badput buckets, in the order of a recovery: each is seconds of the wall time not spent on kept steps."""
+TAIL = 0.1
+"""No fault is drawn in the last tenth of the campaign: its recovery must fit in the run."""
+MAX_FAULTS = 10_000
+
+
+def plan_campaign(loaded: LoadedScenario, duration_s: float, mtbf_s: float, seed: int,
+                  kinds: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The campaign's faults: ``[{t, kind, template, target}]``, ``t`` in seconds after steady state.
+
+    Raises :class:`ScenarioError` when ``kinds`` names a kind the scenario has no fault of, or the
+    numbers make no campaign (no positive duration or MTBF)."""
+    if not (duration_s > 0 and mtbf_s > 0 and math.isfinite(duration_s) and math.isfinite(mtbf_s)):
+        raise ScenarioError(f"a campaign needs a positive --duration and --mtbf, got {duration_s:g}s and {mtbf_s:g}s")
+    templates = list(enumerate(loaded.model.faults))
+    if kinds is not None:
+        wanted = list(kinds)
+        unknown = [k for k in wanted if k not in {f.kind for _, f in templates}]
+        if unknown:
+            raise ScenarioError(f"--kinds {', '.join(unknown)}: {loaded.path} has no fault of that kind",
+                                hint=f"its faults: {', '.join(sorted({f.kind for _, f in templates}))}")
+        templates = [(i, f) for i, f in templates if f.kind in wanted]
+    weights = _kind_weights()
+    per_kind: dict[str, int] = {}
+    for _, f in templates:
+        per_kind[f.kind] = per_kind.get(f.kind, 0) + 1
+    # a kind's real-world weight, shared by the scenario's faults of that kind; a kind in no class weighs 1
+    w = [weights.get(f.kind, 1) / per_kind[f.kind] for _, f in templates]
+    preview = preview_cluster(loaded)
+    world = len(preview.job_nodes) * loaded.model.workload.nproc_per_node
+    rng = random.Random(seed)
+    draws: list[dict[str, Any]] = []
+    t = 0.0
+    while len(draws) < MAX_FAULTS:
+        t += rng.expovariate(1.0 / mtbf_s)
+        if t > duration_s * (1 - TAIL):
+            break
+        index, spec = rng.choices(templates, weights=w)[0]
+        target = spec.target.model_dump(mode="json", exclude_defaults=True)
+        if target.get("ranks"):
+            target["ranks"] = [rng.randrange(world)]
+        elif target.get("nodes") and spec.target.ranks is None:
+            target["nodes"] = [rng.choice(list(preview.job_nodes))]
+        draws.append({"t": round(t, 3), "kind": spec.kind, "template": index, "target": target})
+    return draws
+
+
+def _kind_weights() -> dict[str, int]:
+    """Each fault kind's real-world weight: the interruptions of the catalog classes it exercises, plus one, so
+    that a kind whose classes the data never saw (an OOM kill) is rare rather than impossible."""
+    out: dict[str, int] = {}
+    for cls in catalog():
+        for kind in cls.kinds:
+            out[kind] = out.get(kind, 1) + cls.weight
+    return out
+
+
+def campaign_scenario(loaded: LoadedScenario, draws: list[dict[str, Any]], duration_s: float) -> LoadedScenario:
+    """The scenario the campaign runs: the menu's file with its faults replaced by the draws (each at its time
+    after steady state), a job long enough for ``duration_s`` of steps, and room in ``safety.abort_after``."""
+    data, smap = load_yaml(loaded.path, what="scenario")
+    sc = loaded.model
+    faults = []
+    for d in draws:
+        spec = dict(data["faults"][d["template"]])
+        spec.pop("at", None)
+        spec["target"] = d["target"]
+        spec["at"] = {"after": d["t"]}
+        faults.append(spec)
+    if not faults:
+        raise ScenarioError(f"the draw gave no fault in {duration_s:g}s: the MTBF is longer than the campaign",
+                            hint="a longer --duration, a shorter --mtbf, or another --seed")
+    workload = dict(data.get("workload") or {})
+    workload["steps"] = max(sc.workload.steps, int(duration_s / sc.workload.step_time))
+    workload["wait"] = "finish"
+    safety = dict(data.get("safety") or {})
+    safety["abort_after"] = max(sc.safety.abort_after, duration_s * 3 + 300)
+    data = {**data, "faults": faults, "workload": workload, "safety": safety}
+    checked = validate_data(loaded.path, data, smap)
+    if isinstance(checked, list):
+        raise checked[0]
+    return checked
+
+
+def run_campaign(path: str | Path, *, duration_s: float, mtbf_s: float, seed: int | None = None,
+                 kinds: Iterable[str] | None = None, overlap: bool = False, out: Path | None = None, console=None,
+                 after_run: Callable[[Path], Any] | None = None) -> tuple[int, dict[str, Any], Path]:
+    """Draw, run and measure a campaign; return ``(exit_code, campaign.json's content, out)``.
+
+    The exit code is the run's (0 when every fault was measured and the job finished, 1 otherwise);
+    bad input raises :class:`ScenarioError` before anything starts."""
+    loaded = load_scenario(path)
+    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
+    draws = plan_campaign(loaded, duration_s, mtbf_s, seed, kinds)
+    scenario = campaign_scenario(loaded, draws, duration_s)
+    started = time.time()
+    out = Path(out) if out else Path("reports") / f"{_stamp(started)}-{loaded.model.name}-campaign"
+    if out.exists() and any(out.iterdir()):
+        raise ScenarioError(f"--out {out} already holds files; a campaign needs an empty folder",
+                            hint="pick another --out, or remove that folder")
+    out.mkdir(parents=True, exist_ok=True)
+    plan = {"seed": seed, "duration_s": duration_s, "mtbf_s": mtbf_s, "overlap": overlap, "draws": draws}
+    (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
+    if console is not None:
+        console.print(f"campaign of {loaded.model.name}: seed {seed}, {len(draws)} faults drawn over {duration_s:g}s "
+                      f"(MTBF {mtbf_s:g}s)")
+        for i, d in enumerate(draws, 1):
+            console.print(f"  fault {i}: {d['kind']} at +{d['t']:.1f}s on {_target_text(d['target'])}")
+    outcome: RunOutcome = run_scenario(scenario, out=out / "run", console=console, after_run=after_run,
+                                       gate=None if overlap else _recovered_gate)
+    summary = measure_campaign(out / "run", plan)
+    summary["started_at"] = _iso(started)
+    summary["run_dir"] = str(out / "run")
+    (out / CAMPAIGN_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return outcome.exit_code, summary, out
+
+
+def _recovered_gate(events: list[dict[str, Any]], injected: list[float]) -> str | None:
+    """Why the next fault must wait (a recovery in progress), or ``None``: the last fault was followed by a
+    step after its checkpoint load, or by no detection at all (nothing to recover from)."""
+    if not injected:
+        return None
+    m = measure_fault(events, injected[-1])
+    if m["t_detect"] is not None and m["t_resumed"] is None:
+        return "the previous fault's recovery is in progress"
+    return None
+
+
+def measure_campaign(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """ETTR and badput of a campaign's run, measured from its files, beside the simulator's prediction."""
+    result = json.loads((run_dir / RESULT_FILE).read_text())
+    events = read_events(run_dir / EVENTS_FILE)
+    steps = sorted((e for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in events if e.get("kind") == "worker.start"]
+    saves = _save_costs(events)
+    step_s = _step_time(steps)
+    t_start = min(starts) if starts else (steps[0]["ts"] if steps else None)
+    t_end = steps[-1]["ts"] if steps else None
+    wall = (t_end - t_start) if t_start is not None and t_end is not None else None
+    final_step = max((e["step"] for e in steps), default=0)
+    kept = final_step * step_s if step_s else 0.0
+    faults = []
+    for draw, fault in zip(plan["draws"], result.get("per_fault") or []):
+        faults.append({"t": draw["t"], "kind": fault["kind"], "target": _target_text(draw["target"]),
+                       "nodes": fault.get("targets"), "t_fault": fault["t_fault"],
+                       "phases": {k: fault.get(k) for k in ("detection_s", "reallocation_s", "checkpoint_load_s",
+                                                            "recovery_s", "lost_steps")}})
+    buckets = dict.fromkeys(BUCKETS, 0.0)
+    if steps and t_start is not None:
+        buckets["startup"] = steps[0]["ts"] - t_start
+    for f in faults:
+        p = f["phases"]
+        buckets["detection"] += p["detection_s"] or 0.0
+        buckets["reallocation"] += p["reallocation_s"] or 0.0
+        buckets["checkpoint_load"] += p["checkpoint_load_s"] or 0.0
+        if p["recovery_s"] is not None:
+            buckets["first_step"] += max(0.0, p["recovery_s"] - sum(p[k] or 0.0 for k in (
+                "detection_s", "reallocation_s", "checkpoint_load_s")))
+        buckets["recomputed"] += (p["lost_steps"] or 0) * (step_s or 0.0)
+    buckets["checkpoint_saves"] = sum(saves)
+    if wall:
+        buckets["unexplained"] = wall - kept - sum(v for k, v in buckets.items() if k != "unexplained")
+    buckets = {k: round(v, 3) for k, v in buckets.items()}
+    measured = (kept / wall) if wall else None
+    prediction = _predict(plan, faults, step_s, result, saves, wall, buckets)
+    gap = None if measured is None or prediction["ettr"] is None else round(measured - prediction["ettr"], 4)
+    explains = None
+    if gap is not None:
+        explains = _explain(measured, prediction, buckets, plan.get("overlap", False))
+    kinds = sorted({f["kind"] for f in faults})
+    return {
+        "kind": "chaoskit.campaign", "scenario": result.get("scenario"), "scenario_file": result.get("scenario_file"),
+        "seed": plan["seed"], "duration_s": plan["duration_s"], "mtbf_s": plan["mtbf_s"], "overlap": plan.get("overlap", False),
+        "verdict": result.get("verdict"), "faults": faults, "fault_kinds": kinds,
+        "t_job_start": t_start, "wall_s": None if wall is None else round(wall, 3), "kept_s": round(kept, 3), "final_step": final_step,
+        "step_time_s": step_s, "checkpoint_interval_steps": (result.get("workload") or {}).get("checkpoint_every"),
+        "checkpoint_save_s": round(statistics.median(saves), 4) if saves else 0.0, "saves": len(saves),
+        "ettr": {"measured": None if measured is None else round(measured, 4), "predicted": prediction["ettr"],
+                 "gap": gap, "explained_by": explains},
+        "badput": buckets,
+        "prediction": prediction,
+        "over_time": _ettr_over_time(steps, t_start, step_s, faults),
+        "notes": result.get("notes") or [],
+    }
+
+
+def _predict(plan, faults, step_s, result, saves, wall, buckets) -> dict[str, Any]:
+    """The simulator's exact model (:func:`chaoskit.sim.model.goodput`) for this job: its step time, checkpoint
+    interval and save cost, the phases it measured, and the rate of faults it suffered over its running time
+    (``n / (wall - start-up)``: a Poisson draw gives more or fewer faults than the MTBF asked; the prediction at
+    the asked MTBF is given beside it). Start-up, which the model has no term for, is taken as measured.
+
+    The model lets a failure strike during a recovery and start it over (goodput ``E[exp(-λR)]``); a
+    campaign without ``--overlap`` holds such a fault back until the recovery ends, so each fault costs one
+    whole recovery: ``1 - λ(R + τ/2) - C/(τ+C)``. ``ettr_held_back`` is that variant, so that a gap from it
+    can be named rather than guessed."""
+    measured = [f["phases"] for f in faults if all(f["phases"][k] is not None for k in
+                                                   ("detection_s", "reallocation_s", "checkpoint_load_s"))]
+    every = (result.get("workload") or {}).get("checkpoint_every") or 1
+    running = (wall or 0.0) - buckets["startup"]
+    if not (measured and step_s and wall and running > 0):
+        return {"ettr": None, "badput": {}, "why": "no fault with all three phases measured, or no steps"}
+    from chaoskit.sim.model import ClusterModel, RecoveryPhases, goodput  # numpy: only when a campaign is measured
+
+    tau = every * step_s
+    cost = statistics.median(saves) if saves else 0.0
+    n = len(faults)
+    phases = tuple(RecoveryPhases(p["detection_s"], p["reallocation_s"], p["checkpoint_load_s"], source="campaign")
+                   for p in measured)
+
+    def at(mtbf_s: float) -> float:
+        model = ClusterModel(gpus=1, gpu_rate_per_hour=3600.0 / mtbf_s, window_s=wall, ckpt_interval_s=tau,
+                             ckpt_cost_s=cost, phases=phases)
+        return float(goodput(model)) * running / wall
+
+    suffered = running / n
+    mttr = statistics.fmean(p["detection_s"] + p["reallocation_s"] + p["checkpoint_load_s"] for p in measured)
+    lam = 1.0 / suffered
+    # no fault during a recovery: a fault due then comes right after it, so each of the n costs one whole recovery
+    # and half an interval of recomputed steps, linearly
+    held = (1.0 - lam * (mttr + tau / 2) - cost / (tau + cost)) * running / wall
+    mean = lambda key: statistics.fmean(p[key] for p in measured)  # noqa: E731
+    predicted = {"startup": buckets["startup"], "detection": n * mean("detection_s"), "reallocation": n * mean("reallocation_s"),
+                 "checkpoint_load": n * mean("checkpoint_load_s"), "first_step": 0.0,
+                 "recomputed": n * tau / 2, "checkpoint_saves": running / (tau + cost) * cost, "unexplained": 0.0}
+    return {"ettr": round(at(suffered), 4), "ettr_at_asked_mtbf": round(at(plan["mtbf_s"]), 4),
+            "ettr_held_back": round(held, 4),
+            "model": "chaoskit.sim.model.goodput (exact, Poisson failures that may strike a recovery)",
+            "inputs": {"step_time_s": step_s, "checkpoint_interval_s": round(tau, 4), "checkpoint_cost_s": round(cost, 4),
+                       "mtbf_s": round(suffered, 3), "mtbf_asked_s": plan["mtbf_s"], "faults": n, "mttr_s": round(mttr, 3)},
+            "badput": {k: round(v, 3) for k, v in predicted.items()}}
+
+
+GAP_POINTS = 0.05
+"""A gap of more than 5 points between measured and predicted ETTR is explained by name."""
+
+
+def _explain(measured: float, prediction: dict[str, Any], buckets: dict[str, float], overlap: bool) -> str:
+    """What explains most of the gap: faults held back out of recoveries (when the model's variant without
+    faults during a recovery is much closer), else the badput bucket furthest from its prediction."""
+    gap = measured - prediction["ettr"]
+    held = prediction.get("ettr_held_back")
+    if (not overlap and held is not None and abs(gap) > GAP_POINTS / 2
+            and abs(measured - held) < abs(gap) / 2):
+        return ("no fault during a recovery: the campaign held faults back (no --overlap), the model lets one "
+                f"strike a recovery; without that, the model predicts {held:.1%}")
+    diffs = {k: buckets[k] - prediction["badput"].get(k, 0.0) for k in BUCKETS}
+    worst = max(diffs, key=lambda k: abs(diffs[k]))
+    return f"{worst}: measured {buckets[worst]:.1f}s, predicted {prediction['badput'].get(worst, 0.0):.1f}s"
+
+
+def _step_time(steps: list[dict[str, Any]]) -> float | None:
+    """The job's step time when nothing is wrong: the median gap between one rank's consecutive steps."""
+    last: dict[Any, tuple[int, float]] = {}
+    gaps = []
+    for e in steps:
+        key = e.get("rank", e.get("node"))
+        prev = last.get(key)
+        if prev is not None and e["step"] == prev[0] + 1:
+            gaps.append(e["ts"] - prev[1])
+        last[key] = (e["step"], e["ts"])
+    return round(statistics.median(gaps), 5) if gaps else None
+
+
+def _save_costs(events: list[dict[str, Any]]) -> list[float]:
+    """Seconds each checkpoint save took (its start to its end, on the rank that saved)."""
+    open_: dict[Any, float] = {}
+    out = []
+    for e in sorted(events, key=lambda e: e["ts"]):
+        key = (e.get("rank"), e.get("step"))
+        if e.get("kind") == "ckpt.save.start":
+            open_[key] = e["ts"]
+        elif e.get("kind") == "ckpt.save.end" and key in open_:
+            out.append(e["ts"] - open_.pop(key))
+    return out
+
+
+def _ettr_over_time(steps, t_start, step_s, faults, points: int = 60) -> list[dict[str, float]]:
+    """ETTR so far at evenly spaced times: kept steps up to then (the highest step reached, less what a later
+    fault rolled back) over the wall time so far."""
+    if not steps or t_start is None or not step_s:
+        return []
+    t_end = steps[-1]["ts"]
+    out = []
+    for i in range(1, points + 1):
+        t = t_start + (t_end - t_start) * i / points
+        reached = max((e["step"] for e in steps if e["ts"] <= t), default=0)
+        out.append({"t": round(t - t_start, 2), "ettr": round(reached * step_s / (t - t_start), 4)})
+    return out
+
+
+def _target_text(target: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in target.items())
+
+
+def _stamp(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
