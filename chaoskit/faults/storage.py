@@ -267,7 +267,10 @@ elif op == "corrupt":
     if not stat.S_ISREG(st.st_mode) or ident(st) != orig_id:
         die(3, "refusing: %s is no longer the checkpoint that was found (inode %s now, %s then); nothing was injected"
                % (target, ident(st), orig_id))
-    os.mkdir(aside, 0o700, dir_fd=parent)  # fails if anything is there already; never follows a link
+    try:
+        os.mkdir(aside, 0o700, dir_fd=parent)  # fails if anything is there already; never follows a link
+    except FileExistsError:
+        die(3, "refusing: %s is there already and chaoskit did not make it; nothing was injected" % where)
     afd = os.open(aside, D, dir_fd=parent)
     now = None
     if mode != "remove":
@@ -346,7 +349,11 @@ elif op == "fill":
     free = st.f_bavail * st.f_frsize
     if free > limit:
         die(REFUSED, "the file system of %s has %d bytes free, more than the limit of %d" % (folder, free, limit))
-    out = os.open(name, W, 0o600, dir_fd=fd)  # fails if anything is there already; never follows a link
+    try:
+        out = os.open(name, W, 0o600, dir_fd=fd)  # fails if anything is there already; never follows a link
+    except FileExistsError:
+        die(3, "refusing: %s is there already and chaoskit did not make it; nothing was injected"
+               % os.path.join(folder, name))
     written, block, full = 0, b"\0" * (1 << 20), False
     try:
         while written < limit:
