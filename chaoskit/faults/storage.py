@@ -2,21 +2,39 @@
 
 Both act inside the job's checkpoint folder only (``CHAOSKIT_CKPT_DIR`` of a job
 chaoskit starts, ``workload.checkpoint_dir`` of an attached one): ``path`` is a
-folder inside it, and a path that leaves it (``..``, an absolute path elsewhere,
-a symlink out, as the node resolves it) is refused before anything is armed.
+folder inside it, and a path that leaves it (``..``, an absolute path elsewhere)
+or goes through a symbolic link (in or out) is refused before anything is armed.
+
+The checkpoint folder may belong to, or be writable by, a user who is hostile to
+root, so the node-side tool trusts no name in it. It opens the folder from ``/``
+without following a link that anyone but root could have made, then acts as the
+folder's owner (the job's user: ``setresuid``/``setresgid`` when it runs as
+root) and works through directory fds, by name, with ``O_NOFOLLOW``. What it
+creates is ``mkdir`` or ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a random name (a name
+that is there already is refused, not reused); modes and times are set on its
+own fds. A revert keeps no state in a file: the checkpoint's path (relative to
+the folder) and the device:inode of the folder, of the checkpoint's folder and
+of the checkpoint itself (and its owner) are recorded at inject on the revert's
+command line, and checked again at restore. A folder or aside copy replaced
+meanwhile is refused with a clear error (exit 3) and left alone, never copied
+back; the revert then fails, visibly.
 
 - ``storage.corrupt``: the newest checkpoint under ``path`` (by modification
   time, among the names matching ``pattern``) is truncated to half its size, has
-  bytes flipped, or is removed. The original is first moved aside into a folder of
-  chaoskit's own beside it (``.chaoskit-aside-<token>``: the same file system, so
-  keeping it costs a rename, not a copy of a multi-gigabyte file) and put back at
-  revert, unless the job has written a new file under that name meanwhile (a
-  save after it fell back to an older checkpoint): the job's newer file wins and
-  the aside copy is dropped. The aside folder is not the lease's folder because a
-  lease's folder is removed when the run closes, even when its watchdog has yet to
-  revert.
-- ``storage.full``: one file (``.chaoskit-fill-<token>``) written with zeros until
-  the file system of ``path`` is full, at most ``size`` bytes; removed at revert.
+  bytes flipped, or is removed. The original is moved aside into a folder of
+  chaoskit's own beside it (``.chaoskit-aside-<token>``, 0700: the same file
+  system, so keeping it costs a rename, not a copy of a multi-gigabyte file); the
+  harmed copy is written there (``corrupted``) and hard-linked into the
+  checkpoint's place. At revert the original is put back, unless the job has
+  written a new file under that name meanwhile (it is no longer the ``corrupted``
+  inode: a save after it fell back to an older checkpoint): the job's newer file
+  wins and the aside copy is dropped. The aside folder is not the lease's folder
+  because a lease's folder is removed when the run closes, even when its watchdog
+  has yet to revert.
+- ``storage.full``: one file (``.chaoskit-fill-<token>``, made ``O_EXCL``) written
+  with zeros until the file system of ``path`` is full, at most ``size`` bytes;
+  removed at revert while it is a regular file of the folder owner's (anything
+  else there is refused and left alone).
   Refused unless that file system has no more free space than ``size`` (checked on
   the node at preflight and again at inject): the limit is what keeps a drill from
   filling a shared disk. The labs give the job a small checkpoint file system of
@@ -24,7 +42,7 @@ a symlink out, as the node resolves it) is refused before anything is armed.
 
 The reverts are armed as leases first, so a SIGKILLed controller still ends with
 the checkpoint back and the fill file gone. Everything on the node is done by
-:data:`STORAGE_TOOL`, a stdlib-only script run as ``python3 -c`` through the
+:data:`STORAGE_TOOL`, a stdlib-only script run as ``python3 -I -c`` through the
 node's transport.
 """
 
@@ -430,7 +448,8 @@ class _StorageSpec(FaultSpec):
     path: str = Field(
         ".", min_length=1, max_length=4096,
         description="A folder inside the job's checkpoint folder: relative to it ('.', the default, is the folder "
-                    "itself), or absolute inside workload.checkpoint_dir. Anything outside it is refused.",
+                    "itself), or absolute inside workload.checkpoint_dir. Anything outside it, or a path through a "
+                    "symbolic link, is refused on the node.",
     )
     duration: PositiveDuration = Field(..., description="How long the fault lasts; the node reverts it by itself after that.")
 
