@@ -311,6 +311,12 @@ elif op == "corrupt":
         finally:
             os.close(out)
     os.rename(name, "original", src_dir_fd=parent, dst_dir_fd=afd)
+    moved = lstat_at(afd, "original")
+    if moved is None or ident(moved) != orig_id:  # swapped between the look and the rename: give it back
+        if moved is not None:
+            os.rename("original", name, src_dir_fd=afd, dst_dir_fd=parent)
+        remove_tree(parent, aside)
+        die(3, "refusing: %s was replaced while it was being moved aside; nothing was injected" % target)
     if mode != "remove":
         tmp = ".chaoskit-tmp-" + secrets.token_hex(8)
         os.link("corrupted", tmp, src_dir_fd=afd, dst_dir_fd=parent, follow_symlinks=False)  # fails if tmp exists
