@@ -328,3 +328,11 @@ def test_a_checkpoint_folder_that_is_not_a_clean_absolute_path_never_reaches_the
             fault.inject(ctx, resolve_nodes(ctx.inventory, fault.spec.target))
     assert not (tmp_path / "j.jsonl").exists() or read_journal(tmp_path / "j.jsonl") == []
     ctx.leases.close()
+
+
+@pytest.mark.parametrize("folder", ["/data/../etc", "/data/./ckpt", "/data//ckpt"])
+def test_an_attach_checkpoint_folder_that_is_not_a_plain_path_is_a_positioned_error(tmp_path, folder):
+    bad, _ = _edited(tmp_path, CORRUPT, {}, add_after={"launch:": f"  checkpoint_dir: {folder}"})
+    res = run_cli("validate", bad)
+    assert res.code == 2, res.stdout + res.stderr
+    assert "bad.yaml:" in res.stderr and "checkpoint_dir" in res.stderr and "plain absolute path" in res.stderr, res.stderr
