@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.selectors import TargetSpec, resolve_nodes
-from chaoskit.core.errors import ScenarioError
+from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.faults.storage import ASIDE_PREFIX, FILL_PREFIX, CorruptFault, CorruptSpec, FullFault, FullSpec
 from chaoskit.lab.checkpoint_fs import mount_checkpoint_fs, mounted, unmount
 from chaoskit.lab.process import ProcessLab
@@ -313,3 +313,26 @@ def test_drill_disk_full_is_survived_and_the_file_system_is_unmounted(tmp_path):
     assert not mounted(tmp_path / "run" / "checkpoints")
     journal = read_journal(tmp_path / "run" / "journal.jsonl")
     assert any(e.get("fault_id") == "ckptfs" and e["action"] == "reverted" for e in journal)
+
+
+@pytest.mark.parametrize("folder, words", [
+    ("job/checkpoints", "not an absolute path"),
+    ("/tmp/job/../../etc", "not a normalised path"),
+    ("/tmp/job\n/checkpoints", "not an absolute path of printable characters"),
+])
+def test_a_checkpoint_folder_that_is_not_a_clean_absolute_path_never_reaches_the_node(lab, tmp_path, folder, words):
+    ctx = _ctx(lab, tmp_path, folder)
+    for fault in (_corrupt("remove"), FullFault(FullSpec(kind="storage.full", target=TargetSpec(nodes=["n0"]), size="1MiB",
+                                                         duration=30), "f0")):
+        with pytest.raises(InfraError, match=words):
+            fault.inject(ctx, resolve_nodes(ctx.inventory, fault.spec.target))
+    assert not (tmp_path / "j.jsonl").exists() or read_journal(tmp_path / "j.jsonl") == []
+    ctx.leases.close()
+
+
+@pytest.mark.parametrize("folder", ["/data/../etc", "/data/./ckpt", "/data//ckpt"])
+def test_an_attach_checkpoint_folder_that_is_not_a_plain_path_is_a_positioned_error(tmp_path, folder):
+    bad, _ = _edited(tmp_path, CORRUPT, {}, add_after={"launch:": f"  checkpoint_dir: {folder}"})
+    res = run_cli("validate", bad)
+    assert res.code == 2, res.stdout + res.stderr
+    assert "bad.yaml:" in res.stderr and "checkpoint_dir" in res.stderr and "plain absolute path" in res.stderr, res.stderr

@@ -103,6 +103,13 @@ class Workload(StrictModel):
     def _process(cls, v: str | None) -> str | None:
         return None if v is None else check_regex(v)
 
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _checkpoint_dir(cls, v: str | None) -> str | None:
+        if v is not None and ("//" in v or any(p in (".", "..") for p in v.split("/"))):
+            raise ValueError(f"checkpoint_dir {v!r} must be a plain absolute path: no '.', '..' or '//' in it")
+        return v
+
     @model_validator(mode="after")
     def _command(self) -> "Workload":
         if self.launch == "command" and not self.command:
