@@ -73,7 +73,7 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
     for name, (labels, conn) in discovered.items():  # Ray's nodes the file does not list
         if name not in {n.name for n in nodes}:
             nodes.append(Node(name=name, address="", transport="ray", labels=labels, conn=conn))
-    return Inventory(loaded.model.name, nodes, shared=[bastions])
+    return Inventory(loaded.model.name, nodes, shared=[bastions], policy=loaded.policy)
 
 
 def load_inventory(path: str | Path, **kwargs: Any) -> Inventory:
@@ -128,4 +128,4 @@ def preview_inventory(loaded: LoadedInventory) -> Inventory:
              processes=spec.processes, workdir=spec.workdir)
         for spec in loaded.model.nodes
     ]
-    return Inventory(loaded.model.name, nodes)
+    return Inventory(loaded.model.name, nodes, policy=loaded.policy)
