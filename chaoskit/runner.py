@@ -34,7 +34,8 @@ from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
-from chaoskit.core.state import state_dir
+from chaoskit.core.secrets import redact_value
+from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
@@ -71,6 +72,9 @@ class RunOutcome:
     run_dir: Path | None
     plan: list[dict[str, Any]] = field(default_factory=list)
 
+
+RUN_DIR_MODE = 0o750
+"""A run folder is its owner's and group's to read (result.json, events, the journal's copy), nobody else's."""
 
 CHECKPOINT_FS_ID = "ckptfs"
 """The journal's and lease's id for ``workload.checkpoint_fs``: armed like a fault, so ``chaoskit rollback`` unmounts it."""
@@ -238,9 +242,10 @@ class _Run:
         except BaseException:
             self.cluster.teardown()
             raise
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
         self.bus = EventBus(self.run_dir / "events.jsonl")
-        self.journal = Journal(self.run_dir / "journal.jsonl")
+        # The journal rollback trusts is in chaoskit's own state; the run folder's is a copy for people.
+        self.journal = Journal(private_dir("runs", self.run_id) / "journal.jsonl", copy=self.run_dir / "journal.jsonl")
         self.leases = LeaseManager(default_lease_root(), self.run_id, sc.safety.lease_ttl)
         self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus, self._checkpoint_dir())
         self.deadline = self.t0 + sc.safety.abort_after
@@ -275,10 +280,11 @@ class _Run:
             self._teardown()
             restore()
             lock.release()
-        result = self._result()
+        result = redact_value(self._result())
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         self._after_run()
         self._active_marker.unlink(missing_ok=True)
+        shutil.rmtree(private_dir("runs", self.run_id), ignore_errors=True)  # ended: nothing left for rollback
         if self.verdict == "error":
             raise self._error
         if exit_code == ExitCode.OK and result["verdict"] != "pass":
