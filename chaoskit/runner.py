@@ -565,6 +565,10 @@ class _Run:
 
     def _result(self) -> dict[str, Any]:
         events = self.bus.snapshot()
+        log_probe = getattr(self, "log_probe", None)
+        for problem in (log_probe.errors if log_probe is not None else []) + list(getattr(self.job, "line_errors", None) or [])[:5]:
+            if problem not in self.notes:
+                self.notes.append(problem)
         per_fault = []
         slowdown = None
         for fault, inj in self.injections:
