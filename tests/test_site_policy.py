@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import run_cli
 
+pytest_plugins = ["tests.netns_fixtures"]
+
 POLICY = """\
   faults: [process.kill, process.freeze, network.*, storage.*, slurm.*]
   slurm: false
@@ -170,3 +172,54 @@ def test_a_policy_file_others_can_write_is_refused(how: str, tmp_path: Path, lis
     res = run_cli("run", scenario, "--out", tmp_path / "run")
     assert res.code == 2 and "policy file" in res.stderr, res.stderr
     assert not _connected(listener)
+
+
+# -- the agent's Python, checked on the node (the netns lab's sshd) -------------------------------------------
+
+
+def _policed_lab_inventory(netns_lab, python: str, allowed: list[str]) -> Path:
+    import yaml
+
+    doc = netns_lab.inventory_document()
+    doc["ssh"]["python"] = python
+    doc["policy"] = {"python": allowed}
+    path = netns_lab.directory / f"policed-{abs(hash(python)) % 10**6}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_the_agent_runs_the_policys_root_owned_python(netns_lab):
+    from chaoskit.cluster.inventory_file import load_inventory
+
+    python = os.path.realpath("/usr/bin/python3")
+    inventory = load_inventory(_policed_lab_inventory(netns_lab, python, [python]))
+    try:
+        assert inventory["n0"].conn.ping() >= 0
+    finally:
+        inventory.close()
+
+
+@pytest.mark.parametrize("how", ["writable", "not-root"])
+def test_a_python_that_is_not_root_owned_or_is_writable_never_runs(netns_lab, tmp_path, how):
+    import pwd
+    import shutil
+
+    from chaoskit.cluster.inventory_file import load_inventory
+    from chaoskit.core.errors import InfraError
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    os.chmod(tmp_path, 0o755)
+    python = folder / "python3"
+    shutil.copy(os.path.realpath("/usr/bin/python3"), python)
+    if how == "writable":
+        os.chmod(python, 0o777)
+    else:
+        os.chown(python, pwd.getpwnam("nobody").pw_uid, -1)
+    inventory = load_inventory(_policed_lab_inventory(netns_lab, str(python), [str(python)]))
+    try:
+        with pytest.raises(InfraError) as info:
+            inventory["n0"].conn.ping()
+        assert "is not a root-owned file only root can write" in str(info.value)
+    finally:
+        inventory.close()

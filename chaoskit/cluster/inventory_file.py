@@ -64,7 +64,8 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
             continue
         ssh = loaded.model.ssh_for(spec)
         conn = _transport(spec.name, spec.address, ssh, base, bastions, trust_on_first_use,
-                          workdir=spec.workdir, process_scope=spec.processes)
+                          workdir=spec.workdir, process_scope=spec.processes,
+                          vet_python=bool(loaded.policy is not None and loaded.policy.python))
         nodes.append(Node(
             name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels),
             gpus=spec.gpus, conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,
