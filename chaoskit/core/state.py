@@ -27,6 +27,10 @@ def state_dir() -> Path:
         root = Path.home() / ".local" / "state" / "chaoskit"
     if not root.exists():
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    else:
+        st = os.lstat(root)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(root, 0o700)  # ours, made before state was kept private (leases hold revert commands)
     return root
 
 
