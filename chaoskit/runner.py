@@ -384,7 +384,9 @@ class _Run:
         for lf in sc.probes.log_files:
             conn = self.inventory[lf.node].conn
             if Path(lf.path).is_absolute() and isinstance(conn, FileFollower):  # on the node, read there by its agent
-                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path))
+                policy = self.inventory.policy
+                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path,
+                                                   roots=policy.log_roots if policy is not None else None))
             else:
                 self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
         if sc.probes.process:

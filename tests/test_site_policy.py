@@ -223,3 +223,27 @@ def test_a_python_that_is_not_root_owned_or_is_writable_never_runs(netns_lab, tm
         assert "is not a root-owned file only root can write" in str(info.value)
     finally:
         inventory.close()
+
+
+def test_the_agent_follows_only_files_really_inside_the_log_roots(tmp_path):
+    """A link planted inside a log root (by the job's user, say) that points at /etc/shadow is refused by
+    the node's agent, which resolves where the open file really is; a file inside is followed."""
+    from tests.conftest import wait_until
+    from tests.test_bounded_input import _LocalAgent
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    (root / "n1.log").write_text("step 1\n")
+    secret = tmp_path / "secret"
+    secret.write_text("root:$6$hash:19000::::::\n")
+    (root / "planted.log").symlink_to(secret)
+    agent = _LocalAgent()
+    try:
+        agent.send({"id": 1, "op": "follow", "path": str(root / "planted.log"), "roots": [str(root)]})
+        agent.send({"id": 2, "op": "follow", "path": str(root / "n1.log"), "roots": [str(root)]})
+        assert wait_until(lambda: any(r.get("id") == 1 and not r.get("ok") for r in agent.replies), 10), agent.replies
+        [refused] = [r for r in agent.replies if r.get("id") == 1]
+        assert "outside the site policy's log roots" in refused["error"]
+        assert wait_until(lambda: agent.lines() == ["step 1"], 10), agent.lines()  # no line of the secret
+    finally:
+        agent.close()

@@ -196,9 +196,11 @@ class RemoteLogProbe(threading.Thread):
     no line is lost or counted twice; rotation and truncation are the agent's to follow."""
 
     def __init__(self, probe: LogRegexProbe, node: str, transport: FileFollower, path: str,
-                 retry_s: float = 0.5) -> None:
+                 retry_s: float = 0.5, roots: list[str] | None = None) -> None:
         super().__init__(daemon=True, name=f"chaoskit-follow-{node}")
         self.probe, self.node, self.transport, self.path, self.retry_s = probe, node, transport, path, retry_s
+        self.roots = roots
+        """The site policy's log roots: the node's agent refuses a file that is not really inside one."""
         self.inode: int | None = None
         self.offset = 0
         self.lines = 0
@@ -211,7 +213,11 @@ class RemoteLogProbe(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.is_set():
             try:
-                stream = self.transport.follow(self.path, self._batch, inode=self.inode, offset=self.offset)
+                if self.roots is None:
+                    stream = self.transport.follow(self.path, self._batch, inode=self.inode, offset=self.offset)
+                else:
+                    stream = self.transport.follow(self.path, self._batch, inode=self.inode, offset=self.offset,
+                                                   roots=self.roots)
             except InfraError as exc:
                 self._note(exc.message)
                 self.stop_event.wait(self.retry_s)

@@ -356,9 +356,11 @@ def op_follow(req, emit):
     ``{"lines": [[t, text], ...], "inode": I, "offset": O}``, where ``inode``/``offset`` is the
     position after the batch, so a new stream started there neither loses nor repeats a line.
     A line longer than :data:`FOLLOW_MAX_LINE` bytes is sent cut to that length as soon as it is
-    that long (newline or not); the rest of it is read past, never kept."""
+    that long (newline or not); the rest of it is read past, never kept. With ``roots`` (the site
+    policy's log roots), a file that is not really inside one (a link planted in a root) is refused."""
     path, interval = req["path"], float(req.get("interval", 0.02))
     inode, pos = req.get("inode"), int(req.get("offset") or 0)
+    roots = req.get("roots")
     cancel = threading.Event()
     with _STREAMS_LOCK:
         _STREAMS[req.get("id")] = cancel
@@ -372,6 +374,12 @@ def op_follow(req, emit):
                 if fh is None:
                     cancel.wait(interval)
                     continue
+                if roots is not None:  # the site policy's log roots: where the open file really is, links resolved
+                    real = os.readlink("/proc/self/fd/%d" % fh.fileno())
+                    if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+                        fh.close()
+                        fh = None
+                        raise OpError("%s is %s, outside the site policy's log roots (%s)" % (path, real, ", ".join(roots)))
                 st = os.fstat(fh.fileno())
                 if inode != st.st_ino:
                     inode, pos, buf, skipping = st.st_ino, 0, b"", False

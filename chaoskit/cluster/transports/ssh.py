@@ -626,10 +626,11 @@ class SSHTransport:
         return self.clock
 
     def follow(self, path: str, on_batch: LineBatch, *, inode: int | None = None, offset: int = 0,
-               interval: float = 0.02) -> "FollowStream":
+               interval: float = 0.02, roots: list[str] | None = None) -> "FollowStream":
         """Stream the complete lines of ``path`` on the node, from ``inode``/``offset`` (where an earlier
         stream stopped) or from its start; ``on_batch(lines, inode, offset)`` gets each batch with the
-        position after it, each line as (time read, on this machine's clock; text)."""
+        position after it, each line as (time read, on this machine's clock; text). ``roots``: the
+        folders the file must really be in (links resolved on the node), else the stream fails."""
         try:
             with self._lock:
                 agent = self._agent_locked()
@@ -648,6 +649,8 @@ class SSHTransport:
                 stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
 
         fields = {"op": "follow", "path": _checked([path])[0], "inode": inode, "offset": int(offset), "interval": interval}
+        if roots is not None:
+            fields["roots"] = _checked(roots)
         stream.rid = agent.stream(fields, message, stream.finish)
         return stream
 
