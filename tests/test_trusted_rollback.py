@@ -53,13 +53,21 @@ def crashed(tmp_path):
     fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(ranks=[0]), duration=300), "f0")
     fault.inject(RunContext(inventory, journal, leases), resolve_processes(inventory, fault.spec.target))
     journal.close()
-    leases.close()  # the controller is gone: nothing renews, nothing reverts
+    _controller_dies(leases)
     assert wait_state(worker.pid, lambda s: s == "T")
     marker = state_dir() / "runs" / f"{run_id}.json"
     marker.write_text(json.dumps({"pid": _dead_pid(), "run_dir": str(run_dir), "lab": lab.lab_id, "kind": "process"}))
     yield run_id, run_dir, worker
     worker.kill()
     worker.wait()
+    leases.close()
+
+
+def _controller_dies(leases: LeaseManager) -> None:
+    """Nothing renews the leases any more, and their files stay: the watchdogs wait out the (long) TTL."""
+    leases._stop.set()
+    if leases._thread:
+        leases._thread.join(timeout=2)
 
 
 def _evil(canary: Path, fault_id: str = "evil", kind: str = "process.hang") -> str:
@@ -167,7 +175,7 @@ def test_power_passwords_are_redacted_and_rollback_rebuilds_power_on_from_the_in
     assert "-P '***'" in plan or "-P ***" in plan, plan
     fault.inject(ctx, [NodeTarget(node)])
     journal.close()
-    leases.close()
+    _controller_dies(leases)
     assert (tmp_path / "power").read_text() == "off\n"
     for path in (state / "journal.jsonl", run_dir / "journal.jsonl"):
         text = path.read_text()
@@ -177,6 +185,7 @@ def test_power_passwords_are_redacted_and_rollback_rebuilds_power_on_from_the_in
     assert (tmp_path / "power").read_text() == "on\n"  # the inventory's power.on, password and all, ran
     assert "s3cret-pw" not in json.dumps(outcome.__dict__)
     assert "s3cret-pw" not in (run_dir / "journal.jsonl").read_text()
+    leases.close()
 
 
 def test_a_failing_power_command_does_not_put_its_password_in_the_error(tmp_path):
@@ -196,3 +205,31 @@ def test_a_failing_power_command_does_not_put_its_password_in_the_error(tmp_path
     leases.close()
     assert "s3cret-pw" not in str(info.value) and "***" in str(info.value)
     assert "s3cret-pw" not in (tmp_path / "journal.jsonl").read_text()
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["ipmitool", "-I", "lanplus", "-H", "bmc1", "-U", "admin", "-P", "pw1", "-p", "623", "chassis", "power", "on"],
+     ["ipmitool", "-I", "lanplus", "-H", "bmc1", "-U", "admin", "-P", "***", "-p", "623", "chassis", "power", "on"]),
+    (["ipmitool", "-Ppw1", "power", "on"], ["ipmitool", "-P***", "power", "on"]),
+    (["sshpass", "-p", "pw1", "ssh", "pdu", "on", "3"], ["sshpass", "-p", "***", "ssh", "pdu", "on", "3"]),
+    (["env", "IPMI_PASSWORD=pw1", "pdu-ctl", "--password=pw1", "--token", "pw1", "on"],
+     ["env", "IPMI_PASSWORD=***", "pdu-ctl", "--password=***", "--token", "***", "on"]),
+    (["/usr/local/bin/is-powered-on", "-f", "/etc/chaoskit/ipmi.pw", "gpu01"],
+     ["/usr/local/bin/is-powered-on", "-f", "/etc/chaoskit/ipmi.pw", "gpu01"]),
+])
+def test_password_like_arguments_are_redacted(argv, shown):
+    from chaoskit.core.secrets import redact_argv, redact_text
+    from chaoskit.core.shell import shell_quote
+
+    assert redact_argv(argv) == shown
+    assert "pw1" not in redact_text(f"power command did not finish: {shell_quote(argv)}")
+
+
+def test_events_are_written_redacted(tmp_path):
+    from chaoskit.observe.events import EventBus
+
+    bus = EventBus(tmp_path / "events.jsonl")
+    bus.publish({"ts": 1.0, "kind": "log", "line": "connecting with --password hunter2 to bmc", "argv": ["x", "-P", "hunter2"]})
+    bus.close()
+    text = (tmp_path / "events.jsonl").read_text()
+    assert "hunter2" not in text and "***" in text

@@ -24,7 +24,8 @@ _KEY_VALUE = re.compile(r"^([A-Za-z0-9_.-]*(?:password|passwd|secret|token|apike
 _GLUED_P = re.compile(r"^-P(.+)$")
 # In free text (an error message quoting a command line): the same shapes, separated by blanks.
 _TEXT = re.compile(
-    r"(?P<opt>(?<![\w-])(?:-P|--password|--passwd|--pass|--token|--secret|--api-key|--apikey))(?P<sep>[ =]+)(?P<val>'[^']*'|\"[^\"]*\"|\S+)"
+    r"(?P<opt>(?<![\w-])(?:-P|--password|--passwd|--pass|--token|--secret|--api-key|--apikey)|(?<=sshpass )-p)"
+    r"(?P<sep>[ =]*)(?P<val>'[^']*'|\"[^\"]*\"|\S+)"
     r"|(?P<key>(?<![\w.-])[A-Za-z0-9_.-]*(?:password|passwd|secret|token|apikey|api_key)[A-Za-z0-9_.-]*)=(?P<kval>'[^']*'|\"[^\"]*\"|\S+)",
     re.IGNORECASE,
 )
