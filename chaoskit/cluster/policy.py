@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,6 @@ class SitePolicy(StrictModel):
     @field_validator("faults")
     @classmethod
     def _kinds(cls, v: list[str] | None) -> list[str] | None:
-        import re
-
         for pattern in v or []:
             if not re.fullmatch(_KIND_PATTERN, pattern):
                 raise ValueError(f"invalid fault kind pattern {pattern!r}")
