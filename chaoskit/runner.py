@@ -179,7 +179,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
             result["attach" if isinstance(job, AttachedJob) else "submit"] = job.describe()
         if not torch_available() and sc.workload.launch not in ("command", "attach"):
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
-        return RunOutcome(0, result, None, plan)
+        return RunOutcome(0, redact_value(result), None, plan)
     run_dir = Path(out) if out else Path("reports") / run_id
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ScenarioError(
