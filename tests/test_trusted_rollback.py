@@ -233,3 +233,14 @@ def test_events_are_written_redacted(tmp_path):
     bus.close()
     text = (tmp_path / "events.jsonl").read_text()
     assert "hunter2" not in text and "***" in text
+
+
+def test_redaction_of_a_hostile_64_kib_line_is_linear():
+    """Events carry the job's lines: redacting one must not backtrack (a quadratic pattern took 17 s on this one)."""
+    from chaoskit.core.secrets import redact_argv, redact_text
+
+    start = time.monotonic()
+    for text in ("password" * 8192, "ab " * 21845, "-P" * 32768, "x=" * 32768):
+        redact_text(text)
+        redact_argv([text])
+    assert time.monotonic() - start < 5

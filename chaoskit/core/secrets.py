@@ -20,13 +20,16 @@ REDACTED = "***"
 
 _NEXT_IS_SECRET = {"-P", "--password", "--passwd", "--pass", "--token", "--secret", "--api-key", "--apikey"}
 _LONG_WITH_VALUE = re.compile(r"^(--(?:password|passwd|pass|token|secret|api-key|apikey))=(.+)$", re.IGNORECASE)
-_KEY_VALUE = re.compile(r"^([A-Za-z0-9_.-]*(?:password|passwd|secret|token|apikey|api_key)[A-Za-z0-9_.-]*)=(.+)$", re.IGNORECASE)
+# A key is matched whole, then looked into (a pattern with the secret word between two open repetitions
+# backtracks quadratically on a long run of letters).
+_KEY_VALUE = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$", re.DOTALL)
+_SECRET_KEY = re.compile(r"password|passwd|secret|token|apikey|api_key", re.IGNORECASE)
 _GLUED_P = re.compile(r"^-P(.+)$")
 # In free text (an error message quoting a command line): the same shapes, separated by blanks.
 _TEXT = re.compile(
     r"(?P<opt>(?<![\w-])(?:-P|--password|--passwd|--pass|--token|--secret|--api-key|--apikey)|(?<=sshpass )-p)"
     r"(?P<sep>[ =]*)(?P<val>'[^']*'|\"[^\"]*\"|\S+)"
-    r"|(?P<key>(?<![\w.-])[A-Za-z0-9_.-]*(?:password|passwd|secret|token|apikey|api_key)[A-Za-z0-9_.-]*)=(?P<kval>'[^']*'|\"[^\"]*\"|\S+)",
+    r"|(?P<key>(?<![\w.-])[A-Za-z0-9_.-]+)=(?P<kval>'[^']*'|\"[^\"]*\"|\S+)",
     re.IGNORECASE,
 )
 
@@ -47,7 +50,7 @@ def redact_argv(argv: list[Any]) -> list[str]:
             secret_next = True
             continue
         m = _LONG_WITH_VALUE.match(arg) or _KEY_VALUE.match(arg)
-        if m:
+        if m and (m.re is _LONG_WITH_VALUE or _SECRET_KEY.search(m.group(1))):
             out.append(f"{m.group(1)}={REDACTED}")
         elif _GLUED_P.match(arg) and program.startswith("ipmitool"):
             out.append(f"-P{REDACTED}")
@@ -61,6 +64,8 @@ def redact_text(text: str) -> str:
     def sub(m: re.Match[str]) -> str:
         if m.group("opt"):
             return f"{m.group('opt')}{m.group('sep')}{REDACTED}"
+        if not _SECRET_KEY.search(m.group("key")):
+            return m.group(0)
         return f"{m.group('key')}={REDACTED}"
     return _TEXT.sub(sub, text)
 
