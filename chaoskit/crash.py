@@ -8,6 +8,7 @@ to revert through and knows how to tear its own cluster down.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 
 from chaoskit.backends.registry import backend
@@ -38,9 +39,13 @@ def rollback_inventory(run: CrashedRun) -> Inventory:
 
 def recover(run: CrashedRun) -> Recovered:
     """Revert the run's armed faults; once all are reverted, tear down its own cluster and drop its marker."""
-    outcomes = rollback_journal(run.journal, rollback_inventory(run), run_id=run.run_id) if run.journal.exists() else []
+    copy = run.run_dir / "journal.jsonl" if str(run.run_dir) not in ("", ".") else None
+    outcomes = (rollback_journal(run.journal, rollback_inventory(run), run_id=run.run_id, copy=copy)
+                if run.journal.exists() else [])
     done = Recovered(run, outcomes, None)
     if done.ok:
         done.lab = backend(run.info.get("kind", "process")).crash_teardown(run.info)
         run.marker.unlink(missing_ok=True)
+        if run.run_id not in ("", ".", ".."):
+            shutil.rmtree(run.journal.parent, ignore_errors=True)
     return done

@@ -34,7 +34,8 @@ from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
-from chaoskit.core.state import state_dir
+from chaoskit.core.secrets import redact_value
+from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
@@ -75,6 +76,9 @@ class RunOutcome:
     run_dir: Path | None
     plan: list[dict[str, Any]] = field(default_factory=list)
 
+
+RUN_DIR_MODE = 0o750
+"""A run folder is its owner's and group's to read (result.json, events, the journal's copy), nobody else's."""
 
 CHECKPOINT_FS_ID = "ckptfs"
 """The journal's and lease's id for ``workload.checkpoint_fs``: armed like a fault, so ``chaoskit rollback`` unmounts it."""
@@ -186,7 +190,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
             result["attach" if isinstance(job, AttachedJob) else "submit"] = job.describe()
         if not torch_available() and sc.workload.launch not in ("command", "attach"):
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
-        return RunOutcome(0, result, None, plan)
+        return RunOutcome(0, redact_value(result), None, plan)
     run_dir = Path(out) if out else Path("reports") / run_id
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ScenarioError(
@@ -251,9 +255,10 @@ class _Run:
         except BaseException:
             self.cluster.teardown()
             raise
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
         self.bus = EventBus(self.run_dir / "events.jsonl")
-        self.journal = Journal(self.run_dir / "journal.jsonl")
+        # The journal rollback trusts is in chaoskit's own state; the run folder's is a copy for people.
+        self.journal = Journal(private_dir("runs", self.run_id) / "journal.jsonl", copy=self.run_dir / "journal.jsonl")
         self.leases = LeaseManager(default_lease_root(), self.run_id, sc.safety.lease_ttl)
         self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus, self._checkpoint_dir())
         self.deadline = self.t0 + sc.safety.abort_after
@@ -288,10 +293,11 @@ class _Run:
             self._teardown()
             restore()
             lock.release()
-        result = self._result()
+        result = redact_value(self._result())
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         self._after_run()
         self._active_marker.unlink(missing_ok=True)
+        shutil.rmtree(private_dir("runs", self.run_id), ignore_errors=True)  # ended: nothing left for rollback
         if self.verdict == "error":
             raise self._error
         if exit_code == ExitCode.OK and result["verdict"] != "pass":
@@ -391,7 +397,9 @@ class _Run:
         for lf in sc.probes.log_files:
             conn = self.inventory[lf.node].conn
             if Path(lf.path).is_absolute() and isinstance(conn, FileFollower):  # on the node, read there by its agent
-                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path))
+                policy = self.inventory.policy
+                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path,
+                                                   roots=policy.log_roots if policy is not None else None))
             else:
                 self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
         if sc.probes.process:
@@ -594,6 +602,10 @@ class _Run:
 
     def _result(self) -> dict[str, Any]:
         events = self.bus.snapshot()
+        log_probe = getattr(self, "log_probe", None)
+        for problem in (log_probe.errors if log_probe is not None else []) + list(getattr(self.job, "line_errors", None) or [])[:5]:
+            if problem not in self.notes:
+                self.notes.append(problem)
         per_fault = []
         slowdown = None
         for fault, inj in self.injections:

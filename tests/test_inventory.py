@@ -212,7 +212,9 @@ def test_rollback_of_an_empty_or_missing_journal_does_nothing(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "r1.json").write_text('{"pid": 999999999, "run_dir": "/tmp/r1"}')
     crashed = find_crashed_runs(tmp_path)
-    assert [c.run_id for c in crashed] == ["r1"] and crashed[0].journal == Path("/tmp/r1/journal.jsonl")
+    # the journal rollback trusts is chaoskit's own, beside the marker, not the run folder's copy
+    assert [c.run_id for c in crashed] == ["r1"] and crashed[0].journal == tmp_path / "runs" / "r1" / "journal.jsonl"
+    assert crashed[0].run_dir == Path("/tmp/r1")
 
 
 def test_dry_run_plans_show_the_exact_commands_without_connecting(tmp_path):

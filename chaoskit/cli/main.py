@@ -17,6 +17,7 @@ import typer.main
 from chaoskit.cli.app import app
 from chaoskit.cli.env import CliEnv, set_env
 from chaoskit.core.errors import ChaoskitError, ExitCode
+from chaoskit.core.secrets import redact_text
 
 __all__ = ["main", "CliEnv"]
 
@@ -84,7 +85,7 @@ def _click():
 def _report(exc: ChaoskitError, env: CliEnv) -> int:
     if env.debug:
         traceback.print_exc(file=env.stderr)
-    env.stderr.write(f"error: {exc}\n")
+    env.stderr.write(f"error: {redact_text(str(exc))}\n")
     if exc.hint:
-        env.stderr.write(f"hint: {exc.hint}\n")
+        env.stderr.write(f"hint: {redact_text(exc.hint)}\n")
     return int(exc.exit_code)

@@ -196,6 +196,8 @@ class Inventory:
     nodes: list[Node]
     shared: list[Any] = field(default_factory=list)
     """Connections several nodes share (the bastions they are reached through); closed with them."""
+    policy: Any = None
+    """The cluster owners' :class:`~chaoskit.cluster.policy.SitePolicy` (``None``: none set)."""
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

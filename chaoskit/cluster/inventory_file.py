@@ -64,7 +64,8 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
             continue
         ssh = loaded.model.ssh_for(spec)
         conn = _transport(spec.name, spec.address, ssh, base, bastions, trust_on_first_use,
-                          workdir=spec.workdir, process_scope=spec.processes)
+                          workdir=spec.workdir, process_scope=spec.processes,
+                          vet_python=bool(loaded.policy is not None and loaded.policy.python))
         nodes.append(Node(
             name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels),
             gpus=spec.gpus, conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,
@@ -73,7 +74,7 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
     for name, (labels, conn) in discovered.items():  # Ray's nodes the file does not list
         if name not in {n.name for n in nodes}:
             nodes.append(Node(name=name, address="", transport="ray", labels=labels, conn=conn))
-    return Inventory(loaded.model.name, nodes, shared=[bastions])
+    return Inventory(loaded.model.name, nodes, shared=[bastions], policy=loaded.policy)
 
 
 def load_inventory(path: str | Path, **kwargs: Any) -> Inventory:
@@ -128,4 +129,4 @@ def preview_inventory(loaded: LoadedInventory) -> Inventory:
              processes=spec.processes, workdir=spec.workdir)
         for spec in loaded.model.nodes
     ]
-    return Inventory(loaded.model.name, nodes)
+    return Inventory(loaded.model.name, nodes, policy=loaded.policy)

@@ -64,6 +64,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
+from chaoskit.cluster.policy import SitePolicy, load_policy_file
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
@@ -164,6 +165,14 @@ class InventoryFile(StrictModel):
         default_factory=list, description="Jump hosts, named by ssh.jump; one connection each, shared by its nodes."
     )
     nodes: list[NodeSpec] = Field(default_factory=list, description="The nodes (may be empty with ray:).")
+    policy: SitePolicy | str | None = Field(None, description=(
+        "The site policy (what drills on this cluster may do: fault kinds, path roots, the agent's Python, node "
+        "limits), inline or a file (relative to the inventory) that only its owner can write."))
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_file(cls, v: "SitePolicy | str | None") -> "SitePolicy | str | None":
+        return check_path(v) if isinstance(v, str) else v
 
     @field_validator("ray")
     @classmethod
@@ -206,6 +215,8 @@ class LoadedInventory:
     path: Path
     model: InventoryFile
     source: Any  # SourceMap
+    policy: SitePolicy | None = None
+    """The site policy, read from ``policy:`` inline or from the file it names."""
 
     def error(self, message: str, *path: Any) -> ScenarioError:
         return ScenarioError(message, pos=self.source.at(path))
@@ -237,6 +248,10 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
     except ValidationError as exc:
         return validation_errors(exc, data, smap)
     loaded = LoadedInventory(path, model, smap)
+    policy = _policy(loaded)
+    if isinstance(policy, list):
+        return policy
+    loaded.policy = policy
     seen: dict[str, int] = {}
     errors = []
     for i, node in enumerate(model.nodes):
@@ -245,7 +260,47 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
                                        "nodes", i, "name"))
         seen.setdefault(node.name, i)
     errors += _bastion_errors(loaded, seen)
+    errors += _python_errors(loaded)
     return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0)) or loaded
+
+
+def _policy(loaded: LoadedInventory) -> "SitePolicy | None | list[ScenarioError]":
+    """The inventory's policy: inline (validated again at its own lines) or from its file (trusted first)."""
+    value = loaded.model.policy
+    if value is None:
+        return None
+    if isinstance(value, str):
+        file = Path(value).expanduser()
+        file = file if file.is_absolute() else loaded.path.parent / file
+        res = load_policy_file(file)
+        if isinstance(res, list):
+            where = loaded.source.at(("policy",))
+            for err in res:
+                if err.pos is None:
+                    err.pos = where
+                else:
+                    err.message = f"{err.message} (policy of {where})"
+        return res
+    return value
+
+
+def _python_errors(loaded: LoadedInventory) -> list[ScenarioError]:
+    """With a policy naming the agent's Pythons, every node's ``ssh.python`` must be one of them."""
+    policy, model = loaded.policy, loaded.model
+    if policy is None or policy.python is None:
+        return []
+    allowed = ", ".join(policy.python)
+    errors = []
+    places: list[tuple[SshSettings | None, tuple[Any, ...]]] = [(model.ssh, ("ssh",))]
+    places += [(node.ssh, ("nodes", i, "ssh")) for i, node in enumerate(model.nodes)]
+    for ssh, at in places:
+        if ssh is None or (at != ("ssh",) and "python" not in ssh.model_fields_set):
+            continue
+        if ssh.python not in policy.python:
+            dotted = ".".join(map(str, at + ("python",)))
+            errors.append(loaded.error(f"{dotted}: the site policy lets the agent run only {allowed}, not {ssh.python!r} "
+                                       "(an absolute, root-owned Python)", *at, "python"))
+    return errors
 
 
 def _bastion_errors(loaded: LoadedInventory, nodes: dict[str, int]) -> list[ScenarioError]:

@@ -1,10 +1,14 @@
-"""Commands run on the controller for a node: its power commands (a BMC, a PDU, a lab or an engine)."""
+"""Commands run on the controller for a node: its power commands (a BMC, a PDU, a lab or an engine).
+
+A power command may carry a password (``ipmitool -P ...``): it runs as given, and is written
+down (messages, plans, the journal) only through :func:`chaoskit.core.secrets.redact_argv`."""
 
 from __future__ import annotations
 
 import subprocess
 
 from chaoskit.core.errors import InfraError
+from chaoskit.core.secrets import redact_argv
 from chaoskit.core.shell import shell_quote
 
 __all__ = ["run_power_command"]
@@ -17,4 +21,5 @@ def run_power_command(argv: list[str], timeout: float, node: str) -> subprocess.
     except FileNotFoundError:
         raise InfraError(f"power command for node {node}: {argv[0]}: not found on the controller") from None
     except subprocess.TimeoutExpired:
-        raise InfraError(f"power command for node {node} did not finish within {timeout:g}s: {shell_quote(argv)}") from None
+        raise InfraError(f"power command for node {node} did not finish within {timeout:g}s: "
+                         f"{shell_quote(redact_argv(argv))}") from None

@@ -17,6 +17,7 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.api import ProcInfo
 from chaoskit.core.limits import MAX_COUNT, MAX_PID
 from chaoskit.core.models import NAME_RE, StrictModel, check_regex
+from chaoskit.core.patterns import bounded_search, compile_pattern
 
 __all__ = [
     "TargetSpec", "ProcessTarget", "NodeTarget",
@@ -146,7 +147,7 @@ def resolve_processes(inventory: Inventory, spec: TargetSpec) -> list[ProcessTar
 
     Without ``pid``/``process`` selectors the candidates are the training workers.
     """
-    pattern = re.compile(spec.process) if spec.process else None
+    pattern = compile_pattern(spec.process) if spec.process else None
     found: list[ProcessTarget] = []
     for node in select_nodes(inventory, spec):
         assert node.conn is not None
@@ -155,7 +156,7 @@ def resolve_processes(inventory: Inventory, spec: TargetSpec) -> list[ProcessTar
                 continue
             if spec.pid is not None and proc.pid != spec.pid:
                 continue
-            if pattern is not None and not pattern.search(proc.cmdline):
+            if pattern is not None and not bounded_search(pattern, proc.cmdline, "target.process"):
                 continue
             if spec.pid is None and pattern is None and not proc.is_worker:
                 continue

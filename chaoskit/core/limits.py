@@ -15,6 +15,9 @@ __all__ = [
     "MAX_RATE_BITS",
     "MAX_COUNT",
     "MAX_PID",
+    "MAX_LINE_BYTES",
+    "MAX_NUMBER_DIGITS",
+    "REGEX_TIMEOUT_S",
 ]
 
 MAX_FILE_BYTES = 1024 * 1024
@@ -47,3 +50,16 @@ MAX_PID = 4_194_304
 MAX_REPEAT = 1000
 """``chaoskit run --repeat``: 1,000 samples, far past where a median's 95% interval stops narrowing
 usefully (it shrinks as 1/sqrt(n)); a typo such as ``--repeat 50000`` is refused, not run for weeks."""
+
+MAX_LINE_BYTES = 64 * 1024
+"""One line of a job's output or of a followed log file: 64 KiB. A longer line is cut there (the
+node's agent and the controller's readers alike) and the rest of it skipped, so a job that prints
+10 MB with no newline costs at most this much memory and never stops being read."""
+
+MAX_NUMBER_DIGITS = 18
+"""A value captured from a log line is a number only with at most 18 digits (it fits in 64 bits);
+a longer digit group stays text (``int()`` of 4,300+ digits raises, and would stop the reader)."""
+
+REGEX_TIMEOUT_S = 0.5
+"""The most one scenario regex may take on one line (the ``regex`` package's ``timeout``): a pattern
+that backtracks for longer is an error, not a hang."""

@@ -419,7 +419,7 @@ def validation_errors(exc: ValidationError, data: Any, smap: SourceMap) -> list[
     """One positioned :class:`ScenarioError` per place ``exc`` found wrong in ``data``, in file order."""
     raw = _typos(exc.errors(include_url=False))
     if len(raw) > 1:  # a mapping checked against a union's scalar branch ('lab' | {kind: ...}) says nothing useful
-        raw = [e for e in raw if not (e["type"] == "literal_error" and isinstance(e.get("input"), (dict, list)))]
+        raw = [e for e in raw if not (e["type"] in ("literal_error", "string_type") and isinstance(e.get("input"), (dict, list)))]
     errors = _merge([_to_error(err, data, smap) for err in raw])
     return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0))
 

@@ -200,6 +200,13 @@ class Fault:
         The default trusts the revert, which is idempotent, once it ran."""
         return None
 
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """The revert ``chaoskit rollback`` runs for this kind, from the trusted journal's ``revert`` argv
+        (``node``: the inventory's node). A kind whose revert the inventory knows rebuilds it from there,
+        so nothing secret need be journaled; raise ``ValueError`` when it cannot be rebuilt."""
+        return revert
+
     @property
     def duration(self) -> float | None:
         return getattr(self.spec, "duration", None)

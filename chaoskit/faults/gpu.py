@@ -86,7 +86,42 @@ def netns(pid):
 own = netns("self") if scope.get("netns") else None
 token = scope.get("env")
 ranks = set(sel["ranks"]) if sel.get("ranks") is not None else None
-pattern = re.compile(sel["process"]) if sel.get("process") else None
+class SlowPattern(Exception):
+    pass
+def _bounded(source, limit=0.5):
+    # A scenario's regex, with a time bound per command line (the regex package's timeout where the node has
+    # it, else SIGALRM: this loop is its process's main thread): a slow match counts as no match and is noted
+    # in DIR/slow, and the stop file and the deadline are looked at before every match, so they always win.
+    try:
+        import regex as rx
+        compiled = rx.compile(source)
+        run = lambda text, left: compiled.search(text, timeout=left)
+        slow = (TimeoutError, SlowPattern)
+    except ImportError:
+        compiled = re.compile(source)
+        def alarm(*_):
+            raise SlowPattern()
+        signal.signal(signal.SIGALRM, alarm)
+        def run(text, left):
+            signal.setitimer(signal.ITIMER_REAL, left)
+            try:
+                return compiled.search(text)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        slow = (SlowPattern,)
+    class Bounded:
+        def search(self, text):
+            left = min(limit, deadline - time.time())
+            if left <= 0 or os.path.exists(os.path.join(d, "stop")):
+                return None
+            try:
+                return run(text, left)
+            except slow:
+                with open(os.path.join(d, "slow"), "a") as fh:
+                    fh.write("%f the process pattern took over %gs on a command line of %d characters\n" % (time.time(), left, len(text)))
+                return None
+    return Bounded()
+pattern = _bounded(sel["process"]) if sel.get("process") else None
 pid_sel = sel.get("pid")
 whole_node = bool(sel.get("node"))
 AGENT = re.compile(r"torchrun|torch[./]distributed[./]run")

@@ -21,6 +21,7 @@ from chaoskit.cluster.selectors import NodeTarget, node_targets
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import Duration
 from chaoskit.core.errors import InfraError, ScenarioError
+from chaoskit.core.secrets import redact_argv, redact_text
 from chaoskit.core.shell import shell_quote
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 
@@ -96,11 +97,11 @@ class PowerOffFault(Fault):
             off, on, _, _ = self.commands(t)
             if self.lasting and on is not None:
                 d = self.spec.duration
-                out.append(Action(t.node, f"arm lease on the controller: watchdog runs '{shell_quote(on)}' after {d:g}s or a stale lease", t.node))
-                out.append(Action(t.node, f"on the controller: {shell_quote(off)}", t.node))
-                out.append(Action(t.node, f"after {d:g}s, on the controller: {shell_quote(on)}", t.node))
+                out.append(Action(t.node, f"arm lease on the controller: watchdog runs '{shell_quote(redact_argv(on))}' after {d:g}s or a stale lease", t.node))
+                out.append(Action(t.node, f"on the controller: {shell_quote(redact_argv(off))}", t.node))
+                out.append(Action(t.node, f"after {d:g}s, on the controller: {shell_quote(redact_argv(on))}", t.node))
             else:
-                out.append(Action(t.node, f"on the controller: {shell_quote(off)} (irreversible: the node stays off)", t.node))
+                out.append(Action(t.node, f"on the controller: {shell_quote(redact_argv(off))} (irreversible: the node stays off)", t.node))
         return out
 
     def inject(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Injection]:
@@ -117,7 +118,7 @@ class PowerOffFault(Fault):
                 if self.lasting and on is not None:
                     run_power_command(on, timeout, t.node)
                     ctx.leases.release(fid)
-                raise InfraError(f"power off of node {t.node} failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
+                raise InfraError(f"power off of node {t.node} failed (exit {res.returncode}): {redact_text(res.stderr.strip() or res.stdout.strip())}")
             out.append(Injection(fid, self.kind, t.node, [t.node], ts, {"on": on}))
         return out
 
@@ -129,13 +130,20 @@ class PowerOffFault(Fault):
         res = run_power_command(on, node.power.timeout if node.power else BACK_ON_S, injection.node)
         _drop_connection(node)
         if res.returncode != 0:
-            raise InfraError(f"power on of node {injection.node} failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
+            raise InfraError(f"power on of node {injection.node} failed (exit {res.returncode}): {redact_text(res.stderr.strip() or res.stdout.strip())}")
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         """Back on (power.status exits 0) and answering over its transport again."""
         if injection.detail.get("on") is None:
             return None
         return check_powered_on(ctx.inventory[injection.node], BACK_ON_S)
+
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Node | None = None) -> list[str]:
+        """The node's ``power.on`` from the inventory (the journal's copy has its password redacted)."""
+        if node is None or node.power is None or not node.power.on:
+            raise ValueError("the inventory gives this node no power.on command; power it on by hand")
+        return list(node.power.on)
 
     @classmethod
     def check_reverted(cls, transport: Any, revert: list[str], node: Node | None = None) -> str | None:

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from chaoskit.core.secrets import redact_value
+
 __all__ = ["EventBus", "Event", "EVENT_KINDS", "make_event", "read_events"]
 
 Event = dict[str, Any]
@@ -47,7 +49,7 @@ class EventBus:
             if event.get("kind") == "step" and isinstance(event.get("step"), int):
                 self.last_step = event["step"]
             if self._fh:
-                self._fh.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
+                self._fh.write(json.dumps(redact_value(event), separators=(",", ":"), default=str) + "\n")
                 self._fh.flush()
             self._cond.notify_all()
         for listener in self._listeners:

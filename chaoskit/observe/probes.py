@@ -7,6 +7,12 @@
   one on a node, read there by the node's agent;
 - :class:`ProcessWatcher` sees training workers appear and vanish in the
   process table of each node.
+
+What the job prints is untrusted and unbounded: lines are cut at
+:data:`~chaoskit.core.limits.MAX_LINE_BYTES`, a captured digit group is a number only up to
+:data:`~chaoskit.core.limits.MAX_NUMBER_DIGITS` digits, and a scenario's regex runs with a time
+bound (the ``regex`` package's ``timeout``): a pattern that takes longer on a line is an error
+(:attr:`LogRegexProbe.errors`), that line is skipped, and the reading goes on.
 """
 
 from __future__ import annotations
@@ -19,9 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import regex
+
 from chaoskit.cluster.clock import ClockedTransport
 from chaoskit.cluster.transports.api import FileFollower
 from chaoskit.core.errors import InfraError
+from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
+from chaoskit.core.lines import LineCutter
 from chaoskit.observe.events import EventBus, make_event
 
 __all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLogProbe", "RemoteLogProbe", "TORCHRUN_RULES"]
@@ -29,13 +39,14 @@ __all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLog
 
 @dataclass(frozen=True)
 class LogRule:
-    pattern: re.Pattern[str]
+    pattern: Any
+    """A compiled pattern of the ``regex`` package (``re``'s syntax, plus a ``timeout`` on every search)."""
     event: str
     fields: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def of(cls, match: str, event: str, fields: dict[str, Any] | None = None) -> "LogRule":
-        return cls(re.compile(match), event, tuple((fields or {}).items()))
+        return cls(regex.compile(match, regex.VERSION0), event, tuple((fields or {}).items()))
 
 
 TORCHRUN_RULES = (
@@ -49,10 +60,17 @@ TORCHRUN_RULES = (
 )
 
 
+NUMERIC_FIELDS = frozenset({"step", "rank", "local_rank", "pid", "exitcode", "restart_count", "world_size"})
+"""Captured fields an event needs as numbers: a line whose capture is not one gives no event."""
+
+_NUMBER = re.compile(r"-?[0-9]{1,%d}" % MAX_NUMBER_DIGITS)
+
+
 def _coerce(value: str | None) -> Any:
+    """A captured value: an int when it is at most MAX_NUMBER_DIGITS ASCII digits, else the text."""
     if value is None:
         return None
-    if re.fullmatch(r"-?\d+", value):
+    if _NUMBER.fullmatch(value):
         return int(value)
     return value
 
@@ -60,24 +78,40 @@ def _coerce(value: str | None) -> Any:
 class LogRegexProbe:
     """Turn log lines into events. Feed it lines as they arrive (``feed``) or tail files."""
 
-    def __init__(self, bus: EventBus, rules: Iterable[LogRule]) -> None:
+    def __init__(self, bus: EventBus, rules: Iterable[LogRule], timeout: float = REGEX_TIMEOUT_S) -> None:
         self.bus = bus
         self.rules = list(rules)
+        self.timeout = timeout
+        self.errors: list[str] = []
+        """Patterns that took longer than ``timeout`` on a line (once each): the run reports them."""
 
     def feed(self, node: str, line: str, ts: float | None = None, *, uncertainty: float | None = None) -> None:
         """One line of ``node``'s output, seen at ``ts`` (now by default); ``uncertainty``: how far ``ts`` may be
         off, when it was read on another machine's clock and corrected by a measured offset."""
         ts = time.time() if ts is None else ts
+        line = line[:MAX_LINE_BYTES]
         for rule in self.rules:
-            m = rule.pattern.search(line)
+            try:
+                m = rule.pattern.search(line, timeout=self.timeout)
+            except TimeoutError:
+                self._slow(rule, node, line)
+                continue
             if m:
                 fields = {k: _coerce(v) for k, v in m.groupdict().items() if v is not None}
+                if any(k in NUMERIC_FIELDS and not isinstance(v, int) for k, v in fields.items()):
+                    continue  # e.g. a 10,000-digit "step": no event of that line
                 event = make_event(rule.event, ts, node=node, source=fields.pop("source", "log"))
                 if uncertainty:
                     event["ts_uncertainty"] = round(uncertainty, 6)
                 event.update(dict(rule.fields))
                 event.update(fields)
                 self.bus.publish(event)
+
+    def _slow(self, rule: LogRule, node: str, line: str) -> None:
+        message = (f"probes.log: the pattern {rule.pattern.pattern[:80]!r} took longer than {self.timeout:g}s on a "
+                   f"line of {len(line)} characters from {node}; such lines give no {rule.event} event")
+        if all(not e.startswith(f"probes.log: the pattern {rule.pattern.pattern[:80]!r}") for e in self.errors):
+            self.errors.append(message)
 
 
 class _Tailer(threading.Thread):
@@ -86,20 +120,22 @@ class _Tailer(threading.Thread):
         self.path, self.interval = path, interval
         self.stop_event = threading.Event()
 
+    CHUNK = 1 << 20
+
     def lines(self):
-        pos, buf = 0, b""
+        """Every line of the file as it grows (cut at MAX_LINE_BYTES), read a MiB at a time; after ``stop``,
+        what is left, the last line too."""
+        pos, cutter = 0, LineCutter()
         while not self.stop_event.is_set():
             try:
                 with open(self.path, "rb") as fh:
                     fh.seek(pos)
-                    chunk = fh.read()
+                    chunk = fh.read(self.CHUNK)
             except FileNotFoundError:
                 chunk = b""
             if chunk:
                 pos += len(chunk)
-                buf += chunk
-                *complete, buf = buf.split(b"\n")
-                for raw in complete:
+                for raw in cutter.feed(chunk):
                     yield raw.decode(errors="replace")
             else:
                 self.stop_event.wait(self.interval)
@@ -107,9 +143,13 @@ class _Tailer(threading.Thread):
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(pos)
-                for raw in (buf + fh.read()).split(b"\n"):
-                    if raw:
-                        yield raw.decode(errors="replace")
+                while chunk := fh.read(self.CHUNK):
+                    for raw in cutter.feed(chunk):
+                        if raw:
+                            yield raw.decode(errors="replace")
+            rest = cutter.rest()
+            if rest and not cutter.skipping:
+                yield rest.decode(errors="replace")
         except FileNotFoundError:
             pass
 
@@ -156,9 +196,11 @@ class RemoteLogProbe(threading.Thread):
     no line is lost or counted twice; rotation and truncation are the agent's to follow."""
 
     def __init__(self, probe: LogRegexProbe, node: str, transport: FileFollower, path: str,
-                 retry_s: float = 0.5) -> None:
+                 retry_s: float = 0.5, roots: list[str] | None = None) -> None:
         super().__init__(daemon=True, name=f"chaoskit-follow-{node}")
         self.probe, self.node, self.transport, self.path, self.retry_s = probe, node, transport, path, retry_s
+        self.roots = roots
+        """The site policy's log roots: the node's agent refuses a file that is not really inside one."""
         self.inode: int | None = None
         self.offset = 0
         self.lines = 0
@@ -171,7 +213,11 @@ class RemoteLogProbe(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.is_set():
             try:
-                stream = self.transport.follow(self.path, self._batch, inode=self.inode, offset=self.offset)
+                if self.roots is None:
+                    stream = self.transport.follow(self.path, self._batch, inode=self.inode, offset=self.offset)
+                else:
+                    stream = self.transport.follow(self.path, self._batch, inode=self.inode, offset=self.offset,
+                                                   roots=self.roots)
             except InfraError as exc:
                 self._note(exc.message)
                 self.stop_event.wait(self.retry_s)

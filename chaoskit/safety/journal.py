@@ -2,33 +2,63 @@
 
 Each record is one JSON line, appended and fsynced before the action it
 describes, so a crashed run can be rolled back from the journal alone.
+
+A run keeps two: the one ``chaoskit rollback`` trusts, 0600 in the run's 0700 folder of
+chaoskit's state (:func:`~chaoskit.core.state.private_dir`), and a copy in the run folder
+for people to read. Password-like arguments are redacted in both
+(:mod:`chaoskit.core.secrets`); rollback rebuilds a revert that needs one from the inventory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
+
+from chaoskit.core.secrets import redact_value
 
 __all__ = ["Journal", "read_journal", "unreverted"]
 
 
 class Journal:
-    def __init__(self, path: Path) -> None:
+    """Append-only records at ``path`` (made 0600, never through a link), each also appended to ``copy``."""
+
+    def __init__(self, path: Path, copy: Path | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._fd = os.open(self.path, flags, 0o600)
+        self._copy = None if copy is None else _open_copy(Path(copy), flags)
 
     def record(self, action: str, **fields: Any) -> dict[str, Any]:
-        entry = {"ts": time.time(), "action": action, **fields}
-        os.write(self._fd, (json.dumps(entry, default=str) + "\n").encode())
+        entry = redact_value({"ts": time.time(), "action": action, **fields})
+        line = (json.dumps(entry, default=str) + "\n").encode()
+        os.write(self._fd, line)
         os.fsync(self._fd)
+        if self._copy is not None:
+            os.write(self._copy, line)
         return entry
 
     def close(self) -> None:
         os.close(self._fd)
+        if self._copy is not None:
+            os.close(self._copy)
+
+
+def _open_copy(path: Path, flags: int) -> int | None:
+    """The run folder's copy, appended to only when it is a plain file of this user's (never through a link)."""
+    try:
+        fd = os.open(path, flags, 0o640)
+    except OSError:
+        return None  # a link planted there, a folder gone: the trusted journal is what counts
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_nlink != 1 or not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def read_journal(path: Path) -> list[dict[str, Any]]:

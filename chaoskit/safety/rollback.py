@@ -10,12 +10,20 @@ run are released so their watchdogs stand down.
 
 Reverts are idempotent, so rolling back a fault whose watchdog already reverted
 it is harmless. Nodes that are not in the inventory are never touched.
+
+Only chaoskit's own journal is trusted: the one in the run's 0700 folder of chaoskit's
+state (``<state>/runs/<run id>/journal.jsonl``), never the copy in the run folder, which
+other people may read and whoever owns that folder may rewrite. A journal that anyone but
+this user could have written is refused whole; a record of a kind chaoskit does not know
+is not run; a kind whose revert the inventory knows (a power-on command) rebuilds it from
+there (:meth:`~chaoskit.faults.api.Fault.journaled_revert`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,15 +32,18 @@ from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
+from chaoskit.core.secrets import redact_argv
 from chaoskit.core.state import state_dir
 from chaoskit.faults.api import Fault
 from chaoskit.faults.registry import fault_kinds
 from chaoskit.safety.journal import Journal, read_journal, unreverted
 from chaoskit.safety.lease import default_lease_root
 
-__all__ = ["RollbackOutcome", "CrashedRun", "find_crashed_runs", "rollback_journal"]
+__all__ = ["RollbackOutcome", "CrashedRun", "find_crashed_runs", "journal_problem", "rollback_journal"]
 
 REVERT_TIMEOUT_S = 30.0
+RUNNER_KINDS = frozenset({"workload.checkpoint_fs"})
+"""What the runner itself arms besides fault kinds (a checkpoint file system it mounted)."""
 
 
 @dataclass
@@ -55,7 +66,8 @@ class CrashedRun:
 
     @property
     def journal(self) -> Path:
-        return self.run_dir / "journal.jsonl"
+        """The journal rollback trusts: beside the marker in chaoskit's state, not the run folder's copy."""
+        return self.marker.parent / self.run_id / "journal.jsonl"
 
 
 def find_crashed_runs(state: Path | None = None) -> list[CrashedRun]:
@@ -76,27 +88,45 @@ def find_crashed_runs(state: Path | None = None) -> list[CrashedRun]:
 
 
 def rollback_journal(
-    journal_path: Path, inventory: Inventory, *, run_id: str | None = None, timeout: float = REVERT_TIMEOUT_S
+    journal_path: Path, inventory: Inventory, *, run_id: str | None = None, timeout: float = REVERT_TIMEOUT_S,
+    copy: Path | None = None,
 ) -> list[RollbackOutcome]:
-    """Revert every fault the journal shows armed and not reverted; return one outcome per fault."""
+    """Revert every fault the (trusted) journal shows armed and not reverted; return one outcome per fault.
+
+    ``copy``: the run folder's journal, where the ``reverted`` records are appended too (for people)."""
     journal_path = Path(journal_path)
-    pending = unreverted(read_journal(journal_path)) if journal_path.exists() else []
+    if not journal_path.exists():
+        return []
+    problem = journal_problem(journal_path)
+    if problem:
+        raise InfraError(f"not rolling back from {journal_path}: {problem}",
+                         hint="chaoskit trusts only the journal it keeps in its own state folder")
+    pending = unreverted(read_journal(journal_path))
     if not pending:
         return []
     run_id = run_id or journal_path.parent.name
     kinds = fault_kinds()
-    journal = Journal(journal_path)
+    journal = Journal(journal_path, copy=copy)
     outcomes = []
     try:
         for entry in pending:
             fid, kind, node = entry["fault_id"], entry.get("kind", "?"), entry.get("node", "?")
             revert = [str(a) for a in entry.get("revert") or []]
             cls = kinds.get(kind)
-            outcome = RollbackOutcome(fid, kind, node, revert, False)
+            outcome = RollbackOutcome(fid, kind, node, redact_argv(revert), False)
             outcomes.append(outcome)
             if node not in inventory:
                 outcome.problem = f"node {node!r} is not in the inventory; not touched"
                 continue
+            if cls is None and kind not in RUNNER_KINDS:
+                outcome.problem = f"{kind!r} is not a fault kind chaoskit knows; its revert was not run"
+                continue
+            if cls is not None:
+                try:
+                    revert = cls.journaled_revert(revert, inventory[node])
+                except ValueError as exc:
+                    outcome.problem = str(exc)
+                    continue
             if not revert:
                 outcome.problem = "the journal has no revert command for it"
                 continue
@@ -114,6 +144,26 @@ def rollback_journal(
     finally:
         journal.close()
     return outcomes
+
+
+def journal_problem(path: Path) -> str | None:
+    """Why the journal at ``path`` cannot be trusted, or ``None``: it must be a regular file of this user's
+    that nobody else can write, in a folder of this user's that nobody else can write."""
+    euid = os.geteuid()
+    for where, is_dir in ((path.parent, True), (path, False)):
+        try:
+            st = os.lstat(where)
+        except OSError as exc:
+            return f"{where}: {exc.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{where} is a symbolic link"
+        if (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)) is False:
+            return f"{where} is not a {'folder' if is_dir else 'regular file'}"
+        if st.st_uid != euid:
+            return f"{where} belongs to uid {st.st_uid}, not to this user ({euid})"
+        if st.st_mode & 0o022:
+            return f"{where} can be written by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def _check(cls: type[Fault] | None, transport: Transport, revert: list[str], node: Any, res: Any,

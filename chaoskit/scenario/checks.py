@@ -12,6 +12,7 @@ from typing import Any
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.backends.registry import CLUSTERS, backend
+from chaoskit.cluster.policy import SitePolicy, under_roots
 from chaoskit.cluster.selectors import check_static, select_nodes
 from chaoskit.core.errors import ScenarioError
 from chaoskit.coverage import resolve_covers
@@ -47,8 +48,48 @@ def preview_cluster(loaded: LoadedScenario) -> ClusterHandle:
 def check_scenario(loaded: LoadedScenario) -> ClusterHandle:
     """Every check that needs the cluster but touches nothing (``validate`` runs it too); return the preview."""
     cluster = preview_cluster(loaded)
+    if cluster.inventory.policy is not None:
+        _policy_checks(loaded, cluster, cluster.inventory.policy)
     _static_checks(loaded, cluster)
     return cluster
+
+
+def _policy_checks(loaded: LoadedScenario, cluster: ClusterHandle, policy: SitePolicy) -> None:
+    """The scenario asks for nothing the cluster's site policy does not allow (each refusal at its line)."""
+    sc, inventory = loaded.model, cluster.inventory
+    limit = policy.max_nodes
+    if limit is not None and sc.safety.max_nodes > limit:
+        raise loaded.error(f"safety.max_nodes: {sc.safety.max_nodes} is more than the site policy's max_nodes "
+                           f"({limit}) for this cluster", "safety", "max_nodes")
+    touched: set[str] = set()
+    for i, spec in enumerate(sc.faults):
+        problem = policy.allows_kind(spec.kind)
+        if problem:
+            raise loaded.error(f"faults.{i}.kind: {problem}", "faults", i, "kind")
+        if limit is None:
+            continue
+        nodes = [n.name for n in select_nodes(inventory, spec.target)]
+        if spec.target.ranks is not None:  # ranks live on the job's nodes, nproc_per_node each
+            per_node = max(1, sc.workload.nproc_per_node)
+            ranked = {cluster.job_nodes[r // per_node] for r in spec.target.ranks if r // per_node < len(cluster.job_nodes)}
+            nodes = [n for n in nodes if n in ranked]
+        if len(nodes) > limit:
+            raise loaded.error(f"faults.{i}.target: it may touch {len(nodes)} nodes ({', '.join(nodes)}); the site "
+                               f"policy allows a drill at most {limit} on this cluster", "faults", i, "target")
+        touched.update(nodes)
+        if len(touched) > limit:
+            raise loaded.error(f"faults.{i}.target: with the faults before it the drill would touch {len(touched)} nodes "
+                               f"({', '.join(sorted(touched))}); the site policy allows at most {limit}", "faults", i, "target")
+    if policy.log_roots is not None:
+        for j, lf in enumerate(sc.probes.log_files):
+            if not under_roots(lf.path, policy.log_roots):
+                raise loaded.error(f"probes.log_files.{j}.path: {lf.path} is outside the site policy's log_roots "
+                                   f"({', '.join(policy.log_roots)}); chaoskit reads log files there only",
+                                   "probes", "log_files", j, "path")
+    ckpt = sc.workload.checkpoint_dir
+    if policy.checkpoint_roots is not None and ckpt is not None and not under_roots(ckpt, policy.checkpoint_roots):
+        raise loaded.error(f"workload.checkpoint_dir: {ckpt} is outside the site policy's checkpoint_roots "
+                           f"({', '.join(policy.checkpoint_roots)})", "workload", "checkpoint_dir")
 
 
 def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:

@@ -14,7 +14,6 @@ states, and a job Slurm does not know stops the run before anything is injected.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Callable
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.slurm import JOB_DONE_STATES, node_list
 from chaoskit.core.errors import InfraError
+from chaoskit.core.patterns import bounded_search, compile_pattern
 
 __all__ = ["AttachedJob", "Worker"]
 
@@ -40,7 +40,7 @@ class AttachedJob:
     def __init__(self, cluster: ClusterHandle, workload: Any, run_dir: Path, run_id: str,
                  events_path: Path | None = None, on_line: LineSink | None = None) -> None:
         self.cluster, self.workload = cluster, workload
-        self.pattern = re.compile(workload.process)
+        self.pattern = compile_pattern(workload.process)
         self.slurm_job: str | None = getattr(workload, "slurm_job", None)
         self.slurm: dict[str, str] = {}
         """The Slurm job's fields as last read (``slurm_job`` only)."""
@@ -91,7 +91,7 @@ class AttachedJob:
             except InfraError:
                 continue
             for p in procs:
-                if p.state == "Z" or not self.pattern.search(p.cmdline):
+                if p.state == "Z" or not bounded_search(self.pattern, p.cmdline, "workload.process"):
                     continue
                 matches += 1
                 if p.rank is None:

@@ -20,6 +20,7 @@ from typing import Callable
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
+from chaoskit.core.lines import bounded_lines
 
 __all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available"]
 
@@ -76,6 +77,8 @@ class TorchrunJob:
     ) -> None:
         self.cluster, self.workload, self.run_dir, self.run_id = cluster, workload, Path(run_dir).resolve(), run_id
         self.events_path, self.on_line = events_path, on_line
+        self.line_errors: list[str] = []
+        """What went wrong handling a line of the job's output (the line was skipped; the job kept being read)."""
         self.job_dir = job_dir(cluster, self.run_dir, run_id)
         self.ckpt_dir = checkpoint_dir(cluster, self.run_dir, run_id)
         self.log_dir = self.run_dir / "logs"
@@ -176,13 +179,18 @@ class TorchrunJob:
 
     def _pump(self, node: str, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
+        # Lines are cut at MAX_LINE_BYTES (the log keeps all of it), and nothing a line does to on_line stops
+        # this thread: were it to stop, the job's stdout pipe would fill and the job would block on its next print.
         with open(self.log_dir / f"{node}.log", "ab") as log:
-            for raw in iter(proc.stdout.readline, b""):
+            for raw, line in bounded_lines(proc.stdout):
                 ts = time.time()
                 log.write(raw)
                 log.flush()
-                if self.on_line:
-                    self.on_line(node, raw.decode(errors="replace").rstrip("\n"), ts)
+                if self.on_line and line is not None:
+                    try:
+                        self.on_line(node, line.decode(errors="replace"), ts)
+                    except Exception as exc:  # noqa: BLE001 - one bad line must not stop the job's output
+                        self.line_errors.append(f"{node}: {type(exc).__name__}: {exc}"[:500])
 
     def running(self) -> bool:
         """Whether the job goes on: some agent of the world (not a spare still waiting) is alive."""

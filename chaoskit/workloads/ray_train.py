@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
+from chaoskit.core.lines import bounded_lines
 from chaoskit.sdk import probe
 
 __all__ = ["RayTrainJob", "train_loop", "DRIVER_SCOPE"]
@@ -183,12 +184,15 @@ class RayTrainJob:
     def _pump(self) -> None:
         assert self.driver is not None and self.driver.stdout is not None
         with open(self.log_dir / "driver.log", "ab") as log:
-            for raw in iter(self.driver.stdout.readline, b""):
+            for raw, line in bounded_lines(self.driver.stdout):  # cut at MAX_LINE_BYTES, as launch.py's
                 ts = time.time()
                 log.write(raw)
                 log.flush()
-                if self.on_line:
-                    self.on_line("driver", raw.decode(errors="replace").rstrip("\n"), ts)
+                if self.on_line and line is not None:
+                    try:
+                        self.on_line("driver", line.decode(errors="replace"), ts)
+                    except Exception:  # noqa: BLE001 - one bad line must not stop the driver's output
+                        pass
 
     def running(self) -> bool:
         return self.driver is not None and self.driver.poll() is None

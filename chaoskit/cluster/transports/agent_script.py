@@ -344,19 +344,29 @@ def _open_at(path, inode):
     return (open(path, "rb"), True) if st is not None else (None, True)
 
 
+FOLLOW_MAX_LINE = 64 * 1024
+"""The longest line op_follow sends (chaoskit.core.limits.MAX_LINE_BYTES): a longer one is cut there and its
+rest skipped up to its newline, so a line with no end holds at most this much in memory."""
+
+
 def op_follow(req, emit):
     """Follow a log file: every complete line with the time it was read, across rotation and truncation.
 
     ``inode``/``offset`` say where a previous stream stopped; lines come in batches
     ``{"lines": [[t, text], ...], "inode": I, "offset": O}``, where ``inode``/``offset`` is the
-    position after the batch, so a new stream started there neither loses nor repeats a line."""
+    position after the batch, so a new stream started there neither loses nor repeats a line.
+    A line longer than :data:`FOLLOW_MAX_LINE` bytes is sent cut to that length as soon as it is
+    that long (newline or not); the rest of it is read past, never kept. With ``roots`` (the site
+    policy's log roots), a file that is not really inside one (a link planted in a root) is refused."""
     path, interval = req["path"], float(req.get("interval", 0.02))
     inode, pos = req.get("inode"), int(req.get("offset") or 0)
+    roots = req.get("roots")
     cancel = threading.Event()
     with _STREAMS_LOCK:
         _STREAMS[req.get("id")] = cancel
     fh, current = None, True
-    buf = b""
+    buf = b""  # the line read so far, never longer than FOLLOW_MAX_LINE; the file is read from pos + len(buf)
+    skipping = False  # the current line was sent cut: read past it to its newline
     try:
         while not cancel.is_set() and not _STOP.is_set():
             if fh is None:
@@ -364,24 +374,42 @@ def op_follow(req, emit):
                 if fh is None:
                     cancel.wait(interval)
                     continue
+                if roots is not None:  # the site policy's log roots: where the open file really is, links resolved
+                    real = os.readlink("/proc/self/fd/%d" % fh.fileno())
+                    if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+                        fh.close()
+                        fh = None
+                        raise OpError("%s is %s, outside the site policy's log roots (%s)" % (path, real, ", ".join(roots)))
                 st = os.fstat(fh.fileno())
                 if inode != st.st_ino:
-                    inode, pos, buf = st.st_ino, 0, b""
+                    inode, pos, buf, skipping = st.st_ino, 0, b"", False
                 if st.st_size < pos:  # truncated (copytruncate) while no stream was reading it
-                    pos, buf = 0, b""
+                    pos, buf, skipping = 0, b"", False
                 fh.seek(pos + len(buf))
             chunk = fh.read(1 << 20)
             if chunk:
-                buf += chunk
-                lines = []
-                t = now()
+                lines, start, t = [], 0, now()
                 while True:
-                    nl = buf.find(b"\n")
+                    nl = chunk.find(b"\n", start)
+                    piece = chunk[start:] if nl < 0 else chunk[start:nl]
+                    if skipping:
+                        pos += len(piece)
+                    elif len(buf) + len(piece) > FOLLOW_MAX_LINE:
+                        line = buf + piece[:FOLLOW_MAX_LINE - len(buf)]
+                        lines.append([t, line.decode("utf-8", "replace")])
+                        pos += len(buf) + len(piece)
+                        buf, skipping = b"", True
+                    elif nl < 0:
+                        buf += piece
+                    else:
+                        lines.append([t, (buf + piece).decode("utf-8", "replace")])
+                        pos += len(buf) + len(piece)
+                        buf = b""
                     if nl < 0:
                         break
-                    raw, buf = buf[:nl], buf[nl + 1:]
-                    pos += nl + 1
-                    lines.append([t, raw.decode("utf-8", "replace")])
+                    pos += 1  # the newline
+                    skipping = False
+                    start = nl + 1
                 if lines:
                     emit({"lines": lines, "inode": inode, "offset": pos, "more": True})
                 continue
@@ -392,12 +420,12 @@ def op_follow(req, emit):
                 st = None
             size = os.fstat(fh.fileno()).st_size
             if size < pos + len(buf):  # truncated in place: start over
-                pos, buf = 0, b""
+                pos, buf, skipping = 0, b"", False
                 fh.seek(0)
                 continue
             if not current or (st is not None and st.st_ino != inode):  # rotated: the old file is drained
                 fh.close()
-                fh, current, inode, pos, buf = None, True, None, 0, b""
+                fh, current, inode, pos, buf, skipping = None, True, None, 0, b"", False
                 continue
             cancel.wait(interval)
     finally:

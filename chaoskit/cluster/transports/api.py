@@ -122,6 +122,7 @@ class FileFollower(Protocol):
     """A transport that follows a file on its node (the node's agent reads it there)."""
 
     def follow(self, path: str, on_batch: LineBatch, *, inode: int | None = None, offset: int = 0,
-               interval: float = 0.02) -> FollowStream:
+               interval: float = 0.02, roots: list[str] | None = None) -> FollowStream:
         """Stream the complete lines of ``path`` from ``inode``/``offset`` (where an earlier stream stopped), across
-        rotation and truncation; each batch with the position after it."""
+        rotation and truncation; each batch with the position after it. ``roots``: the folders the file must
+        really lie in (the site policy's log roots, links resolved where the file is read)."""

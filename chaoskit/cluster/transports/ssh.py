@@ -165,6 +165,7 @@ class SSHTransport:
         connect_timeout: float = 10.0,
         command_timeout: float = 30.0,
         use_agent: bool = True,
+        vet_python: bool = False,
     ) -> None:
         self.node = node
         self.address = address
@@ -185,6 +186,10 @@ class SSHTransport:
         self.role = role
         """``node`` or ``bastion``: how errors name this host."""
         self.python = python
+        self.vet_python = vet_python
+        """The site policy names the Python: before it first runs, check on the node that root owns it and
+        nobody else can write it (``stat -L``)."""
+        self._python_vetted = False
         self._workdir = workdir
         self.workdir = workdir or f"/tmp/chaoskit-{user}"
         self._routed = self.ssh_config is None
@@ -412,10 +417,26 @@ class SSHTransport:
         return shell_quote((["sudo", "-n"] if self.sudo else []) + argv)
 
     def _boot_command(self, timeout: float | None = None) -> str:
+        if self.vet_python and not self._python_vetted:
+            self._check_python()
         argv = [self.python, "-u", "-c", _boot_code()]
         if timeout is not None:
             argv = ["timeout", "-k", "2", f"{max(timeout, 0.1):.3f}", *argv]
         return self._remote(argv)
+
+    def _check_python(self) -> None:
+        """Refuse a Python on the node that is not a root-owned file nobody else can write (the site policy's)."""
+        rc, out, err = self._exec(shell_quote(["stat", "-L", "-c", "%u %a %F", "--", self.python]), min(10.0, self.command_timeout))
+        parts = out.split(maxsplit=2)
+        if rc != 0 or len(parts) < 3:
+            raise InfraError(f"{self.label}: cannot check the agent's Python {self.python}: {err.strip()[-200:] or 'stat failed'}")
+        uid, mode, kind = parts[0], int(parts[1], 8), parts[2].strip()
+        if uid != "0" or mode & 0o022 or kind != "regular file":
+            raise InfraError(
+                f"{self.label}: the agent's Python {self.python} is not a root-owned file only root can write "
+                f"(uid {uid}, mode {mode:04o}, {kind}); the site policy allows only such a Python",
+                hint="point ssh.python at the system's interpreter (e.g. /usr/bin/python3)")
+        self._python_vetted = True
 
     def _agent_locked(self) -> "_AgentChannel | None":
         if self.mode != "agent":
@@ -605,10 +626,11 @@ class SSHTransport:
         return self.clock
 
     def follow(self, path: str, on_batch: LineBatch, *, inode: int | None = None, offset: int = 0,
-               interval: float = 0.02) -> "FollowStream":
+               interval: float = 0.02, roots: list[str] | None = None) -> "FollowStream":
         """Stream the complete lines of ``path`` on the node, from ``inode``/``offset`` (where an earlier
         stream stopped) or from its start; ``on_batch(lines, inode, offset)`` gets each batch with the
-        position after it, each line as (time read, on this machine's clock; text)."""
+        position after it, each line as (time read, on this machine's clock; text). ``roots``: the
+        folders the file must really be in (links resolved on the node), else the stream fails."""
         try:
             with self._lock:
                 agent = self._agent_locked()
@@ -627,6 +649,8 @@ class SSHTransport:
                 stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
 
         fields = {"op": "follow", "path": _checked([path])[0], "inode": inode, "offset": int(offset), "interval": interval}
+        if roots is not None:
+            fields["roots"] = _checked(roots)
         stream.rid = agent.stream(fields, message, stream.finish)
         return stream
 

@@ -1,0 +1,144 @@
+"""A cluster's site policy: what drills on it may do, set by the cluster's owners.
+
+An inventory carries it inline (``policy: {...}``) or names a file (``policy: FILE``,
+relative to the inventory). Scenarios are written by many people; the policy is the
+cluster owners' word on what those scenarios may ask of root on the nodes. A scenario
+that asks for more is refused by ``chaoskit validate`` (and by ``run``, which validates
+first) at its own line, before anything connects. Example::
+
+    policy:
+      faults: [process.kill, process.freeze, network.*]   # allowed kinds (shell-style patterns)
+      slurm: false                                        # no slurm.* fault, whatever faults: says
+      log_roots: [/var/log/train]                         # probes.log_files.path must lie under one
+      checkpoint_roots: [/scratch/ckpt]                   # workload.checkpoint_dir must lie under one
+      python: [/usr/bin/python3]                          # the only ssh.python the agent may run
+      max_nodes: 2                                        # safety.max_nodes and each fault's targets
+
+A policy file is refused when anyone but its owner can write it, when its folder is
+writable by anyone but its owner, or when it is a symbolic link: a policy that a
+scenario's author could rewrite would be no policy. An unset field allows what
+chaoskit allows without a policy.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+
+from chaoskit.core.errors import ScenarioError
+from chaoskit.core.limits import MAX_COUNT
+from chaoskit.core.models import StrictModel
+from chaoskit.core.shell import check_path
+from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
+
+__all__ = ["SitePolicy", "load_policy_file", "validate_policy", "under_roots", "policy_file_problem"]
+
+_KIND_PATTERN = r"^[a-z0-9_.*?\[\]-]{1,64}$"
+
+
+class SitePolicy(StrictModel):
+    """What drills on this cluster may do (unset: no limit beyond chaoskit's own)."""
+
+    faults: list[str] | None = Field(None, description=(
+        "Fault kinds a scenario may use, as shell-style patterns (process.kill, network.*); default any."))
+    slurm: bool = Field(True, description="false: no slurm.* fault (drain, requeue) on this cluster, whatever faults: allows.")
+    log_roots: list[str] | None = Field(None, description=(
+        "Absolute folders on the nodes; every probes.log_files.path must be an absolute path inside one."))
+    checkpoint_roots: list[str] | None = Field(None, description=(
+        "Absolute folders on the nodes; workload.checkpoint_dir must be inside one."))
+    python: list[str] | None = Field(None, description=(
+        "The Pythons the node agent may run (ssh.python): absolute paths of a root-owned interpreter that nobody "
+        "else can write; checked at load, and on each node when the agent starts."))
+    max_nodes: int | None = Field(None, ge=1, le=MAX_COUNT, description=(
+        "The most nodes one drill may touch: safety.max_nodes, each fault's targets and all faults together."))
+
+    @field_validator("faults")
+    @classmethod
+    def _kinds(cls, v: list[str] | None) -> list[str] | None:
+        for pattern in v or []:
+            if not re.fullmatch(_KIND_PATTERN, pattern):
+                raise ValueError(f"invalid fault kind pattern {pattern!r}")
+        return v
+
+    @field_validator("log_roots", "checkpoint_roots", "python")
+    @classmethod
+    def _absolute(cls, v: list[str] | None) -> list[str] | None:
+        for path in v or []:
+            check_path(path)
+            if not path.startswith("/") or posixpath.normpath(path) != path.rstrip("/") or "/../" in path + "/":
+                raise ValueError(f"{path!r} is not a plain absolute path (no '..', no '//', no trailing '/.')")
+        return v
+
+    def allows_kind(self, kind: str) -> str | None:
+        """Why ``kind`` is not allowed here, or ``None``."""
+        if kind.startswith("slurm.") and not self.slurm:
+            return f"the site policy allows no slurm.* fault on this cluster (policy slurm: false), so not {kind}"
+        if self.faults is not None and not any(fnmatch.fnmatchcase(kind, p) for p in self.faults):
+            return f"the site policy does not allow {kind} on this cluster (allowed: {', '.join(self.faults) or 'none'})"
+        return None
+
+
+def under_roots(path: str, roots: list[str]) -> bool:
+    """Whether ``path`` (absolute, no ``..``) names a file inside one of ``roots`` (or a root itself)."""
+    if not path.startswith("/") or ".." in path.split("/"):
+        return False
+    norm = posixpath.normpath(path)
+    return any(norm == root.rstrip("/") or norm.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def policy_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be trusted as a policy, or ``None``: a link, not a regular file, writable
+    by anyone but its owner, or in a folder that anyone but its owner (or root) can write."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot read policy file {path}: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"policy file {path} is a symbolic link; name the file itself"
+    if not stat.S_ISREG(st.st_mode):
+        return f"policy file {path} is not a regular file"
+    if st.st_mode & 0o022:
+        return (f"policy file {path} is writable by {'others' if st.st_mode & 0o002 else 'its group'} "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}); only its owner may write it: chmod go-w")
+    folder = path.parent
+    fst = os.stat(folder)
+    if fst.st_mode & 0o022 or fst.st_uid not in (0, st.st_uid):
+        return (f"the folder of policy file {path} ({folder}, mode {stat.S_IMODE(fst.st_mode):04o}, uid {fst.st_uid}) "
+                "can be written by someone other than the file's owner, who could replace it")
+    return None
+
+
+def load_policy_file(path: Path) -> "SitePolicy | list[ScenarioError]":
+    """The policy in ``path``, or the errors that refuse it (its trust first, then its format)."""
+    problem = policy_file_problem(path)
+    if problem:
+        return [ScenarioError(problem)]
+    data, smap = load_yaml(path, what="policy")
+    if isinstance(data, dict) and set(data) == {"policy"}:
+        data = data["policy"]
+        smap = _strip(smap, "policy")
+    return validate_policy(data, smap)
+
+
+def validate_policy(data: Any, smap: SourceMap) -> "SitePolicy | list[ScenarioError]":
+    """A policy document read by :func:`~chaoskit.core.yaml_source.load_yaml`, or its errors at their lines."""
+    if not isinstance(data, dict):
+        return [ScenarioError("a site policy is a mapping (faults:, log_roots:, max_nodes:, ...)", pos=smap.at(()))]
+    try:
+        return SitePolicy.model_validate(data)
+    except ValidationError as exc:
+        return validation_errors(exc, data, smap)
+
+
+def _strip(smap: SourceMap, key: str) -> SourceMap:
+    """The map of a document's ``key:`` value, as if it were the whole document."""
+    def cut(table: dict) -> dict:
+        return {p[1:]: pos for p, pos in table.items() if p[:1] == (key,)}
+    return SourceMap(smap.file, cut(smap.values), cut(smap.keys))

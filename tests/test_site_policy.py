@@ -1,0 +1,249 @@
+"""The site policy: a scenario outside what the cluster's owners allow is refused at its line, before anything connects.
+
+The inventory's nodes are a TCP socket this test listens on (loopback): a connection attempt, had one
+been made, would be waiting in its backlog. A scenario inside the policy is the control: ``run``
+does try to connect there.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytest_plugins = ["tests.netns_fixtures"]
+
+POLICY = """\
+  faults: [process.kill, process.freeze, network.*, storage.*, slurm.*]
+  slurm: false
+  log_roots: [/var/log/train]
+  checkpoint_roots: [/scratch/ckpt]
+  python: [/usr/bin/python3]
+  max_nodes: 2
+"""
+
+GOOD = """\
+name: inside-policy
+cluster: {inventory: inventory.yaml}
+workload: {launch: attach, process: 'train\\.py', nproc_per_node: 1, checkpoint_dir: /scratch/ckpt/job1}
+probes:
+  log: [{match: 'step (?P<step>\\d+)', event: step}]
+  log_files:
+    - {node: n1, path: /var/log/train/n1.log}
+faults:
+  - kind: process.kill
+    target: {nodes: [n1], process: 'train\\.py'}
+    at: {after: 1s}
+safety: {max_nodes: 2}
+"""
+
+# (what is outside the policy, text replaced in GOOD, its replacement, the line:col of the refusal, the message)
+OUTSIDE = [
+    ("fault-kind", "kind: process.kill", "kind: gpu.fail\n    duration: 5s", "9:11", "does not allow gpu.fail"),
+    ("slurm-fault", "kind: process.kill\n    target: {nodes: [n1], process: 'train\\.py'}",
+     "kind: slurm.drain\n    target: {nodes: [n1]}", "9:11", "no slurm.* fault"),
+    ("log-file", "path: /var/log/train/n1.log", "path: /etc/shadow", "7:24", "outside the site policy's log_roots"),
+    ("log-file-dotdot", "path: /var/log/train/n1.log", "path: /var/log/train/../../../etc/shadow", "7:24", "log_roots"),
+    ("checkpoint-dir", "checkpoint_dir: /scratch/ckpt/job1", "checkpoint_dir: /etc", "3:85", "checkpoint_roots"),
+    ("safety-max-nodes", "safety: {max_nodes: 2}", "safety: {max_nodes: 3}", "12:21", "more than the site policy's max_nodes"),
+    ("too-many-nodes", "target: {nodes: [n1], process: 'train\\.py'}", "target: {labels: {role: worker}}",
+     "10:13", "may touch 3 nodes"),
+]
+
+
+@pytest.fixture()
+def listener():
+    """A loopback TCP port nobody answers on: what connects to it waits in the backlog."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    yield sock
+    sock.close()
+
+
+def _connected(sock: socket.socket) -> bool:
+    try:
+        conn, _ = sock.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
+def _inventory(folder: Path, port: int, policy: str = "policy:\n" + POLICY) -> Path:
+    text = textwrap.dedent(f"""\
+        name: policed
+        ssh: {{user: root, port: {port}, python: /usr/bin/python3, known_hosts: ./known_hosts, connect_timeout: 2s}}
+        """) + policy + textwrap.dedent("""\
+        nodes:
+          - {name: n1, address: 127.0.0.1, labels: {role: worker}}
+          - {name: n2, address: 127.0.0.1, labels: {role: worker}}
+          - {name: n3, address: 127.0.0.1, labels: {role: worker}}
+        """)
+    (folder / "known_hosts").write_text("")
+    path = folder / "inventory.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", OUTSIDE, ids=[c[0] for c in OUTSIDE])
+def test_a_scenario_outside_the_policy_is_refused_at_its_line(case, tmp_path: Path, listener):
+    _, old, new, where, message = case
+    _inventory(tmp_path, listener.getsockname()[1])
+    assert old in GOOD
+    scenario = tmp_path / "drill.yaml"
+    scenario.write_text(GOOD.replace(old, new))
+    res = run_cli("validate", scenario)
+    assert res.code == 2, res.stderr
+    assert any(line.startswith(f"{scenario}:{where}: ") and message in line for line in res.stderr.splitlines()), res.stderr
+    res = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert res.code == 2, res.stderr
+    assert res.stderr.startswith(f"error: {scenario}:{where}: "), res.stderr
+    assert not (tmp_path / "run").exists()
+    assert not _connected(listener), "a refused scenario must not connect to any node"
+
+
+def test_a_scenario_inside_the_policy_validates_and_run_connects(tmp_path: Path, listener):
+    """The control: the same inventory and a scenario inside the policy; run reaches for the node."""
+    _inventory(tmp_path, listener.getsockname()[1])
+    scenario = tmp_path / "drill.yaml"
+    scenario.write_text(GOOD)
+    res = run_cli("validate", scenario)
+    assert res.code == 0, res.stderr
+    res = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert res.code == 3, res.stderr  # nobody speaks SSH on the port
+    assert _connected(listener)
+
+
+def test_inventory_python_outside_the_policy_is_refused_at_its_line(tmp_path: Path, listener):
+    path = _inventory(tmp_path, listener.getsockname()[1])
+    text = path.read_text().replace("- {name: n2, address: 127.0.0.1,", "- {name: n2, address: 127.0.0.1, ssh: {python: /tmp/py},")
+    path.write_text(text)
+    res = run_cli("validate", path)
+    assert res.code == 2
+    assert f"{path}:12:50: nodes.1.ssh.python: the site policy lets the agent run only /usr/bin/python3" in res.stderr, res.stderr
+
+
+def _policy_file(tmp_path: Path, port: int) -> tuple[Path, Path]:
+    folder = tmp_path / "site"
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    policy = folder / "policy.yaml"
+    policy.write_text(textwrap.dedent(POLICY))
+    os.chmod(policy, 0o644)
+    inv = _inventory(tmp_path, port, policy="policy: site/policy.yaml\n")
+    scenario = tmp_path / "drill.yaml"
+    scenario.write_text(GOOD.replace("kind: process.kill", "kind: gpu.fail\n    duration: 5s"))
+    return policy, scenario
+
+
+def test_a_policy_file_is_read_and_applied(tmp_path: Path, listener):
+    _, scenario = _policy_file(tmp_path, listener.getsockname()[1])
+    res = run_cli("validate", scenario)
+    assert res.code == 2
+    assert f"{scenario}:9:11: faults.0.kind: the site policy does not allow gpu.fail" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("how", ["world-writable", "group-writable", "folder-writable", "symlink"])
+def test_a_policy_file_others_can_write_is_refused(how: str, tmp_path: Path, listener):
+    policy, scenario = _policy_file(tmp_path, listener.getsockname()[1])
+    if how == "world-writable":
+        os.chmod(policy, 0o646)
+    elif how == "group-writable":
+        os.chmod(policy, 0o664)
+    elif how == "folder-writable":
+        os.chmod(policy.parent, 0o777)
+    else:
+        real = tmp_path / "elsewhere.yaml"
+        policy.rename(real)
+        policy.symlink_to(real)
+    inventory = tmp_path / "inventory.yaml"
+    for target in (inventory, scenario):
+        res = run_cli("validate", target)
+        assert res.code == 2, res.stderr
+        line = next(x for x in res.stderr.splitlines() if "policy file" in x)
+        assert f"{inventory}:3:9: " in line, res.stderr  # the inventory's policy: line
+    res = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert res.code == 2 and "policy file" in res.stderr, res.stderr
+    assert not _connected(listener)
+
+
+# -- the agent's Python, checked on the node (the netns lab's sshd) -------------------------------------------
+
+
+def _policed_lab_inventory(netns_lab, python: str, allowed: list[str]) -> Path:
+    import yaml
+
+    doc = netns_lab.inventory_document()
+    doc["ssh"]["python"] = python
+    doc["policy"] = {"python": allowed}
+    path = netns_lab.directory / f"policed-{abs(hash(python)) % 10**6}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_the_agent_runs_the_policys_root_owned_python(netns_lab):
+    from chaoskit.cluster.inventory_file import load_inventory
+
+    python = os.path.realpath("/usr/bin/python3")
+    inventory = load_inventory(_policed_lab_inventory(netns_lab, python, [python]))
+    try:
+        assert inventory["n0"].conn.ping() >= 0
+    finally:
+        inventory.close()
+
+
+@pytest.mark.parametrize("how", ["writable", "not-root"])
+def test_a_python_that_is_not_root_owned_or_is_writable_never_runs(netns_lab, tmp_path, how):
+    import pwd
+    import shutil
+
+    from chaoskit.cluster.inventory_file import load_inventory
+    from chaoskit.core.errors import InfraError
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    os.chmod(tmp_path, 0o755)
+    python = folder / "python3"
+    shutil.copy(os.path.realpath("/usr/bin/python3"), python)
+    if how == "writable":
+        os.chmod(python, 0o777)
+    else:
+        os.chown(python, pwd.getpwnam("nobody").pw_uid, -1)
+    inventory = load_inventory(_policed_lab_inventory(netns_lab, str(python), [str(python)]))
+    try:
+        with pytest.raises(InfraError) as info:
+            inventory["n0"].conn.ping()
+        assert "is not a root-owned file only root can write" in str(info.value)
+    finally:
+        inventory.close()
+
+
+def test_the_agent_follows_only_files_really_inside_the_log_roots(tmp_path):
+    """A link planted inside a log root (by the job's user, say) that points at /etc/shadow is refused by
+    the node's agent, which resolves where the open file really is; a file inside is followed."""
+    from tests.conftest import wait_until
+    from tests.test_bounded_input import _LocalAgent
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    (root / "n1.log").write_text("step 1\n")
+    secret = tmp_path / "secret"
+    secret.write_text("root:$6$hash:19000::::::\n")
+    (root / "planted.log").symlink_to(secret)
+    agent = _LocalAgent()
+    try:
+        agent.send({"id": 1, "op": "follow", "path": str(root / "planted.log"), "roots": [str(root)]})
+        agent.send({"id": 2, "op": "follow", "path": str(root / "n1.log"), "roots": [str(root)]})
+        assert wait_until(lambda: any(r.get("id") == 1 and not r.get("ok") for r in agent.replies), 10), agent.replies
+        [refused] = [r for r in agent.replies if r.get("id") == 1]
+        assert "outside the site policy's log roots" in refused["error"]
+        assert wait_until(lambda: agent.lines() == ["step 1"], 10), agent.lines()  # no line of the secret
+    finally:
+        agent.close()
