@@ -40,7 +40,7 @@ def _nothing_left(result: dict) -> None:
     assert [line for line in procs.splitlines() if "pgrep" not in line] == []
 
 
-@pytest.mark.parametrize("name", ["nic-drop", "partition"])
+@pytest.mark.parametrize("name", ["nic-drop", "nic-blackhole", "partition"])
 def test_network_fault_is_detected_at_the_collective_timeout_and_recovered(name, tmp_path):
     r = _drill(name, tmp_path)
     assert r["verdict"] == "pass"
