@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoskit.cluster import nodefs
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
@@ -304,8 +305,8 @@ class SlurmLab:
         mdir = self.directory / "munge"
         mdir.mkdir(mode=0o711, exist_ok=True)
         key = mdir / "munge.key"
-        key.write_bytes(secrets.token_bytes(128))
-        key.chmod(0o400)
+        key.unlink(missing_ok=True)  # a key left by an earlier lab in this folder: never reused, never written through
+        nodefs.create_file(str(key), secrets.token_bytes(128), 0o400)  # O_EXCL|O_NOFOLLOW, 0400 from its first byte
         # --force: munged refuses root and a key it cannot prove private otherwise; the key is ours, 0400.
         _run(["munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
               f"--pid-file={self.directory / 'munged.pid'}", f"--log-file={mdir / 'munged.log'}",
