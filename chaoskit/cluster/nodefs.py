@@ -64,6 +64,11 @@ def ensure_dir(path):
     if not isinstance(path, str) or not os.path.isabs(path):
         raise StateDirError("chaoskit's state folder must be an absolute path, not %r" % (path,))
     path = os.path.normpath(path)
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if existing != path:  # nothing is made inside a folder someone else could change
+        _fs_check_above(path, existing, os.geteuid(), include=True)
     parent = os.path.dirname(path)
     if not os.path.lexists(parent):
         try:
@@ -92,18 +97,7 @@ def check_dir(path):
     if problem is not None:
         raise StateDirError("refusing chaoskit's state folder %s: it %s" % (path, problem))
     for chain in (path, os.path.realpath(path)):
-        above = os.path.dirname(chain)
-        while True:
-            try:
-                st = os.lstat(above)
-            except OSError as exc:
-                raise StateDirError("chaoskit's state folder %s: %s: %s" % (path, above, exc.strerror))
-            problem = _fs_above_problem(st, euid)
-            if problem is not None:
-                raise StateDirError("refusing chaoskit's state folder %s: %s, a folder above it, %s" % (path, above, problem))
-            if above == "/":
-                break
-            above = os.path.dirname(above)
+        _fs_check_above(path, chain, euid)
     return path
 
 
@@ -230,8 +224,24 @@ def _fs_own_problem(st, euid):
     if st.st_uid != euid:
         return "is owned by %s, not by %s (the user chaoskit runs as)" % (_fs_user(st.st_uid), _fs_user(euid))
     if st.st_mode & 0o022:
-        return "is writable by %s (mode %04o)" % ("its group" if st.st_mode & 0o020 else "others", stat.S_IMODE(st.st_mode))
+        return "is writable by others than its owner (mode %04o)" % stat.S_IMODE(st.st_mode)
     return None
+
+
+def _fs_check_above(path, chain, euid, include=False):
+    """Every folder above ``chain`` (and ``chain`` itself with ``include``) may be changed only by root or ``euid``."""
+    above = chain if include else os.path.dirname(chain)
+    while True:
+        try:
+            st = os.lstat(above)
+        except OSError as exc:
+            raise StateDirError("chaoskit's state folder %s: %s: %s" % (path, above, exc.strerror))
+        problem = _fs_above_problem(st, euid)
+        if problem is not None:
+            raise StateDirError("refusing chaoskit's state folder %s: %s, a folder above it, %s" % (path, above, problem))
+        if above == "/":
+            return
+        above = os.path.dirname(above)
 
 
 def _fs_above_problem(st, euid):
