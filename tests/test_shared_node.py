@@ -252,9 +252,10 @@ def test_link_down_over_ssh_writes_only_in_chaoskits_state_folder(netns_lab, hos
         assert node_clean(lab, "n0") is not None, "the link is not down"
         during = _files_under(ROOT_STATE_DIR)
         assert {f"{lease.directory}/lease", f"{lease.directory}/watchdog.pid"} <= during
-        for path in during:  # every one of chaoskit's files there: ours, private, no link among them
+        assert os.lstat(ROOT_STATE_DIR).st_mode & 0o777 == 0o700
+        for path in during:  # every one of chaoskit's files there: ours, writable by nobody else, no link among them
             st = os.lstat(path)
-            assert st.st_uid == 0 and not (st.st_mode & 0o077) and not os.path.islink(path), path
+            assert st.st_uid == 0 and not (st.st_mode & 0o022) and not os.path.islink(path), path
         fault.revert(ctx, inj)
         ctx.leases.release(inj.fault_id)
         assert fault.verify(ctx, inj) is None
