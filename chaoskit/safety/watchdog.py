@@ -26,7 +26,7 @@ import time
 try:
     StateDirError  # noqa: B018 - defined when nodefs' source was put in front of this one (watchdog_source)
 except NameError:  # imported on the controller
-    from chaoskit.cluster.nodefs import StateDirError, check_dir, create_file, write_file
+    from chaoskit.cluster.nodefs import StateDirError, bundle, check_dir, create_file, write_file
 
 POLL_S = 0.05
 USAGE = "usage: python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX -- REVERT_ARGV...\n"
@@ -34,8 +34,6 @@ USAGE = "usage: python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX -- REVERT_A
 
 def watchdog_source():
     """On the controller: the watchdog as one self-contained program (nodefs' source, then this file's)."""
-    from chaoskit.cluster.nodefs import bundle
-
     with open(__file__, encoding="utf-8") as fh:
         return bundle(fh.read())
 
