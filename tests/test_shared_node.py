@@ -369,3 +369,34 @@ def test_a_local_lease_runs_its_watchdog_isolated_from_a_hostile_cwd_and_pythonp
     with pytest.raises(InfraError, match="refusing chaoskit's state folder /tmp/chaoskit-root: it is owned by uid"):
         LeaseManager(Path("/tmp/chaoskit-root"), "r", ttl=1).arm(LocalTransport("local"), "f0", ["true"], duration=1)
     untouched(hostile)
+
+
+# -- labs --------------------------------------------------------------------------------------
+
+
+def test_the_munge_key_is_made_0400_and_never_written_through_a_link(hostile, tmp_path):
+    from chaoskit.lab.slurm import new_munge_key
+
+    key = tmp_path / "munge.key"
+    key.symlink_to(BAIT / "existing")  # what a user who could write the folder would plant
+    new_munge_key(key)
+    st = os.lstat(key)
+    assert not os.path.islink(key) and st.st_mode & 0o777 == 0o400 and st.st_size == 128 and st.st_uid == 0
+    first = key.read_bytes()
+    new_munge_key(key)  # a lab brought up again in the same folder: a new key, not the old one reused
+    assert key.read_bytes() != first
+    untouched(hostile)
+
+
+def test_the_docker_labs_shared_folder_is_private_and_someone_elses_is_refused(hostile, tmp_path):
+    from chaoskit.core.errors import InfraError
+    from chaoskit.lab.docker import _private_bind
+
+    shared = tmp_path / "shared"
+    _private_bind(str(shared))
+    assert os.lstat(shared).st_mode & 0o777 == 0o700 and os.lstat(shared).st_uid == 0
+    with pytest.raises(InfraError) as info:
+        _private_bind("/tmp/chaoskit")  # the hostile user's, as /tmp/chaoskit-docker would be had it come first
+    assert "refusing chaoskit's state folder /tmp/chaoskit: it is owned by uid" in str(info.value)
+    assert "CHAOSKIT_DOCKER_SHARED" in info.value.hint
+    untouched(hostile)

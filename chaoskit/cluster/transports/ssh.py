@@ -109,7 +109,7 @@ PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 hmac-sha2-256): an AEAD cipher costs one call into the cipher per packet, where CTR
 plus HMAC also computes the MAC and compares it byte by byte in Python. OpenSSH has
 offered these since 6.2; a server without them gets paramiko's list as before."""
-IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", "rmtree"})
+IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", "rmtree", "statedir"})
 """Requests safe to send again when the connection died after they left."""
 _LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
