@@ -56,6 +56,7 @@ from chaoskit.faults.node_tool import (
     read_node_file,
     state_path,
     undo,
+    until_reverted,
     wait_node_file,
 )
 
@@ -65,7 +66,6 @@ POLL_S = 0.05
 """How often the crash loop scans the node's processes: a new worker dies within one poll."""
 STARTED_S = 10.0
 """How long inject waits for the crash loop to say it watches."""
-VERIFY_S = 5.0
 LOOP_DIR = "crashloop-"
 """The crash loop's folder is ``<state folder>/crashloop-<token>``, made by the loop itself (0700)."""
 
@@ -402,20 +402,11 @@ class GpuFailFault(Fault):
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            try:
-                problem = self.check_reverted(transport, injection.detail["revert"])
-            except InfraError as exc:
-                problem = str(exc)
-            if problem is None:
-                if injection.detail["mechanism"] == "crashloop":
-                    injection.detail["kills"] = read_node_file(transport, f"{injection.detail['directory']}/kills").count("\n")
-                    transport.run(["rm", "-rf", injection.detail["directory"]], COMMAND_TIMEOUT_S)
-                return None
-            if time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        problem = until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"]))
+        if problem is None and injection.detail["mechanism"] == "crashloop":
+            injection.detail["kills"] = read_node_file(transport, f"{injection.detail['directory']}/kills").count("\n")
+            transport.run(["rm", "-rf", injection.detail["directory"]], COMMAND_TIMEOUT_S)
+        return problem
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:

@@ -35,7 +35,6 @@ command that uses it.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -48,17 +47,17 @@ from chaoskit.core.errors import InfraError
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 from chaoskit.faults.node_tool import (
     COMMAND_TIMEOUT_S,
+    check_state_gone,
     helper_argv,
     helper_source,
     node_python,
-    own_state_path,
     parse_started,
     process_tree,
     read_node_file,
     run_helper,
     state_path,
-    tool_prefix,
     undo,
+    until_reverted,
     wait_node_file,
 )
 
@@ -66,7 +65,6 @@ __all__ = ["OomFault", "OomSpec", "MEMORY_TOOL", "BALLAST", "BALLAST_NAME", "CGR
 
 STARTED_S = 10.0
 """How long inject waits for the ballast to say it is in the cgroup."""
-VERIFY_S = 5.0
 STATE = "oom-"
 """The state file is ``<state folder>/oom-<token>.json``, the ballast's folder ``oom-<token>.ballast`` beside it."""
 CGROUP_PREFIX = "chaoskit-oom-"
@@ -329,23 +327,15 @@ class OomFault(Fault):
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            problem = self.check_reverted(transport, injection.detail["revert"], cgroup=injection.detail["cgroup"])
-            if problem is None:
-                transport.run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
-                return None
-            if time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        problem = until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
+                                                             cgroup=injection.detail["cgroup"]))
+        if problem is None:
+            transport.run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
+        return problem
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
-        state = own_state_path(transport, revert[-1], STATE, ".json")
-        res = transport.run([*tool_prefix(revert), "check", state, cgroup or "/nonexistent"], COMMAND_TIMEOUT_S)
-        if res.returncode != 0:
-            return f"cannot check the cgroups: {res.stderr.strip()}"
-        return res.stdout.strip() or None
+        return check_state_gone(transport, revert, STATE, cgroup or "")
 
 
 def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:

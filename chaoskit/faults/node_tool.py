@@ -15,7 +15,7 @@ import re
 import secrets
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.api import Transport
@@ -23,10 +23,13 @@ from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.api import FaultContext
 
-__all__ = ["COMMAND_TIMEOUT_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper", "state_path",
-           "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree"]
+__all__ = ["COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
+           "state_path", "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree",
+           "check_state_gone", "until_reverted"]
 
 COMMAND_TIMEOUT_S = 15.0
+VERIFY_S = 5.0
+"""How long a verify waits for the node to show the fault gone (a killed helper still exiting)."""
 
 
 def helper_source(source: str) -> str:
@@ -108,6 +111,30 @@ def parse_started(text: str, what: str, node: str) -> tuple[float, int]:
     if pid <= 1 or t != t:  # NaN
         raise InfraError(f"{what} on node {node} is not the '<time> <pid>' line chaoskit's helper writes")
     return t, pid
+
+
+def check_state_gone(transport: Transport, revert: list[str], prefix: str, what: str) -> str | None:
+    """Run the ``check`` of the helper a revert runs (``... restore STATE``) for ``what`` (a cgroup the helper made):
+    ``None`` when it and the state file are gone, else what is left."""
+    state = own_state_path(transport, revert[-1], prefix, ".json")
+    res = transport.run([*tool_prefix(revert), "check", state, what or "/nonexistent"], COMMAND_TIMEOUT_S)
+    if res.returncode != 0:
+        return f"cannot check the cgroups: {res.stderr.strip()}"
+    return res.stdout.strip() or None
+
+
+def until_reverted(check: Callable[[], str | None], timeout: float = VERIFY_S) -> str | None:
+    """Poll ``check`` (what is left of a fault, or ``None``) until it says nothing is; its last answer after ``timeout``.
+    An :class:`InfraError` from it counts as what is left."""
+    end = time.time() + timeout
+    while True:
+        try:
+            problem = check()
+        except InfraError as exc:
+            problem = str(exc)
+        if problem is None or time.time() >= end:
+            return problem
+        time.sleep(0.1)
 
 
 def undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:

@@ -32,21 +32,20 @@ from chaoskit.core.limits import MAX_COUNT
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
 from chaoskit.faults.node_tool import (
     COMMAND_TIMEOUT_S,
+    check_state_gone,
     helper_argv,
     helper_source,
     node_python,
-    own_state_path,
     process_tree,
     run_helper,
     state_path,
-    tool_prefix,
     undo,
+    until_reverted,
 )
 
 __all__ = ["SlowFault", "SlowSpec", "CGROUP_TOOL", "PERIOD_US"]
 
 PERIOD_US = 100_000
-VERIFY_S = 5.0
 STATE = "slow-"
 """The state file is ``<state folder>/slow-<token>.json``."""
 
@@ -258,23 +257,14 @@ class SlowFault(Fault):
         if injection.detail["mechanism"] == "nvidia":
             return None  # nvidia-smi -rgc answered 0 (revert raises otherwise); nvidia-smi shows no lock to read back
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            problem = self.check_reverted(transport, injection.detail["revert"], cgroup=injection.detail["cgroup"])
-            if problem is None or time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
+                                                          cgroup=injection.detail["cgroup"]))
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
         if revert[0] == "nvidia-smi":
             return None  # the reset is idempotent and ran; the driver shows no clock lock to compare with
-        state = own_state_path(transport, revert[-1], STATE, ".json")
-        target = cgroup or "/nonexistent"
-        res = transport.run([*tool_prefix(revert), "check", state, target], COMMAND_TIMEOUT_S)
-        if res.returncode != 0:
-            return f"cannot check the cgroups: {res.stderr.strip()}"
-        return res.stdout.strip() or None
+        return check_state_gone(transport, revert, STATE, cgroup or "")
 
 
 def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
