@@ -40,6 +40,8 @@ BAIT = HOME / "bait"
 OLD_FOLDERS = ["/tmp/chaoskit-root", "/tmp/chaoskit", "/tmp/chaoskit-ray", "/tmp/chaoskit-oom-planted",
                "/tmp/chaoskit-slow-planted", "/tmp/chaoskit-crashloop-planted"]
 """The node-side folders chaoskit used before it had a state folder of its own."""
+PLANTED: list[str] = []
+"""Those the hostile user made (all but one that already existed and that the tests do not name)."""
 ROOT = Path(__file__).resolve().parents[1]
 
 PLANT = r"""
@@ -77,7 +79,7 @@ def as_hostile(script: str, **env: str) -> None:
 def snapshot() -> dict[str, tuple]:
     """Every entry of the hostile user's folders (its bait and what it made in /tmp): kind, owner, size, mtime."""
     out = {}
-    for top in [str(BAIT), *OLD_FOLDERS, *(f + ".ballast" for f in OLD_FOLDERS)]:
+    for top in [str(BAIT), *PLANTED, *(f + ".ballast" for f in PLANTED)]:
         if not os.path.lexists(top):
             continue
         paths = [top]
@@ -91,8 +93,11 @@ def snapshot() -> dict[str, tuple]:
 
 
 def _drop_hostile() -> None:
+    """Remove what a hostile user planted (never a folder root made: another test's may be in use)."""
     for folder in OLD_FOLDERS:
-        sh("rm", "-rf", "--one-file-system", folder, folder + ".ballast", check=False)
+        for path in (folder, folder + ".ballast"):
+            if os.path.lexists(path) and os.lstat(path).st_uid != 0:
+                sh("rm", "-rf", "--one-file-system", path, check=False)
     if sh("id", "-u", HOSTILE, check=False).returncode == 0:
         sh("userdel", "--remove", "--force", HOSTILE, check=False)
 
@@ -106,12 +111,13 @@ def hostile():
     import hashlib
 
     _drop_hostile()  # a crashed session's leftover
-    taken = [f for f in OLD_FOLDERS if os.path.lexists(f)]
-    need(not taken, f"free names to plant (someone else has {taken})")
+    PLANTED[:] = [f for f in OLD_FOLDERS if not os.path.lexists(f) and not os.path.lexists(f + ".ballast")]
+    taken = [f for f in OLD_FOLDERS if f not in PLANTED and f != "/tmp/chaoskit-ray"]  # the tests name all others
+    need(not taken, f"free names to plant: {taken} exist already (made by an older chaoskit? remove them)")
     sh("useradd", "--create-home", "--shell", "/bin/sh", HOSTILE)
     try:
         watchdog = f"watchdog-{hashlib.sha256(watchdog_source().encode()).hexdigest()[:12]}.py"
-        as_hostile(PLANT, BAIT=str(BAIT), FOLDERS=" ".join(OLD_FOLDERS), WATCHDOG=watchdog)
+        as_hostile(PLANT, BAIT=str(BAIT), FOLDERS=" ".join(PLANTED), WATCHDOG=watchdog)
         yield snapshot()
     finally:
         _drop_hostile()
@@ -136,7 +142,7 @@ def new_tmp_entries(since: float) -> list[str]:
                 st = os.lstat(path)
             except FileNotFoundError:
                 continue
-            if "chaoskit" in name and st.st_ctime >= since and path not in OLD_FOLDERS and not path.endswith(".ballast"):
+            if "chaoskit" in name and st.st_ctime >= since and path not in PLANTED and not path.endswith(".ballast"):
                 out.append(path)
     return out
 
