@@ -58,7 +58,7 @@ INVENTORY = {
     "nodes": [{"name": "gpu01", "address": "10.0.0.11", "labels": {"rack": "r1"}, "gpus": 8,
                "interfaces": {"data": {"name": "ib0", "address": "10.1.0.11"}, "mgmt": "eno1"},
                "power": {"off": "ipmitool chassis power off", "on": ["ipmitool", "chassis", "power", "on"]},
-               "workdir": "/tmp/chaoskit"}],
+               "workdir": "/var/lib/chaoskit"}],
 }
 SHIPPED = sorted(SCENARIOS.glob("*.yaml"))
 COMPOSE = ROOT / "docker-compose.yml"

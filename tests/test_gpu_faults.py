@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from chaoskit.cluster.nodefs import default_state_dir
 from chaoskit.cluster.selectors import TargetSpec, resolve_processes
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.gpu import CRASHLOOP, GpuFailFault, GpuFailSpec
@@ -152,7 +153,7 @@ def test_lease_stops_the_crash_loop_when_the_controller_is_killed(lab_procs, tmp
     controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, lab.lab_id, str(tmp_path)], env=env,
                                   stdout=subprocess.PIPE, text=True)
     directory = Path(controller.stdout.readline().strip())
-    assert directory.name.startswith("chaoskit-crashloop-")
+    assert directory.parent == Path(default_state_dir()) and directory.name.startswith("crashloop-")
     assert _died_within(procs[1], 5) is not None
     os.kill(controller.pid, signal.SIGKILL)
     controller.wait()
@@ -463,4 +464,4 @@ def test_gpu_fail_inplace_fails_and_says_why(tmp_path):
     assert starts, "torchrun never restarted the workers in place"
     injected = [e for e in events if e["kind"] == "fault.injected"]
     assert injected[0]["mechanism"] == "crashloop"
-    assert not [p for p in read_proc() if "chaoskit-crashloop-" in p.cmdline]
+    assert not [p for p in read_proc() if f"{default_state_dir()}/crashloop-" in p.cmdline]

@@ -95,7 +95,11 @@ class NodeSpec(StrictModel):
     processes: Literal["all", "netns"] = Field(
         "all", description="Which processes belong to the node: all on the host, or those in the agent's network namespace (labs)."
     )
-    workdir: str | None = Field(None, description="Node-side directory for chaoskit's files (default /tmp/chaoskit-<user>).")
+    workdir: str | None = Field(None, description=(
+        "Node-side folder for chaoskit's files (leases, the watchdog, faults' state). Default: /run/chaoskit when "
+        "chaoskit runs as root there (sudo), else ~/.local/state/chaoskit of the SSH user. Made 0700 when missing; "
+        "refused unless it is a real folder (not a link) of the user chaoskit runs as that nobody else can write, "
+        "under folders only root or that user can change."))
 
     @field_validator("address")
     @classmethod

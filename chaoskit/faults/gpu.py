@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import signal
-import sys
 import time
 from typing import Any, ClassVar, Literal
 
@@ -44,21 +42,32 @@ from pydantic import Field, ValidationInfo, field_validator
 from chaoskit.cluster.nvidia import device_of, listed_devices, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import ProcInfo, Transport
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.node_tool import (
+    COMMAND_TIMEOUT_S,
+    helper_argv,
+    helper_source,
+    node_python,
+    own_state_path,
+    parse_started,
+    read_node_file,
+    state_path,
+    undo,
+    until_reverted,
+    wait_node_file,
+)
 
 __all__ = ["GpuFailFault", "GpuFailSpec", "CRASHLOOP", "COMPUTE_MODES", "POLL_S", "job_processes"]
 
 POLL_S = 0.05
 """How often the crash loop scans the node's processes: a new worker dies within one poll."""
-COMMAND_TIMEOUT_S = 15.0
 STARTED_S = 10.0
 """How long inject waits for the crash loop to say it watches."""
-VERIFY_S = 5.0
-LOOP_DIR = "/tmp/chaoskit-crashloop-"
+LOOP_DIR = "crashloop-"
+"""The crash loop's folder is ``<state folder>/crashloop-<token>``, made by the loop itself (0700)."""
 
 COMPUTE_MODES = {
     "default": "DEFAULT",
@@ -68,10 +77,11 @@ COMPUTE_MODES = {
 }
 """``nvidia-smi --query-gpu=compute_mode`` answers (lower-cased) -> the value ``nvidia-smi -c`` takes."""
 
-CRASHLOOP = r"""
+CRASHLOOP = helper_source(r"""
 import json, os, re, signal, sys, time
 d, duration, poll = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 scope, sel = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+check_dir(os.path.dirname(d))  # chaoskit's own folder, or nothing is done
 try:
     os.mkdir(d, 0o700)
 except FileExistsError:
@@ -180,9 +190,9 @@ def matches(pid):
     if ranks is not None and rank not in ranks:
         return None
     return (rank, None)
-with open(os.path.join(d, "started"), "w") as fh:
-    fh.write("%f %d\n" % (time.time(), me))
-kills = open(os.path.join(d, "kills"), "a")
+create_file(os.path.join(d, "started"), "%f %d\n" % (time.time(), me))
+kills = os.fdopen(os.open(os.path.join(d, "kills"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
+                          0o600), "a")
 stop = os.path.join(d, "stop")
 killed, reason = 0, None
 while reason is None:
@@ -214,14 +224,13 @@ while reason is None:
         kills.write("%f %d %s\n" % (time.time(), pid, found[pid][0]))
         kills.flush()
     time.sleep(poll)
-with open(os.path.join(d, "exited"), "w") as fh:
-    fh.write("%f %s %d\n" % (time.time(), reason, killed))
-"""
-"""The crash loop, run as ``python3 -c CRASHLOOP DIR DURATION_S POLL_S SCOPE_JSON SELECTOR_JSON`` on the node.
+create_file(os.path.join(d, "exited"), "%f %s %d\n" % (time.time(), reason, killed))
+""")
+"""The crash loop, run as ``python3 -I -c CRASHLOOP DIR DURATION_S POLL_S SCOPE_JSON SELECTOR_JSON`` on the node.
 
 ``SELECTOR_JSON`` holds the fault's ``ranks``, ``pid`` and ``process``, or ``{"node": true}``
 for ``scope: node`` (every process of the job in the node's scope, agents first). It refuses
-an existing ``DIR``, writes ``DIR/started`` (its clock, its pid) once it watches, one line
+an existing ``DIR`` and one outside chaoskit's state folder, writes ``DIR/started`` (its clock, its pid) once it watches, one line
 per kill to ``DIR/kills`` (time, pid, rank or ``None``), and ``DIR/exited`` when ``DIR/stop``
 appears or ``DURATION_S`` has passed. Only processes of the node's scope are ever
 touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace, as the
@@ -300,14 +309,14 @@ class GpuFailFault(Fault):
                                                      "or the torchrun parent of a worker)", label))
             if mech in ("auto", "crashloop"):
                 prefix = "else crashloop: " if mech == "auto" else "crashloop (emulated): "
-                out.append(Action(node, prefix + f"arm lease: watchdog runs 'touch {LOOP_DIR}<token>/stop' after {d:g}s "
+                out.append(Action(node, prefix + f"arm lease: watchdog runs 'touch <state folder>/{LOOP_DIR}<token>/stop' after {d:g}s "
                                                  "or a stale lease", label))
                 victims = ("every process of the job on the node, its torchrun agent included," if whole_node
                            else f"every job worker matching {self.spec.target.describe()}")
-                out.append(Action(node, prefix + f"start detached on the node: python3 -c <crash loop> {LOOP_DIR}<token> "
+                out.append(Action(node, prefix + f"start detached on the node: python3 -I -c <crash loop> <state folder>/{LOOP_DIR}<token> "
                                                  f"{d:g} {POLL_S:g} (kills {victims} within {POLL_S * 1000:g} ms of "
                                                  f"appearing, ends by itself after {d:g}s)", label))
-                out.append(Action(node, prefix + f"after {d:g}s: touch {LOOP_DIR}<token>/stop", label))
+                out.append(Action(node, prefix + f"after {d:g}s: touch <state folder>/{LOOP_DIR}<token>/stop", label))
         return out
 
     def _plan_devices(self, group: list[Any]) -> list[str]:
@@ -369,7 +378,7 @@ class GpuFailFault(Fault):
         ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{node}:gpu{dev}")
         res = transport.run(["nvidia-smi", "-i", dev, "-c", "PROHIBITED"], COMMAND_TIMEOUT_S)
         if res.returncode != 0:
-            _undo(ctx, transport, fid, revert)
+            undo(ctx, transport, fid, revert)
             raise InfraError(f"gpu.fail: nvidia-smi -i {dev} -c PROHIBITED failed on node {node}: "
                              f"{res.stderr.strip() or res.stdout.strip()}", hint="setting the compute mode needs root on the node")
         ts = res.finished_at or time.time()
@@ -392,24 +401,28 @@ class GpuFailFault(Fault):
         return Injection(fid, self.kind, node, [f"{label}:gpu{dev}" for label in labels], ts, detail)
 
     def _inject_crashloop(self, ctx: FaultContext, transport: Transport, fid: str, node: str, labels: list[str]) -> Injection:
-        directory = LOOP_DIR + secrets.token_hex(8)
+        directory = state_path(transport, LOOP_DIR)
         revert = ["touch", f"{directory}/stop"]
         ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=",".join(labels))
         sel = self.spec.target
         selector = ({"node": True} if self.spec.scope == "node"
                     else {"ranks": sel.ranks, "pid": sel.pid, "process": sel.process})
-        argv = [_python(ctx, transport, node), "-c", CRASHLOOP, directory, f"{self.spec.duration:g}", f"{POLL_S:g}",
-                json.dumps(_scope(transport)), json.dumps(selector)]
+        argv = helper_argv(node_python(ctx, transport, node), CRASHLOOP, directory, f"{self.spec.duration:g}", f"{POLL_S:g}",
+                           json.dumps(_scope(transport)), json.dumps(selector))
         try:
             transport.spawn_detached(argv)
-            started = _wait_file(transport, f"{directory}/started", STARTED_S)
+            started = wait_node_file(transport, f"{directory}/started", STARTED_S)
         except InfraError:
-            _undo(ctx, transport, fid, revert)
+            undo(ctx, transport, fid, revert)
             raise
         if started is None:
-            _undo(ctx, transport, fid, revert)
+            undo(ctx, transport, fid, revert)
             raise InfraError(f"gpu.fail: the crash loop did not start on node {node} within {STARTED_S:g}s")
-        ts, pid = float(started.split()[0]), int(started.split()[1])
+        try:
+            ts, pid = parse_started(started, "gpu.fail: the crash loop's started file", node)
+        except InfraError:
+            undo(ctx, transport, fid, revert)
+            raise
         detail = {"mechanism": "crashloop", "fidelity": "emulated", "scope": self.spec.scope, "directory": directory,
                   "loop_pid": pid, "revert": revert}
         return Injection(fid, self.kind, node, labels, ts, detail)
@@ -424,20 +437,11 @@ class GpuFailFault(Fault):
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            try:
-                problem = self.check_reverted(transport, injection.detail["revert"])
-            except InfraError as exc:
-                problem = str(exc)
-            if problem is None:
-                if injection.detail["mechanism"] == "crashloop":
-                    injection.detail["kills"] = _read(transport, f"{injection.detail['directory']}/kills").count("\n")
-                    transport.run(["rm", "-rf", injection.detail["directory"]], COMMAND_TIMEOUT_S)
-                return None
-            if time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        problem = until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"]))
+        if problem is None and injection.detail["mechanism"] == "crashloop":
+            injection.detail["kills"] = read_node_file(transport, f"{injection.detail['directory']}/kills").count("\n")
+            transport.run(["rm", "-rf", injection.detail["directory"]], COMMAND_TIMEOUT_S)
+        return problem
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:
@@ -445,9 +449,9 @@ class GpuFailFault(Fault):
             dev, want = revert[2], revert[4]
             now = _compute_mode(transport, dev)
             return None if now == want else f"GPU {dev} is in compute mode {now}, not {want}"
-        directory = revert[1].rsplit("/", 1)[0]
-        if not directory.startswith(LOOP_DIR):
-            raise ValueError(f"not a chaoskit crash loop: {directory!r}")
+        if len(revert) != 2 or revert[0] != "touch" or not revert[1].endswith("/stop"):
+            raise ValueError(f"not a chaoskit crash loop's revert: {revert[:2]!r}")
+        directory = own_state_path(transport, revert[1][: -len("/stop")], LOOP_DIR)
         res = transport.run(["cat", f"{directory}/exited"], COMMAND_TIMEOUT_S)
         if res.returncode == 0:
             return None
@@ -510,39 +514,3 @@ def _scope(transport: Transport) -> dict[str, Any]:
         raise InfraError(f"gpu.fail: node {transport.node} has no process scope, so a crash loop could not tell its "
                          "workers from other processes")
     return {"env": str(scope), "netns": False}
-
-
-def _python(ctx: FaultContext, transport: Transport, node: str) -> str:
-    if isinstance(transport, LocalTransport):
-        return sys.executable  # the controller is the node
-    info = ctx.inventory[node]
-    return info.ssh.python if info.ssh is not None else "python3"
-
-
-def _read(transport: Transport, path: str) -> str:
-    res = transport.run(["cat", path], COMMAND_TIMEOUT_S)
-    return res.stdout if res.returncode == 0 else ""
-
-
-def _wait_file(transport: Transport, path: str, timeout: float) -> str | None:
-    end = time.time() + timeout
-    while time.time() < end:
-        text = _read(transport, path)
-        if text.strip():
-            return text
-        time.sleep(0.05)
-    return None
-
-
-def _undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
-    """The inject failed after the lease was armed: revert now, or leave it to the watchdog within the TTL."""
-    leases = ctx.leases
-    try:
-        transport.run(revert, COMMAND_TIMEOUT_S)
-    except InfraError:
-        if leases is not None:
-            leases.abandon(fid)
-        return
-    if leases is not None:
-        leases.release(fid)
-

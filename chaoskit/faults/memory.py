@@ -25,16 +25,16 @@ The revert (armed as a lease first, so a SIGKILLed controller still ends with th
 node restored) stops the ballast, moves whatever is left in the cgroup back to
 where it came from and removes the cgroup. Torchrun's restarted workers start
 from the agent, outside the cgroup. Everything on the node is done by
-:data:`MEMORY_TOOL` and :data:`BALLAST`, stdlib-only scripts run as ``python3 -c``
-through the node's transport.
+:data:`MEMORY_TOOL` and :data:`BALLAST`, stdlib-only scripts run as ``python3 -I -c``
+through the node's transport (:mod:`chaoskit.faults.node_tool`); their state file
+(``oom-<token>.json``) and the ballast's folder (``oom-<token>.ballast``) lie in the
+node's state folder, made with ``O_EXCL|O_NOFOLLOW``, the folder checked by every
+command that uses it.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
-import sys
-import time
+import os
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -42,33 +42,52 @@ from pydantic import Field
 from chaoskit.cluster.cgroups import cgroup_helpers
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.node_tool import (
+    COMMAND_TIMEOUT_S,
+    check_state_gone,
+    helper_argv,
+    helper_source,
+    node_python,
+    parse_started,
+    process_tree,
+    read_node_file,
+    run_helper,
+    state_path,
+    undo,
+    until_reverted,
+    wait_node_file,
+)
 
 __all__ = ["OomFault", "OomSpec", "MEMORY_TOOL", "BALLAST", "BALLAST_NAME", "CGROUP_PREFIX"]
 
-COMMAND_TIMEOUT_S = 15.0
 STARTED_S = 10.0
 """How long inject waits for the ballast to say it is in the cgroup."""
-VERIFY_S = 5.0
-STATE = "/tmp/chaoskit-oom-"
+STATE = "oom-"
+"""The state file is ``<state folder>/oom-<token>.json``, the ballast's folder ``oom-<token>.ballast`` beside it."""
 CGROUP_PREFIX = "chaoskit-oom-"
 """Every cgroup this fault makes is named ``chaoskit-oom-<node>-<token>`` (the kmsg probe reads the node from it)."""
 MAX_LIMIT_MIB = 1 << 20
 BALLAST_NAME = "ck-oom-ballast"
 """The ballast's process name (``comm``), as the kernel's OOM lines show it."""
 
-MEMORY_TOOL = r"""
+MEMORY_TOOL = helper_source(r"""
 import json, os, signal, sys, time
 """ + cgroup_helpers("memory") + r"""
+def state_of(path):
+    check_dir(os.path.dirname(path))  # chaoskit's own folder, or nothing is done
+    return path
+def ballast_of(state, ballast):
+    return inside(os.path.dirname(state), ballast)
 op = sys.argv[1]
 if op == "probe":
     version, mount = pick()
     print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
 elif op == "cap":
-    name, limit, state, ballast = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    name, limit, state = sys.argv[2], int(sys.argv[3]), state_of(sys.argv[4])
+    ballast = ballast_of(state, sys.argv[5])
     pids = [int(p) for p in sys.argv[6:]]
     version, mount = pick()
     if version is None:
@@ -83,9 +102,8 @@ elif op == "cap":
         sys.exit("the rank's processes are gone")
     parent = "/" if version == "v2" else original[pids[0]] if pids[0] in original else "/"
     target = os.path.join(mount, parent.lstrip("/"), name)
-    fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"version": version, "mount": mount, "cgroup": target, "original": original, "ballast": ballast}, fh)
+    create_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original,
+                                   "ballast": ballast}))
     os.mkdir(target)
     if version == "v2":
         with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
@@ -117,24 +135,21 @@ elif op == "cap":
                 write("/proc/%d/oom_score_adj" % pid, "1000")
             except OSError:
                 pass
-    with open(state, "w") as fh:
-        json.dump({"version": version, "mount": mount, "cgroup": target, "original": original, "ballast": ballast,
-                   "oom_score_adj": adj}, fh)
+    write_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original,
+                                  "ballast": ballast, "oom_score_adj": adj}))
     print(json.dumps({"version": version, "cgroup": target, "limit_bytes": limit, "moved": moved,
                       "victim_first": sorted(adj)}))
 elif op == "restore":
-    state = sys.argv[2]
-    try:
-        with open(state) as fh:
-            info = json.load(fh)
-    except FileNotFoundError:
+    state = state_of(sys.argv[2])
+    text = read_file(state)
+    if text is None:
         sys.exit(0)
-    target, mount, ballast = info["cgroup"], info["mount"], info["ballast"]
-    os.makedirs(ballast, exist_ok=True)
-    write(os.path.join(ballast, "stop"), "")
+    info = json.loads(text)
+    target, mount, ballast = info["cgroup"], info["mount"], ballast_of(state, info["ballast"])
+    make_dirs(os.path.dirname(state), ballast)  # made now, a ballast not started yet never starts
+    touch_file(os.path.join(ballast, "stop"))
     try:
-        with open(os.path.join(ballast, "started")) as fh:
-            os.kill(int(fh.read().split()[1]), signal.SIGKILL)
+        os.kill(int((read_file(os.path.join(ballast, "started")) or "").split()[1]), signal.SIGKILL)
     except (OSError, ValueError, IndexError):
         pass
     for pid, value in info.get("oom_score_adj", {}).items():
@@ -177,13 +192,13 @@ elif op == "restore":
         pass
     os.unlink(state)
 elif op == "check":
-    state, target = sys.argv[2], sys.argv[3]
-    left = os.path.exists(target) or os.path.exists(state)
+    state, target = state_of(sys.argv[2]), sys.argv[3]
+    left = os.path.exists(target) or os.path.lexists(state)
     print("cgroup %s is still there" % target if left else "")
-"""
-"""``python3 -c MEMORY_TOOL probe | cap NAME LIMIT_BYTES STATE BALLAST_DIR PID... | restore STATE | check STATE CGROUP``."""
+""")
+"""``python3 -I -c MEMORY_TOOL probe | cap NAME LIMIT_BYTES STATE BALLAST_DIR PID... | restore STATE | check STATE CGROUP``."""
 
-BALLAST = r"""
+BALLAST = helper_source(r"""
 import ctypes, os, sys, time
 try:
     ctypes.CDLL(None).prctl(15, b"%s", 0, 0, 0)  # PR_SET_NAME: the kmsg probe knows the ballast's kill is not the rank's
@@ -191,6 +206,7 @@ except (OSError, AttributeError):
     pass
 procs, d, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
 ranks = [int(p) for p in sys.argv[4:]]
+check_dir(os.path.dirname(d))
 os.mkdir(d, 0o700)
 with open(procs, "w") as fh:
     fh.write(str(os.getpid()))
@@ -205,8 +221,7 @@ def alive(pid):
             return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
-with open(os.path.join(d, "started"), "w") as fh:
-    fh.write("%f %d\n" % (time.time(), os.getpid()))
+create_file(os.path.join(d, "started"), "%f %d\n" % (time.time(), os.getpid()))
 held, reason = [], None
 while reason is None:
     if os.path.exists(os.path.join(d, "stop")):
@@ -220,10 +235,9 @@ while reason is None:
     else:
         time.sleep(0.05)
 del held
-with open(os.path.join(d, "exited"), "w") as fh:
-    fh.write("%f %s\n" % (time.time(), reason))
-""".replace("%s", BALLAST_NAME, 1)
-"""``python3 -c BALLAST CGROUP_PROCS DIR DURATION_S RANK_PID...``: joins the cgroup, fills it a MiB at a time
+create_file(os.path.join(d, "exited"), "%f %s\n" % (time.time(), reason))
+""".replace("%s", BALLAST_NAME, 1))
+"""``python3 -I -c BALLAST CGROUP_PROCS DIR DURATION_S RANK_PID...``: joins the cgroup, fills it a MiB at a time
 until every rank process is gone (or ``DIR/stop``, or the deadline); writes ``DIR/started`` and ``DIR/exited``."""
 
 
@@ -252,12 +266,13 @@ class OomFault(Fault):
         out = []
         for t in targets:
             label = t.label()
-            out.append(Action(t.node, f"arm lease: watchdog runs 'python3 -c <memory tool> restore {STATE}<token>.json' "
+            out.append(Action(t.node, f"arm lease: watchdog runs 'python3 -I -c <memory tool> restore "
+                                      f"<state folder>/{STATE}<token>.json' "
                                       f"after {d:g}s or a stale lease", label))
             out.append(Action(t.node, f"mkdir <memory cgroup>/{CGROUP_PREFIX}{t.node}-<token>; cgroup v2: memory.max {limit}, "
                                       f"memory.swap.max 0 (v1, under the rank's own cgroup: memory.limit_in_bytes {limit}); "
                                       f"move {t.pid} and its descendants in (cgroup.procs), their cgroups written down", label))
-            out.append(Action(t.node, f"start detached: python3 -c <ballast> (joins the cgroup, oom_score_adj -999, fills "
+            out.append(Action(t.node, f"start detached: python3 -I -c <ballast> (joins the cgroup, oom_score_adj -999, fills "
                                       f"it a MiB at a time): the kernel's OOM killer ends {t.pid}", label))
             out.append(Action(t.node, f"after {d:g}s: stop the ballast, move what is left back to its own cgroups; "
                                       "rmdir the chaoskit cgroup", label))
@@ -271,118 +286,57 @@ class OomFault(Fault):
                 continue
             fid = f"{self.fault_id}.{i}"
             transport = ctx.transport(t.node)
-            pids = _tree(transport, t.pid)
+            pids = process_tree(transport, t.pid)
             covered.update((t.node, p) for p in pids)
-            python = _python(ctx, transport, t.node)
+            python = node_python(ctx, transport, t.node)
             probe = _tool(transport, python, ["probe"])
             if probe.get("version") is None:
                 raise InfraError(f"mem.oom: node {t.node} has no cgroup memory controller (v2 memory.max or v1 memory)")
-            token = secrets.token_hex(6)
-            state = f"{STATE}{token}.json"
-            ballast = f"{STATE}{token}.ballast"
-            revert = [python, "-c", MEMORY_TOOL, "restore", state]
+            state = state_path(transport, STATE, ".json")
+            token = os.path.basename(state)[len(STATE):-len(".json")]
+            ballast = state[: -len(".json")] + ".ballast"
+            revert = helper_argv(python, MEMORY_TOOL, "restore", state)
             ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
             try:
                 done = _tool(transport, python, ["cap", f"{CGROUP_PREFIX}{t.node}-{token}", str(self.spec.limit_mib << 20),
                                                  state, ballast, *map(str, pids)])
                 if t.pid not in done["moved"]:
                     raise InfraError(f"mem.oom: could not move pid {t.pid} into {done['cgroup']} on node {t.node}")
-                transport.spawn_detached([python, "-c", BALLAST, f"{done['cgroup']}/cgroup.procs", ballast,
-                                          f"{self.spec.duration:g}", *map(str, done["moved"])])
-                started = _wait_file(transport, f"{ballast}/started", STARTED_S)
+                transport.spawn_detached(helper_argv(python, BALLAST, f"{done['cgroup']}/cgroup.procs", ballast,
+                                                     f"{self.spec.duration:g}", *map(str, done["moved"])))
+                started = wait_node_file(transport, f"{ballast}/started", STARTED_S)
                 if started is None:
                     raise InfraError(f"mem.oom: the ballast did not start on node {t.node} within {STARTED_S:g}s")
+                started_at, ballast_pid = parse_started(started, "mem.oom: the ballast's started file", t.node)
             except InfraError:
-                _undo(ctx, transport, fid, revert)
+                undo(ctx, transport, fid, revert)
                 raise
             detail = {"mechanism": f"cgroup {done['version']}", "fidelity": "real", "cgroup": done["cgroup"],
-                      "state": state, "ballast": ballast, "ballast_pid": int(started.split()[1]), "pids": done["moved"],
+                      "state": state, "ballast": ballast, "ballast_pid": ballast_pid, "pids": done["moved"],
                       "limit_bytes": done["limit_bytes"], "rank_oom_score_adj_raised": bool(done["victim_first"]),
                       "revert": revert}
-            out.append(Injection(fid, self.kind, t.node, [t.label()], float(started.split()[0]), detail))
+            out.append(Injection(fid, self.kind, t.node, [t.label()], started_at, detail))
         return out
 
     def revert(self, ctx: FaultContext, injection: Injection) -> None:
         transport = ctx.transport(injection.node)
-        injection.detail["ballast_exit"] = _read(transport, f"{injection.detail['ballast']}/exited").strip() or None
+        injection.detail["ballast_exit"] = read_node_file(transport, f"{injection.detail['ballast']}/exited").strip() or None
         res = transport.run(injection.detail["revert"], COMMAND_TIMEOUT_S)
         if res.returncode != 0:
             raise InfraError(f"mem.oom: restoring the cgroups on node {injection.node} failed: {res.stderr.strip()}")
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            problem = self.check_reverted(transport, injection.detail["revert"], cgroup=injection.detail["cgroup"])
-            if problem is None:
-                transport.run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
-                return None
-            if time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        problem = until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
+                                                             cgroup=injection.detail["cgroup"]))
+        if problem is None:
+            transport.run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
+        return problem
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
-        state = revert[-1]
-        if not state.startswith(STATE):
-            raise ValueError(f"not a chaoskit mem.oom state file: {state!r}")
-        res = transport.run([*revert[:3], "check", state, cgroup or "/nonexistent"], COMMAND_TIMEOUT_S)
-        if res.returncode != 0:
-            return f"cannot check the cgroups: {res.stderr.strip()}"
-        return res.stdout.strip() or None
+        return check_state_gone(transport, revert, STATE, cgroup or "")
 
 
 def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
-    res = transport.run([python, "-c", MEMORY_TOOL, *args], COMMAND_TIMEOUT_S)
-    if res.returncode != 0:
-        last = res.stderr.strip().splitlines()[-1:] or [str(res.returncode)]
-        raise InfraError(f"mem.oom on node {transport.node}: {args[0]} failed: {last[0]}", hint="cgroups need root on the node")
-    return json.loads(res.stdout)
-
-
-def _tree(transport: Transport, pid: int) -> list[int]:
-    """``pid`` and its descendants, all of the node's scope."""
-    children: dict[int, list[int]] = {}
-    for p in transport.processes():
-        children.setdefault(p.ppid, []).append(p.pid)
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo.extend(children.get(current, []))
-    return out
-
-
-def _python(ctx: FaultContext, transport: Transport, node: str) -> str:
-    if isinstance(transport, LocalTransport):
-        return sys.executable  # the controller is the node
-    info = ctx.inventory[node]
-    return info.ssh.python if info.ssh is not None else "python3"
-
-
-def _read(transport: Transport, path: str) -> str:
-    res = transport.run(["cat", path], COMMAND_TIMEOUT_S)
-    return res.stdout if res.returncode == 0 else ""
-
-
-def _wait_file(transport: Transport, path: str, timeout: float) -> str | None:
-    end = time.time() + timeout
-    while time.time() < end:
-        text = _read(transport, path)
-        if text.strip():
-            return text
-        time.sleep(0.05)
-    return None
-
-
-def _undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
-    """The inject failed after the lease was armed: revert now, or leave it to the watchdog within the TTL."""
-    leases = ctx.leases
-    try:
-        transport.run(revert, COMMAND_TIMEOUT_S)
-    except InfraError:
-        if leases is not None:
-            leases.abandon(fid)
-        return
-    if leases is not None:
-        leases.release(fid)
+    return run_helper(transport, python, MEMORY_TOOL, args, "mem.oom", "cgroups need root on the node")

@@ -8,14 +8,15 @@ their original cgroups are written down on the node first, and the revert moves
 them (and anything they started meanwhile) back and removes the cgroup. The
 revert is armed as a lease before, so a dead controller still ends with the
 node restored. Everything on the node is done by :data:`CGROUP_TOOL`, a small
-stdlib-only script run as ``python3 -c`` through the node's transport.
+stdlib-only script run as ``python3 -I -c`` through the node's transport
+(:mod:`chaoskit.faults.node_tool`); its state file (``slow-<token>.json``) lies in the
+node's state folder, made with ``O_EXCL|O_NOFOLLOW``, the folder checked by every
+command that uses it.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
-import sys
+import os
 import time
 from typing import Any, ClassVar, Literal
 
@@ -25,28 +26,41 @@ from chaoskit.cluster.cgroups import cgroup_helpers
 from chaoskit.cluster.nvidia import device_of, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.node_tool import (
+    COMMAND_TIMEOUT_S,
+    check_state_gone,
+    helper_argv,
+    helper_source,
+    node_python,
+    process_tree,
+    run_helper,
+    state_path,
+    undo,
+    until_reverted,
+)
 
 __all__ = ["SlowFault", "SlowSpec", "CGROUP_TOOL", "PERIOD_US"]
 
 PERIOD_US = 100_000
-COMMAND_TIMEOUT_S = 15.0
-VERIFY_S = 5.0
-STATE = "/tmp/chaoskit-slow-"
+STATE = "slow-"
+"""The state file is ``<state folder>/slow-<token>.json``."""
 
-CGROUP_TOOL = r"""
+CGROUP_TOOL = helper_source(r"""
 import json, os, sys
 """ + cgroup_helpers("cpu") + r"""
+def state_of(path):
+    check_dir(os.path.dirname(path))  # chaoskit's own folder, or nothing is done
+    return path
 op = sys.argv[1]
 if op == "probe":
     version, mount = pick()
     print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
 elif op == "throttle":
-    name, share, period, state = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    name, share, period, state = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), state_of(sys.argv[5])
     pids = [int(p) for p in sys.argv[6:]]
     version, mount = pick()
     if version is None:
@@ -59,9 +73,7 @@ elif op == "throttle":
             original[pid] = own(pid, version)
         except OSError:
             pass
-    fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"version": version, "mount": mount, "cgroup": target, "original": original}, fh)
+    create_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original}))
     os.mkdir(target)
     if version == "v2":
         with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
@@ -81,12 +93,11 @@ elif op == "throttle":
             pass
     print(json.dumps({"version": version, "cgroup": target, "quota_us": quota, "period_us": period, "moved": moved}))
 elif op == "restore":
-    state = sys.argv[2]
-    try:
-        with open(state) as fh:
-            info = json.load(fh)
-    except FileNotFoundError:
+    state = state_of(sys.argv[2])
+    text = read_file(state)
+    if text is None:
         sys.exit(0)
+    info = json.loads(text)
     target, mount = info["cgroup"], info["mount"]
     original = {int(k): v for k, v in info["original"].items()}
     fallback = next(iter(original.values()), "/")
@@ -106,11 +117,11 @@ elif op == "restore":
         pass
     os.unlink(state)
 elif op == "check":
-    state, target = sys.argv[2], sys.argv[3]
-    left = os.path.exists(target) or os.path.exists(state)
+    state, target = state_of(sys.argv[2]), sys.argv[3]
+    left = os.path.exists(target) or os.path.lexists(state)
     print("cgroup %s is still there" % target if left else "")
-"""
-"""``python3 -c CGROUP_TOOL probe|throttle NAME SHARE PERIOD STATE PID...|restore STATE|check STATE CGROUP`` on the node."""
+""")
+"""``python3 -I -c CGROUP_TOOL probe|throttle NAME SHARE PERIOD STATE PID...|restore STATE|check STATE CGROUP`` on the node."""
 
 
 class SlowSpec(FaultSpec):
@@ -170,8 +181,8 @@ class SlowFault(Fault):
                 continue
             quota = (share or 0) * PERIOD_US // 100
             prefix = "else cgroup (emulated): " if mech == "auto" and mhz is not None else ""
-            out.append(Action(t.node, prefix + f"arm lease: watchdog runs 'python3 -c <cgroup tool> restore "
-                                               f"{STATE}<token>.json' after {d:g}s or a stale lease", label))
+            out.append(Action(t.node, prefix + f"arm lease: watchdog runs 'python3 -I -c <cgroup tool> restore "
+                                               f"<state folder>/{STATE}<token>.json' after {d:g}s or a stale lease", label))
             out.append(Action(t.node, prefix + f"mkdir <cgroup mount>/chaoskit-<token>; cgroup v2: cpu.max '{quota} "
                                                f"{PERIOD_US}' (v1: cpu.cfs_quota_us {quota}, cpu.cfs_period_us {PERIOD_US}); "
                                                f"move {t.pid} and its descendants in (cgroup.procs), their cgroups written down",
@@ -198,25 +209,24 @@ class SlowFault(Fault):
                 if self.spec.mechanism == "nvidia":
                     raise InfraError(f"node.slow with mechanism nvidia: 'nvidia-smi -L' on node {t.node} does not list GPU {device}",
                                      hint="use mechanism: cgroup (or auto, with cpu_share) on nodes without NVIDIA GPUs")
-            pids = _tree(transport, t.pid)
+            pids = process_tree(transport, t.pid)
             covered.update((t.node, p) for p in pids)
-            python = _python(ctx, transport, t.node)
+            python = node_python(ctx, transport, t.node)
             probe = _tool(transport, python, ["probe"])
             if probe.get("version") is None:
                 raise InfraError(f"node.slow: node {t.node} has no cgroup cpu controller (v2 cpu.max or v1 cpu)")
-            token = secrets.token_hex(6)
-            state = f"{STATE}{token}.json"
-            name = f"chaoskit-{token}"
-            revert = [python, "-c", CGROUP_TOOL, "restore", state]
+            state = state_path(transport, STATE, ".json")
+            name = f"chaoskit-{os.path.basename(state)[len(STATE):-len('.json')]}"
+            revert = helper_argv(python, CGROUP_TOOL, "restore", state)
             ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
             try:
                 done = _tool(transport, python, ["throttle", name, str(self.spec.cpu_share or 0), str(PERIOD_US), state, *map(str, pids)])
             except InfraError:
-                _undo(ctx, transport, fid, revert)
+                undo(ctx, transport, fid, revert)
                 raise
             ts = time.time()
             if t.pid not in done["moved"]:
-                _undo(ctx, transport, fid, revert)
+                undo(ctx, transport, fid, revert)
                 raise InfraError(f"node.slow: could not move pid {t.pid} into {done['cgroup']} on node {t.node}")
             detail = {"mechanism": f"cgroup {done['version']}", "fidelity": "real", "cgroup": done["cgroup"],
                       "state": state, "pids": done["moved"], "cpu_share": self.spec.cpu_share, "revert": revert}
@@ -229,7 +239,7 @@ class SlowFault(Fault):
         ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.label()}:gpu{dev}")
         res = transport.run(["nvidia-smi", "-i", dev, "-lgc", f"{mhz},{mhz}"], COMMAND_TIMEOUT_S)
         if res.returncode != 0:
-            _undo(ctx, transport, fid, revert)
+            undo(ctx, transport, fid, revert)
             raise InfraError(f"node.slow: nvidia-smi -i {dev} -lgc {mhz},{mhz} failed on node {t.node}: "
                              f"{res.stderr.strip() or res.stdout.strip()}", hint="locking the clocks needs root on the node")
         ts = res.finished_at or time.time()
@@ -247,62 +257,15 @@ class SlowFault(Fault):
         if injection.detail["mechanism"] == "nvidia":
             return None  # nvidia-smi -rgc answered 0 (revert raises otherwise); nvidia-smi shows no lock to read back
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            problem = self.check_reverted(transport, injection.detail["revert"], cgroup=injection.detail["cgroup"])
-            if problem is None or time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
+                                                          cgroup=injection.detail["cgroup"]))
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
         if revert[0] == "nvidia-smi":
             return None  # the reset is idempotent and ran; the driver shows no clock lock to compare with
-        state = revert[-1]
-        if not state.startswith(STATE):
-            raise ValueError(f"not a chaoskit node.slow state file: {state!r}")
-        target = cgroup or "/nonexistent"
-        res = transport.run([*revert[:3], "check", state, target], COMMAND_TIMEOUT_S)
-        if res.returncode != 0:
-            return f"cannot check the cgroups: {res.stderr.strip()}"
-        return res.stdout.strip() or None
+        return check_state_gone(transport, revert, STATE, cgroup or "")
 
 
 def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
-    res = transport.run([python, "-c", CGROUP_TOOL, *args], COMMAND_TIMEOUT_S)
-    if res.returncode != 0:
-        raise InfraError(f"node.slow on node {transport.node}: {args[0]} failed: {res.stderr.strip().splitlines()[-1:] or res.returncode}",
-                         hint="cgroups need root on the node")
-    return json.loads(res.stdout)
-
-
-def _tree(transport: Transport, pid: int) -> list[int]:
-    """``pid`` and its descendants, all of the node's scope."""
-    children: dict[int, list[int]] = {}
-    for p in transport.processes():
-        children.setdefault(p.ppid, []).append(p.pid)
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo.extend(children.get(current, []))
-    return out
-
-
-def _python(ctx: FaultContext, transport: Transport, node: str) -> str:
-    if isinstance(transport, LocalTransport):
-        return sys.executable  # the controller is the node
-    info = ctx.inventory[node]
-    return info.ssh.python if info.ssh is not None else "python3"
-
-
-def _undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
-    leases = ctx.leases
-    try:
-        transport.run(revert, COMMAND_TIMEOUT_S)
-    except InfraError:
-        if leases is not None:
-            leases.abandon(fid)
-        return
-    if leases is not None:
-        leases.release(fid)
+    return run_helper(transport, python, CGROUP_TOOL, args, "node.slow", "cgroups need root on the node")

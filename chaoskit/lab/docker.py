@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoskit.cluster import nodefs
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.transports.docker import (
     DockerTransport,
@@ -100,6 +101,17 @@ class ComposeProject:
                 if source.startswith("/") and source == target:
                     return Path(source)
         return None
+
+
+def _private_bind(source: str) -> None:
+    """The lab's shared storage (``/tmp/chaoskit-docker`` by default), which root writes through from every node:
+    made 0700 by us or, when it exists, a real folder of ours that nobody else can write (then made 0700)."""
+    try:
+        nodefs.ensure_dir(source)
+        os.chmod(source, 0o700)
+    except OSError as exc:
+        raise InfraError(f"the docker lab's bind mount {source}: {exc}",
+                         hint="remove it if it is not chaoskit's, or set CHAOSKIT_DOCKER_SHARED to a folder of your own") from None
 
 
 def find_compose(start: Path | None = None) -> Path:
@@ -407,12 +419,12 @@ class DockerLab:
             self.client.volumes.create(f"{p.name}_{name}", labels=labels)
         shared = p.shared_dir()
         if shared is not None:
-            shared.mkdir(parents=True, exist_ok=True)
+            _private_bind(str(shared))
         for svc in p.services:
             mounts = []
             for source, target, mode in svc.binds:
                 is_bind = source.startswith("/")
-                if is_bind:
+                if is_bind and Path(source) != shared:
                     Path(source).mkdir(parents=True, exist_ok=True)
                 mounts.append(docker.types.Mount(target, source if is_bind else f"{p.name}_{source}",
                                                  type="bind" if is_bind else "volume", read_only=mode == "ro"))

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoskit.cluster import nodefs
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
@@ -303,9 +304,7 @@ class SlurmLab:
     def _start_munged(self) -> None:
         mdir = self.directory / "munge"
         mdir.mkdir(mode=0o711, exist_ok=True)
-        key = mdir / "munge.key"
-        key.write_bytes(secrets.token_bytes(128))
-        key.chmod(0o400)
+        key = new_munge_key(mdir / "munge.key")
         # --force: munged refuses root and a key it cannot prove private otherwise; the key is ours, 0400.
         _run(["munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
               f"--pid-file={self.directory / 'munged.pid'}", f"--log-file={mdir / 'munged.log'}",
@@ -389,6 +388,14 @@ def _kill_pidfile(path: Path, timeout: float = 5.0) -> None:
             time.sleep(0.05)
         if not _alive(path):
             return
+
+
+def new_munge_key(key: Path) -> Path:
+    """A new munge key at ``key``: 128 random bytes, mode 0400 from its first byte, made with O_EXCL|O_NOFOLLOW
+    (whatever was there before, a link included, is removed first, never written through or reused)."""
+    key.unlink(missing_ok=True)
+    nodefs.create_file(str(key), secrets.token_bytes(128), 0o400)
+    return key
 
 
 def _kill_marked(marker: str) -> None:

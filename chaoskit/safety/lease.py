@@ -8,7 +8,10 @@ and every node reverts its own faults within the TTL.
 A transport that reaches a remote node (SSH) implements
 :class:`~chaoskit.cluster.transports.api.WatchdogHost`: it ships the watchdog
 script to the node and starts it there, with the lease directory on the node.
-Other transports get the controller-local watchdog through ``spawn_detached``.
+Other transports get the controller-local watchdog through ``spawn_detached``, its lease folder made
+under a root of the controller's own (checked as :mod:`chaoskit.cluster.nodefs` checks a node's state folder).
+Either way the watchdog runs with ``python3 -I`` as one self-contained program
+(:func:`~chaoskit.safety.watchdog.watchdog_source`).
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from chaoskit.cluster.nodefs import StateDirError, ensure_dir, make_dirs, read_file, touch_file, write_file
 from chaoskit.cluster.transports.api import Transport, WatchdogHost
+from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
+from chaoskit.safety.watchdog import watchdog_source
 
 __all__ = ["Lease", "LeaseManager", "default_lease_root"]
-
-WATCHDOG = str(Path(__file__).with_name("watchdog.py"))
 
 
 def default_lease_root() -> Path:
@@ -45,8 +49,8 @@ class Lease:
 
     @property
     def fired(self) -> str | None:
-        path = Path(self.directory) / "fired"
-        return path.read_text().strip() if path.exists() else None
+        text = read_file(str(Path(self.directory) / "fired"))
+        return text.strip() if text is not None else None
 
 
 class LeaseManager:
@@ -66,18 +70,17 @@ class LeaseManager:
         """Start the watchdog for one fault; return once it is running."""
         if isinstance(transport, WatchdogHost):
             deadline = time.time() + duration
-            remote_dir, pid = transport.start_watchdog(f"{self.run_id}/{fault_id}", self.ttl, duration, revert, WATCHDOG)
+            remote_dir, pid = transport.start_watchdog(f"{self.run_id}/{fault_id}", self.ttl, duration, revert,
+                                                      watchdog_source())
             lease = Lease(fault_id, transport.node, remote_dir, deadline, revert, transport, pid)
             with self._lock:
                 self.leases[fault_id] = lease
                 self._remote[id(transport)] = transport
             self._ensure_renewing()
             return lease
-        directory = self.root / fault_id
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "lease").touch()
+        directory, script = self._local_lease(fault_id)
         deadline = time.time() + duration
-        argv = [sys.executable, WATCHDOG, str(directory), f"{self.ttl:g}", f"{deadline:.3f}", "--", *revert]
+        argv = [sys.executable, "-I", str(script), str(directory), f"{self.ttl:g}", f"{deadline:.3f}", "--", *revert]
         pid = transport.spawn_detached(argv)
         lease = Lease(fault_id, transport.node, str(directory), deadline, revert, transport, pid)
         for _ in range(200):  # the watchdog writes its pid file once it is watching
@@ -88,6 +91,20 @@ class LeaseManager:
             self.leases[fault_id] = lease
         self._ensure_renewing()
         return lease
+
+    def _local_lease(self, fault_id: str) -> tuple[Path, Path]:
+        """A fresh lease folder for ``fault_id`` under this run's root, and the watchdog's script beside the runs."""
+        try:
+            root = Path(ensure_dir(str(self.root.parent)))
+            directory = Path(make_dirs(str(root), str(self.root / fault_id)))
+            for stale in ("released", "fired", "watchdog.pid"):
+                (directory / stale).unlink(missing_ok=True)
+            touch_file(str(directory / "lease"))
+            script = root / "watchdog.py"
+            write_file(str(script), watchdog_source(), 0o600)
+        except (StateDirError, OSError) as exc:
+            raise InfraError(f"cannot arm a lease for {fault_id}: {exc}") from None
+        return directory, script
 
     def release(self, fault_id: str) -> None:
         with self._lock:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.nodefs import touch_file
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
@@ -183,8 +184,8 @@ def _release_lease(transport: Any, run_id: str, fault_id: str) -> None:
             transport.touch(f"{lease_dir(f'{run_id}/{fault_id}')}/released")
             return
         directory = default_lease_root() / run_id / fault_id
-        if directory.exists():
-            (directory / "released").touch()
+        if directory.is_dir() and not directory.is_symlink():
+            touch_file(str(directory / "released"))
     except (InfraError, OSError, ValueError):
         pass  # the watchdog reverting again later is harmless
 

@@ -1,8 +1,9 @@
 """The on-node dead-man switch behind every lasting fault (standard library only).
 
-Started detached (its own session) on the node *before* the fault is injected::
+Started detached (its own session) on the node *before* the fault is injected, as one program with
+:mod:`chaoskit.cluster.nodefs` in front of it (:func:`watchdog_source`) and ``python3 -I``::
 
-    python3 watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX -- REVERT_ARGV...
+    python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX -- REVERT_ARGV...
 
 It runs ``REVERT_ARGV`` when the fault's deadline passes **or** when the file
 ``LEASE_DIR/lease`` has not been touched for ``TTL_S`` seconds (the controller
@@ -10,34 +11,56 @@ died or lost its connection). It exits quietly when ``LEASE_DIR/released``
 appears (the controller reverted the fault itself). After firing it writes
 ``LEASE_DIR/fired`` with the reason. It needs nothing from the controller's
 connection, so it can be shipped to a remote node as a single file.
+
+``LEASE_DIR`` must be a folder of chaoskit's own (:func:`~chaoskit.cluster.nodefs.check_dir`: the
+effective user's, not a link, writable by nobody else); the watchdog refuses any other, and makes
+its files there without following links.
 """
 
 import os
+import stat
 import subprocess
 import sys
 import time
 
+try:
+    StateDirError  # noqa: B018 - defined when nodefs' source was put in front of this one (watchdog_source)
+except NameError:  # imported on the controller
+    from chaoskit.cluster.nodefs import StateDirError, bundle, check_dir, create_file, write_file
+
 POLL_S = 0.05
+USAGE = "usage: python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX -- REVERT_ARGV...\n"
+
+
+def watchdog_source():
+    """On the controller: the watchdog as one self-contained program (nodefs' source, then this file's)."""
+    with open(__file__, encoding="utf-8") as fh:
+        return bundle(fh.read())
 
 
 def main(argv):
     if "--" not in argv:
-        sys.stderr.write(__doc__)
+        sys.stderr.write(USAGE)
         return 2
     cut = argv.index("--")
     lease_dir, ttl, deadline = argv[0], float(argv[1]), float(argv[2])
     revert = argv[cut + 1 :]
+    try:
+        check_dir(lease_dir)
+    except StateDirError as exc:
+        sys.stderr.write("chaoskit watchdog: %s\n" % exc)
+        return 2
     lease = os.path.join(lease_dir, "lease")
     released = os.path.join(lease_dir, "released")
-    with open(os.path.join(lease_dir, "watchdog.pid"), "w") as fh:
-        fh.write(str(os.getpid()))
+    create_file(os.path.join(lease_dir, "watchdog.pid"), str(os.getpid()))
     reason = None
     while reason is None:
-        if os.path.exists(released):
+        if os.path.lexists(released):
             return 0
         now = time.time()
         try:
-            age = now - os.stat(lease).st_mtime
+            st = os.lstat(lease)
+            age = now - st.st_mtime if stat.S_ISREG(st.st_mode) else float("inf")
         except FileNotFoundError:
             age = float("inf")
         if now >= deadline:
@@ -46,11 +69,10 @@ def main(argv):
             reason = "lease expired (%.1fs without renewal)" % age
         else:
             time.sleep(POLL_S)
-    if os.path.exists(released):
+    if os.path.lexists(released):
         return 0
-    rc = subprocess.call(revert, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(lease_dir, "fired"), "w") as fh:
-        fh.write("%f %s rc=%d\n" % (time.time(), reason, rc))
+    rc = subprocess.call(revert, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
+    write_file(os.path.join(lease_dir, "fired"), "%f %s rc=%d\n" % (time.time(), reason, rc))
     return 0
 
 

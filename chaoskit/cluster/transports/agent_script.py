@@ -30,6 +30,12 @@ of its own, so the tests of clock correction shift the agent's instead).
 
 Fed a single request followed by EOF, the same program serves one command per
 exec, which is the transport's fallback when a persistent agent cannot be kept.
+
+Files: the agent keeps its state in one folder (:mod:`chaoskit.cluster.nodefs`, whose source the controller
+puts in front of this one, with ``CHAOSKIT_WORKDIR``, the inventory's ``workdir`` or ``None``): made and
+checked when the agent starts, named in its hello (``state_dir``, or ``state_error`` saying why it was
+refused). ``write``, ``touch``, ``rmtree`` and ``watchdog`` act only inside it, without following links;
+with a refused folder they fail with that reason.
 """
 
 import json
@@ -40,6 +46,16 @@ import sys
 import threading
 import time
 
+try:
+    StateDirError  # noqa: B018 - defined when the controller put nodefs' source in front of this one
+except NameError:  # imported on the controller (tests, BOOT)
+    from chaoskit.cluster.nodefs import StateDirError, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
+    from chaoskit.cluster.nodefs import inside as _inside_dir
+
+    CHAOSKIT_WORKDIR = None
+else:
+    _inside_dir = inside  # noqa: F821 - nodefs' ``inside``; the agent's own ``inside`` would be too vague a name
+
 VERSION = 1
 MAX_OUTPUT = 1 << 20
 
@@ -47,7 +63,8 @@ BOOT = (
     "import sys;b=sys.stdin.buffer;n=int(b.readline());"
     "exec(compile(b.read(n),'chaoskit-agent','exec'))"
 )
-"""What the controller runs with ``python3 -u -c``: read a byte count, then that much source, and run it."""
+"""What the controller runs with ``python3 -I -u -c``: read a byte count, then that much source, and run it.
+(``-I``: nothing from the current folder, the user's site folder or ``PYTHON*`` is imported as root.)"""
 
 
 class OpError(Exception):
@@ -186,44 +203,63 @@ def op_spawn(req):
         raise OpError("%s: %s" % (req["argv"][0], exc.strerror))
 
 
-def op_touch(req):
-    path = req["path"]
+_STATE = {"dir": None, "error": "the agent has not checked its state folder yet"}
+
+
+def _init_state(wanted):
     try:
-        os.utime(path, None)
-    except FileNotFoundError:
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        with open(path, "a"):
-            pass
+        _STATE["dir"], _STATE["error"] = state_dir(wanted), None
+    except StateDirError as exc:
+        _STATE["dir"], _STATE["error"] = None, str(exc)
+    except OSError as exc:
+        _STATE["dir"], _STATE["error"] = None, "chaoskit's state folder: %s" % exc
+
+
+def _state_path(path):
+    """``path``, which must lie inside the checked state folder."""
+    if _STATE["dir"] is None:
+        raise OpError(_STATE["error"])
+    try:
+        return _inside_dir(_STATE["dir"], path)
+    except StateDirError as exc:
+        raise OpError(str(exc))
+
+
+def _state_parent(path):
+    """``path`` inside the state folder, with the folders above it made (0700, checked)."""
+    path = _state_path(path)
+    parent = os.path.dirname(path)
+    if parent != _STATE["dir"]:
+        try:
+            make_dirs(_STATE["dir"], parent)
+        except (StateDirError, OSError) as exc:
+            raise OpError(str(exc))
+    return path
+
+
+def op_statedir(req):
+    """The checked state folder (what the hello says, for a transport that runs one request per exec)."""
+    if _STATE["dir"] is None:
+        raise OpError(_STATE["error"])
+    return {"state_dir": _STATE["dir"]}
+
+
+def op_touch(req):
+    touch_file(_state_parent(req["path"]))
     return {"t": now()}
 
 
 def op_write(req):
-    path = req["path"]
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-    tmp = path + ".tmp%d" % os.getpid()
-    with open(tmp, "w") as fh:
-        fh.write(req["data"])
-    os.chmod(tmp, int(req.get("mode", 0o600)))
-    os.replace(tmp, path)
+    write_file(_state_parent(req["path"]), req["data"], int(req.get("mode", 0o600)))
     return {}
 
 
 def op_read(req):
-    try:
-        with open(req["path"]) as fh:
-            return {"data": fh.read(MAX_OUTPUT)}
-    except FileNotFoundError:
-        return {"data": None}
+    return {"data": read_file(req["path"], MAX_OUTPUT)}
 
 
 def op_rmtree(req):
-    import shutil
-
-    shutil.rmtree(req["path"], ignore_errors=True)
+    remove_tree(_state_path(req["path"]))
     return {}
 
 
@@ -292,19 +328,20 @@ def op_signal(req):
 def op_watchdog(req):
     """Start the lease watchdog detached; answer once it is watching.
 
-    The deadline is computed here, on the node's clock, from ``duration``.
+    The lease folder and the watchdog's script (shipped before with ``write``) lie in the state folder; the
+    watchdog runs with ``python3 -I``. The deadline is computed here, on the node's clock, from ``duration``.
     """
-    lease_dir = req["lease_dir"]
-    os.makedirs(lease_dir, mode=0o700, exist_ok=True)
+    lease_dir, script = _state_path(req["lease_dir"]), _state_path(req["script"])
+    _state_parent(os.path.join(lease_dir, "lease"))  # the lease folder and those above it, made and checked
     for stale in ("released", "fired", "watchdog.pid"):
         try:
             os.unlink(os.path.join(lease_dir, stale))
         except FileNotFoundError:
             pass
-    op_touch({"path": os.path.join(lease_dir, "lease")})
+    touch_file(os.path.join(lease_dir, "lease"))
     deadline = time.time() + float(req["duration"])
-    argv = [sys.executable, req["script"], lease_dir, "%g" % float(req["ttl"]), "%.3f" % deadline, "--"]
-    pid = _spawn(argv + [str(a) for a in req["revert"]])
+    argv = [sys.executable, "-I", script, lease_dir, "%g" % float(req["ttl"]), "%.3f" % deadline, "--"]
+    pid = _spawn(argv + [str(a) for a in req["revert"]], cwd="/")
     pidfile = os.path.join(lease_dir, "watchdog.pid")
     end = time.time() + float(req.get("wait", 5))
     while time.time() < end:
@@ -446,7 +483,7 @@ def op_cancel(req):
 
 INLINE = {
     "ping": op_ping, "touch": op_touch, "write": op_write, "read": op_read,
-    "state": op_state, "signal": op_signal, "skew": op_skew, "cancel": op_cancel,
+    "state": op_state, "signal": op_signal, "skew": op_skew, "cancel": op_cancel, "statedir": op_statedir,
 }
 THREADED = {"run": op_run, "spawn": op_spawn, "procs": op_procs, "rmtree": op_rmtree, "watchdog": op_watchdog}
 STREAMING = {"follow": op_follow}
@@ -481,7 +518,7 @@ def main():
             else:
                 out = fn(req)
             out["id"], out["ok"] = rid, True
-        except OpError as exc:
+        except (OpError, StateDirError) as exc:
             out = {"id": rid, "ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer, never a dead agent
             out = {"id": rid, "ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
@@ -490,8 +527,9 @@ def main():
         except (OSError, ValueError):
             pass
 
+    _init_state(CHAOSKIT_WORKDIR)
     reply({"id": 0, "ok": True, "hello": VERSION, "pid": os.getpid(), "uid": os.getuid(),
-           "python": sys.executable, "t": now()})
+           "python": sys.executable, "t": now(), "state_dir": _STATE["dir"], "state_error": _STATE["error"]})
     for line in iter(stdin.readline, b""):
         try:
             req = json.loads(line)

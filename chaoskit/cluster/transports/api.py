@@ -56,6 +56,10 @@ class Transport(Protocol):
     """True when the node has a network stack of its own, so a NIC fault there cannot hit the controller's."""
     container: str | None
     """The container that is this node, when an engine runs it (``network.partition`` with ``method: disconnect``)."""
+    state_dir: str
+    """chaoskit's state folder on the node (:mod:`chaoskit.cluster.nodefs`: made by chaoskit, checked: owner, mode,
+    not a link), where faults keep their node-side files; reading it may connect. Raises
+    :class:`~chaoskit.core.errors.InfraError` when the node refused the folder."""
 
     def connect(self) -> object:
         """Open the connection now (host key verified, agent started); idempotent. Commands connect on first use anyway."""
@@ -96,8 +100,10 @@ class WatchdogHost(Protocol):
     controller's paths mean nothing there). :class:`~chaoskit.safety.lease.LeaseManager`
     uses it when the transport has these methods, else spawns the local watchdog."""
 
-    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], script: str) -> tuple[str, int]:
-        """Ship the watchdog ``script`` to the node and start it; return (its lease directory there, its pid) once it watches.
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], source: str) -> tuple[str, int]:
+        """Ship the watchdog (``source``: one self-contained program, :func:`chaoskit.safety.watchdog.watchdog_source`)
+        to the node's state folder and start it there with ``python3 -I``; return (its lease directory there, its pid)
+        once it watches.
 
         The fault's deadline is ``duration`` from now on the node's own clock.
         """

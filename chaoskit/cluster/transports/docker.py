@@ -77,7 +77,7 @@ class DockerTransport(SSHTransport):
         use_agent: bool = True,
     ) -> None:
         super().__init__(
-            node, container, user="root", become="none", python=python, workdir=workdir or "/tmp/chaoskit",
+            node, container, user="root", become="none", python=python, workdir=workdir,
             process_scope=process_scope, scope_token=scope_token, connect_timeout=connect_timeout,
             command_timeout=command_timeout, use_agent=use_agent,
         )
@@ -94,12 +94,12 @@ class DockerTransport(SSHTransport):
         return docker_client(self.connect_timeout).api
 
     def _start_agent(self) -> _AgentChannel:
-        argv = [self.python, "-u", "-c", _boot_code()]
+        argv = [self.python, "-I", "-u", "-c", _boot_code()]
         try:
             chan = _ExecChannel.open(self._client, self.container, argv)
         except InfraError as exc:
             raise _AgentGone(str(exc)) from None
-        return _AgentChannel.over(chan, self.connect_timeout, self.node)
+        return self._checked_agent(_AgentChannel.over(chan, self.connect_timeout, self.node, self.program))
 
     def _exec(self, command: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         """One ``docker exec`` of a shell command line (already quoted) with a client-side deadline."""

@@ -4,7 +4,9 @@ A process-lab node is the torchrun agent the lab started plus every process it
 starts. torchrun puts each worker in a session of its own, so the lab marks the
 node through the environment every descendant inherits: ``CHAOSKIT_SCOPE``.
 :meth:`LocalTransport.processes` returns only processes carrying the node's
-token, so a selector can never reach anything else on the machine.
+token, so a selector can never reach anything else on the machine. Faults keep the
+node's files in :attr:`LocalTransport.state_dir`, this user's state folder
+(:mod:`chaoskit.cluster.nodefs`: ``/run/chaoskit`` as root, else in its home).
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
-
+from chaoskit.cluster import nodefs
 from chaoskit.cluster.transports.api import CommandResult, ProcInfo
 from chaoskit.core.errors import InfraError
 
@@ -27,10 +28,22 @@ class LocalTransport:
     has_own_network = False
     container = None
 
-    def __init__(self, node: str, scope: str | None = None) -> None:
+    def __init__(self, node: str, scope: str | None = None, state_dir: str | None = None) -> None:
         self.node = node
         self.scope = scope
         """Processes whose environment has ``CHAOSKIT_SCOPE=<scope>`` belong to the node."""
+        self._wanted_state_dir = state_dir
+        self._state_dir: str | None = None
+
+    @property
+    def state_dir(self) -> str:
+        """chaoskit's state folder for this node (made and checked on first use)."""
+        if self._state_dir is None:
+            try:
+                self._state_dir = nodefs.state_dir(self._wanted_state_dir)
+            except nodefs.StateDirError as exc:
+                raise InfraError(f"node {self.node}: {exc}") from None
+        return self._state_dir
 
     def connect(self) -> "LocalTransport":
         return self
@@ -82,7 +95,7 @@ class LocalTransport:
         return proc.pid
 
     def touch(self, path: str) -> None:
-        Path(path).touch()
+        nodefs.touch_file(path)
 
 
 def read_proc() -> list[ProcInfo]:

@@ -13,21 +13,22 @@ On the node the agent acts exactly like :class:`~chaoskit.cluster.transports.loc
 only processes whose environment carries the node's ``CHAOSKIT_SCOPE`` are
 seen or signalled. Leases (``start_watchdog``) ship the standard-library
 watchdog to the node and start it outside the actor's process tree, so a killed
-agent leaves the watchdog to revert the fault when the lease goes stale.
+agent leaves the watchdog to revert the fault when the lease goes stale. The
+node's files (leases, the watchdog) live in its state folder
+(:mod:`chaoskit.cluster.nodefs`: ``/run/chaoskit`` as root), never in ``/tmp``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from chaoskit.cluster.nodefs import inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
 from chaoskit.cluster.transports.api import CommandResult, ProcInfo
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
@@ -51,14 +52,15 @@ class ChaosAgent:
     def __init__(self, node: str, scope: str | None) -> None:
         # Without a scope given, the node's scope is the mark its raylet was started with (the lab sets it).
         self.local = LocalTransport(node, scope or os.environ.get(LocalTransport.SCOPE_ENV))
-        self.lease_root = Path(tempfile.gettempdir()) / "chaoskit-ray" / "leases"
+        self.state_dir = state_dir()
+        self.lease_root = os.path.join(self.state_dir, "leases")
 
     def where(self) -> dict[str, Any]:
         """Who and where the agent is: its pid, Ray node id, scope mark and clock."""
         import ray
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-                "scope_env": os.environ.get("CHAOSKIT_SCOPE"), "t": time.time()}
+                "scope_env": os.environ.get("CHAOSKIT_SCOPE"), "state_dir": self.state_dir, "t": time.time()}
 
     def processes(self, workers_only: bool = False) -> list[ProcInfo]:
         return self.local.processes(workers_only)
@@ -77,39 +79,40 @@ class ChaosAgent:
         return CommandResult(result.argv, result.returncode, result.stdout, result.stderr, time.time())
 
     def spawn_detached(self, argv: list[str]) -> int:
-        out = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([sys.executable, "-I", "-c", _LAUNCHER, *argv], capture_output=True, text=True, timeout=30,
+                             cwd="/")
         if out.returncode != 0:
             raise InfraError(f"could not start {argv[0]} on node {self.local.node}: {out.stderr.strip()}")
         return int(out.stdout.strip())
 
     def touch(self, path: str) -> None:
-        Path(path).touch()
+        path = inside(self.state_dir, path)
+        make_dirs(self.state_dir, os.path.dirname(path))
+        touch_file(path)
 
     def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], source: str) -> tuple[str, int]:
-        directory = self.lease_root / lease_id
-        directory.mkdir(parents=True, exist_ok=True)
-        script = self.lease_root.parent / "watchdog.py"
-        if not script.exists() or script.read_text() != source:
-            tmp = script.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(source)
-            tmp.replace(script)
-        (directory / "lease").touch()
+        directory = make_dirs(self.state_dir, os.path.join(self.lease_root, lease_id))
+        for stale in ("released", "fired", "watchdog.pid"):
+            try:
+                os.unlink(os.path.join(directory, stale))
+            except FileNotFoundError:
+                pass
+        script = os.path.join(self.state_dir, f"watchdog-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py")
+        write_file(script, source)
+        touch_file(os.path.join(directory, "lease"))
         deadline = time.time() + duration
-        pid = self.spawn_detached([sys.executable, str(script), str(directory), f"{ttl:g}", f"{deadline:.3f}", "--", *revert])
+        pid = self.spawn_detached([sys.executable, "-I", script, directory, f"{ttl:g}", f"{deadline:.3f}", "--", *revert])
         for _ in range(500):  # the watchdog writes its pid file once it is watching
-            if (directory / "watchdog.pid").exists():
+            if os.path.exists(os.path.join(directory, "watchdog.pid")):
                 break
             time.sleep(0.01)
-        return str(directory), pid
+        return directory, pid
 
     def read_file(self, path: str) -> str | None:
-        try:
-            return Path(path).read_text()
-        except FileNotFoundError:
-            return None
+        return read_file(path)
 
     def cleanup_leases(self, run_id: str) -> None:
-        shutil.rmtree(self.lease_root / run_id, ignore_errors=True)
+        remove_tree(inside(self.state_dir, os.path.join(self.lease_root, run_id)))
 
 
 _CONNECT_LOCK = threading.Lock()
@@ -232,7 +235,7 @@ class RayTransport:
         """A node known only by its Ray id (discovered without a chaoskit resource) cannot be re-resolved."""
         self._actor: Any = None
         self._lock = threading.Lock()
-        self._watchdog_source: str | None = None
+        self._state_dir: str | None = None
 
     # -- Transport ---------------------------------------------------------------------------
 
@@ -259,11 +262,16 @@ class RayTransport:
 
     # -- WatchdogHost ------------------------------------------------------------------------
 
-    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], script: str) -> tuple[str, int]:
-        if self._watchdog_source is None:
-            self._watchdog_source = Path(script).read_text()
+    @property
+    def state_dir(self) -> str:
+        """chaoskit's state folder on the node, as its agent made and checked it."""
+        if self._state_dir is None:
+            self._state_dir = str(self._call("where")["state_dir"])
+        return self._state_dir
+
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], source: str) -> tuple[str, int]:
         return tuple(self._call("start_watchdog", lease_id, float(ttl), float(duration), [str(a) for a in revert],
-                                self._watchdog_source))  # type: ignore[return-value]
+                                source))  # type: ignore[return-value]
 
     def lease_fired(self, directory: str) -> str | None:
         return self._call("read_file", f"{directory}/fired")

@@ -35,6 +35,12 @@ Contract:
 - **Streams**: :meth:`SSHTransport.follow` streams a file's lines from the node over the
   agent's channel; it ends when cancelled or when the connection drops, and says where
   it stopped so that a new stream picks up there.
+- **State folder**: the agent keeps chaoskit's node-side files (leases, the watchdog, faults' state) in one
+  folder of its own (:mod:`chaoskit.cluster.nodefs`): ``/run/chaoskit`` as root, ``~/.local/state/chaoskit``
+  of a user that is not, or the inventory's ``workdir``; made 0700 and checked (owner, mode, not a link)
+  on every agent start. A folder that fails the check stops the connection with an
+  :class:`~chaoskit.core.errors.InfraError` naming it and what is wrong; :attr:`SSHTransport.state_dir`
+  is the folder the agent checked. The agent (and every helper chaoskit runs there) runs as ``python3 -I``.
 - **Quoting**: argv travels as a JSON list to the agent (no shell). In exec mode
   each element is quoted with :func:`~.api.shell_quote`. The values in argv were
   validated by the fault that built them; control characters are refused here
@@ -60,6 +66,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
+from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.api import CommandResult, FollowStream, LineBatch, ProcInfo
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
@@ -80,7 +87,14 @@ __all__ = [
 
 T = TypeVar("T")
 
-AGENT_SOURCE = Path(__file__).with_name("agent_script.py").read_bytes()
+AGENT_SOURCE = Path(__file__).with_name("agent_script.py").read_text(encoding="utf-8")
+"""The agent's own source; what a node runs is :func:`agent_program` of it."""
+
+
+def agent_program(workdir: str | None) -> bytes:
+    """The program the agent runs on a node: nodefs' source, the state folder asked for, the agent."""
+    return bundle(AGENT_SOURCE, CHAOSKIT_WORKDIR=workdir).encode("utf-8")
+
 
 GRACE_S = 2.0
 """Client-side slack beyond a command's own timeout before the client gives up on it."""
@@ -95,7 +109,7 @@ PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 hmac-sha2-256): an AEAD cipher costs one call into the cipher per packet, where CTR
 plus HMAC also computes the MAC and compares it byte by byte in Python. OpenSSH has
 offered these since 6.2; a server without them gets paramiko's list as before."""
-IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", "rmtree"})
+IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", "rmtree", "statedir"})
 """Requests safe to send again when the connection died after they left."""
 _LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -191,7 +205,9 @@ class SSHTransport:
         nobody else can write it (``stat -L``)."""
         self._python_vetted = False
         self._workdir = workdir
-        self.workdir = workdir or f"/tmp/chaoskit-{user}"
+        """The inventory's ``workdir`` (``None``: the agent's default); the agent checks it like its default."""
+        self._state_dir: str | None = None
+        self._program: bytes | None = None
         self._routed = self.ssh_config is None
         self.scope = {"netns": process_scope == "netns", "env": scope_token}
         self.connect_timeout = float(connect_timeout)
@@ -292,7 +308,6 @@ class SSHTransport:
             self.address = entry.get("hostname", self.address)
             if "user" in entry and "user" not in self.explicit:
                 self.user = entry["user"]
-                self.workdir = self._workdir or f"/tmp/chaoskit-{self.user}"
             if "port" in entry and "port" not in self.explicit:
                 self.port = entry["port"]
             if "identityfile" in entry and "key" not in self.explicit:
@@ -419,7 +434,7 @@ class SSHTransport:
     def _boot_command(self, timeout: float | None = None) -> str:
         if self.vet_python and not self._python_vetted:
             self._check_python()
-        argv = [self.python, "-u", "-c", _boot_code()]
+        argv = [self.python, "-I", "-u", "-c", _boot_code()]
         if timeout is not None:
             argv = ["timeout", "-k", "2", f"{max(timeout, 0.1):.3f}", *argv]
         return self._remote(argv)
@@ -488,9 +503,42 @@ class SSHTransport:
         return SudoError(message, hint=f"on {self.node}, add '{self.user} ALL=(root) NOPASSWD: ALL' to a file in "
                                        "/etc/sudoers.d/, or log in as root (user: root, become: none)")
 
+    @property
+    def program(self) -> bytes:
+        """What the agent runs on this node (:func:`agent_program` with this node's ``workdir``)."""
+        if self._program is None:
+            self._program = agent_program(self._workdir)
+        return self._program
+
     def _start_agent(self) -> "_AgentChannel":
         """Open one exec channel running the agent (the docker transport opens a docker exec instead)."""
-        return _AgentChannel.start(self._client, self._boot_command(), self.connect_timeout, self.node)
+        return self._checked_agent(_AgentChannel.start(self._client, self._boot_command(), self.connect_timeout,
+                                                       self.node, self.program))
+
+    def _checked_agent(self, agent: "_AgentChannel") -> "_AgentChannel":
+        """``agent``, once its hello names the state folder it checked; else it is closed and the node refused."""
+        refused = agent.hello.get("state_error")
+        if refused or not agent.hello.get("state_dir"):
+            agent.close()
+            raise InfraError(f"{self.label}: {refused or 'the agent named no state folder'}",
+                             hint="chaoskit keeps its node-side files only in a folder it made: remove the one above "
+                                  "(it is not chaoskit's), or point the inventory's workdir at a folder of the "
+                                  f"user chaoskit runs as ({'root' if self.sudo else self.user}) that only it can write")
+        self._state_dir = agent.hello["state_dir"]
+        return agent
+
+    @property
+    def state_dir(self) -> str:
+        """chaoskit's state folder on the node, as the agent checked it (connects when needed)."""
+        if self._state_dir is None:
+            reply = self._request("statedir", self.command_timeout)
+            self._state_dir = str(reply["state_dir"])
+        return self._state_dir
+
+    @property
+    def workdir(self) -> str:
+        """Where chaoskit's files are on the node: :attr:`state_dir`."""
+        return self.state_dir
 
     def _call(self, op: str, timeout: float, /, **fields: Any) -> dict[str, Any]:
         """One request with a client-side deadline of ``timeout`` (plus grace).
@@ -542,7 +590,7 @@ class SSHTransport:
     def _oneshot(self, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
         """The fallback: one SSH exec running the agent for exactly one request."""
         request = (json.dumps({"id": 1, **fields}) + "\n").encode()
-        stdin = f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE + request
+        stdin = f"{len(self.program)}\n".encode() + self.program + request
         rc, out, err = self._exec(self._boot_command(timeout), timeout, stdin=stdin)
         if self.sudo and rc == 1 and not out and (line := _sudo_line(err)) is not None:
             raise self._sudo_error(line)
@@ -698,15 +746,14 @@ class SSHTransport:
     def lease_dir(self, lease_id: str) -> str:
         if not _LEASE_ID_RE.match(lease_id) or ".." in lease_id.split("/"):
             raise ValueError(f"invalid lease id {lease_id!r}")
-        return f"{self.workdir}/leases/{lease_id}"
+        return f"{self.state_dir}/leases/{lease_id}"
 
-    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], script: str) -> tuple[str, int]:
-        """Ship the watchdog ``script`` (:mod:`chaoskit.safety.watchdog`) to the node (once) and start it detached there."""
+    def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], source: str) -> tuple[str, int]:
+        """Ship the watchdog ``source`` to the node's state folder (once) and start it detached there (``python3 -I``)."""
         directory = self.lease_dir(lease_id)
         if self._watchdog_path is None:
-            source = Path(script).read_text()
-            path = f"{self.workdir}/watchdog-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
-            self.write_file(path, source, 0o700)
+            path = f"{self.state_dir}/watchdog-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
+            self.write_file(path, source, 0o600)
             self._watchdog_path = path
         reply = self._request(
             "watchdog", self.command_timeout, script=self._watchdog_path, lease_dir=directory,
@@ -805,23 +852,23 @@ class _AgentChannel:
         self.last_rx = time.monotonic()
 
     @classmethod
-    def start(cls, client: Any, command: str, timeout: float, node: str) -> "_AgentChannel":
+    def start(cls, client: Any, command: str, timeout: float, node: str, program: bytes) -> "_AgentChannel":
         try:
             chan = client.get_transport().open_session(timeout=timeout)
             chan.exec_command(command)
         except Exception as exc:  # noqa: BLE001
             raise _AgentGone(f"cannot start the agent: {exc}") from None
-        return cls.over(chan, timeout, node)
+        return cls.over(chan, timeout, node, program)
 
     @classmethod
-    def over(cls, chan: Any, timeout: float, node: str) -> "_AgentChannel":
-        """Ship the agent's source down ``chan`` (a channel already running :data:`BOOT`) and wait for its hello."""
+    def over(cls, chan: Any, timeout: float, node: str, program: bytes) -> "_AgentChannel":
+        """Ship the agent's ``program`` down ``chan`` (a channel already running :data:`BOOT`) and wait for its hello."""
         agent = cls(chan, node)
         hello = _Slot()
         agent._pending[0] = hello
         agent._listen()  # before the source leaves: nothing is printed until the agent has it
         try:
-            chan.sendall(f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE)
+            chan.sendall(f"{len(program)}\n".encode() + program)
         except Exception as exc:  # noqa: BLE001
             agent.close()
             raise _AgentGone(f"cannot start the agent: {exc}") from None

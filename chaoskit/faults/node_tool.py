@@ -1,0 +1,163 @@
+"""What the faults that run a helper script on the node share (``mem.oom``, ``node.slow``, ``gpu.fail``'s crash loop).
+
+A helper is a stdlib-only program with :mod:`chaoskit.cluster.nodefs` in front of it (:func:`helper_source`),
+run as ``python3 -I -c SOURCE ARGS...`` (:func:`helper_argv`) through the node's transport. Its files lie in
+the node's state folder (:attr:`~chaoskit.cluster.transports.api.Transport.state_dir`, which chaoskit made and
+checked), under a random name (:func:`state_path`); a path read back (from a revert armed earlier, or the
+journal) is accepted only when it has that form (:func:`own_state_path`). What a helper wrote is parsed here
+without echoing it (:func:`parse_started`): an error names the file, never its contents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import sys
+import time
+from typing import Any, Callable
+
+from chaoskit.cluster.nodefs import bundle
+from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.errors import InfraError
+from chaoskit.faults.api import FaultContext
+
+__all__ = ["COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
+           "state_path", "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree",
+           "check_state_gone", "until_reverted"]
+
+COMMAND_TIMEOUT_S = 15.0
+VERIFY_S = 5.0
+"""How long a verify waits for the node to show the fault gone (a killed helper still exiting)."""
+
+
+def helper_source(source: str) -> str:
+    """``source`` as one program for ``python3 -I -c``: nodefs' functions first (``check_dir``, ``create_file``, ...)."""
+    return bundle(source)
+
+
+def helper_argv(python: str, source: str, *args: str) -> list[str]:
+    """``python -I -c SOURCE ARGS...``: nothing from the node's current folder, site folder or ``PYTHON*`` is imported."""
+    return [python, "-I", "-c", source, *args]
+
+
+def tool_prefix(argv: list[str]) -> list[str]:
+    """The ``python -I -c SOURCE`` part of a helper's argv (what a ``check`` of the same helper runs)."""
+    try:
+        return argv[: argv.index("-c") + 2]
+    except ValueError:
+        raise ValueError(f"not a chaoskit helper command: {argv[:2]!r}") from None
+
+
+def node_python(ctx: FaultContext, transport: Transport, node: str) -> str:
+    """The Python the node's helpers run with: the controller's for a local node, else the inventory's."""
+    if isinstance(transport, LocalTransport):
+        return sys.executable  # the controller is the node
+    info = ctx.inventory[node]
+    return info.ssh.python if info.ssh is not None else "python3"
+
+
+def run_helper(transport: Transport, python: str, source: str, args: list[str], kind: str, hint: str) -> dict[str, Any]:
+    """Run one helper command; its stdout as JSON, or :class:`InfraError` with its last line of stderr."""
+    res = transport.run(helper_argv(python, source, *args), COMMAND_TIMEOUT_S)
+    if res.returncode != 0:
+        last = res.stderr.strip().splitlines()[-1:] or [f"exit {res.returncode}"]
+        raise InfraError(f"{kind} on node {transport.node}: {args[0]} failed: {last[0]}", hint=hint)
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        raise InfraError(f"{kind} on node {transport.node}: {args[0]} answered something that is not JSON") from None
+
+
+def state_path(transport: Transport, prefix: str, suffix: str = "") -> str:
+    """A new, unguessable path in the node's state folder: ``<state_dir>/<prefix><16 hex digits><suffix>``."""
+    return f"{transport.state_dir}/{prefix}{secrets.token_hex(8)}{suffix}"
+
+
+def own_state_path(transport: Transport, path: str, prefix: str, suffix: str = "") -> str:
+    """``path`` when it is one :func:`state_path` made on this node (the folder and the name's form); else ValueError."""
+    name = re.escape(prefix) + r"[0-9a-f]{12,32}" + re.escape(suffix)
+    folder, _, base = str(path).rpartition("/")
+    if folder != transport.state_dir or not re.fullmatch(name, base):
+        raise ValueError(f"not a chaoskit state path of node {transport.node}: {path!r}")
+    return path
+
+
+def read_node_file(transport: Transport, path: str) -> str:
+    """The text of a file a helper wrote on the node, or "" when it is not there (yet)."""
+    res = transport.run(["cat", path], COMMAND_TIMEOUT_S)
+    return res.stdout if res.returncode == 0 else ""
+
+
+def wait_node_file(transport: Transport, path: str, timeout: float) -> str | None:
+    """The text of ``path`` once a helper wrote it; ``None`` after ``timeout``."""
+    end = time.time() + timeout
+    while time.time() < end:
+        text = read_node_file(transport, path)
+        if text.strip():
+            return text
+        time.sleep(0.05)
+    return None
+
+
+def parse_started(text: str, what: str, node: str) -> tuple[float, int]:
+    """A helper's ``started`` file: (its clock, its pid). Anything else is an error naming ``what``, not the text."""
+    words = text.split()
+    try:
+        t, pid = float(words[0]), int(words[1])
+    except (IndexError, ValueError):
+        raise InfraError(f"{what} on node {node} is not the '<time> <pid>' line chaoskit's helper writes") from None
+    if pid <= 1 or t != t:  # NaN
+        raise InfraError(f"{what} on node {node} is not the '<time> <pid>' line chaoskit's helper writes")
+    return t, pid
+
+
+def check_state_gone(transport: Transport, revert: list[str], prefix: str, what: str) -> str | None:
+    """Run the ``check`` of the helper a revert runs (``... restore STATE``) for ``what`` (a cgroup the helper made):
+    ``None`` when it and the state file are gone, else what is left."""
+    state = own_state_path(transport, revert[-1], prefix, ".json")
+    res = transport.run([*tool_prefix(revert), "check", state, what or "/nonexistent"], COMMAND_TIMEOUT_S)
+    if res.returncode != 0:
+        return f"cannot check the cgroups: {res.stderr.strip()}"
+    return res.stdout.strip() or None
+
+
+def until_reverted(check: Callable[[], str | None], timeout: float = VERIFY_S) -> str | None:
+    """Poll ``check`` (what is left of a fault, or ``None``) until it says nothing is; its last answer after ``timeout``.
+    An :class:`InfraError` from it counts as what is left."""
+    end = time.time() + timeout
+    while True:
+        try:
+            problem = check()
+        except InfraError as exc:
+            problem = str(exc)
+        if problem is None or time.time() >= end:
+            return problem
+        time.sleep(0.1)
+
+
+def undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
+    """The inject failed after the lease was armed: revert now, or leave it to the watchdog within the TTL."""
+    leases = ctx.leases
+    try:
+        transport.run(revert, COMMAND_TIMEOUT_S)
+    except InfraError:
+        if leases is not None:
+            leases.abandon(fid)
+        return
+    if leases is not None:
+        leases.release(fid)
+
+
+def process_tree(transport: Transport, pid: int) -> list[int]:
+    """``pid`` and its descendants, all of the node's scope."""
+    children: dict[int, list[int]] = {}
+    for p in transport.processes():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
