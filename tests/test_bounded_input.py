@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.transports.agent_script import BOOT
-from chaoskit.cluster.transports.ssh import AGENT_SOURCE
+from chaoskit.cluster.transports.ssh import agent_program
 from chaoskit.core.limits import MAX_LINE_BYTES
 from chaoskit.core.lines import bounded_lines
 from chaoskit.observe.events import EventBus
@@ -41,8 +41,9 @@ class _LocalAgent:
     """The node agent as a local process, spoken to over its stdin/stdout as the SSH transport does."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.proc.stdin.write(f"{len(AGENT_SOURCE)}\n".encode() + AGENT_SOURCE)
+        program = agent_program(None)  # what a node runs: nodefs, then the agent
+        self.proc = subprocess.Popen([sys.executable, "-I", "-u", "-c", BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc.stdin.write(f"{len(program)}\n".encode() + program)
         self.proc.stdin.flush()
         self.replies: list[dict] = []
         self.lock = threading.Lock()
