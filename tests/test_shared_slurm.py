@@ -287,7 +287,7 @@ def test_the_drill_s_own_drain_is_resumed_and_a_drain_through_the_cli_refuses_a_
         fault.revert(ctx, inj)
         assert inj.detail["revert"] == "node n2 resumed" and fault.verify(ctx, inj) is None
         ctx.leases.release(inj.fault_id)
-    assert access.node_state("n2")[0] == "IDLE"
+    assert "DRAIN" not in access.node_state("n2")[0].split("+")  # (NOT_RESPONDING may come and go on a busy machine)
 
     access.run("scontrol", "update", "nodename=n2", "state=drain", f"reason={ADMIN_REASON}")
     try:
@@ -296,6 +296,8 @@ def test_the_drill_s_own_drain_is_resumed_and_a_drain_through_the_cli_refuses_a_
                       f"slurm: {{conf: {lab.conf_path}}}}}\n"
                       "workload:\n  launch: attach\n  process: chaoskit_fake_train\n"
                       "faults:\n  - {kind: slurm.drain, target: {nodes: [n2]}, duration: 5s}\n"
+                      "probes:\n  log:\n    - {match: 'step (?P<step>\\d+)', event: step}\n"
+                      f"  log_files:\n    - {{node: n0, path: {tmp_path / 'train.log'}}}\n"
                       "safety: {max_nodes: 1, abort_after: 1m}\n")
         res = run_cli("run", sc, "--out", tmp_path / "run")
         assert res.code == 3, (res.code, res.stderr)
