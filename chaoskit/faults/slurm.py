@@ -221,8 +221,8 @@ class RequeueFault(Fault):
                 if job in done:  # one job on several target nodes is requeued once
                     continue
                 done.add(job)
+                ts = time.time()  # before: Slurm's probe may see the job requeued before scontrol returns
                 res = access.run("scontrol", "requeue", job, check=False)
-                ts = time.time()
                 if res.returncode != 0:
                     raise InfraError(f"scontrol requeue {job} failed: {(res.stderr or res.stdout).strip()}",
                                      hint="only batch jobs can be requeued, and only with JobRequeue=1 or --requeue")
