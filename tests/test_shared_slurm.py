@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.cluster.slurm import NODE_FREE_TEXT, node_reason, parse_jobs, parse_show
+from chaoskit.cluster.slurm import NODE_FREE_TEXT, job_ids, node_reason, parse_jobs, parse_show
 from tests.conftest import run_cli, wait_until
 from tests.test_slurm import require_slurm
 
@@ -54,17 +54,21 @@ def test_a_node_line_whose_reason_and_comment_hold_key_text_keeps_the_node_s_own
 
 
 def test_squeue_lines_are_read_only_in_slurm_s_own_form():
-    out = ("1|RUNNING|n0|n0|1|0|1001|chaoskit|None|\n"
-           "3|FAILED|n2|n2|0|768|0|chaoskit|NonZeroExitCode|\n"
-           "4|CANCELLED||n/a|0|9|0|chaoskit|ReqNodeNotAvail, UnavailableNodes:n1 | held|\n"
+    out = ("1|RUNNING|n0|n0|1|0|1001|chaoskit|1|N/A|None|\n"
+           "3|FAILED|n2|n2|0|768|0|chaoskit|3|N/A|NonZeroExitCode|\n"
+           "4|CANCELLED||n/a|0|9|0|chaoskit|4|N/A|ReqNodeNotAvail, UnavailableNodes:n1 | held|\n"
+           "7|RUNNING|n1|n1|0|0|0|chaoskit|5|2|None|\n"
            # what a job's own text would look like if a field that holds it were ever asked for: not a job
-           "JobId=78 NodeList=n1|\n" "nl\n" "77|RUNNING|n2|n2|0|0|0|chaoskit\n" "x|RUNNING|n0|n0|0|0|0|p|None|\n")
+           "JobId=78 NodeList=n1|\n" "nl\n" "77|RUNNING|n2|n2|0|0|0|chaoskit\n" "x|RUNNING|n0|n0|0|0|0|p|1|N/A|None|\n"
+           "79|RUNNING|n0 NodeList=n9|n0|0|0|0|p|79|N/A|None|\n")
     jobs = parse_jobs(out)
-    assert [j["JobId"] for j in jobs] == ["1", "3", "4"]
+    assert [j["JobId"] for j in jobs] == ["1", "3", "4", "7"]
     assert jobs[0] == {"JobId": "1", "JobState": "RUNNING", "NodeList": "n0", "BatchHost": "n0", "Restarts": "1",
-                       "ExitCode": "0:0", "UserId": "1001", "Partition": "chaoskit", "Reason": "None"}
+                       "ExitCode": "0:0", "UserId": "1001", "Partition": "chaoskit", "ArrayJobId": "1",
+                       "ArrayTaskId": "N/A", "Reason": "None"}
     assert jobs[1]["ExitCode"] == "3:0" and jobs[2]["ExitCode"] == "0:9"  # wait status -> scontrol's exit:signal
     assert jobs[2]["NodeList"] == jobs[2]["BatchHost"] == "(null)"
+    assert job_ids(jobs[0]) == {"1"} and job_ids(jobs[3]) == {"7", "5_2"}  # an array task answers to both
     assert jobs[2]["Reason"] == "ReqNodeNotAvail, UnavailableNodes:n1 | held"  # the last field may hold '|'
 
 

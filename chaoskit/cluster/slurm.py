@@ -34,7 +34,7 @@ from typing import Any
 
 from chaoskit.core.errors import InfraError
 
-__all__ = ["SlurmAccess", "parse_show", "parse_jobs", "node_reason", "node_list", "JOB_DONE_STATES", "JOB_FIELDS",
+__all__ = ["SlurmAccess", "parse_show", "parse_jobs", "job_ids", "node_reason", "node_list", "JOB_DONE_STATES", "JOB_FIELDS",
            "NODE_FREE_TEXT", "USER_JOB_FIELDS"]
 
 JOB_DONE_STATES = frozenset({
@@ -58,6 +58,8 @@ JOB_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("exit_code", "ExitCode", r"\d+|N/A|"),
     ("UserID", "UserId", r"\d+"),
     ("Partition", "Partition", r"[A-Za-z0-9_.\-,]*"),
+    ("ArrayJobID", "ArrayJobId", r"\d+"),
+    ("ArrayTaskID", "ArrayTaskId", r"[0-9\-\[\],%:]+|N/A"),
     ("Reason", "Reason", r"[^\n]*"),
 )
 """What chaoskit reads of a job: ``squeue -O`` field, the ``scontrol`` key it is known by here, and the form
@@ -67,6 +69,7 @@ _JOB_FORMAT = ",".join(f"{name}:|" for name, _, _ in JOB_FIELDS)
 _JOB_LINE = re.compile("".join(f"(?P<f{i}>{form})\\|" for i, (_, _, form) in enumerate(JOB_FIELDS[:-1]))
                        + f"(?P<f{len(JOB_FIELDS) - 1}>.*)\\|")
 _OUTPUTS = re.compile(r" StdErr=(.*) StdIn=.* StdOut=(.*?)(?: Power=.*)?$")
+_JOB_ID = re.compile(r"\d+(_\d+)?")
 _STAMP = re.compile(r" \[[^\[\]@\s]+@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\]")
 _REASON_STAMP = re.compile(r"(.*) \[([^\[\]@\s]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\]", re.DOTALL)
 
@@ -106,7 +109,8 @@ def parse_jobs(text: str) -> list[dict[str, str]]:
 
     A line that does not have every field in Slurm's form is not a job (it cannot come from a job's own text:
     none is asked for). ``ExitCode`` reads as ``scontrol`` prints it (``3:0``: exit status 3, no signal);
-    an empty ``NodeList`` or a ``BatchHost`` of ``n/a`` (a pending job) is ``(null)``."""
+    an empty ``NodeList`` or a ``BatchHost`` of ``n/a`` (a pending job) is ``(null)``; an array task also has
+    ``ArrayJob`` (``123_4``: the id it is named by)."""
     out = []
     for line in text.split("\n"):
         m = _JOB_LINE.fullmatch(line)
@@ -118,8 +122,15 @@ def parse_jobs(text: str) -> list[dict[str, str]]:
         for key in ("NodeList", "BatchHost"):
             if fields[key] in ("", "n/a"):
                 fields[key] = "(null)"
+        if fields["ArrayTaskId"].isdigit():
+            fields["ArrayJob"] = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
         out.append(fields)
     return out
+
+
+def job_ids(fields: dict[str, str]) -> set[str]:
+    """The ids a job of :func:`parse_jobs` answers to: its own, and ``ARRAY_TASK`` for an array task."""
+    return {fields["JobId"], *([fields["ArrayJob"]] if "ArrayJob" in fields else [])}
 
 
 def node_reason(fields: dict[str, str]) -> tuple[str, str | None]:
@@ -173,6 +184,8 @@ class SlurmAccess:
         of ``ids``, as :func:`parse_jobs` reads them."""
         if ids is not None and not ids:
             return []
+        if ids and not all(_JOB_ID.fullmatch(i) for i in ids):
+            raise InfraError(f"not Slurm job ids: {', '.join(sorted(ids))}")
         which = ["-j", ",".join(sorted(ids))] if ids else []
         res = self.run("squeue", "-h", "-t", "all", *which, "-O", _JOB_FORMAT, check=False)
         if res.returncode != 0:
@@ -183,9 +196,9 @@ class SlurmAccess:
 
     def job(self, job_id: str) -> dict[str, str] | None:
         """One job's fields, or ``None`` when slurmctld no longer knows it."""
-        if not job_id.isdigit():
+        if not _JOB_ID.fullmatch(job_id):
             raise InfraError(f"not a Slurm job id: {job_id!r}")
-        return next((f for f in self.jobs({job_id}) if f["JobId"] == job_id), None)
+        return next((f for f in self.jobs({job_id}) if job_id in job_ids(f)), None)
 
     def job_field(self, job_id: str, field: str) -> str | None:
         """One field of one job that its owner may have written anything into (:data:`USER_JOB_FIELDS`, e.g.

@@ -21,6 +21,7 @@ by ``validate``.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from typing import Any, Literal
@@ -29,7 +30,7 @@ from pydantic import Field
 
 from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.selectors import NodeTarget, node_targets
-from chaoskit.cluster.slurm import SlurmAccess
+from chaoskit.cluster.slurm import SlurmAccess, job_ids
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
@@ -40,6 +41,8 @@ __all__ = ["DrainFault", "DrainSpec", "RequeueFault", "RequeueSpec"]
 
 REASON = "chaoskit slurm.drain"
 """The start of the reason chaoskit drains a node with; each drain adds a token of its own."""
+OWN_REASON = re.compile(re.escape(REASON) + r" [0-9a-f]{8}")
+"""A reason of chaoskit's own drain (what a journaled revert's last argument must be)."""
 OUT_OF_SERVICE = frozenset({"DRAIN", "DOWN", "FAIL"})
 """State flags of a node someone already took out of service: ``slurm.drain`` refuses it."""
 
@@ -146,7 +149,7 @@ class DrainFault(Fault):
 
     @classmethod
     def check_reverted(cls, transport: Any, revert: list[str], node: Node | None = None) -> str | None:
-        if node is None or node.scheduler is None or not revert or not revert[-1].startswith(REASON):
+        if node is None or node.scheduler is None or not revert or not OWN_REASON.fullmatch(revert[-1]):
             return None
         return _still_drained(node, revert[-1])
 
@@ -205,9 +208,9 @@ class RequeueFault(Fault):
         chosen: list[tuple[int, NodeTarget, list[str]]] = []
         for i, t in enumerate(targets):  # every target checked before any job is requeued
             running = _access(t.info).jobs_on(t.node)
-            mine = sorted({j["JobId"] for j in running if j["JobId"] in ours}, key=int)
+            mine = sorted({i for j in running for i in job_ids(j) & ours})  # ours by the id the run knows it by
             if not mine:
-                others = len({j["JobId"] for j in running} - ours)
+                others = len([j for j in running if not job_ids(j) & ours])
                 raise InfraError(f"node {t.node} runs none of this drill's Slurm jobs ({', '.join(sorted(ours)) or 'none known'})"
                                  + (f"; the {others} other job(s) there are left alone" if others else "")
                                  + "; nothing was requeued",

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, node_list
+from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, job_ids, node_list
 from chaoskit.core.errors import InfraError
 from chaoskit.observe.events import Event, EventBus, make_event
 
@@ -85,7 +85,7 @@ class SlurmProbe(threading.Thread):
             state = fields.get("JobState", "")
             if job_id not in self.job_state and state in JOB_DONE_STATES:
                 self.finished_before.add(job_id)  # an earlier run's: no transition of it is this run's
-            if job_id in self.finished_before or (wanted is not None and job_id not in wanted):
+            if job_id in self.finished_before or (wanted is not None and not job_ids(fields) & wanted):
                 continue
             restarts = _int(fields.get("Restarts"))
             reason = fields.get("Reason") or None
