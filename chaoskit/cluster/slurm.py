@@ -18,8 +18,9 @@ dropped. A field the job's owner sets (``StdOut``) is read on its own, one job a
 one field per query, so that its whole output is its value (:meth:`SlurmAccess.job_field`).
 Nodes are an administrator's records (a job cannot write them) and are read with
 ``scontrol -o show node``; their free-text fields (``Reason``, ``Comment``, ``Extra``)
-stand at the end of the line and :func:`parse_show` ends them only at another free-text key,
-so a ``State=`` inside a reason is the reason's.
+stand at the end of the line, and :func:`parse_show` ends one only at another free-text key
+(a reason at the ``[user@time]`` stamp Slurm gives it), so a ``State=`` inside a reason is
+the reason's.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def parse_show(line: str, free_text: frozenset[str] = NODE_FREE_TEXT) -> dict[st
     """One line of ``scontrol -o show node`` as a dict (values may hold spaces: ``OS=Linux 6.1 #1 SMP``).
 
     A key of ``free_text`` takes everything up to the next key of ``free_text`` (or the end; a ``Reason`` ends at
-    the ``[user@time]`` Slurm stamps it with): a reason that says ``State=IDLE`` does not set the node's state. A key seen twice keeps its first value (Slurm prints each once).
+    the ``[user@time]`` Slurm stamps it with): a reason that says ``State=IDLE`` does not set the node's state.
+    A key seen twice keeps its first value (Slurm prints each once).
     Not for ``show job`` lines, whose owner-set fields stand among Slurm's: :meth:`SlurmAccess.jobs` reads jobs."""
     out: dict[str, str] = {}
     kept: list[re.Match[str]] = []
@@ -280,7 +282,6 @@ def node_list(value: str | None) -> list[str]:
             for i in range(int(lo), int(hi or lo) + 1):
                 out.append(f"{prefix}{i:0{width}d}")
     return out
-
 
 
 def main(argv: list[str] | None = None) -> int:
