@@ -89,9 +89,11 @@ class RunContext:
     transports, the journal, leases. A dry run's has neither journal nor leases."""
 
     def __init__(self, inventory: Inventory, journal: Journal | None = None, leases: Leases | None = None,
-                 bus: EventBus | None = None, checkpoint_dir: str | None = None) -> None:
+                 bus: EventBus | None = None, checkpoint_dir: str | None = None,
+                 scheduler_jobs: set[str] | None = None) -> None:
         self.inventory, self.journal, self.leases, self.bus = inventory, journal, leases, bus
         self.checkpoint_dir = checkpoint_dir
+        self.scheduler_jobs = scheduler_jobs if scheduler_jobs is not None else set()
 
     def transport(self, node: str) -> Transport:
         if node not in self.inventory:
@@ -260,7 +262,8 @@ class _Run:
         # The journal rollback trusts is in chaoskit's own state; the run folder's is a copy for people.
         self.journal = Journal(private_dir("runs", self.run_id) / "journal.jsonl", copy=self.run_dir / "journal.jsonl")
         self.leases = LeaseManager(default_lease_root(), self.run_id, sc.safety.lease_ttl)
-        self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus, self._checkpoint_dir())
+        self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus, self._checkpoint_dir(),
+                              scheduler_jobs=self.cluster.scheduler_jobs)  # the same set: the job's id joins it at start
         self.deadline = self.t0 + sc.safety.abort_after
         self._active_marker = state_dir() / "runs" / f"{self.run_id}.json"
         self._active_marker.parent.mkdir(parents=True, exist_ok=True)

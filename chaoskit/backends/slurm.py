@@ -95,15 +95,17 @@ class SlurmBackend(ClusterBackend):
         names = [n.name for n in inventory.nodes]
         access = lab.access()
         settings = {**lab.settings, "conf": str(lab.conf_path)}
-        return ClusterHandle(
+        handle = ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=names[: spec.nodes],
             rdzv_host="<first node of the allocation>", scope=lambda node: f"{lab.lab_id}.{node}",
             launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
             details={**details, "slurm": settings},
             scheduler=access,
             scheduler_options={"partition": "chaoskit", "local_addr_interface": "eth0"},
-            probes=lambda bus: [SlurmProbe(bus, access)],
         )
+        # the run's own jobs only: another user's job on the lab is not on the timeline
+        handle.probes = lambda bus: [SlurmProbe(bus, access, only_jobs=lambda: set(handle.scheduler_jobs))]
+        return handle
 
     # -- labs ------------------------------------------------------------------------------
 

@@ -57,6 +57,9 @@ class FaultContext(Protocol):
     checkpoint_dir: str | None
     """The job's checkpoint folder as its nodes see it (``CHAOSKIT_CKPT_DIR`` of a job chaoskit starts,
     ``workload.checkpoint_dir`` of an attached one); ``None`` where no job's is known."""
+    scheduler_jobs: set[str]
+    """The scheduler's jobs this run submitted or attached to (:attr:`ClusterHandle.scheduler_jobs`, filled as the job
+    starts): the only jobs a scheduler fault may act on."""
 
     def transport(self, node: str) -> Transport:
         """The node's transport; refuses a node outside the inventory."""

@@ -295,7 +295,8 @@ class SlurmLab:
         for node in self.node_names():
             lines.append(f"NodeName={node} NodeHostname={node} NodeAddr={net.mgmt_address(node)} CPUs=1 "
                          "RealMemory=100 State=UNKNOWN")
-        lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        # OverSubscribe=YES: jobs that ask (--oversubscribe) may share a node; no other job does
+        lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES")
         return "\n".join(lines) + "\n"
 
     def _env(self) -> dict[str, str]:

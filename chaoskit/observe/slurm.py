@@ -1,6 +1,7 @@
 """Slurm as a probe: its node and job states, polled, become timeline events.
 
-:class:`SlurmProbe` asks slurmctld (``scontrol -o show node`` and ``show job``) every
+:class:`SlurmProbe` asks slurmctld (``scontrol -o show node`` and ``squeue``, see
+:mod:`chaoskit.cluster.slurm`) every
 ``interval`` seconds (0.25 by default, well under the 0.5 s a step needs) and publishes
 a change as one event, stamped with the time of the poll that saw it:
 
@@ -13,7 +14,8 @@ a change as one event, stamped with the time of the poll that saw it:
 - ``job.allocated`` with its ``nodes``; ``job.running``.
 
 A job first seen already finished is left out (the lab keeps finished jobs for a while);
-``only_jobs`` narrows the jobs further (a real cluster's other users').
+``only_jobs`` narrows the jobs further, in the query itself (a shared cluster's other users': every
+backend passes the run's own jobs).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, node_list
+from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, job_ids, node_list
 from chaoskit.core.errors import InfraError
 from chaoskit.observe.events import Event, EventBus, make_event
 
@@ -45,9 +47,10 @@ class SlurmProbe(threading.Thread):
     def poll(self) -> list[Event]:
         """One look at the nodes and the jobs; return the events it published."""
         ts = time.time()
+        wanted = self.only_jobs() if self.only_jobs is not None else None
         try:
             nodes = self.access.nodes()
-            jobs = self.access.jobs()
+            jobs = self.access.jobs(wanted)
         except InfraError:
             self.errors += 1  # slurmctld busy or restarting: no verdict this round
             return []
@@ -82,7 +85,7 @@ class SlurmProbe(threading.Thread):
             state = fields.get("JobState", "")
             if job_id not in self.job_state and state in JOB_DONE_STATES:
                 self.finished_before.add(job_id)  # an earlier run's: no transition of it is this run's
-            if job_id in self.finished_before or (wanted is not None and job_id not in wanted):
+            if job_id in self.finished_before or (wanted is not None and not job_ids(fields) & wanted):
                 continue
             restarts = _int(fields.get("Restarts"))
             reason = fields.get("Reason") or None

@@ -201,8 +201,9 @@ class SlurmJob:
             return dict(self.fields)
 
     def _follow_outputs(self) -> None:
+        paths = self.access.own_job_outputs(self.job_id) if self.job_id else {}
         for key in ("StdOut", "StdErr"):
-            path = self.fields.get(key)
+            path = paths.get(key)
             if path and path not in self.outputs and path != "/dev/null":
                 self.outputs.append(path)
                 host = self.fields.get("BatchHost")
