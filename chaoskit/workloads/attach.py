@@ -34,7 +34,8 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, node_list
 from chaoskit.cluster.transports.api import JobScope, ProcInfo
 from chaoskit.core.errors import InfraError
 
-__all__ = ["AttachedJob", "Worker", "jobs_matching", "set_job_scope"]
+__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "user_uid", "describe_job", "describe_job_dict",
+           "set_job_scope"]
 
 LineSink = Callable[[str, str, float], None]
 POLL_S = 0.5
@@ -157,36 +158,23 @@ class AttachedJob:
         set_job_scope(self.cluster, self.scope)
 
     def _picked(self, job: dict[str, Any]) -> bool:
-        scope: JobScope = job["scope"]
-        if self.run_id is not None and scope.run_id != self.run_id:
-            return False
-        if self.user is not None:
-            want = int(self.user) if self.user.isdigit() else self._uid(job["nodes"][0], self.user)
-            if want is None or scope.uid != want:
-                return False
-        return True
-
-    def _uid(self, node: str, user: str) -> int | None:
-        """``user``'s uid on ``node`` (the node's own user database, not this machine's)."""
-        if node not in self._uids:
-            try:
-                res = self.cluster.inventory[node].conn.run(["id", "-u", user], 10.0)
-                self._uids[node] = int(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip().isdigit() else None
-            except InfraError:
-                return None
-        return self._uids[node]
+        return job_picked(job, self.run_id, self.user, lambda node, user: user_uid(self.cluster.inventory, node, user, self._uids))
 
     def _describe_dict(self, job: dict[str, Any]) -> dict[str, Any]:
-        scope: JobScope = job["scope"]
-        return {"run_id": scope.run_id, "uid": scope.uid, "slurm_job": scope.slurm_job, "nodes": job["nodes"],
-                "workers": job["workers"]}
+        return describe_job_dict(job)
 
     def _describe(self, job: dict[str, Any]) -> str:
-        scope: JobScope = job["scope"]
-        parts = [f"run id {scope.run_id or '(none)'}", f"uid {scope.uid if scope.uid is not None else '?'}"]
-        if scope.slurm_job is not None:
-            parts.append(f"Slurm job {scope.slurm_job}")
-        return f"{', '.join(parts)} on {', '.join(job['nodes'])} ({job['workers']} worker(s))"
+        return describe_job(job)
+
+    def scope_note(self) -> str:
+        """What ``--dry-run`` says of the job's scope."""
+        picks = " and ".join(x for x in (f"run id {self.run_id}" if self.run_id else "",
+                                         f"user {self.user}" if self.user else "") if x)
+        return ("only the drilled job's processes are ever acted on (its torchrun run id, uid"
+                + (", Slurm job" if self.slurm_job is not None else "") + ", enforced by each node's agent)"
+                + (f": the job with {picks}" if picks else "")
+                + f"; when the workers of more than one job match '{self.workload.process}' the run stops before "
+                "anything is injected")
 
     def _allocation(self) -> list[str]:
         """The Slurm job's nodes now, those of them this inventory lists; none while it waits for an allocation
@@ -272,6 +260,47 @@ def jobs_matching(tables: dict[str, list[ProcInfo]], pattern: re.Pattern[str], s
             if node not in job["nodes"]:
                 job["nodes"].append(node)
     return list(jobs.values())
+
+
+def job_picked(job: dict[str, Any], run_id: str | None, user: str | None,
+               uid_of: Callable[[str, str], int | None]) -> bool:
+    """Whether ``job`` (of :func:`jobs_matching`) is the one ``workload.run_id``/``workload.user`` name;
+    ``uid_of(node, user)`` turns a user name into its uid on that node."""
+    scope: JobScope = job["scope"]
+    if run_id is not None and scope.run_id != run_id:
+        return False
+    if user is not None:
+        want = int(user) if user.isdigit() else uid_of(job["nodes"][0], user)
+        if want is None or scope.uid != want:
+            return False
+    return True
+
+
+def user_uid(inventory: Any, node: str, user: str, cache: dict[str, int | None]) -> int | None:
+    """``user``'s uid on ``node`` (the node's own user database, not this machine's); ``cache`` per node."""
+    if node not in cache:
+        try:
+            res = inventory[node].conn.run(["id", "-u", user], 10.0)
+        except InfraError:
+            return None
+        out = res.stdout.strip()
+        cache[node] = int(out) if res.returncode == 0 and out.isdigit() else None
+    return cache[node]
+
+
+def describe_job_dict(job: dict[str, Any]) -> dict[str, Any]:
+    scope: JobScope = job["scope"]
+    return {"run_id": scope.run_id, "uid": scope.uid, "slurm_job": scope.slurm_job, "nodes": job["nodes"],
+            "workers": job["workers"]}
+
+
+def describe_job(job: dict[str, Any]) -> str:
+    """One job in a line: run id, uid, Slurm job, nodes, workers."""
+    scope: JobScope = job["scope"]
+    parts = [f"run id {scope.run_id or '(none)'}", f"uid {scope.uid if scope.uid is not None else '?'}"]
+    if scope.slurm_job is not None:
+        parts.append(f"Slurm job {scope.slurm_job}")
+    return f"{', '.join(parts)} on {', '.join(job['nodes'])} ({job['workers']} worker(s))"
 
 
 def set_job_scope(cluster: ClusterHandle, scope: JobScope | None) -> None:

@@ -366,7 +366,8 @@ def op_procs(req):
         if info is None or not _in_node(info, scope):
             continue
         if workers and not _is_worker(info):
-            _NOT_WORKERS[pid] = _start_time(pid)  # an exec could make it one: rare, and a new start time is not
+            if info["cmdline"] and info["env"]:  # mid-exec, both read empty for a moment: not known yet
+                _NOT_WORKERS[pid] = info["start"]  # an exec could make it one: rare, and a new start time is not
             continue
         found.append(info)
     if workers:

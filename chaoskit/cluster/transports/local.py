@@ -149,7 +149,9 @@ def proc_info(pid: int) -> ProcInfo | None:
                 if sep:
                     env[k.decode(errors="replace")] = value.decode(errors="replace")
             env = proc_env(env)
-            if cmdline:  # a process between fork and exec has no stable identity yet
+            # a process between fork and exec has no stable identity yet, and right after exec its environ can
+            # read empty for a moment: neither is cached
+            if cmdline and raw:
                 if len(_ENV_CACHE) > 4096:
                     _ENV_CACHE.clear()
                 _ENV_CACHE[key] = env

@@ -61,7 +61,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.transports.agent_script import BOOT
-from chaoskit.cluster.transports.api import CommandResult, FollowStream, JobScope, LineBatch, ProcInfo, proc_env
+from chaoskit.cluster.transports.api import CommandResult, FollowStream, JobScope, LineBatch, ProcInfo
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
@@ -641,7 +641,7 @@ class SSHTransport:
     def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
         scope = self.node_scope if node_wide else self.scope
         reply = self._request("procs", self.command_timeout, scope=scope, workers=workers_only)
-        return [ProcInfo(p["pid"], p["ppid"], p["cmdline"], proc_env(p["env"]), p["state"], p.get("uid"), p.get("start"))
+        return [ProcInfo(p["pid"], p["ppid"], p["cmdline"], p["env"], p["state"], p.get("uid"), p.get("start"))
                 for p in reply["procs"]]
 
     def state(self, pid: int, start_time: int | None = None) -> str | None:
