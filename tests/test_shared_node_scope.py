@@ -248,7 +248,8 @@ def test_doctor_counts_what_matches_outside_the_drilled_job(shared, tmp_path):
     assert picked.scope["problem"] is None and picked.scope["chosen"]["run_id"] == OUR_RUN_ID
     counts = {c["what"]: c for c in picked.scope["outside"]}
     assert counts["workload.process"]["outside"] == 1  # the decoy, on n1
-    assert counts["workload.process"]["inside"] == 2 and counts["faults.0.target.process"]["outside"] == 1
+    # inside: the two workers and the two torchrun agents (their command lines name the script too)
+    assert counts["workload.process"]["inside"] == 4 and counts["faults.0.target.process"]["outside"] == 1
 
 
 def test_kill_rank_1_signals_only_the_drilled_job(shared, tmp_path):
@@ -260,7 +261,7 @@ def test_kill_rank_1_signals_only_the_drilled_job(shared, tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert res.code == 0, res.stdout + res.stderr + json.dumps(result["notes"])
     records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
-    injects = [r for r in records if r["event"] == "inject"]
+    injects = [r for r in records if r["action"] == "inject"]
     assert len(injects) == 1 and injects[0]["pid"] == ours and injects[0]["target"] == "n1/rank1", injects
     assert [f["targets"] for f in result["faults"]] == [["n1/rank1"]]
     assert shared.decoy_alive()
