@@ -153,10 +153,12 @@ def matches(pid):
     rank = env.get("RANK")
     rank = int(rank) if rank is not None and rank.isdigit() else None
     if job is not None and not carries(pid, env):
-        # of the drilled job only: a torchrun agent (no run id of its own) as the parent of one of its workers
-        if not whole_node or job.get("pending") or not owned(pid, env) or not AGENT.search(cmd):
+        # of the drilled job only: a torchrun agent (no run id of its own) seen before, or the parent of a worker
+        if not whole_node or job.get("pending") or not owned(pid, env):
             return None
-        return (rank, None, "agent")
+        if [pid, int(rest[19])] in (job.get("agents") or []):
+            return (rank, None)
+        return (rank, None, "agent") if AGENT.search(cmd) else None
     if whole_node:
         if "CHAOSKIT_NODE" in env or "TORCHELASTIC_RUN_ID" in env:
             worker = "TORCHELASTIC_RUN_ID" in env and rank is not None

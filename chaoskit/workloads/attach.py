@@ -111,6 +111,9 @@ class AttachedJob:
         matches = 0
         if self.scope is not None:
             for name, procs in self._tables(nodes, node_wide=False).items():
+                conn = self.cluster.inventory[name].conn
+                known = conn.job if conn.job is not None else self.scope
+                conn.job = known.with_agents(procs)  # its agents stay the job's while they restart their workers
                 for p in procs:
                     if p.state == "Z" or not self.pattern.search(p.cmdline):
                         continue

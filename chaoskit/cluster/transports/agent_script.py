@@ -186,11 +186,12 @@ def _child_procs(pid):
 
 
 def _in_scope(info, scope):
-    """``scope``: {"netns": bool, "env": token or None, "job": {"run_id", "uid", "slurm_job", "pending"} or None}.
+    """``scope``: {"netns": bool, "env": token or None,
+    "job": {"run_id", "uid", "slurm_job", "pending", "agents": [[pid, start], ...]} or None}.
 
     True when the process belongs to the node and, with ``job``, to the drilled job: it carries the job's
     marks, or it is the torchrun agent of a worker that does (its parent, same uid and Slurm job: torchrun
-    sets the run id for its workers only)."""
+    sets the run id for its workers only), or an agent the controller saw so before (``agents``)."""
     if not _in_node(info, scope):
         return False
     job = (scope or {}).get("job")
@@ -200,7 +201,14 @@ def _in_scope(info, scope):
         return True
     if job.get("pending") or not _owned(info, job):
         return False
+    if _known_agent(info, job):
+        return True
     return any(_carries(c, job) and c["env"].get("RANK", "").isdigit() for c in _child_procs(info["pid"]))
+
+
+def _known_agent(info, job):
+    """One of the job's torchrun agents the controller saw before (its pid and start time on this node)."""
+    return [info["pid"], info["start"]] in (job.get("agents") or [])
 
 
 def _pidfd(pid):
@@ -377,7 +385,8 @@ def op_procs(req):
         marked = [i for i in found if _carries(i, job)]
         parents = set(i["ppid"] for i in marked if i["env"].get("RANK", "").isdigit())
         ids = set(i["pid"] for i in marked)
-        found = [i for i in found if i["pid"] in ids or (i["pid"] in parents and not job.get("pending") and _owned(i, job))]
+        found = [i for i in found if i["pid"] in ids or (not job.get("pending") and _owned(i, job) and (
+            i["pid"] in parents or _known_agent(i, job)))]
     return {"procs": [_wire(i) for i in found]}
 
 

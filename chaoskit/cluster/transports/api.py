@@ -6,7 +6,7 @@ after being validated by the fault that produced it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import threading
 from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
@@ -76,13 +76,15 @@ class JobScope:
 
     A process is the job's when it carries every mark given (torchrun's ``TORCHELASTIC_RUN_ID``, its real
     uid, Slurm's ``SLURM_JOB_ID``), or when it is the torchrun agent of such a worker: the worker's parent,
-    with the same uid and Slurm job (torchrun sets the run id for its workers, not for itself).
-    ``pending``: the job is not chosen yet, so nothing is in scope."""
+    with the same uid and Slurm job (torchrun sets the run id for its workers, not for itself), or an
+    agent seen so before (``agents``: its pid and start time on this node, so that it stays the job's
+    while it restarts its workers). ``pending``: the job is not chosen yet, so nothing is in scope."""
 
     run_id: str | None = None
     uid: int | None = None
     slurm_job: str | None = None
     pending: bool = False
+    agents: frozenset[tuple[int, int]] = frozenset()
 
     @classmethod
     def of(cls, proc: ProcInfo) -> "JobScope":
@@ -91,24 +93,37 @@ class JobScope:
 
     def wire(self) -> dict[str, Any]:
         """What travels to the node's agent with every request."""
-        return {"run_id": self.run_id, "uid": self.uid, "slurm_job": self.slurm_job, "pending": self.pending}
+        return {"run_id": self.run_id, "uid": self.uid, "slurm_job": self.slurm_job, "pending": self.pending,
+                "agents": sorted([pid, start] for pid, start in self.agents)}
+
+    @classmethod
+    def from_wire(cls, job: dict[str, Any]) -> "JobScope":
+        return cls(job.get("run_id"), job.get("uid"), job.get("slurm_job"), bool(job.get("pending")),
+                   frozenset((int(a), int(b)) for a, b in job.get("agents") or ()))
+
+    def owned(self, proc: ProcInfo) -> bool:
+        """Same uid and Slurm job as the job (where it names them)."""
+        return ((self.uid is None or proc.uid == self.uid)
+                and (self.slurm_job is None or proc.slurm_job == self.slurm_job))
 
     def carries(self, proc: ProcInfo) -> bool:
         """Whether ``proc`` itself carries every mark of the job."""
         if self.pending:
             return False
-        return ((self.uid is None or proc.uid == self.uid)
-                and (self.slurm_job is None or proc.slurm_job == self.slurm_job)
-                and (self.run_id is None or proc.run_id == self.run_id))
+        return self.owned(proc) and (self.run_id is None or proc.run_id == self.run_id)
 
     def select(self, procs: list[ProcInfo]) -> list[ProcInfo]:
         """The job's processes among ``procs`` (the node's): those that carry its marks, and their torchrun agents."""
         if self.pending:
             return []
         parents = {p.ppid for p in procs if self.carries(p) and p.rank is not None}
-        return [p for p in procs if self.carries(p) or (
-            p.pid in parents and (self.uid is None or p.uid == self.uid)
-            and (self.slurm_job is None or p.slurm_job == self.slurm_job))]
+        return [p for p in procs if self.carries(p) or (self.owned(p) and (
+            p.pid in parents or (p.pid, p.start_time) in self.agents))]
+
+    def with_agents(self, procs: list[ProcInfo]) -> "JobScope":
+        """This scope, remembering the torchrun agents among ``procs`` (the job's, on one node)."""
+        agents = {(p.pid, p.start_time) for p in procs if not self.carries(p) and p.start_time is not None}
+        return self if agents <= self.agents else replace(self, agents=self.agents | agents)
 
     def describe(self) -> str:
         if self.pending:

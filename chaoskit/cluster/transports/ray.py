@@ -62,7 +62,7 @@ class ChaosAgent:
 
     def _job(self, job: dict[str, Any] | None) -> LocalTransport:
         """The local scope for one call, with the drilled job the caller sent (calls run one at a time)."""
-        self.local.job = JobScope(**job) if job else None
+        self.local.job = JobScope.from_wire(job) if job else None
         return self.local
 
     def processes(self, workers_only: bool = False, node_wide: bool = False,
