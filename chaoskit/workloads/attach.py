@@ -34,8 +34,7 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, node_list
 from chaoskit.cluster.transports.api import JobScope, ProcInfo
 from chaoskit.core.errors import InfraError
 
-__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "user_uid", "describe_job", "describe_job_dict",
-           "set_job_scope"]
+__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "user_uid", "describe_job", "describe_job_dict"]
 
 LineSink = Callable[[str, str, float], None]
 POLL_S = 0.5
@@ -67,7 +66,7 @@ class AttachedJob:
         self._checked = 0.0
         self._uids: dict[str, int | None] = {}
         self._lock = threading.Lock()
-        set_job_scope(cluster, JobScope(pending=True))  # nothing of any job is in scope until the job is chosen
+        cluster.scope_job(JobScope(pending=True))  # nothing of any job is in scope until the job is chosen
 
     def commands(self) -> dict[str, list[str]]:
         """Nothing is started on any node."""
@@ -158,7 +157,7 @@ class AttachedJob:
         chosen = picked[0]
         self.scope = chosen["scope"]
         self.others = [self._describe_dict(j) for j in jobs if j is not chosen]
-        set_job_scope(self.cluster, self.scope)
+        self.cluster.scope_job(self.scope)
 
     def _picked(self, job: dict[str, Any]) -> bool:
         return job_picked(job, self.run_id, self.user, lambda node, user: user_uid(self.cluster.inventory, node, user, self._uids))
@@ -304,13 +303,6 @@ def describe_job(job: dict[str, Any]) -> str:
     if scope.slurm_job is not None:
         parts.append(f"Slurm job {scope.slurm_job}")
     return f"{', '.join(parts)} on {', '.join(job['nodes'])} ({job['workers']} worker(s))"
-
-
-def set_job_scope(cluster: ClusterHandle, scope: JobScope | None) -> None:
-    """Scope every node's transport to the drilled job (its agent enforces it from the next request on)."""
-    for node in cluster.inventory.nodes:
-        if node.conn is not None and hasattr(node.conn, "job"):
-            node.conn.job = scope
 
 
 def _int(value: str | None) -> int | None:
