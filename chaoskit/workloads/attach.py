@@ -65,6 +65,8 @@ class AttachedJob:
         self._matches = 0
         self._checked = 0.0
         self._uids: dict[str, int | None] = {}
+        self._seen: list[dict[str, Any]] = []
+        """The jobs matching ``process`` at the last look before one was chosen."""
         self._lock = threading.Lock()
         cluster.scope_job(JobScope(pending=True))  # nothing of any job is in scope until the job is chosen
 
@@ -142,6 +144,7 @@ class AttachedJob:
     def _choose(self, nodes: list[str]) -> None:
         """Pick the drilled job among those whose workers match on ``nodes``, and scope every node to it."""
         jobs = jobs_matching(self._tables(nodes, node_wide=True), self.pattern, self.slurm_job)
+        self._seen = jobs
         if not jobs:
             return
         picked = [j for j in jobs if self._picked(j)]
@@ -215,7 +218,7 @@ class AttachedJob:
             state, reason = self.slurm.get("JobState", "?"), self.slurm.get("Reason", "?")
             nodes = f"Slurm job {self.slurm_job} ({state}, reason {reason}, nodes {self.slurm.get('NodeList') or 'none'})"
         if self.found_at is None:
-            seen = jobs_matching(self._tables(self.cluster.job_nodes, node_wide=True), self.pattern, self.slurm_job)
+            seen = self._seen
             if seen and self.scope is None:
                 want = " and ".join(x for x in (f"run id {self.run_id}" if self.run_id else "",
                                                  f"user {self.user}" if self.user else "") if x)
