@@ -307,3 +307,38 @@ def test_the_hang_revert_armed_on_a_node_carries_the_start_time():
     fault = HangFault(HangSpec(kind="process.hang", duration=5, target={"ranks": [1]}), "f0")
     argv = fault.revert_argv(4242, 777, "python3")
     assert argv == ["python3", "-I", "-c", CONT_IF_SAME, "4242", "777"]
+
+
+def test_the_crash_loop_kills_only_the_drilled_jobs_workers(tmp_path):
+    """gpu.fail's emulated mechanism, as the node runs it: two workers with the same node mark and RANK=1, of two
+    jobs (run ids); the loop scoped to one job kills only that job's, again and again, never the other."""
+    from chaoskit.cluster.transports.api import JobScope
+    from chaoskit.cluster.transports.local import LocalTransport
+    from chaoskit.faults.gpu import CRASHLOOP
+
+    token = f"scope-loop-{os.getpid()}"
+
+    def worker(run_id: str) -> subprocess.Popen:
+        env = {**os.environ, LocalTransport.SCOPE_ENV: token, "RANK": "1", "TORCHELASTIC_RUN_ID": run_id}
+        return subprocess.Popen(["sleep", "60"], env=env)
+
+    ours, theirs = worker("ours"), worker("theirs")
+    again = None
+    scope = {"env": token, "netns": False, "job": JobScope("ours", os.getuid()).wire()}
+    loop_dir = tmp_path / "loop"
+    loop = subprocess.Popen([sys.executable, "-c", CRASHLOOP, str(loop_dir), "30", "0.05", json.dumps(scope),
+                             json.dumps({"ranks": [1], "pid": None, "process": None})])
+    try:
+        assert wait_until(lambda: ours.poll() is not None, 10), "the loop did not kill the drilled job's rank 1"
+        again = worker("ours")  # torchrun restarts it in place: it dies again
+        assert wait_until(lambda: again.poll() is not None, 10)
+        time.sleep(0.3)  # several polls
+        assert theirs.poll() is None
+        (loop_dir / "stop").touch()
+        loop.wait(timeout=10)
+        assert (loop_dir / "kills").read_text().count("\n") == 2
+    finally:
+        for p in (ours, theirs, again, loop):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
