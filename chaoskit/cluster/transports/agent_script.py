@@ -10,7 +10,7 @@ Protocol, one JSON object per line in each direction::
 
     -> {"id": 7, "op": "run", "argv": ["ip", "link", "set", "dev", "eth0", "down"], "timeout": 10}
     <- {"id": 7, "ok": true, "rc": 0, "stdout": "", "stderr": "", "t": 1767225600.123}
-    <- {"id": 8, "ok": false, "error": "pid 42 is not a process of this node"}
+    <- {"id": 8, "ok": false, "error": "pid 42 is not a process of the drilled job (run id r1, uid 1000); not signalled"}
 
 The first line the agent writes is ``{"id": 0, "ok": true, "hello": VERSION, ...}``.
 Requests run concurrently (cheap ones inline, commands on threads), so replies
