@@ -252,6 +252,35 @@ def test_doctor_counts_what_matches_outside_the_drilled_job(shared, tmp_path):
     assert counts["workload.process"]["inside"] == 4 and counts["faults.0.target.process"]["outside"] == 1
 
 
+def test_a_hang_on_the_node_is_continued_by_its_lease_with_the_start_time_checked(shared, tmp_path):
+    """process.hang of our rank 1 over SSH, scoped to our job; the controller never reverts: the watchdog armed
+    on n1 continues it at the fault's end, through the start-time checked SIGCONT. The decoy is never stopped."""
+    from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+    from chaoskit.cluster.transports.api import JobScope
+    from chaoskit.faults.process import CONT_IF_SAME, HangFault, HangSpec
+    from chaoskit.safety.journal import read_journal
+    from tests.conftest import fault_context, proc_state
+
+    cluster = _cluster(shared.site)
+    try:
+        cluster.scope_job(JobScope(OUR_RUN_ID, 0))
+        ours = shared.our_worker("n1", 1)
+        with fault_context(cluster.inventory, tmp_path, ttl=30) as ctx:
+            fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(nodes=["n1"], ranks=[1],
+                                                                               process="plain_train"), duration=1.5), "f0")
+            targets = resolve_processes(cluster.inventory, fault.spec.target)
+            assert [(t.node, t.pid) for t in targets] == [("n1", ours)]  # not the decoy, though it has RANK=1 too
+            [inj] = fault.inject(ctx, targets)
+            [armed] = [e for e in read_journal(tmp_path / "journal.jsonl") if e["action"] == "armed"]
+            assert armed["revert"][2:] == ["-c", CONT_IF_SAME, str(ours), str(_start_time(ours))]
+            assert wait_until(lambda: proc_state(ours) == "T", 1, interval=0.02)
+            assert shared.decoy_alive() and proc_state(shared.decoy.pid) != "T"
+            assert wait_until(lambda: proc_state(ours) in ("S", "R"), 15), proc_state(ours)  # the lease's SIGCONT
+            assert fault.verify(ctx, inj) is None
+    finally:
+        cluster.teardown()
+
+
 def test_kill_rank_1_signals_only_the_drilled_job(shared, tmp_path):
     ours = shared.our_worker("n1", 1)
     sc = _attach_scenario(shared, tmp_path, f", run_id: {OUR_RUN_ID}",
