@@ -113,8 +113,8 @@ class AttachedJob:
         if self.scope is not None:
             for name, procs in self._tables(nodes, node_wide=False).items():
                 conn = self.cluster.inventory[name].conn
-                known = conn.job if conn.job is not None else self.scope
-                conn.job = known.with_agents(procs)  # its agents stay the job's while they restart their workers
+                if hasattr(conn, "job"):  # its agents stay the job's while they restart their workers
+                    conn.job = (conn.job or self.scope).with_agents(procs)
                 for p in procs:
                     if p.state == "Z" or not self.pattern.search(p.cmdline):
                         continue

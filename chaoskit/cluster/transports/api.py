@@ -44,7 +44,8 @@ class ProcInfo:
     env: dict[str, str]
     state: str = "?"
     uid: int | None = None
-    """Its real user id, where the transport reads it."""
+    """Its user id where the transport reads it: the real uid (``/proc/PID/status``) from a node's agent, the
+    owner of ``/proc/PID`` on this machine."""
     start_time: int | None = None
     """When it started (``/proc/PID/stat`` field 22, clock ticks since boot): with the pid, who it is. A signal
     that carries it is refused once the pid names another process."""
