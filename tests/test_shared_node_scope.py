@@ -371,3 +371,33 @@ def test_the_crash_loop_kills_only_the_drilled_jobs_workers(tmp_path):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_dry_run_counts_what_matches_outside_every_nodes_scope_and_touches_nothing(tmp_path):
+    """Process-lab nodes are processes of this machine: a dry run counts the ones a regex matches outside every
+    node's scope (a stranger with the script's name on its command line) without signalling any."""
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "kill-uninstrumented.yaml"
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "plain_train.py"])
+    try:
+        assert wait_until(lambda: b"plain_train.py" in Path(f"/proc/{stranger.pid}/cmdline").read_bytes(), 5)
+        res = run_cli("run", scenario, "--dry-run", "--json")
+        assert res.code == 0, res.stderr
+        scope = json.loads(res.stdout)["scope"]
+        [counted] = scope["outside"]
+        assert counted["what"] == "faults.0.target.process" and counted["outside"] >= 1
+        assert "CHAOSKIT_SCOPE" in scope["note"]
+        text = run_cli("run", scenario, "--dry-run")
+        assert "process(es) on this machine match outside every node's scope (never touched)" in " ".join(text.stdout.split())
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_an_attach_dry_run_says_the_scope_and_where_the_count_is(tmp_path):
+    examples = Path(__file__).resolve().parents[1] / "examples" / "own-cluster"
+    res = run_cli("run", examples / "kill-rank-attach.yaml", "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    note = json.loads(res.stdout)["scope"]["note"]
+    assert "only the drilled job's processes are ever acted on" in note
+    assert "the run stops before anything is injected" in note and "chaoskit doctor" in note
