@@ -6,7 +6,11 @@ faults use (``ip``, ``tc``, ``nft``, ``kill``, Python), ``sch_netem``, the
 node's clock offset to this machine, and the GPUs ``nvidia-smi -L`` lists
 against the inventory's ``gpus:``. With a scenario, each fault is checked
 against the nodes its selector picks: what it needs there (:meth:`Fault.needs`)
-must be present. Nothing is changed on any node.
+must be present. With an attach scenario, the jobs whose workers match
+``workload.process`` are listed (more than one, unless ``run_id``/``user`` picks
+one, is what a run refuses), and for the attach selector and every fault's
+``process`` regex, how many processes match outside the drilled job's scope
+(those a run never touches). Nothing is changed on any node.
 
 The clock offset is measured NTP-style: several round trips to the node's
 agent, and the one with the smallest round trip gives the offset (node clock
@@ -25,13 +29,15 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.kernel import netem_available
 from chaoskit.cluster.selectors import select_nodes
-from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.api import ProcInfo, Transport
 from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError, parallel
 from chaoskit.core.errors import InfraError
+from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import load_scenario
+from chaoskit.workloads.attach import describe_job, describe_job_dict, job_picked, jobs_matching, user_uid
 
-__all__ = ["NodeHealth", "Diagnosis", "diagnose", "clock_offset", "TOOLS"]
+__all__ = ["NodeHealth", "Diagnosis", "diagnose", "clock_offset", "job_scope", "TOOLS"]
 
 TOOLS = ("ip", "tc", "nft", "kill")
 """Commands faults run on a node, looked up on its PATH (plus the sbin folders)."""
@@ -77,22 +83,31 @@ class Diagnosis:
     scenario: str | None = None
     faults: list[dict[str, Any]] = field(default_factory=list)
     """With a scenario: one entry per fault (kind, nodes, ``missing``: what a node lacks)."""
+    scope: dict[str, Any] | None = None
+    """With an attach scenario: the jobs matching ``workload.process`` (``jobs``), the one drilled
+    (``chosen``), what stops a run (``problem``), and per regex the processes matching outside the
+    drilled job's scope (``outside``: ``[{"what", "regex", "inside", "outside"}]``)."""
 
     @property
     def ok(self) -> bool:
-        return all(not n.problems for n in self.nodes) and all(not f["missing"] for f in self.faults)
+        return (all(not n.problems for n in self.nodes) and all(not f["missing"] for f in self.faults)
+                and not (self.scope or {}).get("problem"))
 
     def as_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "scenario": self.scenario, "ok": self.ok,
-                "nodes": [asdict(n) for n in self.nodes], "faults": self.faults}
+                "nodes": [asdict(n) for n in self.nodes], "faults": self.faults, "scope": self.scope}
 
 
 def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None, max_workers: int = 32) -> Diagnosis:
     """Check every node of the inventory (and, with a scenario, every fault's needs on its nodes)."""
     loaded = load_scenario(scenario_path) if scenario_path is not None else None
     inventory = load_inventory(inventory_path)
+    scope = None
     try:
         found = parallel({n.name: (lambda n=n: check_node(n)) for n in inventory.nodes}, max_workers)
+        if loaded is not None and loaded.model.workload.launch == "attach":
+            reached = [n for n in inventory.nodes if not isinstance(found[n.name], BaseException) and found[n.name].reachable]
+            scope = job_scope(loaded.model, inventory, reached)
     finally:
         inventory.close()
     health = []
@@ -104,7 +119,52 @@ def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None
     diagnosis = Diagnosis(str(inventory_path), health, str(scenario_path) if scenario_path else None)
     if loaded is not None:
         diagnosis.faults = _fault_needs(loaded.model, inventory, {h.node: h for h in health})
+    diagnosis.scope = scope
     return diagnosis
+
+
+def job_scope(sc: Any, inventory: Inventory, nodes: list[Node]) -> dict[str, Any]:
+    """An attach scenario's job on ``nodes`` (reachable ones): which jobs match, which one a run would drill,
+    and how many processes each regex matches outside that job's scope (read only: ``procs``)."""
+    w = sc.workload
+    pattern = compile_pattern(w.process)
+    tables: dict[str, list[ProcInfo]] = {}
+    for node in nodes:
+        try:
+            tables[node.name] = node.conn.processes(node_wide=True)
+        except InfraError:
+            continue
+    jobs = jobs_matching(tables, pattern, w.slurm_job)
+    uids: dict[str, int | None] = {}
+    picked = [j for j in jobs if job_picked(j, w.run_id, w.user, lambda n, u: user_uid(inventory, n, u, uids))]
+    out: dict[str, Any] = {"jobs": [describe_job_dict(j) for j in jobs], "chosen": None, "problem": None, "outside": []}
+    if len(picked) > 1:
+        out["problem"] = (f"workload.process '{w.process}' matches the workers of {len(picked)} jobs: "
+                          + "; ".join(describe_job(j) for j in picked)
+                          + "; a run refuses (pick one with workload.run_id or workload.user)")
+    elif picked:
+        out["chosen"] = describe_job_dict(picked[0])
+    elif jobs:
+        out["problem"] = ("no job matching '" + w.process + "' has "
+                          + " and ".join(x for x in (f"run id {w.run_id}" if w.run_id else "",
+                                                     f"user {w.user}" if w.user else "") if x)
+                          + ": " + "; ".join(describe_job(j) for j in jobs))
+    chosen = picked[0]["scope"] if len(picked) == 1 else None
+    regexes = [("workload.process", w.process)] + [(f"faults.{i}.target.process", f.target.process)
+                                                   for i, f in enumerate(sc.faults) if f.target.process]
+    for what, regex in regexes:
+        rx = compile_pattern(regex)
+        inside = outside = 0
+        for procs in tables.values():
+            ours = {p.pid for p in chosen.select(procs)} if chosen is not None else set()
+            for p in procs:
+                if p.state != "Z" and bounded_search(rx, p.cmdline, what):
+                    if p.pid in ours:
+                        inside += 1
+                    else:
+                        outside += 1
+        out["outside"].append({"what": what, "regex": regex, "inside": inside, "outside": outside})
+    return out
 
 
 def check_node(node: Node) -> NodeHealth:

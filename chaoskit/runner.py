@@ -31,9 +31,10 @@ from chaoskit.cluster.selectors import (
     subset,
 )
 from chaoskit.cluster.transports.api import FileFollower, Transport
-from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
+from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
 from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
@@ -144,6 +145,31 @@ def plan_scenario(loaded: LoadedScenario, cluster: ClusterHandle) -> list[dict[s
     return plan
 
 
+def _scope_preview(sc, cluster: ClusterHandle, job: Any, path: Path) -> dict[str, Any]:
+    """What ``--dry-run`` says of the job's scope, and how many processes each ``process`` regex matches outside
+    it where that can be counted without connecting (nodes that are processes of this machine)."""
+    if isinstance(job, AttachedJob):
+        text = job.scope_note()
+    else:
+        text = ("only the processes of the job chaoskit starts are ever acted on: each carries its node's mark "
+                "(CHAOSKIT_SCOPE), checked by the node's agent")
+    regexes = ([("workload.process", sc.workload.process)] if sc.workload.process else []) + [
+        (f"faults.{i}.target.process", f.target.process) for i, f in enumerate(sc.faults) if f.target.process]
+    local = all(isinstance(n.conn, LocalTransport) for n in cluster.inventory.nodes)
+    outside = []
+    if regexes and local:
+        procs = [p for p in read_proc() if p.state != "Z" and LocalTransport.SCOPE_ENV not in p.env]
+        for what, regex in regexes:
+            rx = compile_pattern(regex)
+            outside.append({"what": what, "regex": regex,
+                            "outside": sum(1 for p in procs if bounded_search(rx, p.cmdline, what))})
+    elif regexes:
+        inventory = cluster.details.get("inventory", "INVENTORY")
+        text += (f"; a dry run connects to nothing, so the processes matching outside the scope are not counted: "
+                 f"chaoskit doctor {inventory} --scenario {path} counts them")
+    return {"note": text, "outside": outside}
+
+
 class _Placeholder:
     def __init__(self, node: str, rank: int | None) -> None:
         self.node, self.rank = node, rank
@@ -190,6 +216,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
         if isinstance(job, (AttachedJob, SlurmJob)):
             result["attach" if isinstance(job, AttachedJob) else "submit"] = job.describe()
+        result["scope"] = _scope_preview(sc, cluster, job, loaded.path)
         if not torch_available() and sc.workload.launch not in ("command", "attach"):
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, redact_value(result), None, plan)

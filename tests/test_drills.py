@@ -174,7 +174,7 @@ def test_rollback_after_the_controller_is_killed(tmp_path):
     proc.kill()
     proc.wait()
     armed = next(json.loads(x) for x in journal.read_text().splitlines() if '"armed"' in x)
-    pid = int(armed["revert"][-1])
+    pid = int(armed["revert"][-2])  # python3 -I -c CONT_IF_SAME PID START_TIME
     state = lambda: proc_state(pid)  # noqa: E731
     assert state() == "T"
     [marker] = (Path(os.environ["CHAOSKIT_STATE_DIR"]) / "runs").glob("*.json")

@@ -14,7 +14,7 @@ import pytest
 
 from chaoskit.cluster.selectors import TargetSpec, resolve_processes
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
+from chaoskit.faults.process import CONT_IF_SAME, HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
@@ -98,7 +98,12 @@ def test_hang_is_reverted_by_the_controller(lab_procs, tmp_path):
     [inj] = fault.inject(ctx, resolve_processes(inv, fault.spec.target))
     assert wait_state(procs[0].pid, lambda s: s == "T")
     entries = read_journal(tmp_path / "journal.jsonl")
-    assert entries[0]["action"] == "armed" and entries[0]["revert"] == ["kill", "-s", "CONT", str(procs[0].pid)]
+    # the watchdog's SIGCONT carries the pid's start time: a pid reused by then is left alone
+    with open(f"/proc/{procs[0].pid}/stat", "rb") as fh:
+        stat = fh.read()
+    start = stat[stat.rfind(b")") + 2:].split()[19].decode()
+    assert entries[0]["action"] == "armed" and entries[0]["revert"] == [sys.executable, "-I", "-c", CONT_IF_SAME,
+                                                                        str(procs[0].pid), start]
     fault.revert(ctx, inj)
     leases.release(inj.fault_id)
     assert wait_state(procs[0].pid, lambda s: s in ("S", "R"))

@@ -109,7 +109,7 @@ def test_an_attached_slurm_job_is_looked_for_only_on_its_allocation():
         def __init__(self, name):
             self.name, self.asked = name, 0
 
-        def processes(self):
+        def processes(self, workers_only=False, *, node_wide=False):
             self.asked += 1
             return []
 

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.slurm import SlurmAccess
-from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.api import JobScope, Transport
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import StrictModel
 from chaoskit.observe.events import EventBus
@@ -99,6 +99,13 @@ class ClusterHandle:
     scheduler_options: dict[str, str] = field(default_factory=dict)
     """What a generated batch script needs to know of this cluster: ``partition``, ``local_addr_interface``
     (the NIC whose address a torchrun agent advertises)."""
+
+    def scope_job(self, job: JobScope | None) -> None:
+        """Scope every node's transport to the drilled job (its agent enforces it from the next request on):
+        an attached job's run id and uid, a Slurm job's id. ``None``: each node's whole scope is the job's."""
+        for node in self.inventory.nodes:
+            if node.conn is not None and hasattr(node.conn, "job"):
+                node.conn.job = job
 
     @property
     def agent_nodes(self) -> list[str]:

@@ -71,6 +71,8 @@ class NetnsBackend(ClusterBackend):
                                   directory=state_dir() / "lab" / f"netns-run-{secrets.token_hex(3)}")
         inventory = lab.inventory()
         names = lab.node_names()
+        for node in inventory.nodes:  # the job chaoskit starts carries its node's mark: nothing else is in scope
+            node.conn.node_scope["env"] = f"{lab.lab_id}.{node.name}"
 
         def teardown() -> None:
             inventory.close()

@@ -55,6 +55,17 @@ def _render(result: Diagnosis) -> None:
         console.print(f"fault {f['fault']} {f['kind']} on {', '.join(f['nodes']) or 'no node'}: {state}")
         for line in f["missing"]:
             console.print(f"  {escape(line)}")
+    scope = result.scope
+    if scope is not None:
+        chosen = scope["chosen"]
+        if chosen is not None:
+            console.print(f"drilled job: run id {escape(str(chosen['run_id']))}, uid {chosen['uid']} on "
+                          f"{', '.join(chosen['nodes'])} ({chosen['workers']} worker(s))", soft_wrap=True)
+        if scope["problem"]:
+            console.print(f"[red]job[/red]: {escape(scope['problem'])}", soft_wrap=True)
+        for item in scope["outside"]:
+            console.print(f"{item['what']} '{escape(item['regex'])}': {item['inside']} process(es) in the drilled job's "
+                          f"scope, {item['outside']} outside it (never touched)", soft_wrap=True)
     console.print("ready" if result.ok else "[red]not ready[/red]: see above")
 
 

@@ -87,10 +87,12 @@ class TargetSpec(StrictModel):
 
 
 class ProcessTarget:
-    """One resolved process: which node, which pid, which rank (if a worker)."""
+    """One resolved process: which node, which pid (and when it started: a signal to a reused pid is refused),
+    which rank (if a worker)."""
 
     def __init__(self, node: str, proc: ProcInfo) -> None:
         self.node, self.pid, self.rank, self.cmdline = node, proc.pid, proc.rank, proc.cmdline
+        self.start_time = proc.start_time
 
     def label(self) -> str:
         return f"{self.node}/rank{self.rank}" if self.rank is not None else f"{self.node}/pid{self.pid}"
@@ -143,7 +145,8 @@ def check_static(inventory: Inventory, spec: TargetSpec, world_size: int, max_no
 
 
 def resolve_processes(inventory: Inventory, spec: TargetSpec) -> list[ProcessTarget]:
-    """The processes the selectors match now, lowest rank (then pid) first.
+    """The processes the selectors match now, lowest rank (then pid) first, among each node's processes of the
+    drilled job (:attr:`~chaoskit.cluster.transports.api.Transport.job`: the node's agent lists no other).
 
     Without ``pid``/``process`` selectors the candidates are the training workers.
     """

@@ -95,6 +95,25 @@ def netns(pid):
         return None
 own = netns("self") if scope.get("netns") else None
 token = scope.get("env")
+job = scope.get("job") or None
+def uid_of(pid):
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+def owned(pid, env):
+    if job.get("uid") is not None and uid_of(pid) != int(job["uid"]):
+        return False
+    return job.get("slurm_job") is None or env.get("SLURM_JOB_ID") == str(job["slurm_job"])
+def carries(pid, env):
+    if job.get("pending"):
+        return False
+    if job.get("run_id") is not None and env.get("TORCHELASTIC_RUN_ID") != str(job["run_id"]):
+        return False
+    return owned(pid, env)
 ranks = set(sel["ranks"]) if sel.get("ranks") is not None else None
 class SlowPattern(Exception):
     pass
@@ -178,6 +197,13 @@ def matches(pid):
         return None
     rank = env.get("RANK")
     rank = int(rank) if rank is not None and rank.isdigit() else None
+    if job is not None and not carries(pid, env):
+        # of the drilled job only: a torchrun agent (no run id of its own) seen before, or the parent of a worker
+        if not whole_node or job.get("pending") or not owned(pid, env):
+            return None
+        if [pid, int(rest[19])] in (job.get("agents") or []):
+            return (rank, None)
+        return (rank, None, "agent") if AGENT.search(cmd) else None
     if whole_node:
         if "CHAOSKIT_NODE" in env or "TORCHELASTIC_RUN_ID" in env:
             worker = "TORCHELASTIC_RUN_ID" in env and rank is not None
@@ -233,8 +259,9 @@ for ``scope: node`` (every process of the job in the node's scope, agents first)
 an existing ``DIR`` and one outside chaoskit's state folder, writes ``DIR/started`` (its clock, its pid) once it watches, one line
 per kill to ``DIR/kills`` (time, pid, rank or ``None``), and ``DIR/exited`` when ``DIR/stop``
 appears or ``DURATION_S`` has passed. Only processes of the node's scope are ever
-touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace, as the
-transports' own agents judge it)."""
+touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace), and of those only the
+drilled job's (``SCOPE_JSON``'s ``job``: its run id, uid, Slurm job; its torchrun agent as the
+parent of one of its workers), as the transports' own agents judge it."""
 
 
 class GpuFailSpec(FaultSpec):
@@ -489,7 +516,7 @@ def _kill_job(transport: Transport, detail: dict[str, Any]) -> None:
     """``scope: node`` with nvidia: every process of the job on the node, agents first, killed once."""
     for proc in job_processes(transport.processes()):
         try:
-            transport.signal(proc.pid, signal.SIGKILL)
+            transport.signal(proc.pid, signal.SIGKILL, proc.start_time)
         except InfraError:  # gone in the meantime
             continue
         if proc.pid not in detail["killed"]:
@@ -506,11 +533,14 @@ def _compute_mode(transport: Transport, dev: str) -> str:
 
 
 def _scope(transport: Transport) -> dict[str, Any]:
-    """The node's scope as the crash loop judges it: the ``CHAOSKIT_SCOPE`` token and/or its network namespace."""
+    """The node's scope as the crash loop judges it: the ``CHAOSKIT_SCOPE`` token and/or its network namespace,
+    and the drilled job within it (:attr:`Transport.job`)."""
     scope = getattr(transport, "scope", None)
+    job = getattr(transport, "job", None)
+    wire = job.wire() if job is not None else None
     if isinstance(scope, dict):
-        return {"env": scope.get("env"), "netns": bool(scope.get("netns"))}
+        return {"env": scope.get("env"), "netns": bool(scope.get("netns")), "job": wire}
     if not scope:
         raise InfraError(f"gpu.fail: node {transport.node} has no process scope, so a crash loop could not tell its "
                          "workers from other processes")
-    return {"env": str(scope), "netns": False}
+    return {"env": str(scope), "netns": False, "job": wire}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from chaoskit.cluster.selectors import ProcessTarget
+from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.faults.api import (
     Action,
@@ -19,7 +21,7 @@ from chaoskit.faults.api import (
     signal_number,
 )
 
-__all__ = ["KillFault", "HangFault", "KillSpec", "HangSpec"]
+__all__ = ["KillFault", "HangFault", "KillSpec", "HangSpec", "CONT_IF_SAME", "node_python"]
 
 
 class KillSpec(FaultSpec):
@@ -57,17 +59,18 @@ class KillFault(Fault):
         signum = signal_number(self.spec.signal)
         out = []
         for t in targets:
-            ts = ctx.transport(t.node).signal(t.pid, signum)
-            out.append(Injection(self.fault_id, self.kind, t.node, [t.label()], ts, {"pid": t.pid, "signal": self.spec.signal}))
+            ts = ctx.transport(t.node).signal(t.pid, signum, getattr(t, "start_time", None))
+            out.append(Injection(self.fault_id, self.kind, t.node, [t.label()], ts,
+                                 {"pid": t.pid, "start_time": getattr(t, "start_time", None), "signal": self.spec.signal}))
         return out
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         if self.spec.signal not in ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV"):
             return None
-        pid = injection.detail["pid"]
+        pid, start = injection.detail["pid"], injection.detail.get("start_time")
         deadline = time.time() + 5
         while time.time() < deadline:
-            if not ctx.transport(injection.node).in_scope(pid):
+            if ctx.transport(injection.node).state(pid, start) in (None, "Z"):
                 return None
             time.sleep(0.05)
         return f"pid {pid} still alive 5s after {self.spec.signal}"
@@ -82,30 +85,72 @@ class HangFault(Fault):
         d = self.spec.duration
         out = []
         for t in targets:
-            out.append(Action(t.node, f"arm lease: watchdog runs 'kill -s CONT {t.pid}' after {d:g}s or a stale lease", t.label()))
+            out.append(Action(t.node, f"arm lease: watchdog runs 'kill -s CONT {t.pid}' after {d:g}s or a stale lease "
+                                      "(only while the pid is still that process: its start time is checked)", t.label()))
             out.append(Action(t.node, f"kill -s STOP {t.pid}", t.label()))
             out.append(Action(t.node, f"after {d:g}s: kill -s CONT {t.pid}", t.label()))
         return out
 
-    def revert_argv(self, pid: int) -> list[str]:
-        return ["kill", "-s", "CONT", str(int(pid))]
+    def revert_argv(self, pid: int, start_time: int | None = None, python: str = "python3") -> list[str]:
+        """What the lease's watchdog runs: SIGCONT to ``pid`` only while it is still the process that was
+        stopped (its start time unchanged; through a pidfd where the node has them), so a late revert never
+        reaches a stranger that reused the pid. Without a start time (a transport that cannot read it): kill."""
+        if start_time is None:
+            return ["kill", "-s", "CONT", str(int(pid))]
+        return [python, "-I", "-c", CONT_IF_SAME, str(int(pid)), str(int(start_time))]
 
     def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
         out = []
         for i, t in enumerate(targets):
             fid = f"{self.fault_id}.{i}"
             transport = ctx.transport(t.node)
-            ctx.arm(transport, fid, self.kind, self.revert_argv(t.pid), self.spec.duration, target=t.label())
-            ts = transport.signal(t.pid, signal.SIGSTOP)
-            out.append(Injection(fid, self.kind, t.node, [t.label()], ts, {"pid": t.pid}))
+            start = getattr(t, "start_time", None)
+            revert = self.revert_argv(t.pid, start, node_python(ctx, transport, t.node))
+            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
+            ts = transport.signal(t.pid, signal.SIGSTOP, start)
+            out.append(Injection(fid, self.kind, t.node, [t.label()], ts, {"pid": t.pid, "start_time": start}))
         return out
 
     def revert(self, ctx: FaultContext, injection: Injection) -> None:
         transport = ctx.transport(injection.node)
-        pid = injection.detail["pid"]
-        if transport.in_scope(pid):
-            transport.signal(pid, signal.SIGCONT)
+        pid, start = injection.detail["pid"], injection.detail.get("start_time")
+        if transport.state(pid, start) not in (None, "Z"):
+            transport.signal(pid, signal.SIGCONT, start)
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
-        state = ctx.transport(injection.node).state(injection.detail["pid"])
+        state = ctx.transport(injection.node).state(injection.detail["pid"], injection.detail.get("start_time"))
         return f"pid {injection.detail['pid']} is still stopped" if state == "T" else None
+
+
+CONT_IF_SAME = r"""
+import os, signal, sys
+pid, start = int(sys.argv[1]), sys.argv[2]
+fd = None
+if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        sys.exit(0)
+try:
+    with open("/proc/%d/stat" % pid, "rb") as fh:
+        stat = fh.read()
+except OSError:
+    sys.exit(0)
+if stat[stat.rfind(b")") + 2:].split()[19].decode() != start:
+    sys.exit(0)
+if fd is not None:
+    signal.pidfd_send_signal(fd, signal.SIGCONT)
+else:
+    os.kill(pid, signal.SIGCONT)
+"""
+"""The hang's revert, run as ``python3 -I -c CONT_IF_SAME PID START_TIME``: SIGCONT to ``PID`` only while
+``/proc/PID/stat`` field 22 is still ``START_TIME`` (a gone or reused pid is left alone, exit 0: nothing of
+ours is stopped). The pidfd is opened before the check, so the signal reaches the process that was checked."""
+
+
+def node_python(ctx: FaultContext, transport: object, node: str) -> str:
+    """The Python on ``node`` (its inventory's ``ssh.python``); this one for a node that is this machine."""
+    if isinstance(transport, LocalTransport):
+        return sys.executable
+    info = ctx.inventory[node] if node in ctx.inventory else None
+    return info.ssh.python if info is not None and info.ssh is not None else "python3"

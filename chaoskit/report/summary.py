@@ -140,5 +140,13 @@ def render_plan(console, result: dict[str, Any]) -> None:
         console.print(f"fault {item['fault']} [bold]{item['kind']}[/bold] at {item['at']}, target {item['target']}:")
         for a in item["actions"]:
             console.print(f"  {a['node']}  {a['target']:<14} {a['command']}")
+    scope = result.get("scope")
+    if scope:
+        from rich.markup import escape
+
+        console.print(f"scope: {escape(scope['note'])}", soft_wrap=True)
+        for item in scope.get("outside", []):
+            console.print(f"  {item['what']} '{escape(item['regex'])}': {item['outside']} process(es) on this machine match "
+                          "outside every node's scope (never touched)", soft_wrap=True)
     for line in result.get("preflight", []):
         console.print(f"[yellow]preflight:[/yellow] {line}")

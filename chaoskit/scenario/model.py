@@ -19,7 +19,7 @@ from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.limits import MAX_COUNT, MAX_REPEAT
 from chaoskit.core.models import NAME_RE, StrictModel, check_regex
 from chaoskit.core.sizes import ByteSize
-from chaoskit.core.shell import check_path
+from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
 
@@ -63,6 +63,12 @@ class Workload(StrictModel):
     slurm_job: str | None = Field(None, description=(
         "launch: attach on a cluster with Slurm only: the id of the job to drill (queued or running); its nodes "
         "are the ones Slurm allocated it, and its state changes join the timeline."))
+    run_id: str | None = Field(None, description=(
+        "launch: attach only: the torchrun run id (--rdzv-id, TORCHELASTIC_RUN_ID in its workers' environment) of "
+        "the job to drill, when more than one job on the nodes matches `process`."))
+    user: str | None = Field(None, description=(
+        "launch: attach only: the user (name or uid) whose job to drill, when more than one job on the nodes "
+        "matches `process`."))
     steps: int = Field(400, ge=1, le=MAX_COUNT, description="Training steps to run.")
     step_time: Duration = Field(0.05, description="Minimum wall time of one step (the reference job sleeps the rest).")
     step_compute: Duration | None = Field(None, description=(
@@ -110,6 +116,24 @@ class Workload(StrictModel):
             raise ValueError(f"checkpoint_dir {v!r} must be a plain absolute path: no '.', '..' or '//' in it")
         return v
 
+    @field_validator("run_id", mode="before")
+    @classmethod
+    def _run_id(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)
+        if isinstance(v, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", v):
+            raise ValueError(f"invalid run id {v!r}: letters, digits and _ . : - (torchrun's --rdzv-id), at most 128")
+        return v
+
+    @field_validator("user", mode="before")
+    @classmethod
+    def _user(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)
+        if isinstance(v, str) and not (re.fullmatch(r"[0-9]{1,10}", v) or re.fullmatch(USER_RE, v)):
+            raise ValueError(f"invalid user {v!r}: a user name (lower-case letters, digits, _ . -) or a numeric uid")
+        return v
+
     @model_validator(mode="after")
     def _command(self) -> "Workload":
         if self.launch == "command" and not self.command:
@@ -129,6 +153,10 @@ class Workload(StrictModel):
             raise ValueError("launch: sbatch needs 'script: FILE' (the batch script to submit)")
         if self.launch != "sbatch" and self.script:
             raise ValueError("'script' is only used with launch: sbatch")
+        for name in ("run_id", "user"):
+            if self.launch != "attach" and getattr(self, name) is not None:
+                raise ValueError(f"'{name}' is only used with launch: attach (it picks the job to drill among those "
+                                 "that match `process`)")
         if self.launch != "attach" and self.slurm_job is not None:
             raise ValueError("'slurm_job' is only used with launch: attach (a job already queued or running in Slurm)")
         if self.step_compute is not None and self.launch not in ("reference", "uninstrumented"):

@@ -10,6 +10,15 @@ With ``slurm_job: ID`` (on a cluster whose handle has a ``scheduler``) the job i
 that Slurm runs: its nodes are the ones Slurm allocated it (``scontrol show job``, asked
 again at every look, since a requeued job moves), the run's Slurm probe follows its
 states, and a job Slurm does not know stops the run before anything is injected.
+
+On a shared node other jobs may match ``workload.process`` too (another user's ``train.py``
+with its own ``RANK=1``). A job is told apart by what only it has: torchrun's run id
+(``TORCHELASTIC_RUN_ID``), the uid it runs as and, under Slurm, its ``SLURM_JOB_ID``. When
+more than one job matches, the run stops before anything is injected and lists them
+(``workload.run_id`` or ``workload.user`` picks one). Once the job is chosen, its scope
+(:class:`~chaoskit.cluster.transports.api.JobScope`) is set on every node's transport, whose
+agent then enforces it: nothing outside it is listed, signalled, throttled or killed. Until
+then nothing of any job is in scope.
 """
 
 from __future__ import annotations
@@ -21,10 +30,11 @@ from typing import Any, Callable
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.slurm import JOB_DONE_STATES, node_list
+from chaoskit.cluster.transports.api import JobScope, ProcInfo
 from chaoskit.core.errors import InfraError
 from chaoskit.core.patterns import bounded_search, compile_pattern
 
-__all__ = ["AttachedJob", "Worker"]
+__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "user_uid", "describe_job", "describe_job_dict"]
 
 LineSink = Callable[[str, str, float], None]
 POLL_S = 0.5
@@ -44,11 +54,21 @@ class AttachedJob:
         self.slurm_job: str | None = getattr(workload, "slurm_job", None)
         self.slurm: dict[str, str] = {}
         """The Slurm job's fields as last read (``slurm_job`` only)."""
+        self.run_id: str | None = getattr(workload, "run_id", None)
+        self.user: str | None = getattr(workload, "user", None)
+        self.scope: JobScope | None = None
+        """The job's scope once chosen (its run id, uid, Slurm job); set on every node's transport."""
+        self.others: list[dict[str, Any]] = []
+        """Jobs on the nodes that match ``process`` but are not the drilled one (run id, uid, nodes)."""
         self.found_at: float | None = None
         self.workers: list[Worker] = []
         self._matches = 0
         self._checked = 0.0
+        self._uids: dict[str, int | None] = {}
+        self._seen: list[dict[str, Any]] = []
+        """The jobs matching ``process`` at the last look before one was chosen."""
         self._lock = threading.Lock()
+        cluster.scope_job(JobScope(pending=True))  # nothing of any job is in scope until the job is chosen
 
     def commands(self) -> dict[str, list[str]]:
         """Nothing is started on any node."""
@@ -80,31 +100,86 @@ class AttachedJob:
         return []
 
     def scan(self) -> list[Worker]:
-        """The job's workers on its nodes now (and whether any process of it is there at all)."""
+        """The job's workers on its nodes now (and whether any process of it is there at all).
+
+        Until the job is chosen, the nodes' whole scope is read and the matching workers grouped by job;
+        exactly one job (after ``run_id``/``user``) is chosen, more than one is an :class:`InfraError`
+        listing them (nothing was injected)."""
+        nodes = self._allocation() if self.slurm_job is not None else self.cluster.job_nodes
+        if self.scope is None:
+            self._choose(nodes)
         workers: list[Worker] = []
         matches = 0
-        nodes = self._allocation() if self.slurm_job is not None else self.cluster.job_nodes
-        for name in nodes:
-            conn = self.cluster.inventory[name].conn
-            try:
-                procs = conn.processes()
-            except InfraError:
-                continue
-            for p in procs:
-                if p.state == "Z" or not bounded_search(self.pattern, p.cmdline, "workload.process"):
-                    continue
-                matches += 1
-                if p.rank is None:
-                    continue
-                workers.append(Worker(
-                    node=name, pid=p.pid, rank=p.rank, local_rank=_int(p.env.get("LOCAL_RANK")),
-                    restart_count=_int(p.env.get("TORCHELASTIC_RESTART_COUNT")),
-                ))
+        if self.scope is not None:
+            for name, procs in self._tables(nodes, node_wide=False).items():
+                conn = self.cluster.inventory[name].conn
+                if hasattr(conn, "job"):  # its agents stay the job's while they restart their workers
+                    conn.job = (conn.job or self.scope).with_agents(procs)
+                for p in procs:
+                    if p.state == "Z" or not bounded_search(self.pattern, p.cmdline, "workload.process"):
+                        continue
+                    matches += 1
+                    if p.rank is None:
+                        continue
+                    workers.append(Worker(
+                        node=name, pid=p.pid, rank=p.rank, local_rank=_int(p.env.get("LOCAL_RANK")),
+                        restart_count=_int(p.env.get("TORCHELASTIC_RESTART_COUNT")),
+                    ))
         with self._lock:
             self.workers, self._matches, self._checked = workers, matches, time.monotonic()
             if workers and self.found_at is None:
                 self.found_at = time.time()
         return workers
+
+    def _tables(self, nodes: list[str], node_wide: bool) -> dict[str, list[ProcInfo]]:
+        out = {}
+        for name in nodes:
+            conn = self.cluster.inventory[name].conn
+            try:
+                out[name] = conn.processes(node_wide=node_wide)
+            except InfraError:
+                continue
+        return out
+
+    def _choose(self, nodes: list[str]) -> None:
+        """Pick the drilled job among those whose workers match on ``nodes``, and scope every node to it."""
+        jobs = jobs_matching(self._tables(nodes, node_wide=True), self.pattern, self.slurm_job)
+        self._seen = jobs
+        if not jobs:
+            return
+        picked = [j for j in jobs if self._picked(j)]
+        if len(picked) > 1:
+            listed = "; ".join(self._describe(j) for j in picked)
+            raise InfraError(
+                f"workload.process '{self.workload.process}' matches the workers of {len(picked)} jobs on the nodes: "
+                f"{listed}; chaoskit drills exactly one, so nothing was injected",
+                hint="pick one with workload.run_id: RUN_ID (torchrun's --rdzv-id) or workload.user: USER",
+            )
+        if not picked:
+            return  # only other jobs so far: ours may start later (diagnosis() names what was seen)
+        chosen = picked[0]
+        self.scope = chosen["scope"]
+        self.others = [self._describe_dict(j) for j in jobs if j is not chosen]
+        self.cluster.scope_job(self.scope)
+
+    def _picked(self, job: dict[str, Any]) -> bool:
+        return job_picked(job, self.run_id, self.user, lambda node, user: user_uid(self.cluster.inventory, node, user, self._uids))
+
+    def _describe_dict(self, job: dict[str, Any]) -> dict[str, Any]:
+        return describe_job_dict(job)
+
+    def _describe(self, job: dict[str, Any]) -> str:
+        return describe_job(job)
+
+    def scope_note(self) -> str:
+        """What ``--dry-run`` says of the job's scope."""
+        picks = " and ".join(x for x in (f"run id {self.run_id}" if self.run_id else "",
+                                         f"user {self.user}" if self.user else "") if x)
+        return ("only the drilled job's processes are ever acted on (its torchrun run id, uid"
+                + (", Slurm job" if self.slurm_job is not None else "") + ", enforced by each node's agent)"
+                + (f": the job with {picks}" if picks else "")
+                + f"; when the workers of more than one job match '{self.workload.process}' the run stops before "
+                "anything is injected")
 
     def _allocation(self) -> list[str]:
         """The Slurm job's nodes now, those of them this inventory lists; none while it waits for an allocation
@@ -143,6 +218,12 @@ class AttachedJob:
             state, reason = self.slurm.get("JobState", "?"), self.slurm.get("Reason", "?")
             nodes = f"Slurm job {self.slurm_job} ({state}, reason {reason}, nodes {self.slurm.get('NodeList') or 'none'})"
         if self.found_at is None:
+            seen = self._seen
+            if seen and self.scope is None:
+                want = " and ".join(x for x in (f"run id {self.run_id}" if self.run_id else "",
+                                                 f"user {self.user}" if self.user else "") if x)
+                return (f"no job with {want} among those matching '{self.workload.process}' on {nodes}: "
+                        + "; ".join(self._describe(j) for j in seen))
             return (f"no process matching '{self.workload.process}' with torchrun's RANK in its environment on {nodes} "
                     "(attach never starts a job: start it, or fix workload.process)")
         ranks = sorted({w["rank"] for w in self.workers})
@@ -152,7 +233,9 @@ class AttachedJob:
     def info(self) -> dict[str, Any]:
         slurm = ({"slurm_job": self.slurm_job, "slurm_state": self.slurm.get("JobState"),
                   "slurm_nodes": node_list(self.slurm.get("NodeList"))} if self.slurm_job is not None else {})
-        return {"attached": True, "process": self.workload.process, "found_at": self.found_at, **slurm,
+        scope = ({"scope": {"run_id": self.scope.run_id, "uid": self.scope.uid, "slurm_job": self.scope.slurm_job},
+                  "other_jobs": self.others} if self.scope is not None else {})
+        return {"attached": True, "process": self.workload.process, "found_at": self.found_at, **slurm, **scope,
                 "workers": [dict(w) for w in sorted(self.workers, key=lambda w: (w["rank"], w["node"]))]}
 
     def returncodes(self) -> dict[str, int | None]:
@@ -163,6 +246,66 @@ class AttachedJob:
 
     def stop(self, grace: float = 0.0) -> None:
         """Nothing: the job is not chaoskit's; it is left running."""
+
+
+def jobs_matching(tables: dict[str, list[ProcInfo]], pattern: Any, slurm_job: str | None = None
+                  ) -> list[dict[str, Any]]:
+    """The jobs whose workers (a ``RANK`` in their environment) match ``pattern`` in the nodes' process
+    ``tables``, told apart by run id, uid and Slurm job: ``{"scope": JobScope, "nodes": [...], "workers": N}``,
+    in the order first seen. With ``slurm_job``, only that Slurm job's."""
+    jobs: dict[JobScope, dict[str, Any]] = {}
+    for node, procs in tables.items():
+        for p in procs:
+            if p.state == "Z" or p.rank is None or not bounded_search(pattern, p.cmdline, "workload.process"):
+                continue
+            if slurm_job is not None and p.slurm_job != slurm_job:
+                continue
+            job = jobs.setdefault(JobScope.of(p), {"scope": JobScope.of(p), "nodes": [], "workers": 0})
+            job["workers"] += 1
+            if node not in job["nodes"]:
+                job["nodes"].append(node)
+    return list(jobs.values())
+
+
+def job_picked(job: dict[str, Any], run_id: str | None, user: str | None,
+               uid_of: Callable[[str, str], int | None]) -> bool:
+    """Whether ``job`` (of :func:`jobs_matching`) is the one ``workload.run_id``/``workload.user`` name;
+    ``uid_of(node, user)`` turns a user name into its uid on that node."""
+    scope: JobScope = job["scope"]
+    if run_id is not None and scope.run_id != run_id:
+        return False
+    if user is not None:
+        want = int(user) if user.isdigit() else uid_of(job["nodes"][0], user)
+        if want is None or scope.uid != want:
+            return False
+    return True
+
+
+def user_uid(inventory: Any, node: str, user: str, cache: dict[str, int | None]) -> int | None:
+    """``user``'s uid on ``node`` (the node's own user database, not this machine's); ``cache`` per node."""
+    if node not in cache:
+        try:
+            res = inventory[node].conn.run(["id", "-u", user], 10.0)
+        except InfraError:
+            return None
+        out = res.stdout.strip()
+        cache[node] = int(out) if res.returncode == 0 and out.isdigit() else None
+    return cache[node]
+
+
+def describe_job_dict(job: dict[str, Any]) -> dict[str, Any]:
+    scope: JobScope = job["scope"]
+    return {"run_id": scope.run_id, "uid": scope.uid, "slurm_job": scope.slurm_job, "nodes": job["nodes"],
+            "workers": job["workers"]}
+
+
+def describe_job(job: dict[str, Any]) -> str:
+    """One job in a line: run id, uid, Slurm job, nodes, workers."""
+    scope: JobScope = job["scope"]
+    parts = [f"run id {scope.run_id or '(none)'}", f"uid {scope.uid if scope.uid is not None else '?'}"]
+    if scope.slurm_job is not None:
+        parts.append(f"Slurm job {scope.slurm_job}")
+    return f"{', '.join(parts)} on {', '.join(job['nodes'])} ({job['workers']} worker(s))"
 
 
 def _int(value: str | None) -> int | None:

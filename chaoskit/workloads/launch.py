@@ -226,7 +226,7 @@ class TorchrunJob:
             for scope in scopes:
                 for p in _processes(scope):
                     try:
-                        scope.signal(p.pid, sig)
+                        scope.signal(p.pid, sig, p.start_time)
                     except (ProcessLookupError, InfraError):
                         pass
             deadline = time.time() + wait

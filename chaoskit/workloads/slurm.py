@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, node_list
+from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.observe.probes import FileLogProbe
 from chaoskit.workloads.launch import TorchrunJob, free_port, job_dir
@@ -181,6 +182,8 @@ class SlurmJob:
                              hint=f"the script: {script}")
         self.job_id = res.stdout.strip().split(";")[0]
         self.cluster.scheduler_jobs.add(self.job_id)
+        if self.job_id.isdigit():  # the job's processes carry SLURM_JOB_ID: nothing else on the nodes is in scope
+            self.cluster.scope_job(JobScope(slurm_job=self.job_id))
         self.submitted_at = time.time()
         self.refresh()
         if self.generated:

@@ -10,7 +10,7 @@ Protocol, one JSON object per line in each direction::
 
     -> {"id": 7, "op": "run", "argv": ["ip", "link", "set", "dev", "eth0", "down"], "timeout": 10}
     <- {"id": 7, "ok": true, "rc": 0, "stdout": "", "stderr": "", "t": 1767225600.123}
-    <- {"id": 8, "ok": false, "error": "pid 42 is not a process of this node"}
+    <- {"id": 8, "ok": false, "error": "pid 42 is not a process of the drilled job (run id r1, uid 1000); not signalled"}
 
 The first line the agent writes is ``{"id": 0, "ok": true, "hello": VERSION, ...}``.
 Requests run concurrently (cheap ones inline, commands on threads), so replies
@@ -97,6 +97,26 @@ def _netns_of(pid):
         return None
 
 
+ENV_KEYS = frozenset((
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID",
+))
+ENV_PREFIXES = ("TORCHELASTIC_", "CHAOSKIT_")
+"""The only environment variables of a process that leave the node (``procs``): what chaoskit reads.
+Kept equal to chaoskit.cluster.transports.api.PROC_ENV_KEYS/PREFIXES (a test checks)."""
+
+
+def _uid_of(pid):
+    """The real uid of ``pid`` (``/proc/PID/status``), or None."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _proc(pid):
     base = "/proc/%d" % pid
     try:
@@ -117,11 +137,23 @@ def _proc(pid):
         key, sep, value = item.partition(b"=")
         if sep:
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return {"pid": pid, "ppid": int(rest[1]), "cmdline": cmdline, "env": env, "state": rest[0]}
+    try:
+        start = int(rest[19])
+    except (IndexError, ValueError):
+        return None
+    return {"pid": pid, "ppid": int(rest[1]), "cmdline": cmdline, "env": env, "state": rest[0],
+            "uid": _uid_of(pid), "start": start}
 
 
-def _in_scope(info, scope):
-    """``scope``: {"netns": bool, "env": token or None}. True when the process belongs to the node."""
+def _wire(info):
+    """A process as it leaves the node: only the environment keys chaoskit reads."""
+    out = dict(info)
+    out["env"] = dict((k, v) for k, v in info["env"].items() if k in ENV_KEYS or k.startswith(ENV_PREFIXES))
+    return out
+
+
+def _in_node(info, scope):
+    """Whether the process belongs to the node: its netns and/or its CHAOSKIT_SCOPE token."""
     if info is None:
         return False
     scope = scope or {}
@@ -131,6 +163,80 @@ def _in_scope(info, scope):
     if token and info["env"].get("CHAOSKIT_SCOPE") != token:
         return False
     return True
+
+
+def _owned(info, job):
+    """Same uid and Slurm job as the drilled job (where it names them)."""
+    if job.get("uid") is not None and info["uid"] != int(job["uid"]):
+        return False
+    if job.get("slurm_job") is not None and info["env"].get("SLURM_JOB_ID") != str(job["slurm_job"]):
+        return False
+    return True
+
+
+def _carries(info, job):
+    """Whether the process itself carries every mark of the drilled job (its run id, uid, Slurm job)."""
+    if job.get("pending"):
+        return False
+    if job.get("run_id") is not None and info["env"].get("TORCHELASTIC_RUN_ID") != str(job["run_id"]):
+        return False
+    return _owned(info, job)
+
+
+def _child_procs(pid):
+    """The live processes whose parent is ``pid``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                stat = fh.read()
+            if int(stat[stat.rfind(b")") + 2:].split()[1]) != pid:
+                continue
+        except (OSError, ValueError, IndexError):
+            continue
+        info = _proc(int(name))
+        if info is not None:
+            out.append(info)
+    return out
+
+
+def _in_scope(info, scope):
+    """``scope``: {"netns": bool, "env": token or None,
+    "job": {"run_id", "uid", "slurm_job", "pending", "agents": [[pid, start], ...]} or None}.
+
+    True when the process belongs to the node and, with ``job``, to the drilled job: it carries the job's
+    marks, or it is the torchrun agent of a worker that does (its parent, same uid and Slurm job: torchrun
+    sets the run id for its workers only), or an agent the controller saw so before (``agents``)."""
+    if not _in_node(info, scope):
+        return False
+    job = (scope or {}).get("job")
+    if not job:
+        return True
+    if _carries(info, job):
+        return True
+    if job.get("pending") or not _owned(info, job):
+        return False
+    if _known_agent(info, job):
+        return True
+    return any(_carries(c, job) and c["env"].get("RANK", "").isdigit() for c in _child_procs(info["pid"]))
+
+
+def _known_agent(info, job):
+    """One of the job's torchrun agents the controller saw before (its pid and start time on this node)."""
+    return [info["pid"], info["start"]] in (job.get("agents") or [])
+
+
+def _pidfd(pid):
+    """A pidfd of ``pid`` where the kernel and Python have them (it names that process even if the pid is reused)."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None or not hasattr(signal, "pidfd_send_signal"):
+        return None
+    try:
+        return opener(pid)
+    except OSError:
+        return None
 
 
 def op_ping(req):
@@ -281,12 +387,14 @@ def _is_worker(info):
 
 
 def op_procs(req):
-    """The node's processes in scope; with ``workers``, only torchrun's workers (a process table polled
-    every 50 ms must not ship every process's environment each time)."""
+    """The node's processes in scope (see :func:`_in_scope`); with ``workers``, only torchrun's workers (a
+    process table polled every 50 ms must not ship every process's environment each time). Only the
+    environment keys chaoskit reads leave the node."""
     scope = req.get("scope") or {}
+    job = scope.get("job")
     workers = bool(req.get("workers"))
     own = _own_netns() if scope.get("netns") else None
-    out = []
+    found = []
     seen = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -299,30 +407,71 @@ def op_procs(req):
             if pid in _NOT_WORKERS and _NOT_WORKERS[pid] == _start_time(pid):
                 continue
         info = _proc(pid)
-        if info is None or not _in_scope(info, scope):
+        if info is None or not _in_node(info, scope):
             continue
         if workers and not _is_worker(info):
-            _NOT_WORKERS[pid] = _start_time(pid)  # an exec could make it one: rare, and a new start time is not
+            if info["cmdline"] and info["env"]:  # mid-exec, both read empty for a moment: not known yet
+                _NOT_WORKERS[pid] = info["start"]  # an exec could make it one: rare, and a new start time is not
             continue
-        out.append(info)
+        found.append(info)
     if workers:
         for pid in [p for p in _NOT_WORKERS if p not in seen]:
             del _NOT_WORKERS[pid]
-    return {"procs": out}
+    if job:
+        marked = [i for i in found if _carries(i, job)]
+        parents = set(i["ppid"] for i in marked if i["env"].get("RANK", "").isdigit())
+        ids = set(i["pid"] for i in marked)
+        found = [i for i in found if i["pid"] in ids or (not job.get("pending") and _owned(i, job) and (
+            i["pid"] in parents or _known_agent(i, job)))]
+    return {"procs": [_wire(i) for i in found]}
 
 
 def op_state(req):
     info = _proc(int(req["pid"]))
+    start = req.get("start")
+    if info is not None and start is not None and info["start"] != int(start):
+        return {"state": None}  # the pid names another process now
     return {"state": info["state"] if _in_scope(info, req.get("scope")) else None}
 
 
 def op_signal(req):
+    """Signal one process of the scope. With ``start`` (its start time when it was selected), a pid that names
+    another process now (reused) is refused. The pidfd, opened before the checks, makes the signal reach the
+    very process that was checked."""
     pid, signum = int(req["pid"]), int(req["signal"])
-    info = _proc(pid)
-    if pid <= 1 or not _in_scope(info, req.get("scope")) or info["state"] == "Z":
-        raise OpError("pid %d is not a process of this node" % pid)
-    os.kill(pid, signum)
+    start = req.get("start")
+    scope = req.get("scope") or {}
+    fd = _pidfd(pid) if pid > 1 else None
+    try:
+        info = _proc(pid)
+        if pid <= 1 or info is None or info["state"] == "Z":
+            raise OpError("pid %d is not a live process of this node" % pid)
+        if start is not None and info["start"] != int(start):
+            raise OpError("pid %d is not the process that was selected: its start time changed from %s to %s "
+                          "(the pid was reused); not signalled" % (pid, start, info["start"]))
+        if not _in_node(info, scope):
+            raise OpError("pid %d is not a process of this node" % pid)
+        if not _in_scope(info, scope):
+            raise OpError("pid %d is not a process of the drilled job (%s); not signalled"
+                          % (pid, _describe_job(scope.get("job"))))
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signum)
+        else:
+            os.kill(pid, signum)
+    finally:
+        if fd is not None:
+            os.close(fd)
     return {"t": now()}
+
+
+def _describe_job(job):
+    if not job or job.get("pending"):
+        return "no job chosen yet"
+    parts = []
+    for key, label in (("run_id", "run id"), ("uid", "uid"), ("slurm_job", "Slurm job")):
+        if job.get(key) is not None:
+            parts.append("%s %s" % (label, job[key]))
+    return ", ".join(parts) or "any"
 
 
 def op_watchdog(req):

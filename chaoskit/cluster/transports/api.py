@@ -6,25 +6,58 @@ after being validated by the fault that produced it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import threading
-from typing import Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["ProcInfo", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch"]
+__all__ = [
+    "ProcInfo", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
+    "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env",
+]
 
 LineBatch = Callable[[list[tuple[float, str]], "int | None", int], None]
 """``(lines, inode, offset)``: lines as (time read on the controller's clock, text), and where the file was left."""
 
 
+PROC_ENV_KEYS = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID",
+})
+PROC_ENV_PREFIXES = ("TORCHELASTIC_", "CHAOSKIT_")
+"""The only environment variables of a node's processes that travel to the controller: what chaoskit reads
+(ranks, torchrun's run id and restart count, the GPU a worker uses, the Slurm job, chaoskit's own marks).
+Everything else (other users' tokens and passwords) stays on the node. The node's agent keeps its own
+copy of this list (it is standard library only); a test holds the two equal."""
+
+
+def proc_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` reduced to :data:`PROC_ENV_KEYS` and :data:`PROC_ENV_PREFIXES`."""
+    return {k: v for k, v in env.items() if k in PROC_ENV_KEYS or k.startswith(PROC_ENV_PREFIXES)}
+
+
 @dataclass(frozen=True)
 class ProcInfo:
-    """One process on a node, as a fault selector sees it."""
+    """One process on a node, as a fault selector sees it (its environment reduced by :func:`proc_env`)."""
 
     pid: int
     ppid: int
     cmdline: str
     env: dict[str, str]
     state: str = "?"
+    uid: int | None = None
+    """Its user id where the transport reads it: the real uid (``/proc/PID/status``) from a node's agent, the
+    owner of ``/proc/PID`` on this machine."""
+    start_time: int | None = None
+    """When it started (``/proc/PID/stat`` field 22, clock ticks since boot): with the pid, who it is. A signal
+    that carries it is refused once the pid names another process."""
+
+    @property
+    def run_id(self) -> str | None:
+        """torchrun's run id (the rendezvous id) of a worker."""
+        return self.env.get("TORCHELASTIC_RUN_ID")
+
+    @property
+    def slurm_job(self) -> str | None:
+        return self.env.get("SLURM_JOB_ID")
 
     @property
     def rank(self) -> int | None:
@@ -35,6 +68,71 @@ class ProcInfo:
     def is_worker(self) -> bool:
         """A training worker started by a torchrun agent."""
         return "TORCHELASTIC_RUN_ID" in self.env and self.rank is not None
+
+
+@dataclass(frozen=True)
+class JobScope:
+    """The drilled job on a node: what only its processes have. The node's agent (or, on this machine, the
+    local transport) enforces it: a process outside it is never listed, signalled, throttled or killed.
+
+    A process is the job's when it carries every mark given (torchrun's ``TORCHELASTIC_RUN_ID``, its real
+    uid, Slurm's ``SLURM_JOB_ID``), or when it is the torchrun agent of such a worker: the worker's parent,
+    with the same uid and Slurm job (torchrun sets the run id for its workers, not for itself), or an
+    agent seen so before (``agents``: its pid and start time on this node, so that it stays the job's
+    while it restarts its workers). ``pending``: the job is not chosen yet, so nothing is in scope."""
+
+    run_id: str | None = None
+    uid: int | None = None
+    slurm_job: str | None = None
+    pending: bool = False
+    agents: frozenset[tuple[int, int]] = frozenset()
+
+    @classmethod
+    def of(cls, proc: ProcInfo) -> "JobScope":
+        """The job a worker belongs to."""
+        return cls(proc.run_id, proc.uid, proc.slurm_job)
+
+    def wire(self) -> dict[str, Any]:
+        """What travels to the node's agent with every request."""
+        return {"run_id": self.run_id, "uid": self.uid, "slurm_job": self.slurm_job, "pending": self.pending,
+                "agents": sorted([pid, start] for pid, start in self.agents)}
+
+    @classmethod
+    def from_wire(cls, job: dict[str, Any]) -> "JobScope":
+        return cls(job.get("run_id"), job.get("uid"), job.get("slurm_job"), bool(job.get("pending")),
+                   frozenset((int(a), int(b)) for a, b in job.get("agents") or ()))
+
+    def owned(self, proc: ProcInfo) -> bool:
+        """Same uid and Slurm job as the job (where it names them)."""
+        return ((self.uid is None or proc.uid == self.uid)
+                and (self.slurm_job is None or proc.slurm_job == self.slurm_job))
+
+    def carries(self, proc: ProcInfo) -> bool:
+        """Whether ``proc`` itself carries every mark of the job."""
+        if self.pending:
+            return False
+        return self.owned(proc) and (self.run_id is None or proc.run_id == self.run_id)
+
+    def select(self, procs: list[ProcInfo]) -> list[ProcInfo]:
+        """The job's processes among ``procs`` (the node's): those that carry its marks, and their torchrun agents."""
+        if self.pending:
+            return []
+        parents = {p.ppid for p in procs if self.carries(p) and p.rank is not None}
+        return [p for p in procs if self.carries(p) or (self.owned(p) and (
+            p.pid in parents or (p.pid, p.start_time) in self.agents))]
+
+    def with_agents(self, procs: list[ProcInfo]) -> "JobScope":
+        """This scope, remembering the torchrun agents among ``procs`` (the job's, on one node)."""
+        agents = {(p.pid, p.start_time) for p in procs if not self.carries(p) and p.start_time is not None}
+        return self if agents <= self.agents else replace(self, agents=self.agents | agents)
+
+    def describe(self) -> str:
+        if self.pending:
+            return "no job chosen yet"
+        parts = [f"run id {self.run_id}" if self.run_id is not None else None,
+                 f"uid {self.uid}" if self.uid is not None else None,
+                 f"Slurm job {self.slurm_job}" if self.slurm_job is not None else None]
+        return ", ".join(p for p in parts if p) or "any process of the node"
 
 
 @dataclass(frozen=True)
@@ -71,12 +169,19 @@ class Transport(Protocol):
     def close(self) -> None:
         """Drop the connection (the node's sessions died, e.g. with its power); the next command reconnects."""
 
-    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
-        """Processes that belong to this node (its scope), never others; with ``workers_only``, only
-        torchrun's training workers (:attr:`ProcInfo.is_worker`), which is what the process probe polls."""
+    job: JobScope | None
+    """The drilled job's scope on this node (``None``: every process of the node's own scope is the job's,
+    as on a lab node chaoskit made for it). Set by the job runner once it knows the job (attach)."""
 
-    def signal(self, pid: int, signum: int) -> float:
-        """Send ``signum`` to ``pid`` (which must be in scope); return when it was sent on the node, on the controller's clock."""
+    def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
+        """Processes that belong to this node's scope and to the drilled job (:attr:`job`), never others;
+        with ``workers_only``, only torchrun's training workers (:attr:`ProcInfo.is_worker`), which is what the
+        process probe polls. ``node_wide``: the node's whole scope, whatever the job (attach looks for its job
+        there, ``doctor`` counts what a selector would match outside the job); never used to act on a process."""
+
+    def signal(self, pid: int, signum: int, start_time: int | None = None) -> float:
+        """Send ``signum`` to ``pid`` (which must be in scope, and, with ``start_time``, still the process that
+        started then: a reused pid is refused); return when it was sent on the node, on the controller's clock."""
 
     def run(self, argv: list[str], timeout: float) -> CommandResult:
         """Run one command with a hard deadline."""

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
+
 from chaoskit.cluster import nodefs
-from chaoskit.cluster.transports.api import CommandResult, ProcInfo
+from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo, proc_env
 from chaoskit.core.errors import InfraError
 
 __all__ = ["LocalTransport", "read_proc"]
@@ -34,6 +36,8 @@ class LocalTransport:
         """Processes whose environment has ``CHAOSKIT_SCOPE=<scope>`` belong to the node."""
         self._wanted_state_dir = state_dir
         self._state_dir: str | None = None
+        self.job: JobScope | None = None
+        """The drilled job within the node's scope (``None``: the whole scope is the job's)."""
 
     @property
     def state_dir(self) -> str:
@@ -54,23 +58,42 @@ class LocalTransport:
     def close(self) -> None:
         pass
 
-    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
+    def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
         if not self.scope:
             return []
-        return [p for p in read_proc() if p.env.get(self.SCOPE_ENV) == self.scope and (p.is_worker or not workers_only)]
+        procs = [p for p in read_proc() if p.env.get(self.SCOPE_ENV) == self.scope]
+        if self.job is not None and not node_wide:
+            procs = self.job.select(procs)
+        return [p for p in procs if p.is_worker or not workers_only]
+
+    def _ours(self, info: ProcInfo | None) -> bool:
+        """``info`` is of the node's scope and of the drilled job."""
+        if not self.scope or info is None or info.env.get(self.SCOPE_ENV) != self.scope:
+            return False
+        if self.job is None or self.job.carries(info):
+            return True
+        return any(p.pid == info.pid for p in self.job.select(self.processes(node_wide=True)))
 
     def in_scope(self, pid: int) -> bool:
         info = proc_info(pid)
-        return bool(self.scope) and info is not None and info.state != "Z" and info.env.get(self.SCOPE_ENV) == self.scope
+        return info is not None and info.state != "Z" and self._ours(info)
 
-    def state(self, pid: int) -> str | None:
-        """One-letter process state (R, S, T when stopped, Z) or ``None`` when gone or out of scope."""
+    def state(self, pid: int, start_time: int | None = None) -> str | None:
+        """One-letter process state (R, S, T when stopped, Z) or ``None`` when gone, out of scope, or (with
+        ``start_time``) another process now."""
         info = proc_info(pid)
-        return info.state if info is not None and info.env.get(self.SCOPE_ENV) == self.scope else None
+        if info is None or (start_time is not None and info.start_time != start_time):
+            return None
+        return info.state if self._ours(info) else None
 
-    def signal(self, pid: int, signum: int) -> float:
-        if not self.in_scope(pid):
-            raise InfraError(f"refusing to signal pid {pid}: it is not a process of node {self.node}")
+    def signal(self, pid: int, signum: int, start_time: int | None = None) -> float:
+        info = proc_info(pid)
+        if info is not None and start_time is not None and info.start_time != start_time:
+            raise InfraError(f"refusing to signal pid {pid}: it is not the process that was selected (its start time "
+                             "changed: the pid was reused)")
+        if info is None or info.state == "Z" or not self._ours(info):
+            what = f"the drilled job ({self.job.describe()})" if self.job is not None else f"node {self.node}"
+            raise InfraError(f"refusing to signal pid {pid}: it is not a process of {what}")
         os.kill(pid, signum)
         return time.time()
 
@@ -99,7 +122,7 @@ class LocalTransport:
 
 
 def read_proc() -> list[ProcInfo]:
-    """Every readable process on this machine, with its environment."""
+    """Every readable process on this machine, with the environment keys chaoskit reads (:func:`~.api.proc_env`)."""
     out = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -140,10 +163,14 @@ def proc_info(pid: int) -> ProcInfo | None:
                 k, sep, value = item.partition(b"=")
                 if sep:
                     env[k.decode(errors="replace")] = value.decode(errors="replace")
-            if cmdline:  # a process between fork and exec has no stable identity yet
+            env = proc_env(env)
+            # a process between fork and exec has no stable identity yet, and right after exec its environ can
+            # read empty for a moment: neither is cached
+            if cmdline and raw:
                 if len(_ENV_CACHE) > 4096:
                     _ENV_CACHE.clear()
                 _ENV_CACHE[key] = env
+        uid = os.stat(base).st_uid
     except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
         return None
-    return ProcInfo(pid=pid, ppid=int(rest[1]), cmdline=cmdline, env=env, state=rest[0])
+    return ProcInfo(pid=pid, ppid=int(rest[1]), cmdline=cmdline, env=env, state=rest[0], uid=uid, start_time=int(rest[19]))

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from chaoskit.cluster.nodefs import inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
-from chaoskit.cluster.transports.api import CommandResult, ProcInfo
+from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 
@@ -62,17 +62,23 @@ class ChaosAgent:
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "scope_env": os.environ.get("CHAOSKIT_SCOPE"), "state_dir": self.state_dir, "t": time.time()}
 
-    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
-        return self.local.processes(workers_only)
+    def _job(self, job: dict[str, Any] | None) -> LocalTransport:
+        """The local scope for one call, with the drilled job the caller sent (calls run one at a time)."""
+        self.local.job = JobScope.from_wire(job) if job else None
+        return self.local
 
-    def in_scope(self, pid: int) -> bool:
-        return self.local.in_scope(pid)
+    def processes(self, workers_only: bool = False, node_wide: bool = False,
+                  job: dict[str, Any] | None = None) -> list[ProcInfo]:
+        return self._job(job).processes(workers_only, node_wide=node_wide)
 
-    def state(self, pid: int) -> str | None:
-        return self.local.state(pid)
+    def in_scope(self, pid: int, job: dict[str, Any] | None = None) -> bool:
+        return self._job(job).in_scope(pid)
 
-    def signal(self, pid: int, signum: int) -> float:
-        return self.local.signal(pid, signum)
+    def state(self, pid: int, start_time: int | None = None, job: dict[str, Any] | None = None) -> str | None:
+        return self._job(job).state(pid, start_time)
+
+    def signal(self, pid: int, signum: int, start_time: int | None = None, job: dict[str, Any] | None = None) -> float:
+        return self._job(job).signal(pid, signum, start_time)
 
     def run(self, argv: list[str], timeout: float) -> CommandResult:
         result = self.local.run(argv, timeout)
@@ -236,20 +242,25 @@ class RayTransport:
         self._actor: Any = None
         self._lock = threading.Lock()
         self._state_dir: str | None = None
+        self.job: JobScope | None = None
+        """The drilled job within the node's scope; the ChaosAgent enforces it on every call."""
 
     # -- Transport ---------------------------------------------------------------------------
 
-    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
-        return [p for p in self._call("processes") if p.is_worker or not workers_only]
+    def _wire_job(self) -> dict[str, Any] | None:
+        return self.job.wire() if self.job is not None else None
+
+    def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
+        return self._call("processes", bool(workers_only), bool(node_wide), self._wire_job())
 
     def in_scope(self, pid: int) -> bool:
-        return self._call("in_scope", int(pid))
+        return self._call("in_scope", int(pid), self._wire_job())
 
-    def state(self, pid: int) -> str | None:
-        return self._call("state", int(pid))
+    def state(self, pid: int, start_time: int | None = None) -> str | None:
+        return self._call("state", int(pid), start_time, self._wire_job())
 
-    def signal(self, pid: int, signum: int) -> float:
-        return self._call("signal", int(pid), int(signum))
+    def signal(self, pid: int, signum: int, start_time: int | None = None) -> float:
+        return self._call("signal", int(pid), int(signum), start_time, self._wire_job())
 
     def run(self, argv: list[str], timeout: float) -> CommandResult:
         return self._call("run", [str(a) for a in argv], float(timeout), timeout=float(timeout) + self.call_timeout)

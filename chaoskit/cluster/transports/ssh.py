@@ -68,7 +68,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
-from chaoskit.cluster.transports.api import CommandResult, FollowStream, LineBatch, ProcInfo
+from chaoskit.cluster.transports.api import CommandResult, FollowStream, JobScope, LineBatch, ProcInfo
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
@@ -209,7 +209,10 @@ class SSHTransport:
         self._state_dir: str | None = None
         self._program: bytes | None = None
         self._routed = self.ssh_config is None
-        self.scope = {"netns": process_scope == "netns", "env": scope_token}
+        self.node_scope = {"netns": process_scope == "netns", "env": scope_token}
+        """Which processes are the node's: those in the agent's network namespace and/or with this CHAOSKIT_SCOPE."""
+        self.job: JobScope | None = None
+        """The drilled job's scope (:class:`~.api.JobScope`); the agent enforces it on every request."""
         self.connect_timeout = float(connect_timeout)
         self.command_timeout = float(command_timeout)
         self.use_agent = use_agent
@@ -229,6 +232,11 @@ class SSHTransport:
     def __repr__(self) -> str:
         via = f", via {self.jump.node}" if self.jump is not None else ""
         return f"SSHTransport({self.node!r}, {self.user}@{self.address}:{self.port}{via}, mode={self.mode})"
+
+    @property
+    def scope(self) -> dict[str, Any]:
+        """The scope every request carries: the node's, and the drilled job's within it."""
+        return {**self.node_scope, "job": self.job.wire() if self.job is not None else None}
 
     @property
     def label(self) -> str:
@@ -702,19 +710,27 @@ class SSHTransport:
         stream.rid = agent.stream(fields, message, stream.finish)
         return stream
 
-    def processes(self, workers_only: bool = False) -> list[ProcInfo]:
-        reply = self._request("procs", self.command_timeout, scope=self.scope, workers=workers_only)
-        return [ProcInfo(p["pid"], p["ppid"], p["cmdline"], p["env"], p["state"]) for p in reply["procs"]]
+    def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
+        scope = self.node_scope if node_wide else self.scope
+        reply = self._request("procs", self.command_timeout, scope=scope, workers=workers_only)
+        return [ProcInfo(p["pid"], p["ppid"], p["cmdline"], p["env"], p["state"], p.get("uid"), p.get("start"))
+                for p in reply["procs"]]
 
-    def state(self, pid: int) -> str | None:
-        return self._request("state", self.command_timeout, pid=int(pid), scope=self.scope)["state"]
+    def state(self, pid: int, start_time: int | None = None) -> str | None:
+        fields: dict[str, Any] = {"pid": int(pid), "scope": self.scope}
+        if start_time is not None:
+            fields["start"] = int(start_time)
+        return self._request("state", self.command_timeout, **fields)["state"]
 
     def in_scope(self, pid: int) -> bool:
         return self.state(pid) not in (None, "Z")
 
-    def signal(self, pid: int, signum: int) -> float:
+    def signal(self, pid: int, signum: int, start_time: int | None = None) -> float:
+        fields: dict[str, Any] = {"pid": int(pid), "signal": int(signum), "scope": self.scope}
+        if start_time is not None:
+            fields["start"] = int(start_time)
         try:
-            reply = self._call("signal", self.command_timeout, pid=int(pid), signal=int(signum), scope=self.scope)
+            reply = self._call("signal", self.command_timeout, **fields)
         except _OpFailed as exc:
             raise InfraError(f"refusing to signal pid {pid} on node {self.node}: {exc}") from None
         return self.clock.to_controller(float(reply["t"]))
