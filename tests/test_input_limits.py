@@ -113,7 +113,7 @@ def test_aliases_and_merge_keys_within_the_limits_keep_positions():
 
 def test_durations_are_finite_bounded_and_ascii():
     for bad, says in [(math.nan, "not NaN"), (math.inf, "longer than 30 days"), (10**400, "(an integer of 1329 bits)"),
-                      ("31d", "invalid duration"), ("721h", "longer than 30 days"), ("٣٠s", "invalid duration"),
+                      ("31d", "longer than 30 days"), ("1w", "invalid duration"), ("721h", "longer than 30 days"), ("٣٠s", "invalid duration"),
                       ("1" * 100 + "s", "invalid duration")]:
         with pytest.raises(ValueError, match=r".*" + says.replace("(", r"\(").replace(")", r"\)")):
             parse_duration(bad)
