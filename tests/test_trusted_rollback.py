@@ -21,8 +21,11 @@ from chaoskit.cluster.inventory import Inventory, Node, PowerCommands
 from chaoskit.cluster.selectors import NodeTarget, TargetSpec, resolve_processes
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.state import private_dir, state_dir
+from chaoskit.faults.memory import MEMORY_TOOL
+from chaoskit.faults.network import QDISC_HANDLE
 from chaoskit.faults.power import PowerOffFault, PowerOffSpec
-from chaoskit.faults.process import HangFault, HangSpec
+from chaoskit.faults.process import CONT_IF_SAME, HangFault, HangSpec
+from chaoskit.faults.registry import get_fault
 from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
@@ -244,3 +247,56 @@ def test_redaction_of_a_hostile_64_kib_line_is_linear():
         redact_text(text)
         redact_argv([text])
     assert time.monotonic() - start < 5
+
+
+def test_a_known_kind_with_a_forged_revert_in_the_trusted_journal_is_not_run(crashed, tmp_path):
+    """Even the trusted journal is no free-form command line: each kind rebuilds its revert from the values of
+    the forms it arms, and a record of a known kind with any other argv is refused, the real fault still undone."""
+    run_id, _, worker = crashed
+    canary = tmp_path / "injected-argv-ran"
+    with open(state_dir() / "runs" / run_id / "journal.jsonl", "a") as fh:
+        for kind in ("process.hang", "network.link_down", "network.partition", "gpu.fail", "mem.oom", "storage.corrupt"):
+            fh.write(_evil(canary, fault_id=f"forged-{kind}", kind=kind).replace('"on": "controller"', '"on": "node"'))
+    res = run_cli("rollback", "--json")
+    assert res.code == 3, res.stdout + res.stderr
+    [run] = res.json["runs"]
+    outcome = {f["fault_id"]: f for f in run["faults"]}
+    assert outcome["f0.0"]["ok"]
+    forged = [f for fid, f in outcome.items() if fid.startswith("forged-")]
+    assert len(forged) == 6 and not any(f["ok"] for f in forged)
+    assert all("not a" in f["problem"] and "revert chaoskit" in f["problem"] for f in forged), forged
+    assert not canary.exists()
+    assert wait_state(worker.pid, lambda s: s in ("S", "R"))
+
+
+def _node(tmp_path) -> Node:
+    return ProcessLab.create(1).inventory()["n0"]
+
+
+@pytest.mark.parametrize("kind, good, bad", [
+    ("process.hang", lambda n: [sys.executable, "-I", "-c", CONT_IF_SAME, "42", "777"],
+     lambda n: [sys.executable, "-I", "-c", "import os; os.system('id')", "42", "777"]),
+    ("network.link_down", lambda n: ["ip", "link", "set", "dev", "eth0", "up"],
+     lambda n: ["ip", "link", "set", "dev", "eth0;reboot", "up"]),
+    ("network.blackhole", lambda n: ["tc", "qdisc", "del", "dev", "eth1", "root", "handle", QDISC_HANDLE],
+     lambda n: ["tc", "qdisc", "del", "dev", "eth1", "root"]),
+    ("network.partition", lambda n: ["nft", "delete", "table", "inet", "chaoskit_f0_0"],
+     lambda n: ["nft", "delete", "table", "inet", "filter"]),
+    ("gpu.fail", lambda n: ["nvidia-smi", "-i", "0", "-c", "DEFAULT"], lambda n: ["nvidia-smi", "-r"]),
+    ("gpu.fail", lambda n: ["touch", f"{n.conn.state_dir}/crashloop-0123456789abcdef/stop"],
+     lambda n: ["touch", "/etc/nologin/stop"]),
+    ("node.slow", lambda n: ["nvidia-smi", "-i", "1", "-rgc"], lambda n: ["nvidia-smi", "-i", "1", "-lgc", "300,300"]),
+    ("mem.oom", lambda n: [sys.executable, "-I", "-c", MEMORY_TOOL,
+                           "restore", f"{n.conn.state_dir}/oom-0123456789abcdef.json"],
+     lambda n: [sys.executable, "-I", "-c", MEMORY_TOOL,
+                "restore", "/tmp/chaoskit-oom-0123456789abcdef.json"]),
+])
+def test_each_kind_rebuilds_its_own_revert_and_refuses_any_other(kind, good, bad, tmp_path):
+    """What a kind arms comes back unchanged from its rebuild; the same tool with another argument, another
+    tool, or a state path outside the node's own state folder is refused."""
+    node = _node(tmp_path)
+    cls = get_fault(kind)
+    revert = good(node)
+    assert cls.journaled_revert(revert, node) == revert
+    with pytest.raises(ValueError):
+        cls.journaled_revert(bad(node), node)

@@ -205,10 +205,13 @@ class Fault:
 
     @classmethod
     def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
-        """The revert ``chaoskit rollback`` runs for this kind, from the trusted journal's ``revert`` argv
-        (``node``: the inventory's node). A kind whose revert the inventory knows rebuilds it from there,
-        so nothing secret need be journaled; raise ``ValueError`` when it cannot be rebuilt."""
-        return revert
+        """The revert ``chaoskit rollback`` runs for this kind, rebuilt from the trusted journal's ``revert``
+        argv (``node``: the inventory's node): each kind checks that the argv has exactly the shape it arms
+        (its own tool, values of the forms it makes) and builds it anew from those values, so a journal is
+        never a free-form command line; a kind whose revert the inventory knows rebuilds it from there, so
+        nothing secret need be journaled. Raises ``ValueError`` when it is not a revert this kind makes;
+        a kind that says nothing here has nothing ``rollback`` may run."""
+        raise ValueError(f"{cls.kind} does not say how to rebuild its revert; not run")
 
     @property
     def duration(self) -> float | None:

@@ -471,6 +471,16 @@ class GpuFailFault(Fault):
         return problem
 
     @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """``nvidia-smi -i DEV -c MODE`` (the mode the device had), or ``touch <state folder>/crashloop-<token>/stop``."""
+        if (len(revert) == 5 and revert[:2] == ["nvidia-smi", "-i"] and revert[2].isascii() and revert[2].isdigit()
+                and revert[3] == "-c" and revert[4] in COMPUTE_MODES.values()):
+            return ["nvidia-smi", "-i", str(int(revert[2])), "-c", revert[4]]
+        if len(revert) == 2 and revert[0] == "touch" and revert[1].endswith("/stop"):
+            return ["touch", own_state_path(node.conn, revert[1][: -len("/stop")], LOOP_DIR) + "/stop"]
+        raise ValueError("not a gpu.fail revert chaoskit arms (the device's compute mode back, or its crash loop's stop file)")
+
+    @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:
         if revert[0] == "nvidia-smi":
             dev, want = revert[2], revert[4]

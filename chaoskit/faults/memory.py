@@ -50,6 +50,7 @@ from chaoskit.faults.node_tool import (
     check_state_gone,
     helper_argv,
     helper_source,
+    journaled_helper,
     node_python,
     parse_started,
     process_tree,
@@ -332,6 +333,11 @@ class OomFault(Fault):
         if problem is None:
             transport.run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
         return problem
+
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """The memory tool's ``restore`` of a state file in the node's state folder."""
+        return journaled_helper(revert, node, MEMORY_TOOL, "restore", STATE, ".json")
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import sys
 import time
 from typing import Any, ClassVar, Literal
 
@@ -297,6 +298,12 @@ class LinkDownFault(_NodeFault):
                 f"{target.node}:{dev}", {"device": dev})
 
     @classmethod
+    def journaled_revert(cls, revert, node=None):
+        if len(revert) != 6 or revert[:4] != ["ip", "link", "set", "dev"] or revert[5] != "up":
+            raise ValueError("not a network.link_down revert chaoskit arms (ip link set dev DEV up)")
+        return ["ip", "link", "set", "dev", check_ifname(revert[4]), "up"]
+
+    @classmethod
     def check_reverted(cls, transport, revert, node=None):
         dev = check_ifname(revert[4])
         res = transport.run(["ip", "-o", "link", "show", "dev", dev], COMMAND_TIMEOUT_S)
@@ -317,6 +324,12 @@ class _QdiscFault(_NodeFault):
         inject = ["tc", "qdisc", "add", "dev", dev, "root", "handle", QDISC_HANDLE, *self.qdisc()]
         revert = ["tc", "qdisc", "del", "dev", dev, "root", "handle", QDISC_HANDLE]
         return inject, revert, f"{target.node}:{dev}", {"device": dev}
+
+    @classmethod
+    def journaled_revert(cls, revert, node=None):
+        if len(revert) != 8 or revert[:4] != ["tc", "qdisc", "del", "dev"] or revert[5:] != ["root", "handle", QDISC_HANDLE]:
+            raise ValueError(f"not a {cls.kind} revert chaoskit arms (tc qdisc del dev DEV root handle {QDISC_HANDLE})")
+        return ["tc", "qdisc", "del", "dev", check_ifname(revert[4]), "root", "handle", QDISC_HANDLE]
 
     @classmethod
     def check_reverted(cls, transport, revert, node=None):
@@ -503,6 +516,17 @@ class PartitionFault(_NodeFault):
         return ["nft", " ; ".join(rules)], ["nft", "delete", "table", "inet", table], label, {"table": table, "peers": [str(a) for a in addresses]}
 
     @classmethod
+    def journaled_revert(cls, revert, node=None):
+        """``nft delete table inet chaoskit_<fault id>``, or (``method: disconnect``) the engine's reconnect of
+        one container to its networks with their addresses and aliases."""
+        if len(revert) == 5 and revert[:4] == ["nft", "delete", "table", "inet"] and _TABLE.fullmatch(revert[4]):
+            return ["nft", "delete", "table", "inet", revert[4]]
+        if (len(revert) >= 7 and revert[0] == sys.executable and revert[1:5] == ["-m", "chaoskit.cluster.transports.docker", "network", "connect"]
+                and _NAME.fullmatch(revert[5]) and all(_reconnect_ok(a) for a in revert[6:])):
+            return network_argv("connect", revert[5], revert[6:])
+        raise ValueError("not a network.partition revert chaoskit arms (its own nft table, or the engine's reconnect)")
+
+    @classmethod
     def check_reverted(cls, transport, revert, node=None):
         if len(revert) > 4 and revert[2] == "chaoskit.cluster.transports.docker":  # method: disconnect, on the controller
             status = [*revert[:4], "status", *revert[5:]]
@@ -544,6 +568,25 @@ def _device(target: NodeTarget, interface: str) -> str:
 
 def _table(fault_id: str) -> str:
     return "chaoskit_" + re.sub(r"[^A-Za-z0-9_]", "_", fault_id)
+
+
+_TABLE = re.compile(r"chaoskit_[A-Za-z0-9_]{1,200}")
+"""A table :func:`_table` names."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""A container, network or alias name as the docker engine allows them."""
+
+
+def _reconnect_ok(item: str) -> bool:
+    """``NAME=IP=ALIAS,ALIAS`` as :meth:`PartitionFault._disconnect_commands` writes it for a reconnect."""
+    parts = item.split("=")
+    if len(parts) != 3 or not _NAME.fullmatch(parts[0]):
+        return False
+    try:
+        if parts[1]:  # a network that gave the container no address reconnects without one
+            ipaddress.ip_address(parts[1])
+    except ValueError:
+        return False
+    return all(_NAME.fullmatch(a) for a in parts[2].split(",") if a)
 
 
 def _ms(seconds: float) -> str:

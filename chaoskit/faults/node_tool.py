@@ -42,6 +42,26 @@ def helper_argv(python: str, source: str, *args: str) -> list[str]:
     return [python, "-I", "-c", source, *args]
 
 
+def journaled_python(python: str, node: Any) -> str:
+    """``python`` when it is one a helper of ``node`` runs with (:func:`node_python`: this machine's for a local
+    node, else the inventory's ``ssh.python`` or ``python3``); else ValueError."""
+    ssh = getattr(node, "ssh", None)
+    allowed = {sys.executable, "python3", *([ssh.python] if ssh is not None and ssh.python else [])}
+    if python not in allowed:
+        raise ValueError(f"the revert runs {python!r}, not a Python chaoskit runs its helpers with on this node")
+    return python
+
+
+def journaled_helper(revert: list[str], node: Any, source: str, op: str, prefix: str, suffix: str = "") -> list[str]:
+    """A helper revert ``python -I -c SOURCE OP STATE`` rebuilt from a journal: the same helper source, the
+    same op, a state path this node's :func:`state_path` makes; else ValueError."""
+    if len(revert) != 6 or revert[1:3] != ["-I", "-c"] or revert[3] != source or revert[4] != op:
+        raise ValueError("not a revert chaoskit arms for this kind (another tool, or another version of its helper)")
+    python = journaled_python(revert[0], node)
+    state = own_state_path(node.conn, revert[5], prefix, suffix)
+    return helper_argv(python, source, op, state)
+
+
 def tool_prefix(argv: list[str]) -> list[str]:
     """The ``python -I -c SOURCE`` part of a helper's argv (what a ``check`` of the same helper runs)."""
     try:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import signal
-import sys
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from chaoskit.cluster.selectors import ProcessTarget
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.faults.api import (
     Action,
@@ -20,8 +18,9 @@ from chaoskit.faults.api import (
     Injection,
     signal_number,
 )
+from chaoskit.faults.node_tool import journaled_python, node_python
 
-__all__ = ["KillFault", "HangFault", "KillSpec", "HangSpec", "CONT_IF_SAME", "node_python"]
+__all__ = ["KillFault", "HangFault", "KillSpec", "HangSpec", "CONT_IF_SAME"]
 
 
 class KillSpec(FaultSpec):
@@ -99,6 +98,16 @@ class HangFault(Fault):
             return ["kill", "-s", "CONT", str(int(pid))]
         return [python, "-I", "-c", CONT_IF_SAME, str(int(pid)), str(int(start_time))]
 
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """A pid (and its start time) continued by the same start-time check, with a Python of this node."""
+        if len(revert) == 4 and revert[:3] == ["kill", "-s", "CONT"] and revert[3].isascii() and revert[3].isdigit():
+            return ["kill", "-s", "CONT", str(int(revert[3]))]
+        if (len(revert) == 6 and revert[1:4] == ["-I", "-c", CONT_IF_SAME]
+                and all(a.isascii() and a.isdigit() for a in revert[4:])):
+            return [journaled_python(revert[0], node), "-I", "-c", CONT_IF_SAME, str(int(revert[4])), str(int(revert[5]))]
+        raise ValueError("not a process.hang revert chaoskit arms (SIGCONT of one pid, its start time checked)")
+
     def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
         out = []
         for i, t in enumerate(targets):
@@ -148,9 +157,3 @@ else:
 ours is stopped). The pidfd is opened before the check, so the signal reaches the process that was checked."""
 
 
-def node_python(ctx: FaultContext, transport: object, node: str) -> str:
-    """The Python on ``node`` (its inventory's ``ssh.python``); this one for a node that is this machine."""
-    if isinstance(transport, LocalTransport):
-        return sys.executable
-    info = ctx.inventory[node] if node in ctx.inventory else None
-    return info.ssh.python if info is not None and info.ssh is not None else "python3"

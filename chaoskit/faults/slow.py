@@ -35,6 +35,7 @@ from chaoskit.faults.node_tool import (
     check_state_gone,
     helper_argv,
     helper_source,
+    journaled_helper,
     node_python,
     process_tree,
     run_helper,
@@ -259,6 +260,14 @@ class SlowFault(Fault):
         transport = ctx.transport(injection.node)
         return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
                                                           cgroup=injection.detail["cgroup"]))
+
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """``nvidia-smi -i DEV -rgc``, or the cgroup tool's ``restore`` of a state file in the node's state folder."""
+        if len(revert) == 4 and revert[:2] == ["nvidia-smi", "-i"] and revert[2].isascii() and revert[2].isdigit() \
+                and revert[3] == "-rgc":
+            return ["nvidia-smi", "-i", str(int(revert[2])), "-rgc"]
+        return journaled_helper(revert, node, CGROUP_TOOL, "restore", STATE, ".json")
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:

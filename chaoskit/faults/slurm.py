@@ -148,6 +148,16 @@ class DrainFault(Fault):
         return _still_drained(ctx.inventory[injection.node], injection.detail.get("reason", self.reason))
 
     @classmethod
+    def journaled_revert(cls, revert: list[str], node: Node | None = None) -> list[str]:
+        """The conditional resume of this node, rebuilt from the inventory's Slurm and the drill's own reason:
+        a node drained for another reason (an administrator's) stays drained."""
+        if node is None or not revert or not OWN_REASON.fullmatch(revert[-1]):
+            raise ValueError("not a slurm.drain revert chaoskit arms (a resume conditional on chaoskit's own reason)")
+        if len(revert) < 3 or revert[-3] != "--" or revert[-2] != node.name:
+            raise ValueError(f"the journal's slurm.drain revert is not for node {node.name}")
+        return _access(node).resume_argv(node.name, revert[-1])
+
+    @classmethod
     def check_reverted(cls, transport: Any, revert: list[str], node: Node | None = None) -> str | None:
         if node is None or node.scheduler is None or not revert or not OWN_REASON.fullmatch(revert[-1]):
             return None

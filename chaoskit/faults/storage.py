@@ -52,7 +52,6 @@ import json
 import posixpath
 import re
 import secrets
-import sys
 import time
 from typing import Any, ClassVar, Literal
 
@@ -60,11 +59,11 @@ from pydantic import Field, field_validator
 
 from chaoskit.cluster.selectors import NodeTarget
 from chaoskit.cluster.transports.api import Transport
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.sizes import ByteSize, format_size
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.node_tool import journaled_python, node_python, undo
 
 __all__ = ["CorruptFault", "CorruptSpec", "FullFault", "FullSpec", "STORAGE_TOOL", "ASIDE_PREFIX", "FILL_PREFIX"]
 
@@ -494,6 +493,13 @@ class _StorageFault(Fault):
     target_type = "node"
     lasting: ClassVar[bool] = True
 
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """The storage tool's own restore (or unfill), rebuilt from values of the forms it makes
+        (:func:`parse_revert`), with a Python chaoskit runs its helpers with on this node."""
+        python, args = parse_revert(cls.kind, revert)
+        return tool_argv(journaled_python(python, node), "restore" if cls.kind == "storage.corrupt" else "unfill", *args)
+
     def needs(self) -> tuple[str, ...]:
         return ("python3",)
 
@@ -521,7 +527,7 @@ class _StorageFault(Fault):
         return "<checkpoint folder>" + ("" if self.spec.path in (".", "./") else f"/{self.spec.path}")
 
     def _tool(self, ctx: FaultContext, transport: Transport, args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> Any:
-        res = transport.run(tool_argv(_python(ctx, transport, transport.node), *args), timeout)
+        res = transport.run(tool_argv(node_python(ctx, transport, transport.node), *args), timeout)
         if res.returncode == EXIT_PATH:
             i = self.fault_id.lstrip("f").split(".")[0]
             raise ScenarioError(f"faults.{i}.path: {_last(res)} on node {transport.node}; nothing was injected")
@@ -588,12 +594,12 @@ class CorruptFault(_StorageFault):
             aside = posixpath.join(posixpath.dirname(checkpoint), name)
             where = [root, found["root_id"], found["rel"], found["parent_id"], name, found["id"], str(found["uid"]),
                      self.spec.mode]
-            revert = tool_argv(_python(ctx, transport, t.node), "restore", *where)
+            revert = tool_argv(node_python(ctx, transport, t.node), "restore", *where)
             ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.node}:{checkpoint}")
             try:
                 done = self._tool(ctx, transport, ["corrupt", *where])
             except (InfraError, ScenarioError):
-                _undo(ctx, transport, fid, revert)
+                undo(ctx, transport, fid, revert)
                 raise
             ts = time.time()
             detail = {"mechanism": self.spec.mode, "fidelity": "real", "checkpoint": checkpoint, "aside": aside,
@@ -654,13 +660,13 @@ class FullFault(_StorageFault):
             if "folder_id" not in fs:
                 raise InfraError(f"storage.full: {fs['folder']} does not exist on node {t.node}; nothing was injected")
             name = FILL_PREFIX + secrets.token_hex(8)
-            python = _python(ctx, transport, t.node)
+            python = node_python(ctx, transport, t.node)
             where = [root, fs["root_id"], fs["rel"], fs["folder_id"], name]
             revert = tool_argv(python, "unfill", *where)
             ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.node}:{fs['folder']}")
             res = transport.run(tool_argv(python, "fill", *where, str(self.spec.size)), FILL_TIMEOUT_S)
             if res.returncode != 0:
-                _undo(ctx, transport, fid, revert)
+                undo(ctx, transport, fid, revert)
                 if res.returncode == REFUSED:  # it grew roomier between the two looks
                     self._refuse_if_roomy(self.spec.size + 1, fs["folder"], t.node)
                 raise InfraError(f"storage.full on node {t.node}: fill failed: {_last(res)}")
@@ -728,21 +734,3 @@ def _last(res: Any) -> str:
     return (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
 
 
-def _python(ctx: FaultContext, transport: Transport, node: str) -> str:
-    if isinstance(transport, LocalTransport):
-        return sys.executable  # the controller is the node
-    info = ctx.inventory[node]
-    return info.ssh.python if info.ssh is not None else "python3"
-
-
-def _undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
-    """The inject failed after the lease was armed: revert now, or leave it to the watchdog within the TTL."""
-    leases = ctx.leases
-    try:
-        transport.run(revert, COMMAND_TIMEOUT_S)
-    except InfraError:
-        if leases is not None:
-            leases.abandon(fid)
-        return
-    if leases is not None:
-        leases.release(fid)
