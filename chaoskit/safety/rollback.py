@@ -125,7 +125,7 @@ def rollback_journal(
             if cls is not None:
                 try:
                     revert = cls.journaled_revert(revert, inventory[node])
-                except ValueError as exc:
+                except (ValueError, InfraError) as exc:  # not its shape; or the node's state folder unknown
                     outcome.problem = str(exc)
                     continue
             if not revert:
