@@ -30,7 +30,6 @@ ettr: {measured, predicted}, badput: {<bucket>: seconds}, ...}``) and ``campaign
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import random
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from chaoskit.core.errors import ScenarioError
-from chaoskit.core.files import EVENTS_FILE, RESULT_FILE
+from chaoskit.core.files import EVENTS_FILE, RESULT_FILE, empty_out_dir, utc_iso, utc_stamp
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.coverage import catalog
 from chaoskit.measure import measure_fault
@@ -150,11 +149,8 @@ def run_campaign(path: str | Path, *, duration_s: float, mtbf_s: float, seed: in
     draws = plan_campaign(loaded, duration_s, mtbf_s, seed, kinds)
     scenario = campaign_scenario(loaded, draws, duration_s)
     started = time.time()
-    out = Path(out) if out else Path("reports") / f"{_stamp(started)}-{loaded.model.name}-campaign"
-    if out.exists() and any(out.iterdir()):
-        raise ScenarioError(f"--out {out} already holds files; a campaign needs an empty folder",
-                            hint="pick another --out, or remove that folder")
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out) if out else Path("reports") / f"{utc_stamp(started)}-{loaded.model.name}-campaign"
+    empty_out_dir(out, "campaign")
     plan = {"seed": seed, "duration_s": duration_s, "mtbf_s": mtbf_s, "overlap": overlap, "draws": draws}
     (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
     if console is not None:
@@ -165,7 +161,7 @@ def run_campaign(path: str | Path, *, duration_s: float, mtbf_s: float, seed: in
     outcome: RunOutcome = run_scenario(scenario, out=out / "run", console=console, after_run=after_run,
                                        gate=None if overlap else _recovered_gate)
     summary = measure_campaign(out / "run", plan)
-    summary["started_at"] = _iso(started)
+    summary["started_at"] = utc_iso(started)
     summary["run_dir"] = str(out / "run")
     (out / CAMPAIGN_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return outcome.exit_code, summary, out
@@ -347,11 +343,3 @@ def _ettr_over_time(steps, t_start, step_s, faults, points: int = 60) -> list[di
 
 def _target_text(target: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in target.items())
-
-
-def _stamp(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
-def _iso(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")

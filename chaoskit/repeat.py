@@ -20,14 +20,13 @@ still gets its result.json with the samples so far, then the error is raised as 
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
-from chaoskit.core.files import RESULT_FILE
+from chaoskit.core.files import RESULT_FILE, empty_out_dir, utc_iso, utc_stamp
 from chaoskit.core.limits import MAX_REPEAT
 from chaoskit.distribution import distribution, slo_on_distribution
 from chaoskit.runner import RunOutcome, run_scenario
@@ -50,11 +49,8 @@ def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, cons
         raise ScenarioError(f"--repeat {repeat} is out of range: 1 to {MAX_REPEAT}", hint="e.g. --repeat 5")
     loaded = load_scenario(path)  # a bad file fails here, before any sample
     started = time.time()
-    out = Path(out) if out else Path("reports") / f"{_stamp(started)}-{loaded.model.name}-x{repeat}"
-    if out.exists() and any(out.iterdir()):
-        raise ScenarioError(f"--out {out} already holds files; a repeat needs an empty folder",
-                            hint="pick another --out, or remove that folder")
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out) if out else Path("reports") / f"{utc_stamp(started)}-{loaded.model.name}-x{repeat}"
+    empty_out_dir(out, "repeat")
     samples: list[dict[str, Any]] = []
     raised: BaseException | None = None
     code = ExitCode.OK
@@ -108,8 +104,8 @@ def summarize_samples(name: str, scenario_file: str, repeat: int, samples: list[
         "verdict": verdict,
         "repeat": repeat,
         "completed": len(measured),
-        "started_at": _iso(started),
-        "ended_at": _iso(ended),
+        "started_at": utc_iso(started),
+        "ended_at": utc_iso(ended),
         "duration_s": round(ended - started, 3),
         "samples": samples,
         "distribution": dist,
@@ -138,11 +134,3 @@ def _read(sample_dir: Path) -> dict[str, Any] | None:
         return json.loads((sample_dir / RESULT_FILE).read_text())
     except (OSError, ValueError):
         return None
-
-
-def _stamp(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
-def _iso(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")

@@ -62,6 +62,7 @@ class UserJob:
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.lab.mgmt_address(self.nodes[0])}:{port}",
                 "--rdzv-id", "users-own-job", "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}",
                 "--max-restarts", "3", "--monitor-interval", "0.1", "--local-addr", self.lab.data_address(node),
+                "--log-dir", str(self.folder / "torchelastic" / node),  # torchrun's files with the test's, not in /tmp
                 str(PLAIN_TRAIN), "--steps", "100000", "--step-time", "0.05", "--checkpoint-every", "25",
                 "--checkpoint-dir", str(self.folder / "ckpt"),
             ])

@@ -9,8 +9,7 @@ import typer
 
 from chaoskit.campaign import run_campaign
 from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env, print_json
-from chaoskit.core.durations import parse_duration
-from chaoskit.core.errors import ScenarioError
+from chaoskit.cli.gameday_cmd import parse_cli_duration
 from chaoskit.report.html import write_campaign_report, write_run_report
 
 __all__ = ["campaign_app"]
@@ -36,7 +35,7 @@ def campaign(
     env = current_env()
     console = env.console(err=as_json)
     code, summary, folder = run_campaign(
-        scenario, duration_s=_duration(duration, "--duration"), mtbf_s=_duration(mtbf, "--mtbf"), seed=seed,
+        scenario, duration_s=parse_cli_duration(duration, "--duration", "20m, 90s or 1h"), mtbf_s=parse_cli_duration(mtbf, "--mtbf", "2m"), seed=seed,
         kinds=None if kinds is None else [k.strip() for k in kinds.split(",") if k.strip()], overlap=overlap, out=out,
         console=console, after_run=lambda run_dir: f"report: {write_run_report(run_dir)}")
     page = write_campaign_report(folder)
@@ -52,12 +51,3 @@ def campaign(
     console.print(f"campaign: {folder / 'campaign.json'}  report: {page}")
     return code
 
-
-def _duration(text: str, flag: str) -> float:
-    try:
-        value = parse_duration(text.strip())
-    except ValueError as exc:
-        raise ScenarioError(f"{flag} {text!r}: {exc}", hint="e.g. 20m, 90s or 1h") from None
-    if value <= 0:
-        raise ScenarioError(f"{flag} {text} is not a positive duration", hint="e.g. 20m")
-    return value

@@ -19,7 +19,7 @@ from chaoskit.gameday import run_gameday
 from chaoskit.history import REGRESSION_WINDOW
 from chaoskit.report.html import build_report
 
-__all__ = ["catalog_app", "gameday_app", "report_app", "parse_fraction"]
+__all__ = ["catalog_app", "gameday_app", "report_app", "parse_fraction", "parse_cli_duration"]
 
 _EXIT_GAMEDAY = (
     "Exit codes: 0 every scenario passed and coverage reached --min-coverage; 1 a scenario failed, "
@@ -83,7 +83,7 @@ def gameday_cmd(
     env = current_env()
     minimum = None if min_coverage is None else parse_fraction(min_coverage, "--min-coverage")
     regression = None if fail_on_regression is None else parse_fraction(fail_on_regression, "--fail-on-regression", top=10.0)
-    fresh_s = None if fresh is None else _duration(fresh, "--fresh")
+    fresh_s = None if fresh is None else parse_cli_duration(fresh, "--fresh", "30d, 12h or 3600")
     outcome = run_gameday(paths, out=out, min_coverage=minimum, console=env.console(err=as_json),
                           fail_on_regression=regression, fresh_s=fresh_s, until=until)
     if as_json:
@@ -109,14 +109,15 @@ def parse_fraction(text: str, flag: str, top: float = 1.0) -> float:
     return value
 
 
-def _duration(text: str, flag: str) -> float:
+def parse_cli_duration(text: str, flag: str, example: str = "30d") -> float:
+    """A positive duration given on the command line (``30d``, ``20m``, or seconds); :class:`ScenarioError` otherwise."""
     try:
         raw = text.strip()
         value = parse_duration(int(raw) if raw.isascii() and raw.isdigit() else raw)
     except ValueError as exc:
-        raise ScenarioError(f"{flag} {text!r}: {exc}", hint="e.g. 30d, 12h or 3600") from None
+        raise ScenarioError(f"{flag} {text!r}: {exc}", hint=f"e.g. {example}") from None
     if value <= 0:
-        raise ScenarioError(f"{flag} {text} is not a positive duration", hint="e.g. 30d")
+        raise ScenarioError(f"{flag} {text} is not a positive duration", hint=f"e.g. {example}")
     return value
 
 

@@ -8,13 +8,17 @@ The report is rendered from these files alone.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 from pathlib import Path
 from typing import Any
 
+from chaoskit.core.errors import ScenarioError
+
 __all__ = [
     "RESULT_FILE", "EVENTS_FILE", "JOURNAL_FILE", "RUN_REPORT",
     "GAMEDAY_FILE", "GAMEDAY_REPORT", "HISTORY_FILE", "load_gameday", "read_history",
+    "utc_stamp", "utc_iso", "empty_out_dir",
 ]
 
 RESULT_FILE = "result.json"
@@ -45,3 +49,21 @@ def read_history(path: Path, until: str | None = None) -> list[dict[str, Any]]:
         if isinstance(entry, dict) and (until is None or str(entry.get("started_at", "")) <= until):
             entries.append(entry)
     return sorted(entries, key=lambda e: str(e.get("started_at", "")))
+
+
+def utc_stamp(t: float) -> str:
+    """``20261201T083000Z``: how a report folder's name says when it started."""
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def utc_iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def empty_out_dir(out: Path, what: str) -> Path:
+    """Make ``out`` (a ``--out`` folder), refusing one that already holds files with a :class:`ScenarioError`."""
+    if out.exists() and any(out.iterdir()):
+        raise ScenarioError(f"--out {out} already holds files; a {what} needs an empty folder",
+                            hint="pick another --out, or remove that folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
