@@ -49,7 +49,9 @@ SCALARS = st.one_of(
 )
 TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(
     st.one_of(st.sampled_from(["name", "faults", "kind", "target", "cluster", "nodes", "ray", "services", "image",
-                               "labels", "interfaces", "power", "ssh", "duration", "rate", "signal", "workload", "probes"]),
+                               "labels", "interfaces", "power", "ssh", "duration", "rate", "signal", "workload", "probes",
+                               "repeat", "step_compute", "slo", "recovery", "p95", "max", "run_id", "user", "policy",
+                               "log_roots", "checkpoint_roots"]),
               st.text(max_size=8)), kids, max_size=6)), max_leaves=30)
 
 INVENTORY = {
@@ -60,7 +62,7 @@ INVENTORY = {
                "power": {"off": "ipmitool chassis power off", "on": ["ipmitool", "chassis", "power", "on"]},
                "workdir": "/var/lib/chaoskit"}],
 }
-SHIPPED = sorted(SCENARIOS.glob("*.yaml"))
+SHIPPED = sorted([*SCENARIOS.glob("*.yaml"), ROOT / "examples" / "campaign.yaml"])
 COMPOSE = ROOT / "docker-compose.yml"
 
 
