@@ -5,7 +5,8 @@ Exactly the definitions of docs/architecture.md ("Recovery phases"), for one fau
 - ``t_fault``: the injector's timestamp, taken on the node;
 - ``t_detect``: first event after ``t_fault`` showing the system noticed
   (``worker.exit`` seen by an agent, ``detect`` from a surviving rank, ...);
-- ``t_realloc``: the replacement world is formed: every new worker started;
+- ``t_realloc``: the replacement world is formed: every new worker started (for a job that names no
+  workers, only its scheduler and its log: the scheduler started it again, ``job.running`` restarted);
 - ``t_loaded``: the last rank of the new world finished loading its checkpoint;
 - ``t_resumed``: the first training step after ``t_loaded``.
 
@@ -62,6 +63,8 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
 
     loads = [e for e in after if e.get("kind") == "ckpt.load.end"]
     starts = [e for e in after if e.get("kind") == "worker.start"]
+    if not starts:  # a job seen only through its scheduler and its log: the scheduler's restart starts the new world
+        starts = [e for e in after if e.get("kind") == "job.running" and (e.get("restart_count") or 0) >= 1]
     resumed = None
     for e in after:
         if e.get("kind") != "step":

@@ -550,11 +550,13 @@ class _Run:
                     extra = f" by {m['detected_by']}" if key == "t_detect" else ""
                     self.say(f"{label} {m[key] - t_fault:.2f}s after the fault{extra}")
             pending = any(not inj.reverted for _, inj in self.injections if _.lasting)
-            if not pending:
-                if sc.workload.wait == "recovered" and m["t_resumed"] is not None:
-                    return
-                if not self.job.running():
-                    return
+            if not self.job.running():
+                if pending:  # the job has ended: a fault still in effect has nothing left to drill
+                    self.say("the job has ended; reverting the faults still in effect")
+                    self._revert_due(force=True)
+                return
+            if not pending and sc.workload.wait == "recovered" and m["t_resumed"] is not None:
+                return
             time.sleep(0.1)
 
     def _check_abort(self) -> None:

@@ -35,6 +35,20 @@ def timeline():
     ]
 
 
+def test_a_job_known_only_by_its_scheduler_and_log_recovers_when_slurm_runs_it_again():
+    """An sbatch job with no torchrun and no SDK: Slurm requeues it (detection), runs it again (the new world),
+    and its log's steps start over from 0 (no checkpoint)."""
+    events = [ev(1.0, "job.running", job="3", restart_count=0), *[ev(1.5 + i * 0.2, "step", step=i) for i in range(4)],
+              ev(2.9, "job.requeued", job="3", restart_count=1), ev(2.9, "job.pending", job="3", reason="BeginTime"),
+              ev(10.0, "job.running", job="3", restart_count=1), ev(13.5, "step", step=0), ev(13.7, "step", step=1)]
+    m = measure_fault(events, 2.6)
+    assert m["detection_s"] == pytest.approx(0.3) and m["reallocation_s"] == pytest.approx(7.1)
+    assert m["recovery_s"] == pytest.approx(10.9) and m["restored_step"] == 0 and m["lost_steps"] == 3
+    assert "without loading a checkpoint" in m["reasons"]["checkpoint_load"]
+    # a job.running that is not a restart (the first start) is no new world
+    assert measure_fault(events[:6], 2.6)["recovery_s"] is None
+
+
 def test_phases_follow_the_definitions():
     m = measure_fault(timeline(), 10.0)
     assert m["detection_s"] == pytest.approx(0.2)

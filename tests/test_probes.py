@@ -69,6 +69,31 @@ def test_sdk_and_file_probes_follow_appends(tmp_path: Path):
     assert len((tmp_path / "timeline.jsonl").read_text().splitlines()) == 4
 
 
+def test_a_log_opened_again_with_o_trunc_is_read_again_from_its_start(tmp_path: Path):
+    """A requeued Slurm job's output file is opened again with O_TRUNC; the restarted job's first lines
+    (its steps from 0) are on the timeline, not skipped up to where the old file ended. So is a file
+    replaced by a new one (rotation by rename)."""
+    bus = EventBus()
+    log_file = tmp_path / "slurm-3.out"
+    logs = FileLogProbe(LogRegexProbe(bus, [LogRule.of(r"step (?P<step>\d+)", "step")]), "n0", log_file, interval=0.01)
+    logs.start()
+    try:
+        log_file.write_text("".join(f"step {i}\n" for i in range(40)))
+        assert wait(bus, lambda ev: len(ev) == 40)
+        with open(log_file, "w") as fh:  # O_TRUNC, as slurmstepd
+            for i in range(3):
+                time.sleep(0.05)
+                fh.write(f"step {i}\n")
+                fh.flush()
+        assert wait(bus, lambda ev: len(ev) == 43)
+        (tmp_path / "new.out").write_text("step 100\n")
+        os.replace(tmp_path / "new.out", log_file)
+        assert wait(bus, lambda ev: len(ev) == 44)
+    finally:
+        logs.stop()
+    assert [e["step"] for e in bus.events[40:]] == [0, 1, 2, 100]
+
+
 def test_process_watcher_sees_a_worker_vanish():
     lab = ProcessLab.create(1)
     env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n0"), RANK="0", TORCHELASTIC_RUN_ID="x")

@@ -18,6 +18,7 @@ bound (the ``regex`` package's ``timeout``): a pattern that takes longer on a li
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -124,11 +125,17 @@ class _Tailer(threading.Thread):
 
     def lines(self):
         """Every line of the file as it grows (cut at MAX_LINE_BYTES), read a MiB at a time; after ``stop``,
-        what is left, the last line too."""
-        pos, cutter = 0, LineCutter()
+        what is left, the last line too. A file truncated in place (a requeued Slurm job's output, opened
+        again with O_TRUNC) or replaced by a new one is read again from its start."""
+        pos, inode, cutter = 0, None, LineCutter()
         while not self.stop_event.is_set():
             try:
                 with open(self.path, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    if st.st_ino != inode or st.st_size < pos:
+                        if inode is not None:
+                            pos, cutter = 0, LineCutter()
+                        inode = st.st_ino
                     fh.seek(pos)
                     chunk = fh.read(self.CHUNK)
             except FileNotFoundError:
