@@ -196,7 +196,8 @@ def test_a_running_slurm_job_is_attached_by_its_id_and_its_node_drained_and_resu
         sc = scenario(tmp_path, lab.inventory_path, None,
                       f"  launch: attach\n  process: chaoskit_fake_train\n  slurm_job: {mine}\n", DRAIN_N0,
                       STEP_RULES + f"  log_files:\n    - {{node: n0, path: {log}}}\n"
-                      "steady_state: {steps: 3, timeout: 60s}\nsafety: {max_nodes: 1, abort_after: 2m}\n")
+                      "steady_state: {steps: 3, timeout: 60s}\nsafety: {max_nodes: 1, abort_after: 25s}\n")
+        # a drain stops nothing: the job trains on, so the run ends at abort_after, with n0 resumed long before
         monkeypatch.setenv("SLURM_CONF", str(lab.conf_path))
         res = run_cli("run", sc, "--out", tmp_path / "run", "--json")
         r = res.json
@@ -204,6 +205,7 @@ def test_a_running_slurm_job_is_attached_by_its_id_and_its_node_drained_and_resu
         assert r["attached"]["slurm_job"] == mine and r["attached"]["slurm_nodes"] == ["n0"]
         assert [w["rank"] for w in r["attached"]["workers"]] == [0]
         assert r["checks"]["faults_reverted"]["pass"], r["checks"]
+        assert r["verdict"] == "aborted" and res.code == 4, r["verdict"]
         ev = events_of(tmp_path / "run")
         assert any(e["kind"] == "fault.injected" for e in ev)
         jobs = {e.get("job") for e in ev if e["kind"].startswith("job.")}
