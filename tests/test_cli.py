@@ -9,7 +9,7 @@ import sys
 from chaoskit.core.errors import ExitCode
 from tests.conftest import ROOT, run_cli
 
-HEAVY = ("torch", "ray", "paramiko", "docker", "numpy", "jinja2")
+HEAVY = ("torch", "ray", "paramiko", "docker", "numpy", "jinja2", "prometheus_client")
 
 
 def test_importing_the_cli_loads_no_heavy_dependency():
