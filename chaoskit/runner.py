@@ -373,8 +373,7 @@ class _Run:
         if holding:
             raise SafetyAbort(holding[0])
         self.stop_watcher = watcher
-        self.threads.append(watcher)
-        watcher.start()
+        watcher.start()  # stopped in _teardown, after the job and the probes
         self.say(f"{len(conditions)} stop condition(s) from Prometheus watched")
 
     def _checkpoint_dir(self) -> str | None:
@@ -624,6 +623,8 @@ class _Run:
             self._unmount_checkpoint_fs()
             for t in self.threads:
                 t.stop()
+            if self.stop_watcher is not None:
+                self.stop_watcher.stop()
             self.leases.close()
             self.bus.close()
             self.journal.close()
