@@ -342,3 +342,26 @@ def test_a_stop_condition_firing_mid_drill_reverts_and_exits_4_and_a_probe_detec
     phases = result["per_fault"][0]
     assert phases["detected_by"].startswith("prometheus on 127.0.0.1:") and "rose from 0 to 1" in phases["detected_by"]
     assert phases["detection_s"] == pytest.approx(detect["ts"] - injected["ts"], abs=0.01)
+
+
+def test_the_grafana_dashboards_queries_run_on_prometheus(tmp_path: Path, monitoring) -> None:  # noqa: F811
+    """Every query of examples/grafana/chaoskit-dashboard.json is valid PromQL and, once a game day was pushed,
+    finds its series (the variables as 'All')."""
+    import urllib.parse
+    import urllib.request
+
+    from tests.test_dashboard import dashboard, exprs
+
+    ok = synth_run(tmp_path / "gd" / "01-dash-kill", "dash-kill")
+    synth_gameday(tmp_path / "gd", [record_for(1, ok)])
+    assert run_cli("export", tmp_path / "gd", "--push", monitoring.pushgateway).code == 0
+    monitoring.wait_value('max(chaoskit_recovery_seconds{scenario="dash-kill"})', lambda v: True)
+    monitoring.wait_value('count(chaoskit_gameday_end_timestamp_seconds)', lambda v: True)
+    for where, expr in exprs(dashboard()):
+        if where.startswith("variable"):
+            continue  # label_values() is Grafana's, not PromQL
+        promql = expr.replace("$scenario", ".*").replace("$cluster", ".*")
+        url = f"{monitoring.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            doc = json.loads(resp.read())
+        assert doc["status"] == "success" and doc["data"]["result"], (where, promql, doc)
