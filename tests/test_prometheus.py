@@ -365,3 +365,24 @@ def test_the_grafana_dashboards_queries_run_on_prometheus(tmp_path: Path, monito
         with urllib.request.urlopen(url, timeout=5) as resp:
             doc = json.loads(resp.read())
         assert doc["status"] == "success" and doc["data"]["result"], (where, promql, doc)
+
+
+@pytest.mark.parametrize("snippet, message", [
+    ('safety: {stop_when: [{prometheus: "ftp://127.0.0.1/", query: up, above: 1}]}', "the scheme must be http or https"),
+    ('safety: {stop_when: [{prometheus: "http:///x", query: up, above: 1}]}', "no host"),
+    ('safety: {stop_when: [{prometheus: "http://a:b@127.0.0.1:9090", query: up, above: 1}]}', "no user or password"),
+    ('safety: {stop_when: [{prometheus: "http://127.0.0.1:9090", query: up}]}', "give one of 'above: X' or 'below: X'"),
+    ('safety: {stop_when: [{prometheus: "http://127.0.0.1:9090", query: up, above: 1, below: 0}]}', "give one of"),
+    ('safety: {stop_when: [{prometheus: "http://127.0.0.1:9090", query: "  ", above: 1}]}', "the query is empty"),
+    ('safety: {stop_when: [{prometheus: "http://127.0.0.1:9090", query: up, above: 1, for: 1y}]}', "invalid duration"),
+    ('probes: {prometheus: [{url: "http://127.0.0.1:9090", query: up}]}', "give one of 'when: rises' or 'above: X'"),
+    ('probes: {prometheus: [{url: "http://127.0.0.1:9090", query: up, when: falls}]}', "rises"),
+    ('probes: {prometheus: [{url: "http://127.0.0.1:9090", query: up, when: rises, event: boom}]}', "unknown event kind 'boom'"),
+    ('probes: {prometheus: [{url: "127.0.0.1:9090", query: up, when: rises}]}', "the scheme must be http or https"),
+])
+def test_prometheus_keys_are_checked_at_their_line(tmp_path: Path, snippet: str, message: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nfaults:\n  - kind: process.kill\n    target: {ranks: [1]}\n    at: {step: 10}\n" + snippet + "\n")
+    res = run_cli("validate", path)
+    assert res.code == 2 and message in res.stderr, res.stderr
+    assert res.stderr.startswith(f"{path}:6:")
