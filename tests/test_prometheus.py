@@ -386,3 +386,20 @@ def test_prometheus_keys_are_checked_at_their_line(tmp_path: Path, snippet: str,
     res = run_cli("validate", path)
     assert res.code == 2 and message in res.stderr, res.stderr
     assert res.stderr.startswith(f"{path}:6:")
+
+
+def test_a_repeated_drill_exports_its_medians(tmp_path: Path) -> None:
+    from chaoskit.repeat import _sample, summarize_samples
+
+    out = tmp_path / "repeat"
+    samples = []
+    for i, step_time in enumerate((0.05, 0.08, 0.2), 1):  # three samples whose recoveries differ
+        result = synth_run(out / f"sample-0{i}", step_time=step_time)
+        samples.append(_sample(out / f"sample-0{i}", result, 0))
+    summary = summarize_samples("kill-rank", "kill-rank.yaml", 3, samples, {}, started=0.0)
+    (out / "result.json").write_text(json.dumps(summary))
+    recoveries = sorted(s["phases"]["recovery_s"] for s in samples)
+    assert recoveries[0] < recoveries[2]
+    samples_out = _samples(run_cli("export", out).stdout)
+    assert samples_out["chaoskit_recovery_seconds"] == {
+        '{cluster="lab-test",fault_kind="process.kill",scenario="kill-rank"}': pytest.approx(recoveries[1])}
