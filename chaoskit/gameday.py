@@ -44,6 +44,7 @@ from chaoskit.history import find_regressions, fresh_coverage, scenario_figures
 from chaoskit.repeat import run_repeated
 from chaoskit.report.html import write_gameday_report, write_repeat_report, write_run_report
 from chaoskit.report.junit import write_junit
+from chaoskit.report.metrics import check_push_url, push_gameday
 from chaoskit.runner import run_scenario
 from chaoskit.scenario import load_scenario, scenario_files
 
@@ -69,6 +70,7 @@ def run_gameday(
     fail_on_regression: float | None = None,
     fresh_s: float | None = None,
     until: str = "recovered",
+    push: str | None = None,
 ) -> GamedayOutcome:
     """Run the scenarios under ``paths`` (files, or folders searched for YAML).
 
@@ -79,9 +81,13 @@ def run_gameday(
     proven by this game day or by one in the history within that many seconds. ``until``: each
     drill's ``workload.wait`` where the scenario sets none: ``recovered`` (the default: stop once
     the job trained on after its recovery and every fault was reverted) or ``finish``.
-    Raises :class:`ScenarioError` when there is nothing to run or ``out`` already
-    holds a game day.
+    ``push``: a Pushgateway's URL, pushed the game day's metrics (:mod:`chaoskit.report.metrics`) once
+    every file is written; :class:`InfraError` when that fails.
+    Raises :class:`ScenarioError` when there is nothing to run, ``out`` already
+    holds a game day or ``push`` is no http(s) URL.
     """
+    if push is not None:
+        check_push_url(push)
     files = scenario_files(list(paths))
     if not files:
         raise ScenarioError(f"no scenario files in {', '.join(map(str, paths))}", hint="give scenario files or folders holding *.yaml")
@@ -99,7 +105,12 @@ def run_gameday(
     if until not in ("recovered", "finish"):
         raise ScenarioError(f"--until {until!r}: expected recovered or finish", hint="--until finish trains every job to its last step")
     gd.fail_on_regression, gd.fresh_s, gd.until = fail_on_regression, fresh_s, until
-    return gd.execute()
+    outcome = gd.execute()
+    if push is not None and not gd.interrupted:
+        pushed = push_gameday(out, push)
+        if console is not None:
+            console.print(f"pushed to {push}: {len(pushed) - 1} drill group(s) and the game day's coverage")
+    return outcome
 
 
 def summarize(

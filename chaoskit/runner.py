@@ -44,6 +44,7 @@ from chaoskit.measure import measure_fault, measure_slowdown, reallocation_steps
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
+from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
 from chaoskit.observe.probes import (
     TORCHRUN_RULES,
     FileLogProbe,
@@ -274,6 +275,8 @@ class _Run:
         self.job_dir: Path | None = None
         self.t_baseline: float | None = None
         self._checkpoint_fs: tuple[str, list[str]] | None = None
+        self.stop_watcher: StopWatcher | None = None
+        self.prometheus_probe: PrometheusProbe | None = None
 
     # -- stages -------------------------------------------------------------------------
 
@@ -348,12 +351,30 @@ class _Run:
     def _preflight(self) -> None:
         """Reach every node, measure the clocks of those with their own, and let each fault check its targets,
         before anything starts."""
+        self._watch_stop_conditions()
         self.cluster.connect()
         self._sync_clocks()
         self._mount_checkpoint_fs()
         for fault in _faults(self.sc):
             if fault.target_type == "node":
                 fault.preflight(self.ctx, resolve_nodes(self.inventory, fault.spec.target))
+
+    def _watch_stop_conditions(self) -> None:
+        """``safety.stop_when``: each query must give a number now (exit 3 otherwise) and must not hold already
+        (exit 4); then a thread evaluates them until the run ends, and :meth:`_check_abort` acts on one that fired."""
+        conditions = self.sc.safety.stop_when
+        if not conditions:
+            return
+        watcher = StopWatcher(self.bus, conditions)
+        unanswered, holding = watcher.preflight()
+        if unanswered:
+            raise InfraError(f"{unanswered[0]}; nothing was injected",
+                             hint="a stop condition's query must return one number: check the URL and the query in Prometheus")
+        if holding:
+            raise SafetyAbort(holding[0])
+        self.stop_watcher = watcher
+        watcher.start()  # stopped in _teardown, after the job and the probes
+        self.say(f"{len(conditions)} stop condition(s) from Prometheus watched")
 
     def _checkpoint_dir(self) -> str | None:
         """The job's checkpoint folder as its nodes see it (what storage faults act in)."""
@@ -432,6 +453,9 @@ class _Run:
                                                    roots=policy.log_roots if policy is not None else None))
             else:
                 self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
+        if sc.probes.prometheus:  # the site's monitoring as a detection source
+            self.prometheus_probe = PrometheusProbe(self.bus, sc.probes.prometheus)
+            self.threads.append(self.prometheus_probe)
         if sc.probes.process:
             self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
         self.threads.extend(self.cluster.probes(self.bus))
@@ -560,6 +584,9 @@ class _Run:
             time.sleep(0.1)
 
     def _check_abort(self) -> None:
+        fired = self.stop_watcher.fired if self.stop_watcher is not None else None
+        if fired is not None:
+            raise SafetyAbort(f"{fired['message']}; every fault reverted")
         if time.time() > self.deadline:
             raise SafetyAbort(f"safety.abort_after ({self.sc.safety.abort_after:g}s) reached; every fault reverted")
 
@@ -598,6 +625,8 @@ class _Run:
             self._unmount_checkpoint_fs()
             for t in self.threads:
                 t.stop()
+            if self.stop_watcher is not None:
+                self.stop_watcher.stop()
             self.leases.close()
             self.bus.close()
             self.journal.close()
@@ -635,7 +664,9 @@ class _Run:
     def _result(self) -> dict[str, Any]:
         events = self.bus.snapshot()
         log_probe = getattr(self, "log_probe", None)
-        for problem in (log_probe.errors if log_probe is not None else []) + list(getattr(self.job, "line_errors", None) or [])[:5]:
+        watched = [w.notes() for w in (self.stop_watcher, self.prometheus_probe) if w is not None]
+        for problem in ((log_probe.errors if log_probe is not None else []) + list(getattr(self.job, "line_errors", None) or [])[:5]
+                        + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)
         per_fault = []
@@ -705,6 +736,7 @@ class _Run:
             "notes": self.notes,
             "capabilities": self.capabilities.as_dict(),
             "clocks": {name: c.as_dict() for name, c in self.clocks.items()},
+            **({"stop_condition": self.stop_watcher.fired} if self.stop_watcher is not None and self.stop_watcher.fired else {}),
             **({"attached": self.job.info()} if isinstance(self.job, AttachedJob) else {}),
             **({"slurm": self.job.info()} if isinstance(self.job, SlurmJob) else {}),
         }

@@ -9,7 +9,7 @@ import sys
 from chaoskit.core.errors import ExitCode
 from tests.conftest import ROOT, run_cli
 
-HEAVY = ("torch", "ray", "paramiko", "docker", "numpy", "jinja2")
+HEAVY = ("torch", "ray", "paramiko", "docker", "numpy", "jinja2", "prometheus_client")
 
 
 def test_importing_the_cli_loads_no_heavy_dependency():
@@ -32,7 +32,7 @@ def test_help_lists_the_verbs_and_loads_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     first, _, text = out.partition("\n")
     assert first == "0 []"
-    for verb in ("run", "validate", "schema", "rollback", "catalog", "gameday", "report", "simulate", "lab"):
+    for verb in ("run", "validate", "schema", "rollback", "catalog", "gameday", "report", "export", "simulate", "lab"):
         assert f"  {verb} " in text
 
 

@@ -45,13 +45,15 @@ SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(), st.integers(min_value=10**30, max_value=10**400),
     st.floats(allow_nan=True, allow_infinity=True), METACHAR_TEXT, st.text(max_size=20),
     st.sampled_from(["30s", "1e400s", "٣٠s", "eth0\n", "SIGKILL", "9", "٩", "a{4294967296}", "(" * 300, "10mbit", "9" * 400 + "mbit",
-                     "process.kill", "network.degrade", "docker", "netns", "ray", "lab", "n1", "auto", "0.0.0.0:1"]),
+                     "process.kill", "network.degrade", "docker", "netns", "ray", "lab", "n1", "auto", "0.0.0.0:1",
+                     "http://127.0.0.1:9090", "https://u:p@h/", "rises", "max(up)"]),
 )
 TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(
     st.one_of(st.sampled_from(["name", "faults", "kind", "target", "cluster", "nodes", "ray", "services", "image",
                                "labels", "interfaces", "power", "ssh", "duration", "rate", "signal", "workload", "probes",
                                "repeat", "step_compute", "slo", "recovery", "p95", "max", "run_id", "user", "policy",
-                               "log_roots", "checkpoint_roots"]),
+                               "log_roots", "checkpoint_roots", "safety", "stop_when", "prometheus", "query", "above",
+                               "below", "for", "url", "when", "event"]),
               st.text(max_size=8)), kids, max_size=6)), max_leaves=30)
 
 INVENTORY = {

@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "campaign": ("chaoskit.cli.campaign_cmd:campaign_app",
                  "One long run with faults at a real rate: ETTR and its badput, against the simulator's prediction."),
     "report": ("chaoskit.cli.gameday_cmd:report_app", "Rebuild the HTML report of a run or a game day."),
+    "export": ("chaoskit.cli.export_cmd:export_app",
+               "A run's or a game day's results as Prometheus metrics: OpenMetrics text, or pushed to a Pushgateway."),
     "simulate": ("chaoskit.cli.simulate_cmd:simulate_app",
                  "Plan at scale: what the recovery phases mean for goodput on a whole cluster."),
     "lab": ("chaoskit.cli.lab_cmd:lab_app", "Local lab clusters: nodes on this machine, no infrastructure needed."),

@@ -18,13 +18,14 @@ from chaoskit.core.durations import parse_duration
 from chaoskit.gameday import run_gameday
 from chaoskit.history import REGRESSION_WINDOW
 from chaoskit.report.html import build_report
+from chaoskit.report.metrics import check_push_url
 
 __all__ = ["catalog_app", "gameday_app", "report_app", "parse_fraction", "parse_cli_duration"]
 
 _EXIT_GAMEDAY = (
     "Exit codes: 0 every scenario passed and coverage reached --min-coverage; 1 a scenario failed, "
     "errored or aborted, coverage is under the minimum, or (--fail-on-regression) a scenario's recovery regressed; "
-    "2 bad input; 130 interrupted."
+    "2 bad input; 3 the --push failed; 130 interrupted."
 )
 
 
@@ -78,14 +79,18 @@ def gameday_cmd(
         "For scenarios that set no workload.wait: 'recovered' stops each drill once the job trained on after its "
         "recovery and every fault was reverted (the game day's default: CI time is spent on drills, not on jobs "
         "training on); 'finish' trains every job to its last step.")),
+    push: Optional[str] = typer.Option(None, "--push", help=(
+        "Push the game day's metrics (each drill's phases and verdict, the coverage) to the Prometheus Pushgateway "
+        "at this URL (http://host:9091) once it is over; a failed push is exit 3, with every file written.")),
 ) -> int:
     """Run scenarios in turn and score fault coverage; write gameday.json, junit.xml, index.html."""
     env = current_env()
     minimum = None if min_coverage is None else parse_fraction(min_coverage, "--min-coverage")
     regression = None if fail_on_regression is None else parse_fraction(fail_on_regression, "--fail-on-regression", top=10.0)
     fresh_s = None if fresh is None else parse_cli_duration(fresh, "--fresh", "30d, 12h or 3600")
+    push_url = None if push is None else check_push_url(push)
     outcome = run_gameday(paths, out=out, min_coverage=minimum, console=env.console(err=as_json),
-                          fail_on_regression=regression, fresh_s=fresh_s, until=until)
+                          fail_on_regression=regression, fresh_s=fresh_s, until=until, push=push_url)
     if as_json:
         env.stdout.write(json.dumps(outcome.summary, indent=2, default=str) + "\n")
     return outcome.exit_code

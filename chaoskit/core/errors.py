@@ -33,7 +33,7 @@ class ExitCode(enum.IntEnum):
     INFRA = 3
     """A target or the infrastructure failed: unreachable host, missing tool."""
     ABORTED = 4
-    """Aborted by a safety limit (``safety.abort_after``); every fault was reverted."""
+    """Aborted by a safety limit (``safety.abort_after``, a ``safety.stop_when`` condition); every fault was reverted."""
     INTERNAL = 70
     """A chaoskit bug (EX_SOFTWARE): the message says so; ``--debug`` shows the traceback."""
     INTERRUPTED = 130

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["StrictModel", "NAME_RE", "check_name", "check_regex"]
+__all__ = ["StrictModel", "NAME_RE", "check_name", "check_regex", "check_http_url"]
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 """Node names, label keys and values: safe to reach a shell unquoted, still quoted anyway."""
@@ -37,4 +38,33 @@ def check_regex(value: str) -> str:
         raise ValueError("invalid regular expression: a repeat count must be below 4294967295 (2**32 - 1)") from None
     except RecursionError:
         raise ValueError("invalid regular expression: groups nested too deeply") from None
+    return value
+
+
+MAX_URL = 2048
+
+
+def check_http_url(value: str, what: str = "URL") -> str:
+    """``value`` when it is an ``http``/``https`` URL naming a host (a Prometheus, a Pushgateway), with no
+    user:password in it (it would end up in result.json), no fragment, no space or control character;
+    ``ValueError`` saying why otherwise."""
+    if not isinstance(value, str) or not value or len(value) > MAX_URL:
+        raise ValueError(f"invalid {what}: an http:// or https:// URL of at most {MAX_URL} characters")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError(f"invalid {what} {value[:80]!r}: no spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"invalid {what} {value[:80]!r}: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"invalid {what} {value[:80]!r}: the scheme must be http or https")
+    if not parts.hostname:
+        raise ValueError(f"invalid {what} {value[:80]!r}: no host (e.g. http://prometheus:9090)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"invalid {what}: no user or password in the URL (it would be written into the run's files)")
+    if parts.fragment or parts.query:
+        raise ValueError(f"invalid {what} {value[:80]!r}: no query string or fragment")
+    if port == 0:
+        raise ValueError(f"invalid {what} {value[:80]!r}: port 0")
     return value

@@ -27,6 +27,8 @@ EVENT_KINDS = (
     "oom.kill", "gpu.xid", "gpu.ecc",
     # A scheduler's view (chaoskit.observe.slurm): a node it gave up on, and the job's way back.
     "node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running",
+    # The site's monitoring (chaoskit.observe.prometheus): a stop condition that fired.
+    "safety.stop",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

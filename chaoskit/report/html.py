@@ -490,6 +490,9 @@ def _node_grid(events: list[dict[str, Any]], nodes: list[str], t_fault: float | 
         lines.append({"kind": "fault", "x": scale(t_fault), "label": "fault"})
     if timing and timing.get("t_detect") is not None:
         lines.append({"kind": "detect", "x": scale(timing["t_detect"]), "label": f"detected +{timing['t_detect'] - t_fault:.2f}s"})
+    for e in events:  # a stop condition of the site's monitoring that ended the drill
+        if e.get("kind") == "safety.stop":
+            lines.append({"kind": "fault", "x": scale(e["ts"]), "label": f"stop_when.{e.get('condition')} fired ({e.get('value')})"})
     return {"w": _W, "h": height, "top": top, "row_h": row_h, "left": _LEFT, "bottom": top + row_h * len(nodes),
             "rows": rows, "markers": markers, "lines": lines, "ticks": _time_ticks(scale, t_fault or scale.lo),
             "detected_by": (timing or {}).get("detected_by")}

@@ -17,7 +17,7 @@ from chaoskit.backends.api import ClusterSpec
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.limits import MAX_COUNT, MAX_REPEAT
-from chaoskit.core.models import NAME_RE, StrictModel, check_regex
+from chaoskit.core.models import NAME_RE, StrictModel, check_http_url, check_regex
 from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
@@ -27,6 +27,8 @@ __all__ = [
     "Workload",
     "LogRule",
     "Probes",
+    "PrometheusRule",
+    "StopCondition",
     "SLO",
     "PhasePercentiles",
     "StepPercentiles",
@@ -195,6 +197,45 @@ class LogFile(StrictModel):
     node: str = Field(..., pattern=NAME_RE, description="The node whose output this file is.")
 
 
+MAX_QUERY = 4096
+
+
+def _check_query(v: str) -> str:
+    if not v.strip():
+        raise ValueError("the query is empty")
+    if any(ord(c) < 0x20 and c not in "\t\n" for c in v) or "\x7f" in v:
+        raise ValueError("the query holds a control character")
+    return v
+
+
+class PrometheusRule(StrictModel):
+    """A Prometheus query whose change becomes an event on the timeline: a detection by the site's own monitoring
+    (a DCGM Xid counter rising, a job's alert) next to torchrun's and the scheduler's."""
+
+    url: str = Field(..., description="The Prometheus server, e.g. http://prometheus:9090 (http or https).")
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY, description=(
+        "PromQL giving one number (a scalar, or a vector of one sample: aggregate, e.g. max(DCGM_FI_DEV_XID_ERRORS))."))
+    event: str = Field("detect", description="The event kind to record (detect, the default, counts as detection).")
+    when: Literal["rises"] | None = Field(None, description="rises: an event when the value goes above its previous one.")
+    above: float | None = Field(None, description="An event when the value goes above this (instead of when: rises).")
+
+    _url = field_validator("url")(classmethod(lambda cls, v: check_http_url(v, "probes.prometheus url")))
+    _query = field_validator("query")(classmethod(lambda cls, v: _check_query(v)))
+
+    @field_validator("event")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {v!r}; known: {', '.join(EVENT_KINDS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> "PrometheusRule":
+        if (self.when is None) == (self.above is None):
+            raise ValueError("give one of 'when: rises' or 'above: X'")
+        return self
+
+
 class Probes(StrictModel):
     """Where events come from."""
 
@@ -205,6 +246,8 @@ class Probes(StrictModel):
     log_files: list[LogFile] = Field(
         default_factory=list, description="Log files the job writes itself, read through the same rules as its output."
     )
+    prometheus: list[PrometheusRule] = Field(default_factory=list, max_length=32, description=(
+        "Prometheus queries evaluated every second during the drill; a rise (or a crossing of `above`) is an event."))
 
 
 class _Percentiles(StrictModel):
@@ -252,12 +295,37 @@ class SLO(StrictModel):
         None, description="Steps of work lost, for every sample, or percentiles of the samples ({p95: 25}).")
 
 
+class StopCondition(StrictModel):
+    """Stop the drill when the site's monitoring says so: revert everything and exit 4 (like ``abort_after``)."""
+
+    model_config = {**StrictModel.model_config, "populate_by_name": True}
+
+    prometheus: str = Field(..., description="The Prometheus server, e.g. http://prometheus:9090 (http or https).")
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY, description=(
+        "PromQL giving one number; checked before the drill (no number: exit 3, nothing injected)."))
+    above: float | None = Field(None, description="Fire when the value is above this.")
+    below: float | None = Field(None, description="Fire when the value is below this.")
+    for_: Duration = Field(0.0, alias="for", description="...for this long without a break (0: at the first evaluation that sees it).")
+
+    _url = field_validator("prometheus")(classmethod(lambda cls, v: check_http_url(v, "safety.stop_when prometheus")))
+    _query = field_validator("query")(classmethod(lambda cls, v: _check_query(v)))
+
+    @model_validator(mode="after")
+    def _one(self) -> "StopCondition":
+        if (self.above is None) == (self.below is None):
+            raise ValueError("give one of 'above: X' or 'below: X'")
+        return self
+
+
 class Safety(StrictModel):
     """Blast radius and time limits."""
 
     max_nodes: int = Field(1, ge=1, le=MAX_COUNT, description="Refuse a fault that would touch more nodes than this.")
     abort_after: PositiveDuration = Field(300.0, description="Give up, revert everything and exit 4 after this long.")
     lease_ttl: PositiveDuration = Field(15.0, description="A lasting fault reverts by itself if not renewed for this long.")
+    stop_when: list[StopCondition] = Field(default_factory=list, max_length=32, description=(
+        "Prometheus conditions evaluated every second throughout the drill; one that holds (for its `for`) "
+        "reverts everything and exits 4, naming the condition and its value."))
 
 
 class SteadyState(StrictModel):
