@@ -1,7 +1,7 @@
 """``chaoskit campaign``: faults drawn at a rate into one long job, ETTR measured against the simulator.
 
 The draw is checked for replay and weights; the measurement on a hand-made timeline whose ETTR is known;
-the end-to-end test runs a real two-minute campaign on the process lab (torchrun, gloo) with crashes, hangs
+the end-to-end test runs a real 75-second campaign on the process lab (torchrun, gloo) with crashes, hangs
 and failed GPUs (an emulated crash loop) and checks what campaign.json and campaign.html say.
 """
 
@@ -88,19 +88,19 @@ def test_ettr_is_kept_steps_over_wall_time_and_the_badput_adds_up(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_two_minute_campaign_measures_ettr_against_the_simulator(tmp_path):
+def test_a_short_campaign_measures_ettr_against_the_simulator(tmp_path):
     from tests.conftest import need_torch
 
     need_torch()
     out = tmp_path / "camp"
-    res = run_cli("campaign", MENU, "--duration", "2m", "--mtbf", "30s", "--kinds", "process.kill,process.hang,gpu.fail",
+    res = run_cli("campaign", MENU, "--duration", "75s", "--mtbf", "22s", "--kinds", "process.kill,process.hang,gpu.fail",
                   "--seed", "13", "--out", out, "--json")
     assert res.code == 0, res.stdout[-3000:] + res.stderr[-3000:]
     c = res.json
     plan = json.loads((out / "plan.json").read_text())
-    assert c["seed"] == 13 and [d["kind"] for d in plan["draws"]] == ["gpu.fail", "process.kill", "gpu.fail", "gpu.fail"]
-    assert "seed 13, 4 faults drawn" in res.stderr and "fault 2: process.kill at +57.6s on ranks [2]" in res.stderr
-    assert len(c["faults"]) == 4 and set(c["fault_kinds"]) == {"gpu.fail", "process.kill"}
+    assert c["seed"] == 13 and [d["kind"] for d in plan["draws"]] == ["gpu.fail", "process.kill", "gpu.fail"]
+    assert "seed 13, 3 faults drawn" in res.stderr and "fault 2: process.kill at +42.2s on ranks [2]" in res.stderr
+    assert len(c["faults"]) == 3 and set(c["fault_kinds"]) == {"gpu.fail", "process.kill"}
     for f in c["faults"]:
         assert f["phases"]["detection_s"] is not None and f["phases"]["recovery_s"] is not None, f
     e = c["ettr"]
@@ -110,6 +110,6 @@ def test_a_two_minute_campaign_measures_ettr_against_the_simulator(tmp_path):
     if abs(e["gap"]) > 0.05:  # a larger gap must be named
         assert e["explained_by"]
     page = (out / "campaign.html").read_text()
-    assert "ETTR measured" in page and page.count("<tr>") >= 5 and "<script" not in page
+    assert "ETTR measured" in page and page.count("<tr>") >= 4 and "<script" not in page
     run = json.loads((out / "run" / "result.json").read_text())
-    assert len(run["per_fault"]) == 4 and run["checks"]["training_finished"]["pass"]
+    assert len(run["per_fault"]) == 3 and run["checks"]["training_finished"]["pass"]
