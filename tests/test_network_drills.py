@@ -40,7 +40,9 @@ def _nothing_left(result: dict) -> None:
     assert [line for line in procs.splitlines() if "pgrep" not in line] == []
 
 
-@pytest.mark.parametrize("name", ["nic-drop", "nic-blackhole", "partition"])
+# scenarios/nic-blackhole.yaml is detected the same way as nic-drop (the collective timeout); its fault is applied
+# and reverted on a real netns lab in test_network_faults.py, so one drill of the two keeps CI time for others.
+@pytest.mark.parametrize("name", ["nic-drop", "partition"])
 def test_network_fault_is_detected_at_the_collective_timeout_and_recovered(name, tmp_path):
     r = _drill(name, tmp_path)
     assert r["verdict"] == "pass"
