@@ -242,7 +242,7 @@ def _job_class(workload, cluster: ClusterHandle, base: Path):
     on a cluster with a batch scheduler, a job submitted to it (``base``: where a relative script is)."""
     if cluster.scheduler is not None and workload.launch in ("reference", "uninstrumented", "sbatch"):
         return functools.partial(SlurmJob, base=base)
-    return {"ray-train": RayTrainJob, "attach": AttachedJob}.get(workload.launch, TorchrunJob)
+    return {"ray-train": RayTrainJob, "attach": AttachedJob}.get(workload.launch, functools.partial(TorchrunJob, base=base))
 
 
 def _utc_stamp() -> str:
@@ -655,7 +655,9 @@ class _Run:
                 if predicate():
                     return True
                 codes = self.job.returncodes()
-                raise InfraError(f"the training job ended before {what} (agent exit codes {codes})", hint=f"see {self.run_dir / 'logs'}")
+                why = self.job.diagnosis()
+                raise InfraError(f"the training job ended before {what} (agent exit codes {codes})" + (f": {why}" if why else ""),
+                                 hint=f"see {self.run_dir / 'logs'}")
             self.bus.wait_for(predicate, min(0.1, max(0.0, end - time.time())))
         return predicate()
 

@@ -9,11 +9,20 @@ up to its newline. :func:`bounded_lines` does the same for a blocking stream (a 
 
 from __future__ import annotations
 
+import re
 from typing import BinaryIO, Iterator
 
 from chaoskit.core.limits import MAX_LINE_BYTES
 
-__all__ = ["LineCutter", "bounded_lines"]
+__all__ = ["LineCutter", "bounded_lines", "strip_ansi"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+"""ECMA-48 control sequences: CSI (colours: ``ESC[31m``), OSC (a terminal title, a link), and two-byte escapes."""
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour and control sequences (torchtitan colours its step line)."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
 
 
 class LineCutter:

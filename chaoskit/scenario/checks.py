@@ -145,6 +145,11 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
     if sc.workload.script is not None and not (loaded.path.parent / sc.workload.script).is_file():
         raise loaded.error(f"workload.script: no batch script {loaded.path.parent / sc.workload.script}; nothing was submitted",
                            "workload", "script")
+    script = sc.workload.command_script(loaded.path.parent)
+    if script is not None and cluster.launch_wrap is None and not script.is_file():
+        # the nodes start the job from this machine's files (a relative script always is one of them)
+        raise loaded.error(f"workload.command: no script {script} (a relative script is taken from the scenario's "
+                           "folder); nothing was started", "workload", "command", 0)
     if sc.workload.launch == "attach" and not sc.probes.log:
         raise loaded.error(
             "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "

@@ -58,7 +58,9 @@ class Workload(StrictModel):
     script: str | None = Field(None, description=(
         "launch: sbatch only: the batch script to submit (relative to the scenario); chaoskit never edits it. "
         "The job's environment carries CHAOSKIT_EVENTS (where the SDK writes) and CHAOSKIT_CKPT_DIR."))
-    command: list[str] | None = Field(None, description="launch: command only: the training script and its arguments.")
+    command: list[str] | None = Field(None, description=(
+        "launch: command only: the training script (relative to the scenario) and its arguments, run under torchrun "
+        "(a first item starting with '-' is a torchrun option, e.g. [-m, package.module])."))
     process: str | None = Field(None, description=(
         "launch: attach only: a regular expression matched against each process's command line on the nodes; "
         "its workers are those of the matches that carry torchrun's RANK in their environment."))
@@ -91,6 +93,15 @@ class Workload(StrictModel):
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
+
+    def command_script(self, base: Path) -> Path | None:
+        """The script of ``launch: command`` as torchrun will run it: a relative one is taken from ``base`` (the
+        scenario's folder, as ``script:`` is for sbatch), not from the run folder the job works in. ``None`` for
+        another launch, or when ``command`` starts with a torchrun option (``-m package.module``: no file)."""
+        if self.launch != "command" or not self.command or self.command[0].startswith("-"):
+            return None
+        path = Path(self.command[0]).expanduser()
+        return path if path.is_absolute() else (Path(base) / path).resolve()
 
     @field_validator("script")
     @classmethod

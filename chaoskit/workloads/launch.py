@@ -21,6 +21,7 @@ from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 from chaoskit.core.lines import bounded_lines
+from chaoskit.workloads.root_cause import RootCause
 
 __all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available"]
 
@@ -74,9 +75,15 @@ class TorchrunJob:
         run_id: str,
         events_path: Path | None,
         on_line: LineSink | None = None,
+        *,
+        base: Path | None = None,
     ) -> None:
+        """``base``: the folder a relative ``workload.command`` script is taken from (the scenario's)."""
+        self.base = Path(base) if base is not None else Path.cwd()
         self.cluster, self.workload, self.run_dir, self.run_id = cluster, workload, Path(run_dir).resolve(), run_id
         self.events_path, self.on_line = events_path, on_line
+        self.root_cause = RootCause()
+        """Why workers died, from their output (torchrun's Root Cause block, the last exception)."""
         self.line_errors: list[str] = []
         """What went wrong handling a line of the job's output (the line was skipped; the job kept being read)."""
         self.job_dir = job_dir(cluster, self.run_dir, run_id)
@@ -99,7 +106,8 @@ class TorchrunJob:
             return ["-m", "chaoskit.workloads.ddp_train", *args]
         if w.launch == "uninstrumented":
             return [str(Path(__file__).with_name("plain_train.py")), *args]
-        return list(w.command)
+        script = w.command_script(self.base)
+        return [str(script), *w.command[1:]] if script is not None else list(w.command)
 
     def agent_argv(self, node: str) -> list[str]:
         """The torchrun agent's command line as it runs on the node."""
@@ -186,9 +194,16 @@ class TorchrunJob:
                 ts = time.time()
                 log.write(raw)
                 log.flush()
-                if self.on_line and line is not None:
+                if line is None:
+                    continue
+                text = line.decode(errors="replace")
+                try:
+                    self.root_cause.feed(node, text)
+                except Exception as exc:  # noqa: BLE001 - as below
+                    self.line_errors.append(f"{node}: {type(exc).__name__}: {exc}"[:500])
+                if self.on_line:
                     try:
-                        self.on_line(node, line.decode(errors="replace"), ts)
+                        self.on_line(node, text, ts)
                     except Exception as exc:  # noqa: BLE001 - one bad line must not stop the job's output
                         self.line_errors.append(f"{node}: {type(exc).__name__}: {exc}"[:500])
 
@@ -204,8 +219,8 @@ class TorchrunJob:
         return all(p.poll() is not None for n, p in self.agents.items() if n in self.cluster.job_nodes)
 
     def diagnosis(self) -> str | None:
-        """Why the run may not see the job advance (its agents' output says it here)."""
-        return None
+        """Why the run may not see the job advance: the root cause its workers' output gives, if any."""
+        return self.root_cause.summary()
 
     def returncodes(self) -> dict[str, int | None]:
         return {n: p.poll() for n, p in self.agents.items()}
