@@ -45,8 +45,8 @@ from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
+from chaoskit.observe.presets import PRESETS, preset_rules
 from chaoskit.observe.probes import (
-    TORCHRUN_RULES,
     FileLogProbe,
     LogRegexProbe,
     LogRule,
@@ -435,9 +435,9 @@ class _Run:
 
     def _start(self) -> None:
         sc = self.sc
-        rules = list(TORCHRUN_RULES) if sc.probes.torchrun else []
+        rules, tee = preset_rules(sc.probes.presets, torchrun=sc.probes.torchrun)
         rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
-        self.log_probe = LogRegexProbe(self.bus, rules)
+        self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         events_path = (self.job_dir / "sdk-events.jsonl"
@@ -741,6 +741,10 @@ class _Run:
             **({"stop_condition": self.stop_watcher.fired} if self.stop_watcher is not None and self.stop_watcher.fired else {}),
             **({"attached": self.job.info()} if isinstance(self.job, AttachedJob) else {}),
             **({"slurm": self.job.info()} if isinstance(self.job, SlurmJob) else {}),
+            # which signals each log preset could not see: a phase it left unmeasured is explained here
+            **({"presets": {name: {"sees": list(PRESETS[name].sees), "cannot_see": PRESETS[name].cannot_see,
+                                   "verbosity": PRESETS[name].verbosity} for name in self.sc.probes.presets}}
+               if self.sc.probes.presets else {}),
         }
 
     def _clock_error(self, node: str) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from chaoskit.workloads.root_cause import RootCause
 from tests.conftest import need_torch, run_cli
 
@@ -114,6 +116,7 @@ def test_the_root_cause_reads_torchruns_block_and_the_last_exception():
     assert "can't open file '/run/train.py'" in missing.summary()
 
 
+@pytest.mark.slow
 def test_a_job_that_dies_on_import_fails_with_its_exception_in_the_error_line(tmp_path):
     """A real process lab and torchrun: the workers die on import; the run's one error line quotes it."""
     need_torch()

@@ -32,10 +32,11 @@ from chaoskit.cluster.clock import ClockedTransport
 from chaoskit.cluster.transports.api import FileFollower
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
-from chaoskit.core.lines import LineCutter
+from chaoskit.core.lines import LineCutter, strip_ansi
 from chaoskit.observe.events import EventBus, make_event
 
-__all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLogProbe", "RemoteLogProbe", "TORCHRUN_RULES"]
+__all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLogProbe", "RemoteLogProbe", "TORCHRUN_RULES",
+           "TEE_PREFIX"]
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,25 @@ def _coerce(value: str | None) -> Any:
     return value
 
 
-class LogRegexProbe:
-    """Turn log lines into events. Feed it lines as they arrive (``feed``) or tail files."""
+TEE_PREFIX = re.compile(r"^\[(?:(rank)|[A-Za-z_][\w-]*?)(\d{1,6})\]:")
+"""torchrun --tee / --role: ``[rank3]:`` (a global rank) or ``[default0]:`` (role and local rank) before a worker's line."""
 
-    def __init__(self, bus: EventBus, rules: Iterable[LogRule], timeout: float = REGEX_TIMEOUT_S) -> None:
+
+class LogRegexProbe:
+    """Turn log lines into events. Feed it lines as they arrive (``feed``) or tail files.
+
+    Lines are matched without their ANSI colour codes. With ``tee_prefixes``, a torchrun ``--tee`` prefix is
+    taken off the line first and gives its events their ``rank`` (or ``local_rank``). A ``ckpt.load.end`` that
+    names no step takes the step of the node's (and rank's) last ``ckpt.load.start``: frameworks often print the
+    checkpoint's path when a load begins and only "finished" when it ends."""
+
+    def __init__(self, bus: EventBus, rules: Iterable[LogRule], timeout: float = REGEX_TIMEOUT_S,
+                 tee_prefixes: bool = False) -> None:
         self.bus = bus
         self.rules = list(rules)
         self.timeout = timeout
+        self.tee_prefixes = tee_prefixes
+        self._load_step: dict[tuple[str, Any], int] = {}
         self.errors: list[str] = []
         """Patterns that took longer than ``timeout`` on a line (once each): the run reports them."""
 
@@ -90,7 +103,13 @@ class LogRegexProbe:
         """One line of ``node``'s output, seen at ``ts`` (now by default); ``uncertainty``: how far ``ts`` may be
         off, when it was read on another machine's clock and corrected by a measured offset."""
         ts = time.time() if ts is None else ts
-        line = line[:MAX_LINE_BYTES]
+        line = strip_ansi(line[:MAX_LINE_BYTES])
+        prefix: dict[str, int] = {}
+        if self.tee_prefixes:
+            m = TEE_PREFIX.match(line)
+            if m:
+                prefix = {"rank" if m.group(1) else "local_rank": int(m.group(2))}
+                line = line[m.end():]
         for rule in self.rules:
             try:
                 m = rule.pattern.search(line, timeout=self.timeout)
@@ -104,9 +123,18 @@ class LogRegexProbe:
                 event = make_event(rule.event, ts, node=node, source=fields.pop("source", "log"))
                 if uncertainty:
                     event["ts_uncertainty"] = round(uncertainty, 6)
+                event.update(prefix)
                 event.update(dict(rule.fields))
                 event.update(fields)
+                self._carry_load_step(event)
                 self.bus.publish(event)
+
+    def _carry_load_step(self, event: dict[str, Any]) -> None:
+        key = (event.get("node"), event.get("rank"))
+        if event["kind"] == "ckpt.load.start" and isinstance(event.get("step"), int):
+            self._load_step[key] = event["step"]
+        elif event["kind"] == "ckpt.load.end" and "step" not in event and key in self._load_step:
+            event["step"] = self._load_step[key]
 
     def _slow(self, rule: LogRule, node: str, line: str) -> None:
         message = (f"probes.log: the pattern {rule.pattern.pattern[:80]!r} took longer than {self.timeout:g}s on a "

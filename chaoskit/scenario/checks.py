@@ -17,6 +17,7 @@ from chaoskit.cluster.selectors import check_static, select_nodes
 from chaoskit.core.errors import ScenarioError
 from chaoskit.coverage import resolve_covers
 from chaoskit.faults.registry import get_fault
+from chaoskit.observe.presets import PRESETS
 from chaoskit.scenario import LoadedScenario
 from chaoskit.scenario.model import ScenarioBase
 
@@ -150,12 +151,12 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
         # the nodes start the job from this machine's files (a relative script always is one of them)
         raise loaded.error(f"workload.command: no script {script} (a relative script is taken from the scenario's "
                            "folder); nothing was started", "workload", "command", 0)
-    if sc.workload.launch == "attach" and not sc.probes.log:
+    if sc.workload.launch == "attach" and not sc.probes.log and not any("step" in PRESETS[p].sees for p in sc.probes.presets):
         raise loaded.error(
             "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "
             "`step`) with probes.log, and name the files with probes.log_files", "probes",
         )
-    if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log:
+    if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log and not sc.probes.presets:
         raise loaded.error(
             "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",
             "probes",

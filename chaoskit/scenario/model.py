@@ -22,6 +22,7 @@ from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
+from chaoskit.observe.presets import PRESET_NAMES
 
 __all__ = [
     "Workload",
@@ -253,6 +254,10 @@ class Probes(StrictModel):
     sdk: bool = Field(True, description="Read the events the chaoskit SDK writes from inside the job.")
     torchrun: bool = Field(True, description="Built-in patterns for torchrun's own log lines (worker failures).")
     process: bool = Field(True, description="Watch the process table for workers that vanish.")
+    presets: list[Literal[PRESET_NAMES]] = Field(default_factory=list, max_length=len(PRESET_NAMES), description=(
+        "Log presets: a framework's own lines mapped to events, no regex to write (torchrun adds its --tee "
+        "prefixes' ranks). Each sees only what its framework prints, some on rank 0 only, at the verbosity "
+        "README.md's table names (e.g. TRANSFORMERS_VERBOSITY=info for hf). Combined with `log`."))
     log: list[LogRule] = Field(default_factory=list, description="Extra log-regex rules over the job's output.")
     log_files: list[LogFile] = Field(
         default_factory=list, description="Log files the job writes itself, read through the same rules as its output."
