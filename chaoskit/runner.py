@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rich.markup import escape
+
 from chaoskit.backends.api import ClusterHandle, Probe
 from chaoskit.backends.registry import backend
 from chaoskit.cluster.clock import ClockedTransport, ClockOffset
@@ -571,7 +573,8 @@ class _Run:
             for key, label in () if len(announced) == 4 else (("t_detect", "detected"), ("t_realloc", "new world started"), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
                 if m[key] is not None and key not in announced:
                     announced.add(key)
-                    extra = f" by {m['detected_by']}" if key == "t_detect" else ""
+                    # the job's own words (an exception's text, "[.../pair.cc:537] Connection closed") are not markup
+                    extra = f" by {escape(m['detected_by'])}" if key == "t_detect" else ""
                     self.say(f"{label} {m[key] - t_fault:.2f}s after the fault{extra}")
             pending = any(not inj.reverted for _, inj in self.injections if _.lasting)
             if not self.job.running():

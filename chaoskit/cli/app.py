@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("chaoskit.cli.simulate_cmd:simulate_app",
                  "Plan at scale: what the recovery phases mean for goodput on a whole cluster."),
     "lab": ("chaoskit.cli.lab_cmd:lab_app", "Local lab clusters: nodes on this machine, no infrastructure needed."),
+    "init": ("chaoskit.cli.init_cmd:init_app",
+             "Write a commented starter scenario for your own job (framework, cluster, launch)."),
 }
 """Command name -> (``module:attribute`` of its Typer app, one-line help)."""
 

@@ -70,14 +70,14 @@ def render_result(console, result: dict[str, Any]) -> None:
                           + (f" ({f['fidelity']})" if f.get("fidelity") else "")
                           + (f", scope {f['scope']}" if f.get("scope") else ""))
     if phases.get("detected_by"):
-        console.print(f"detected by: {phases['detected_by']}")
+        console.print(f"detected by: {escape(phases['detected_by'])}")
     for step in phases.get("reallocation_steps") or []:
         console.print(f"  reallocation step {step['step']}: {step['seconds']:.2f}s  [dim](bounded by {escape(step['bound_by'])})[/dim]")
     for name, check in (result.get("checks") or {}).items():
         if not check.get("pass"):
             console.print(f"[red]check failed:[/red] {escape(check_text(name, check))}")
     for note in result.get("notes") or []:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}")
     colour = {"pass": "green", "fail": "red"}.get(result["verdict"], "yellow")
     console.print(f"verdict: [bold {colour}]{result['verdict'].upper()}[/bold {colour}]")
     if result.get("run_dir"):

@@ -1,0 +1,213 @@
+"""``chaoskit init``: a commented starter scenario for your own job, which ``chaoskit validate`` accepts.
+
+It asks (only on a terminal; flags otherwise) for the framework, the cluster (the process lab, your nodes in
+an inventory, a Slurm cluster) and the launch (``command``: chaoskit starts your script under torchrun;
+``attach``: it drills a job you started; ``sbatch``: it submits your batch script), then writes the scenario
+with the framework's log preset and SLOs to edit, plus any file the scenario names that is not there yet
+(a starter ``train.py``, ``train.sbatch`` or ``inventory.yaml``, each saying what to put in it).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env
+from chaoskit.core.errors import ExitCode
+from chaoskit.observe.presets import PRESETS
+
+__all__ = ["init_app", "FRAMEWORKS", "CLUSTERS", "LAUNCHES", "render"]
+
+init_app = command_app()
+
+FRAMEWORKS = tuple(PRESETS)
+"""``torchrun`` is a plain PyTorch script under torchrun; the others name the framework (and its preset)."""
+CLUSTERS = ("lab", "inventory", "slurm")
+LAUNCHES: dict[str, tuple[str, ...]] = {"lab": ("command",), "inventory": ("attach", "sbatch"), "slurm": ("sbatch",)}
+"""What each cluster can run: the lab starts your script; your own nodes are attached to, or their Slurm
+submits your batch script; the Slurm lab submits it."""
+
+CALLBACKS = {
+    "hf": "from chaoskit.integrations.hf import ChaoskitCallback; Trainer(..., callbacks=[ChaoskitCallback()])",
+    "lightning": "from chaoskit.integrations.lightning import ChaoskitCallback; Trainer(callbacks=[ChaoskitCallback()])",
+}
+
+
+@init_app.command(epilog=EXIT_CODES_HELP)
+def init(
+    framework: Optional[str] = typer.Option(None, "--framework", help=f"What trains: {', '.join(FRAMEWORKS)} (torchrun: a plain PyTorch script)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="Where: lab (this machine), inventory (your nodes over SSH), slurm (the Slurm lab)."),
+    launch: Optional[str] = typer.Option(None, "--launch", help="How the job starts: command (lab), attach or sbatch (inventory), sbatch (slurm)."),
+    out: Path = typer.Option(Path("scenario.yaml"), "--out", "-o", help="The scenario file to write."),
+    force: bool = typer.Option(False, "--force", help="Replace the scenario file if it exists."),
+) -> int:
+    """Write a commented starter scenario for your own job (asks on a terminal, flags otherwise)."""
+    env = current_env()
+    ask = sys.stdin.isatty() and env.stdout.isatty() if hasattr(env.stdout, "isatty") else False
+    framework = _pick("framework", framework, FRAMEWORKS, "torchrun", ask)
+    cluster = _pick("cluster", cluster, CLUSTERS, "lab", ask)
+    launch = _pick("launch", launch, LAUNCHES.get(cluster, ()), LAUNCHES.get(cluster, ("command",))[0], ask)
+    for name, value, known in (("framework", framework, FRAMEWORKS), ("cluster", cluster, CLUSTERS)):
+        if value not in known:
+            env.stderr.write(f"error: --{name} {value}: not one of {', '.join(known)}\n")
+            return ExitCode.BAD_INPUT
+    if launch not in LAUNCHES[cluster]:
+        env.stderr.write(f"error: --launch {launch} does not run on --cluster {cluster}; it runs "
+                         f"{' or '.join(LAUNCHES[cluster])}\n")
+        return ExitCode.BAD_INPUT
+    if out.exists() and not force:
+        env.stderr.write(f"error: {out} exists; pick another --out, or --force to replace it\n")
+        return ExitCode.BAD_INPUT
+    scenario, extras = render(framework, cluster, launch)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(scenario)
+    written = [str(out)]
+    for name, text in extras.items():
+        path = out.parent / name
+        if not path.exists():
+            path.write_text(text)
+            written.append(str(path))
+    env.stdout.write(f"wrote {', '.join(written)}\nnext: edit the lines marked EDIT, then chaoskit validate {out}\n")
+    return ExitCode.OK
+
+
+def _pick(name: str, value: str | None, choices: tuple[str, ...], default: str, ask: bool) -> str:
+    if value is not None:
+        return value
+    if ask and len(choices) > 1:
+        return typer.prompt(f"{name} ({', '.join(choices)})", default=default)
+    return default
+
+
+def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, str]]:
+    """The scenario's text and the files it names (name -> starter text), for one combination."""
+    preset = PRESETS[framework]
+    presets = ["torchrun"] if framework == "torchrun" else ["torchrun", framework]
+    steps_seen = "step" in preset.sees
+    extras: dict[str, str] = {}
+    lines = [
+        f"# A starter drill for your own {_what(framework)} job (chaoskit init --framework {framework} "
+        f"--cluster {cluster} --launch {launch}).",
+        "# Edit the lines marked EDIT, then: chaoskit validate THIS_FILE; chaoskit run THIS_FILE --dry-run; chaoskit run THIS_FILE",
+        "name: my-job-kill-rank                 # EDIT: runs and reports are named after it",
+        "description: SIGKILL one rank of my job and measure detection, reallocation and checkpoint load",
+    ]
+    if cluster == "lab":
+        lines.append("cluster: {kind: process, nodes: 2}      # the process lab: two nodes on this machine, no root needed")
+    elif cluster == "inventory":
+        sched = ", scheduler: slurm" if launch == "sbatch" else ""
+        lines.append(f"cluster: {{inventory: inventory.yaml{sched}}}   # EDIT inventory.yaml: your nodes "
+                     "(chaoskit doctor inventory.yaml checks them)")
+        extras["inventory.yaml"] = _INVENTORY
+    else:
+        lines.append("cluster: {kind: slurm, nodes: 2}        # the Slurm lab (root): chaoskit lab up --kind slurm")
+    lines.append("workload:")
+    if launch == "command":
+        lines += [
+            "  launch: command                      # chaoskit starts your script under torchrun on every node",
+            "  command: [train.py]                  # EDIT: your script (relative to this file) and its arguments",
+            "  steps: 400                           # EDIT: the steps your job trains; faults come before the last",
+            "  nproc_per_node: 1                    # workers per node",
+            "  max_restarts: 3                      # torchrun --max-restarts",
+        ]
+        extras["train.py"] = _TRAIN_PY
+    elif launch == "attach":
+        lines += [
+            "  launch: attach                       # your job, started by your launcher; chaoskit never starts or stops it",
+            "  process: 'train\\.py'                 # EDIT: a regular expression over your job's command line",
+            "  nproc_per_node: 8                    # EDIT: ranks per node",
+        ]
+    else:
+        lines += [
+            "  launch: sbatch                       # your batch script, submitted unmodified (sbatch --requeue ...)",
+            "  script: train.sbatch                 # EDIT: your batch script (relative to this file)",
+        ]
+        extras["train.sbatch"] = _SBATCH
+    named = f"  presets: [{', '.join(presets)}]"
+    lines += ["probes:", named + " " * max(1, 39 - len(named)) + f"# {framework}'s own log lines; sees: {', '.join(preset.sees)}",
+              f"  # the job needs: {preset.verbosity}"]
+    if launch != "command":
+        lines.append("  sdk: false                           # the job is not started by chaoskit: no SDK events file")
+    if framework in CALLBACKS:
+        lines.append(f"  # or, with the one line chaoskit needs in your job: {CALLBACKS[framework]}")
+    if not steps_seen and launch != "command" or launch == "attach" and not steps_seen:
+        lines += [
+            f"  log:                                 # {framework}'s own lines give no step: map your job's step line",
+            "    - match: 'step (?P<step>\\d+)'      # EDIT: a line your job prints every step",
+            "      event: step",
+        ]
+    elif not steps_seen:
+        lines.append(f"  # {framework}'s own lines give no step: add the callback above, or a probes.log rule for "
+                     "your job's step line")
+    if launch == "attach":
+        lines += [
+            "  log_files:                           # EDIT: your job's log on each node (absolute), read there by chaoskit's agent",
+            "    - {node: node1, path: /scratch/job/logs/node1.log}",
+            "    - {node: node2, path: /scratch/job/logs/node2.log}",
+        ]
+    lines += [
+        "steady_state: {steps: 3, timeout: 5m}  # the job must be training before the fault",
+        "faults:",
+        "  - kind: process.kill                 # SIGKILL (signal: SIGTERM, ... also); see chaoskit schema for the others",
+        "    target: {ranks: [1]}               # EDIT: which rank (nodes, labels, process, count, percent also)",
+        "    at: {step: 50}                     # EDIT: when (or {after: 30s})",
+        "slo:                                   # EDIT: your objectives; a phase that was not observed fails",
+        "  detection: 30s",
+        "  reallocation: 5m",
+        "  checkpoint_load: 5m",
+        "  recovery: 10m",
+        "safety: {max_nodes: 1, abort_after: 20m}",
+    ]
+    return "\n".join(lines) + "\n", extras
+
+
+def _what(framework: str) -> str:
+    return {"torchrun": "PyTorch (torchrun)", "hf": "Hugging Face Trainer"}.get(framework, framework)
+
+
+_TRAIN_PY = '''\
+"""EDIT: replace this with your training script (workload.command runs it under torchrun on every node).
+
+Until then it runs chaoskit's reference DDP job, so that the drill works end to end. Your script reads
+CHAOSKIT_CKPT_DIR for its checkpoint folder (or its own flag), resumes from its newest checkpoint when
+restarted, and reports to chaoskit through its framework's callback, the SDK (from chaoskit import probe)
+or its own log lines (probes.presets / probes.log in the scenario).
+"""
+import sys
+
+from chaoskit.workloads.ddp_train import main
+
+raise SystemExit(main(sys.argv[1:] or ["--steps", "400"]))
+'''
+
+_SBATCH = '''\
+#!/bin/bash
+# EDIT: your batch script, submitted unmodified by chaoskit (launch: sbatch). It starts one torchrun agent
+# per node and resumes from its newest checkpoint when Slurm requeues it. chaoskit passes CHAOSKIT_EVENTS and
+# CHAOSKIT_CKPT_DIR in the environment.
+#SBATCH --nodes=2
+#SBATCH --requeue
+srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 1 --rdzv-backend c10d \\
+    --rdzv-endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1):29500" \\
+    train.py
+'''
+
+_INVENTORY = '''\
+# EDIT: your cluster, as chaoskit sees it; chaoskit touches nothing that is not listed here.
+#   chaoskit validate inventory.yaml   # the format (no connection)
+#   chaoskit doctor inventory.yaml     # every node: reachable, sudo, tools, clock, GPUs
+name: my-cluster
+ssh:
+  user: drill                       # EDIT: a login user with password-less sudo
+  become: sudo
+nodes:
+  - name: node1
+    address: 10.0.0.11              # EDIT: an address or a Host alias of ~/.ssh/config
+    gpus: 8
+  - name: node2
+    address: 10.0.0.12
+    gpus: 8
+'''

@@ -1,0 +1,34 @@
+"""One end-to-end drill of a framework's job: the Hugging Face Trainer example on the process lab, one rank
+killed, measured through chaoskit's callback and the torchrun + hf presets."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+from tests.conftest import ROOT, need, need_torch, run_cli
+
+
+@pytest.mark.slow
+def test_hf_trainer_job_recovers_from_a_killed_rank_with_the_lost_work_its_checkpoints_say(tmp_path, monkeypatch):
+    need_torch()
+    need(importlib.util.find_spec("transformers") is not None, "transformers (pip install 'chaoskit[frameworks]')")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res = run_cli("run", ROOT / "examples" / "frameworks" / "hf-kill-rank.yaml", "--out", tmp_path / "run", "--json")
+    assert res.code == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    result = res.json
+    assert result["verdict"] == "pass", result["notes"]
+    phases = result["phases"]
+    for phase in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s"):
+        assert phases[phase] is not None and phases[phase] > 0, (phase, phases.get("reasons"))
+    # the job's own checkpoint folder: the newest checkpoint-N at or before the last step before the fault is
+    # the one the Trainer resumed from (get_last_checkpoint), and the lost work is the steps since it
+    saved = sorted(int(m.group(1)) for p in (tmp_path / "run" / "checkpoints").iterdir()
+                   if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    before = phases["last_step_before"]
+    newest = max(n for n in saved if n <= before)
+    assert phases["restored_step"] == newest
+    assert phases["lost_steps"] == before - newest > 0
+    assert "steps (Trainer.log prints its loss dicts" in result["presets"]["hf"]["cannot_see"]
