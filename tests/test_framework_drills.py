@@ -32,3 +32,5 @@ def test_hf_trainer_job_recovers_from_a_killed_rank_with_the_lost_work_its_check
     assert phases["restored_step"] == newest
     assert phases["lost_steps"] == before - newest > 0
     assert "steps (Trainer.log prints its loss dicts" in result["presets"]["hf"]["cannot_see"]
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "log preset hf sees ckpt.load.start" in page and "TRANSFORMERS_VERBOSITY=info" in page

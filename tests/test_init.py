@@ -49,3 +49,10 @@ def test_the_starter_names_the_presets_verbosity(tmp_path, framework):
     run_cli("init", "--framework", framework, "--out", tmp_path / "s.yaml")
     text = (tmp_path / "s.yaml").read_text()
     assert ("TRANSFORMERS_VERBOSITY=info" if framework == "hf" else "print_rank_0") in text
+
+
+def test_the_shipped_framework_scenarios_validate():
+    from tests.conftest import ROOT
+
+    res = run_cli("validate", ROOT / "examples" / "frameworks")
+    assert res.code == 0 and res.stdout.count("ok  ") == 2, res.stdout + res.stderr

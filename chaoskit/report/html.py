@@ -279,6 +279,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "unfinished": unfinished,
         "error": error,
         "notes": (result or {}).get("notes") or [],
+        "presets": [{"name": name, **info} for name, info in ((result or {}).get("presets") or {}).items()],
         "cluster": _cluster_label((result or {}).get("cluster") or {}),
         "clocks": _clock_rows((result or {}).get("clocks") or {}),
         "capabilities": (result or {}).get("capabilities") or {},
