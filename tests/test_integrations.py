@@ -98,3 +98,17 @@ def test_import_chaoskit_imports_no_framework():
             "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning', 'torch') if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
+def test_the_exception_that_stops_a_rank_is_reported_and_still_printed(tmp_path):
+    """What the callbacks install at their first hook: an exception ending the process is a ``detect`` event
+    (this rank noticed the failure, e.g. a collective to a dead peer), and Python still prints its traceback."""
+    events = tmp_path / "events.jsonl"
+    code = ("from chaoskit.integrations._common import report_failures\nreport_failures('hf')\nreport_failures('hf')\n"
+            "raise RuntimeError('[/gloo/pair.cc:537] Connection closed by peer\\nsecond line')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "CHAOSKIT_EVENTS": str(events), "RANK": "1", "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 1 and "RuntimeError: [/gloo/pair.cc:537] Connection closed by peer" in res.stderr
+    (event,) = [json.loads(line) for line in events.read_text().splitlines()]  # installed once
+    assert event["kind"] == "detect" and event["rank"] == 1 and event["source"] == "hf"
+    assert event["why"] == "RuntimeError: [/gloo/pair.cc:537] Connection closed by peer"
