@@ -64,7 +64,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
-from chaoskit.cluster.policy import SitePolicy, load_policy_file
+from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
@@ -220,7 +220,8 @@ class LoadedInventory:
     model: InventoryFile
     source: Any  # SourceMap
     policy: SitePolicy | None = None
-    """The site policy, read from ``policy:`` inline or from the file it names."""
+    """The site policy: this machine's (``/etc/chaoskit/policy.yaml``) narrowed by the inventory's own, read from
+    ``policy:`` inline or from the file it names."""
 
     def error(self, message: str, *path: Any) -> ScenarioError:
         return ScenarioError(message, pos=self.source.at(path))
@@ -255,7 +256,10 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
     policy = _policy(loaded)
     if isinstance(policy, list):
         return policy
-    loaded.policy = policy
+    machine = site_policy()  # this machine's, for every inventory: an inventory's own can only narrow it
+    if isinstance(machine, list):
+        return machine
+    loaded.policy = narrowest(machine, policy) if machine is not None else policy
     seen: dict[str, int] = {}
     errors = []
     for i, node in enumerate(model.nodes):
