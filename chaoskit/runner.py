@@ -433,7 +433,8 @@ class _Run:
             else:
                 self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
         if sc.probes.process:
-            self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
+            self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes},
+                                               heartbeat_timeout=sc.probes.heartbeat_timeout))
         self.threads.extend(self.cluster.probes(self.bus))
         # The nodes' own health: OOM kills in the kernel's log, Xid and ECC errors from NVML; each is None
         # (not started, silent) where it cannot read anything.

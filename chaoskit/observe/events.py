@@ -27,6 +27,9 @@ EVENT_KINDS = (
     "oom.kill", "gpu.xid", "gpu.ecc",
     # A scheduler's view (chaoskit.observe.slurm): a node it gave up on, and the job's way back.
     "node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running",
+    # chaoskit's own watch of the nodes (chaoskit.observe.probes.ProcessWatcher): a worker stopped or resumed
+    # (state T), and a node silent for probes.heartbeat_timeout, and its return.
+    "process.stopped", "process.resumed", "node.unreachable", "node.reachable",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 
