@@ -679,6 +679,7 @@ class _Run:
             phases["restored_step"] = phases_full["restored_step"]
             phases["last_step_before"] = phases_full["last_step_before"]
             phases["detected_by"] = phases_full["detected_by"]
+            phases["detections"] = phases_full["detections"]
             phases["reasons"] = phases_full["reasons"]
             phases["uncertainty_s"] = phases_full["uncertainty_s"]
             if phases_full.get("reallocation_steps"):
