@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 
+
 import pytest
 
 from tests.conftest import wait_until
@@ -107,3 +108,45 @@ def test_a_silent_node_is_unreachable_its_workers_unknown_and_others_seen_on_tim
     assert gone["pid"] == w1.pid and gone["rank"] == 1
     assert reachable["ts"] >= unreachable["ts"] and reachable["silent_s"] > 0
     assert len(bus.of("node.unreachable")) == 1  # n0 never was
+
+
+def test_a_silent_node_does_not_delay_a_kill_on_another_node(netns_lab, workers, tmp_path):
+    """Resolving ``ranks: [0]`` asks every node at once: with n1's agent frozen, rank 0 on n0 is found
+    and killed at once (the issue's drill waited 25 s for the silent node, then used a stale pid); a
+    selector that needs every node's table waits for n1 only its own deadline and names it."""
+    import signal as sig
+
+    from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+    from chaoskit.faults.process import KillFault, KillSpec
+    from tests.conftest import fault_context
+
+    inventory = netns_lab.inventory()
+    try:
+        for node in inventory.nodes:
+            node.conn.connect()
+        w0, w1 = workers("n0", 0), workers("n1", 1)
+        assert wait_until(lambda: [p.pid for p in inventory["n0"].conn.processes(workers_only=True)] == [w0.pid], 10)
+        agent = _agent_pid(inventory["n1"].conn)
+        os.kill(agent, sig.SIGSTOP)
+        try:
+            silent: list[str] = []
+            t0 = time.monotonic()
+            [target] = resolve_processes(inventory, TargetSpec(ranks=[0]), on_silent=lambda n, why: silent.append(n))
+            resolved = time.monotonic() - t0
+            assert (target.node, target.pid, silent) == ("n0", w0.pid, [])
+            assert resolved < 1.0
+            with fault_context(inventory, tmp_path) as ctx:
+                fault = KillFault(KillSpec(kind="process.kill", target=TargetSpec(ranks=[0])), "f0")
+                [inj] = fault.inject(ctx, [target])
+            assert w0.wait(timeout=5) == -sig.SIGKILL and inj.node == "n0"
+
+            t0 = time.monotonic()
+            found = resolve_processes(inventory, TargetSpec(process="sleep 300"), deadline=1.0,
+                                      on_silent=lambda n, why: silent.append(n))
+            assert 1.0 <= time.monotonic() - t0 < 2.5
+            assert found == [] and silent == ["n1"]  # n0's worker is dead; n1 did not answer in time
+        finally:
+            os.kill(agent, sig.SIGCONT)
+        assert w1.poll() is None  # never touched
+    finally:
+        inventory.close()
