@@ -311,7 +311,8 @@ class ProcessWatcher(threading.Thread):
             return {n.node for n in self._nodes.values() if n.unreachable_since is not None}
 
     def run(self) -> None:
-        tick = min(self.interval, 0.1)
+        # Polled nodes are due every interval; streamed ones need only their silence checked, 10 times a second.
+        tick = self.interval if any(not n.streams for n in self._nodes.values()) else 0.1
         last_scope = 0.0
         while not self.stop_event.is_set():
             mono = time.monotonic()
