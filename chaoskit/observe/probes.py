@@ -287,10 +287,12 @@ class ProcessWatcher(threading.Thread):
 
     def __init__(self, bus: EventBus, transports: dict[str, Any], interval: float = 0.05,
                  heartbeat_timeout: float = 3.0, retry_s: float = 0.5, max_workers: int = 32,
-                 streams: bool = True) -> None:
+                 streams: bool = True, heartbeat_s: float = 1.0) -> None:
         super().__init__(daemon=True, name="chaoskit-procwatch")
         self.bus, self.transports, self.interval = bus, transports, interval
         self.heartbeat_timeout, self.retry_s = float(heartbeat_timeout), float(retry_s)
+        self.heartbeat_s = min(float(heartbeat_s), self.heartbeat_timeout / 2)
+        """How often a streaming node's agent sends its heartbeat: at least twice per timeout."""
         self.stop_event = threading.Event()
         self._lock = threading.Lock()
         self._nodes = {name: _NodeWatch(name, t, streams and isinstance(t, ProcessStreamer))
@@ -360,7 +362,7 @@ class ProcessWatcher(threading.Thread):
         scope = getattr(nw.transport, "scope", None)
         try:
             stream = nw.transport.watch_processes(lambda seq, t, changes: self._message(nw, epoch, seq, t, changes),
-                                                  known=known)
+                                                  known=known, heartbeat=self.heartbeat_s)
         except StreamUnsupported as exc:
             self._note(f"{nw.node}: {exc.message}; polling it instead")
             nw.streams = False
