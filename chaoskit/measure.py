@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "detection_sources", "measure_fault", "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "job.node_fail", "job.requeued"})
@@ -26,6 +26,11 @@ DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill
 checkpoint save (how a job notices a full disk, often without restarting), the kernel's OOM killer
 (``observe/kmsg.py``), the GPU's own Xid and uncorrectable ECC reports (``observe/gpu.py``), Ray, or the scheduler
 (``node.down``; ``job.requeued``: a preempted job, which no node failure announced)."""
+HEARTBEAT_KINDS = frozenset({"node.unreachable"})
+"""chaoskit's own heartbeat detection (``observe/probes.ProcessWatcher``: a node silent for
+``probes.heartbeat_timeout``). A detection source shown beside the job's and the scheduler's, but not what
+``t_detect`` is: the detection phase measures the system under drill noticing, and chaoskit is not part of it
+(a dropped management NIC silences a node for chaoskit while training never notices)."""
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
 
 Event = dict[str, Any]
@@ -145,6 +150,7 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "last_step_before": last_step_before,
         "restored_step": restored_step,
         "detected_by": _who(detect),
+        "detections": detection_sources(timeline, t_fault),
         "t_fault": t_fault,
         "t_detect": t_detect,
         "t_realloc": t_realloc,
@@ -153,6 +159,21 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "reasons": reasons,
         "uncertainty_s": uncertainties,
     }
+
+
+def detection_sources(events: Iterable[Event], t_fault: float) -> list[dict[str, Any]]:
+    """Every source that noticed the fault, first first: per source (its ``who``, else its ``source``) the
+    first detection event after ``t_fault``, with its latency (``latency_s``) and how much later than the
+    first source it came (``behind_s``). chaoskit's heartbeat (``node.unreachable``) is one of them."""
+    first: dict[str, Event] = {}
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if e["ts"] <= t_fault or e.get("kind") not in DETECT_KINDS | HEARTBEAT_KINDS:
+            continue
+        first.setdefault(str(e.get("who") or e.get("source") or "sdk"), e)
+    ordered = sorted(first.items(), key=lambda item: item[1]["ts"])
+    t0 = ordered[0][1]["ts"] if ordered else None
+    return [{"source": name, "kind": e["kind"], "node": e.get("node"), "detail": _who(e),
+             "latency_s": round(e["ts"] - t_fault, 4), "behind_s": round(e["ts"] - t0, 4)} for name, e in ordered]
 
 
 def _who(e: Event | None) -> str | None:

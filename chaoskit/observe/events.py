@@ -29,6 +29,9 @@ EVENT_KINDS = (
     "node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running",
     # The site's monitoring (chaoskit.observe.prometheus): a stop condition that fired.
     "safety.stop",
+    # chaoskit's own watch of the nodes (chaoskit.observe.probes.ProcessWatcher): a worker stopped or resumed
+    # (state T), and a node silent for probes.heartbeat_timeout, and its return.
+    "process.stopped", "process.resumed", "node.unreachable", "node.reachable",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

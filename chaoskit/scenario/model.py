@@ -242,6 +242,10 @@ class Probes(StrictModel):
     sdk: bool = Field(True, description="Read the events the chaoskit SDK writes from inside the job.")
     torchrun: bool = Field(True, description="Built-in patterns for torchrun's own log lines (worker failures).")
     process: bool = Field(True, description="Watch the process table for workers that vanish.")
+    heartbeat_timeout: PositiveDuration = Field(3.0, description=(
+        "A node whose process watch (its agent's heartbeat, or a poll of its process table) has been silent this "
+        "long is on the timeline as node.unreachable, and node.reachable once it answers again; its workers are "
+        "unknown meanwhile, never reported gone."))
     log: list[LogRule] = Field(default_factory=list, description="Extra log-regex rules over the job's output.")
     log_files: list[LogFile] = Field(
         default_factory=list, description="Log files the job writes itself, read through the same rules as its output."
