@@ -168,7 +168,8 @@ def _inventory_from_document(doc: dict[str, Any], access: SlurmAccess) -> Invent
     nodes = [
         Node(n["name"], n["address"], "ssh", n["labels"], n["gpus"],
              interfaces={role: InterfaceSpec(**i) for role, i in n["interfaces"].items()},
-             power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"], scheduler=access)
+             power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"],
+             gpu_pci=tuple(n.get("gpu_pci", ())), scheduler=access)
         for n in doc["nodes"]
     ]
     return Inventory("check", nodes)
