@@ -20,11 +20,13 @@ from typing import Any, Iterable
 __all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
-                          "node.down", "job.node_fail", "job.requeued"})
+                          "node.down", "node.drain", "job.node_fail", "job.requeued"})
 """Events that show the system noticed a fault: a torchrun agent or a rank (``worker.exit``, ``detect``), a failed
 checkpoint save (how a job notices a full disk, often without restarting), the kernel's OOM killer
 (``observe/kmsg.py``), the GPU's own Xid and uncorrectable ECC reports (``observe/gpu.py``), Ray, or the scheduler
-(``node.down``; ``job.requeued``: a preempted job, which no node failure announced)."""
+(``node.down``; ``node.drain``: a health check took the node out; ``job.requeued``: a preempted job, which no
+node failure announced). An event marked ``injected`` (an Xid line ``gpu.xid`` wrote) is the fault itself, never
+its detection."""
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
 
 Event = dict[str, Any]
@@ -55,10 +57,16 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     steps_before = [e["step"] for e in before if e.get("kind") == "step" and isinstance(e.get("step"), int)]
     last_step_before = max(steps_before) if steps_before else None
 
-    detect = next((e for e in after if e.get("kind") in DETECT_KINDS), None)
+    detect = next((e for e in after if e.get("kind") in DETECT_KINDS and not e.get("injected")), None)
     t_detect = detect["ts"] if detect else None
     if detect is None:
-        reasons["detection"] = "not observed: no worker.exit, detect, oom.kill or gpu event after the fault"
+        injected = next((e for e in after if e.get("kind") == "gpu.xid" and e.get("injected")), None)
+        if injected is not None:
+            reasons["detection"] = (f"not observed: the injected Xid {injected.get('code')} line was seen in the kernel "
+                                    f"log of {injected.get('node')}, but nothing drained the node (no node.drain) and "
+                                    "the job did not fail")
+        else:
+            reasons["detection"] = "not observed: no worker.exit, detect, oom.kill or gpu event after the fault"
 
     loads = [e for e in after if e.get("kind") == "ckpt.load.end"]
     starts = [e for e in after if e.get("kind") == "worker.start"]
@@ -240,7 +248,7 @@ def measure_slowdown(events: Iterable[Event], t_fault: float, t_revert: float | 
             "throughput_lost_pct": lost, "recovery_after_revert_s": recovery, "reasons": reasons}
 
 
-SCHEDULER_KINDS = frozenset({"node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running"})
+SCHEDULER_KINDS = frozenset({"node.down", "node.drain", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running"})
 
 
 def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_realloc: float | None,
@@ -269,7 +277,12 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
         # slurmctld requeues the job as it marks the node DOWN; two polls may see the two apart
         t_down = min(down["ts"], requeued["ts"]) if requeued is not None and abs(down["ts"] - requeued["ts"]) < 1.0 else down["ts"]
         marks.append(("node DOWN", t_down, f"{setting('slurmd_timeout', 'SlurmdTimeout')}: a silent slurmd is DOWN after it"))
-    if requeued is not None:
+    drained = first(lambda e: e["kind"] == "node.drain" and not e.get("injected"))
+    if requeued is not None and drained is not None and drained["ts"] <= requeued["ts"]:
+        marks.append(("job requeued", requeued["ts"], "the health check (HealthCheckProgram, every "
+                                                      f"{setting('health_check_interval', 'HealthCheckInterval')}) "
+                                                      "requeues the jobs of the node it drained"))
+    elif requeued is not None:
         marks.append(("job requeued", requeued["ts"], "--requeue (JobRequeue=1): immediate once the node is DOWN or on preemption"))
         t_req = requeued["ts"]
         eligible = first(lambda e: e["ts"] > t_req and (

@@ -1,0 +1,151 @@
+"""gpu.xid: an Xid line in the driver's format written into the node's real kernel log (root), for the GPU
+named by index or PCI id, seen by the kernel-log probe as injected; bad input refused before anything is written.
+
+The labs have no GPUs: a lab node's GPU is an emulated PCI id (its inventory ``gpu_pci``). Where nvidia-smi
+would name the device, the recording stand-in of tests/test_gpu_faults.py answers ``--query-gpu=index,pci.bus_id``
+(no GPU here: it proves the query chaoskit sends and the id it uses, not a driver's answer).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+from chaoskit.cluster.xid import normalize_pci, parse_xid
+from chaoskit.core.errors import InfraError
+from chaoskit.faults.gpu import GpuXidFault, GpuXidSpec
+from chaoskit.lab.process import ProcessLab
+from chaoskit.observe.events import EventBus
+from chaoskit.observe.kmsg import KmsgProbe
+from chaoskit.runner import RunContext
+from chaoskit.safety.journal import Journal
+from chaoskit.safety.lease import LeaseManager
+from tests.conftest import ROOT, run_cli, wait_state, wait_until
+from tests.test_kmsg_stream import need_kmsg
+
+SCENARIO = ROOT / "scenarios" / "slurm-xid-drain.yaml"
+
+
+@pytest.fixture
+def lab_worker():
+    """A 2-node process lab and one fake worker on n1 (rank 1)."""
+    lab = ProcessLab.create(2)
+    env = dict(os.environ, RANK="1", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t", CHAOSKIT_SCOPE=lab.scope("n1"))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # worker"], env=env)
+    wait_state(proc.pid, lambda s: s is not None)
+    time.sleep(0.2)
+    yield lab, proc
+    proc.kill()
+    proc.wait()
+    lab.kill_all()
+
+
+def _inject(lab, tmp_path, **fields):
+    inventory = lab.inventory()
+    ctx = RunContext(inventory, Journal(tmp_path / "journal.jsonl"), LeaseManager(tmp_path / "leases", "r1", ttl=5))
+    fault = GpuXidFault(GpuXidSpec(kind="gpu.xid", target=TargetSpec(ranks=[1]), **fields), "f0")
+    return ctx, fault, fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+
+
+def test_the_line_lands_in_the_nodes_kernel_log_and_the_probe_sees_it_injected(lab_worker, tmp_path, monkeypatch):
+    need_kmsg()
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # no nvidia-smi: the inventory's gpu_pci
+    lab, proc = lab_worker
+    bus = EventBus()
+    probe = KmsgProbe.for_nodes(bus, lab.inventory().nodes)
+    probe.start()
+    try:
+        assert probe.ready(5)
+        ctx, fault, injections = _inject(lab, tmp_path, code=79)
+        assert wait_until(lambda: any(e["kind"] == "gpu.xid" for e in bus.events), 5)
+        time.sleep(0.3)
+    finally:
+        probe.stop()
+        ctx.leases.close()
+    [inj] = injections
+    n1_pci = normalize_pci(lab.inventory()["n1"].gpu_pci[0])
+    assert inj.kind == "gpu.xid" and inj.node == "n1" and inj.detail["pci"] == n1_pci and inj.reverted
+    line = parse_xid(inj.detail["line"])
+    assert (line.code, line.pci, line.pid, line.injected) == (79, n1_pci, str(proc.pid), True)
+    assert line.name == os.path.basename(sys.executable)
+    [event] = [e for e in bus.events if e["kind"] == "gpu.xid" and e.get("token") == fault.token]
+    assert (event["node"], event["code"], event["pci"], event["injected"]) == ("n1", 79, n1_pci, True)
+    assert event["ts"] >= inj.t_fault - 0.5
+    assert proc.poll() is None  # an Xid line alone stops nothing
+
+
+FAKE_SMI = """#!/bin/sh
+echo "$*" >> "$FAKE_NVSMI/calls"
+case "$*" in
+  *--query-gpu=index,pci.bus_id*) printf '0, 00000000:18:00.0\\n1, 00000000:3B:00.0\\n' ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def test_the_device_index_is_named_by_the_pci_id_nvidia_smi_gives(lab_worker, tmp_path, monkeypatch):
+    need_kmsg()
+    lab, _ = lab_worker
+    bindir, state = tmp_path / "bin", tmp_path / "nvsmi"
+    bindir.mkdir()
+    state.mkdir()
+    (bindir / "nvidia-smi").write_text(FAKE_SMI)
+    (bindir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/local/bin:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_NVSMI", str(state))
+    ctx, fault, [inj] = _inject(lab, tmp_path, code=48, device=1)
+    ctx.leases.close()
+    assert inj.detail["pci"] == "0000:3b:00"
+    assert "NVRM: Xid (PCI:0000:3b:00): 48, " in inj.detail["line"]
+    assert (state / "calls").read_text().splitlines() == ["--query-gpu=index,pci.bus_id --format=csv,noheader"]
+
+
+def test_a_gpu_the_node_does_not_have_is_an_error_and_nothing_is_written(lab_worker, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    lab, _ = lab_worker
+    with pytest.raises(InfraError, match="node n1 has no GPU 3 .the inventory's gpu_pci lists 1."):
+        _inject(lab, tmp_path, code=79, device=3)
+    with pytest.raises(InfraError, match="node n1 has no GPU 0000:99:00"):
+        _inject(lab, tmp_path, code=79, pci="0000:99:00.0")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("code", "80", "Xid 80 is not one gpu.xid writes"),
+    ("code", "seventy-nine", "code"),
+    ("pci", "'3b:00.0; reboot'", "not a PCI bus id"),
+    ("device", "-1", "device"),
+])
+def test_bad_input_is_one_line_at_its_position_and_exit_2(tmp_path, field, value, message):
+    lines = [line for line in SCENARIO.read_text().splitlines() if not line.strip().startswith(f"{field}:")]
+    if field == "pci":
+        lines = [line for line in lines if not line.strip().startswith("device:")]
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("- kind: gpu.xid"))
+    lines.insert(at + 1, f"    {field}: {value}")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\n".join(lines) + "\n")
+    res = run_cli("run", bad, "--dry-run")
+    assert res.code == 2, res.stdout + res.stderr
+    assert f"bad.yaml:{at + 2}:" in res.stderr and message in res.stderr
+    assert len([line for line in res.stderr.splitlines() if line.strip()]) <= 2  # one line (and its hint)
+
+
+def test_device_and_pci_together_are_refused(tmp_path):
+    text = SCENARIO.read_text().replace("    device: 0 ", "    device: 0\n    pci: 0000:3b:00.0\n    # ")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    res = run_cli("validate", bad)
+    assert res.code == 2 and "by device index or by pci, not both" in res.stderr
+
+
+def test_dry_run_names_the_line_and_the_conditional_resume():
+    res = run_cli("run", SCENARIO, "--dry-run", "--json")
+    assert res.code == 0, res.stderr
+    commands = [a["command"] for f in res.json["plan"] for a in f["actions"]]
+    assert any("write to /dev/kmsg (root): 'NVRM: Xid (PCI:<id>): 79, pid=<pid>" in c for c in commands)
+    assert any("resume n1 if it is drained with a reason naming the line's marker" in c for c in commands)
+
