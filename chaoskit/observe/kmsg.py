@@ -99,7 +99,8 @@ class _Source(threading.Thread):
         if batch.boot_id:
             self.boot_id = batch.boot_id
         kernel = self.boot_id or f"node:{self.label}"
-        self.probe._records(kernel, self.nodes, batch)
+        clock = getattr(self.probe.transports.get(self.nodes[0]), "clock", None)
+        self.probe._records(kernel, self.nodes, batch, getattr(clock, "error_s", None))
         if batch.seq is not None:
             self.seq = batch.seq
         if batch.started:
@@ -200,8 +201,8 @@ class KmsgProbe(threading.Thread):
 
     def _refresh(self) -> None:
         for node, transport in self.transports.items():
-            try:
-                procs = transport.processes()
+            try:  # a remote node's workers only (what its agent reads cheaply); this machine's every process
+                procs = transport.processes() if isinstance(transport, LocalTransport) else transport.processes(workers_only=True)
             except Exception:  # noqa: BLE001 - a node we cannot read now keeps what we knew of it
                 continue
             table = self.known.setdefault(node, {})
@@ -210,7 +211,7 @@ class KmsgProbe(threading.Thread):
             for p in procs:
                 table[p.pid] = p.rank
 
-    def _records(self, kernel: str, nodes: list[str], batch: KmsgBatch) -> None:
+    def _records(self, kernel: str, nodes: list[str], batch: KmsgBatch, uncertainty: float | None = None) -> None:
         with self._lock:
             self.lost += batch.lost if batch.started else 0
             seen = self._seen.setdefault(kernel, {})
@@ -222,7 +223,7 @@ class KmsgProbe(threading.Thread):
                 if len(seen) > SEEN_MAX:
                     for old in list(seen)[: SEEN_MAX // 2]:
                         del seen[old]
-                self._line(kernel, sharing, parse_record(text), ts)
+                self._line(kernel, sharing, parse_record(text), ts, uncertainty)
 
     def _kernel_nodes(self, kernel: str, nodes: list[str]) -> list[str]:
         """Every node known to run on ``kernel`` (the sources that named it), ``nodes`` included."""
@@ -232,10 +233,11 @@ class KmsgProbe(threading.Thread):
                 out += [n for n in s.nodes if n not in out]
         return out
 
-    def _line(self, kernel: str, nodes: list[str], message: str, ts: float) -> None:
+    def _line(self, kernel: str, nodes: list[str], message: str, ts: float, uncertainty: float | None = None) -> None:
+        extra = {"ts_uncertainty": uncertainty} if uncertainty else {}
         xid = parse_xid(message)
         if xid is not None:
-            self._xid(nodes, xid, ts)
+            self._xid(nodes, xid, ts, extra)
             return
         context = _CONTEXT.search(message)
         if context:
@@ -258,10 +260,10 @@ class KmsgProbe(threading.Thread):
         self.bus.publish(make_event(
             "oom.kill", ts, node=node, rank=rank, pid=pid, process=killed["comm"], source="kmsg",
             who="kernel OOM killer", why=f"{killed['scope']}: killed pid {pid} ({killed['comm']})",
-            **({"cgroup": memcg} if memcg else {}),
+            **({"cgroup": memcg} if memcg else {}), **extra,
         ))
 
-    def _xid(self, nodes: list[str], xid: Any, ts: float) -> None:
+    def _xid(self, nodes: list[str], xid: Any, ts: float, extra: dict[str, Any]) -> None:
         owners = [n for n in nodes if xid.pci in self.pci.get(n, set())]
         node = owners[0] if owners else (nodes[0] if len(nodes) == 1 else None)
         if node is None:
@@ -273,7 +275,7 @@ class KmsgProbe(threading.Thread):
             "gpu.xid", ts, node=node, rank=None, xid=xid.code, code=xid.code, pci=xid.pci, injected=xid.injected,
             fatal=xid.fatal, message=xid.message, source="kmsg", who=f"kernel log ({what})",
             why=f"Xid {xid.code} on PCI:{xid.pci}: {xid.message}" + (" (injected)" if xid.injected else ""),
-            **({"token": xid.token} if xid.token else {}),
+            **({"token": xid.token} if xid.token else {}), **extra,
         ))
 
     def _node_of_cgroup(self, memcg: str, nodes: list[str]) -> str | None:
