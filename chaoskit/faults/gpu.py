@@ -604,6 +604,9 @@ class GpuXidSpec(FaultSpec):
         "a drain the site's health check made for this line (its reason naming the line's marker) is resumed "
         "after it. The line itself stays in the log (a log line cannot be taken back)."))
 
+    def catalog_tag(self) -> str:
+        return f"{self.kind}:{self.code}"  # the code decides the class: 79 a GPU, 48 its memory, 13 the software
+
     @field_validator("code")
     @classmethod
     def _code(cls, v: int) -> int:
