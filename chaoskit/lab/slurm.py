@@ -278,7 +278,7 @@ class SlurmLab:
             rows += [f"{net.mgmt_address(n['name'])} {n['name']}", f"{net.data_address(n['name'])} {n['name']}"]
         (d / "nodemap").write_text("\n".join(rows) + "\n")
         env = {"SLURM_CONF": str(self.conf_path), "HC_GPU_DIR": str(d / "gpus"), "HC_NODE_MAP": str(d / "nodemap"),
-               "HC_STATE_DIR": str(d / "healthcheck")}
+               "HC_STATE_DIR": str(d / "healthcheck-state")}
         wrapper = d / "healthcheck"
         wrapper.write_text("#!/bin/sh\n# chaoskit Slurm lab: the example health check with this lab's settings\n"
                            + "".join(f"{k}={shell_quote([v])}; export {k}\n" for k, v in env.items())
