@@ -278,12 +278,13 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
         t_down = min(down["ts"], requeued["ts"]) if requeued is not None and abs(down["ts"] - requeued["ts"]) < 1.0 else down["ts"]
         marks.append(("node DOWN", t_down, f"{setting('slurmd_timeout', 'SlurmdTimeout')}: a silent slurmd is DOWN after it"))
     drained = first(lambda e: e["kind"] == "node.drain" and not e.get("injected"))
-    if requeued is not None and drained is not None and drained["ts"] <= requeued["ts"]:
-        marks.append(("job requeued", requeued["ts"], "the health check (HealthCheckProgram, every "
-                                                      f"{setting('health_check_interval', 'HealthCheckInterval')}) "
-                                                      "requeues the jobs of the node it drained"))
-    elif requeued is not None:
-        marks.append(("job requeued", requeued["ts"], "--requeue (JobRequeue=1): immediate once the node is DOWN or on preemption"))
+    if requeued is not None:
+        if drained is not None and drained["ts"] <= requeued["ts"]:
+            marks.append(("job requeued", requeued["ts"], "the health check (HealthCheckProgram, every "
+                                                          f"{setting('health_check_interval', 'HealthCheckInterval')}) "
+                                                          "requeues the jobs of the node it drained"))
+        else:
+            marks.append(("job requeued", requeued["ts"], "--requeue (JobRequeue=1): immediate once the node is DOWN or on preemption"))
         t_req = requeued["ts"]
         eligible = first(lambda e: e["ts"] > t_req and (
             (e["kind"] == "job.pending" and e.get("reason") != "BeginTime") or e["kind"] in ("job.allocated", "job.running")))
@@ -297,12 +298,16 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
     allocated = first(lambda e: e["kind"] == "job.allocated" and (requeued is None or e["ts"] >= requeued["ts"]))
     if allocated is not None:
         bound = f"scheduling: {setting('sched_interval', 'SchedulerParameters=sched_interval')}, and a free node"
+        if any(m[0] == "held (BeginTime)" for m in marks) and not any(m[0] == "eligible again" for m in marks):
+            bound = f"the requeue hold ({setting('requeue_hold', 'AuthInfo=cred_expire')}), then " + bound
         marks.append((f"allocated {','.join(allocated.get('nodes') or [])}".strip(), allocated["ts"], bound))
     running = first(lambda e: e["kind"] == "job.running" and (allocated is None or e["ts"] >= allocated["ts"]))
     if running is not None and (allocated is None or running["ts"] > allocated["ts"]):
         marks.append(("running", running["ts"], "job launch: prolog, credentials, the batch script starting"))
     marks.append(("workers started", t_realloc, "the batch script, srun and torchrun start-up on the new allocation"))
-    marks = [marks[0]] + sorted((m for m in marks[1:] if m[1] > t_detect), key=lambda m: m[1])  # the detection itself is no step
+    # the detection itself is no step; but a health check that drains and requeues in one pass did two things
+    keep = (lambda m: m[1] > t_detect or (m[0] == "job requeued" and drained is not None and m[1] >= t_detect))
+    marks = [marks[0]] + sorted((m for m in marks[1:] if keep(m)), key=lambda m: m[1])
     steps = []
     for (a, ta, _), (b, tb, bound) in zip(marks, marks[1:]):
         steps.append({"step": f"{a} -> {b}", "seconds": round(tb - ta, 3), "bound_by": bound})
