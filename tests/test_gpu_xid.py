@@ -149,3 +149,21 @@ def test_dry_run_names_the_line_and_the_conditional_resume():
     assert any("write to /dev/kmsg (root): 'NVRM: Xid (PCI:<id>): 79, pid=<pid>" in c for c in commands)
     assert any("resume n1 if it is drained with a reason naming the line's marker" in c for c in commands)
 
+
+
+def test_with_failure_the_line_is_followed_by_gpu_fails_dead_device(lab_worker, tmp_path, monkeypatch):
+    """with_failure: the line, then gpu.fail on the same target (here its crash loop: no GPU): the rank dies as
+    a CUDA error would kill it, and the failure is reverted like gpu.fail's."""
+    need_kmsg()
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    lab, proc = lab_worker
+    ctx, fault, injections = _inject(lab, tmp_path, code=13, with_failure=True, mechanism="crashloop", duration=30)
+    try:
+        assert [i.kind for i in injections] == ["gpu.xid", "gpu.fail"]
+        assert injections[1].detail["mechanism"] == "crashloop"
+        assert proc.wait(timeout=5) == -9  # killed as the CUDA error would
+    finally:
+        fault.revert(ctx, injections[1])
+    assert fault.verify(ctx, injections[1]) is None
+    ctx.leases.release(injections[1].fault_id)
+    ctx.leases.close()

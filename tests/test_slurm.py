@@ -288,3 +288,37 @@ def test_slurm_node_poweroff_requeues_onto_the_spare(tmp_path):
     assert r["checks"]["faults_reverted"]["pass"]
     html = (tmp_path / "run" / "report.html").read_text()
     assert "reallocation, step by step" in html
+
+
+@pytest.mark.slow
+def test_slurm_xid_drain_the_health_check_drains_n1_and_the_job_moves_to_the_spare(tmp_path):
+    """The detection chain: Xid 79 in n1's kernel log -> the lab's health check (examples/slurm/healthcheck.sh)
+    drains n1 with a reason naming the Xid and requeues the job -> Slurm allocates the spare -> the job resumes
+    from its checkpoint; every step named. After the run n1 is in service again, as before."""
+    from chaoskit.lab.slurm import DEFAULT_SETTINGS, SlurmLab
+
+    require_slurm()
+    need_torch()
+    # the lab the scenario asks for, made up front so that it outlives the run and n1 can be looked at after it
+    lab = SlurmLab.create(2, 1, {**DEFAULT_SETTINGS, "requeue_hold": 5.0, "sched_interval": 2.0, "health_check_interval": 5.0})
+    try:
+        before = lab.access().node_state("n1")[0]
+        res, r = drill("slurm-xid-drain", tmp_path / "run")
+        assert res.code == 0, (res.stderr[-2000:], r["slo"], r["notes"])
+        ev = events_of(tmp_path / "run")
+        [xid] = [e for e in ev if e["kind"] == "gpu.xid"]
+        assert (xid["node"], xid["code"], xid["injected"]) == ("n1", 79, True)
+        [drain] = [e for e in ev if e["kind"] == "node.drain"]
+        assert drain["node"] == "n1" and "Xid 79" in drain["reason"] and not drain["injected"]
+        assert "Xid 79" in r["phases"]["detected_by"] and r["phases"]["detection_s"] <= 15
+        allocated = [e["nodes"] for e in ev if e["kind"] == "job.allocated"]
+        assert allocated[0] == ["n0", "n1"] and allocated[-1] == ["n0", "n2"]
+        assert r["phases"]["restored_step"] is not None and r["phases"]["checkpoint_load_s"] is not None
+        steps = [s["step"] for s in r["phases"]["reallocation_steps"]]
+        assert steps[0] == "detected -> job requeued" and steps[-1].endswith("-> workers started")
+        assert "HealthCheckInterval=5s" in r["phases"]["reallocation_steps"][0]["bound_by"]
+        assert r["checks"]["faults_reverted"]["pass"]
+        state, reason, _ = lab.access().node_state("n1")
+        assert "DRAIN" not in state.split("+") and state.split("+")[0] == before.split("+")[0], (state, reason)
+    finally:
+        lab.down()
