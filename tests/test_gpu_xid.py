@@ -167,3 +167,26 @@ def test_with_failure_the_line_is_followed_by_gpu_fails_dead_device(lab_worker, 
     assert fault.verify(ctx, injections[1]) is None
     ctx.leases.release(injections[1].fault_id)
     ctx.leases.close()
+
+
+@pytest.mark.slow
+def test_an_xid_alone_stops_nothing_and_the_report_shows_it_was_seen(tmp_path):
+    """examples/gpu-xid-alone on the process lab: the line is in the kernel log (gpu.xid, injected, n1), the job
+    trains to its last step without a restart, and the result says nothing detected it."""
+    from tests.conftest import need_torch
+
+    need_kmsg()
+    need_torch()
+    res = run_cli("run", ROOT / "examples" / "gpu-xid-alone.yaml", "--out", tmp_path / "run", "--json")
+    assert res.code == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    r = res.json
+    assert r["verdict"] == "pass" and r["checks"]["training_finished"]["pass"]
+    assert "the injected Xid 79 line was seen in the kernel log of n1" in r["phases"]["reasons"]["detection"]
+    assert any("showed no sign of the fault" in n for n in r["notes"])
+    from chaoskit.observe.events import read_events
+
+    ev = read_events(tmp_path / "run" / "events.jsonl")
+    [xid] = [e for e in ev if e["kind"] == "gpu.xid"]
+    assert (xid["node"], xid["code"], xid["injected"]) == ("n1", 79, True)
+    assert not [e for e in ev if e["kind"] == "worker.start" and e["ts"] > xid["ts"]]  # no restart
+    assert "gpu.xid" in (tmp_path / "run" / "report.html").read_text()
