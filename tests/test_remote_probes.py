@@ -215,3 +215,42 @@ def test_the_kernel_log_probe_on_ssh_nodes_sees_an_injected_xid_once_and_resumes
     finally:
         probe.stop()
         inventory.close()
+
+
+def test_an_oom_kill_in_the_shared_kernel_is_attributed_to_the_ssh_node_whose_worker_it_was(netns_lab):
+    """Issue 20's OOM case on SSH nodes sharing one kernel: the kill line names a pid; it is published once, for
+    the node whose worker had it (n1's agent saw it in n1's namespace), never once per node. The line is written
+    by the test (marked as such), for a real worker process of n1 that is then killed."""
+    import subprocess
+    import sys
+
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.kmsg import KmsgProbe
+    from tests.test_kmsg_stream import need_kmsg, write_kmsg
+
+    need_kmsg()
+    env = dict(os.environ, RANK="1", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="oom-test")
+    worker = subprocess.Popen(netns_lab.exec_argv("n1", [sys.executable, "-c", "import time; time.sleep(60)"]), env=env)
+    inventory = netns_lab.inventory()
+    bus = EventBus()
+    try:
+        for node in inventory.nodes:
+            node.conn.connect()
+        probe = KmsgProbe.for_nodes(bus, inventory.nodes)
+        probe.start()
+        try:
+            assert probe.ready(15), probe.errors
+            assert wait_until(lambda: worker.pid in probe.known.get("n1", {}), 10)
+            assert worker.pid not in probe.known.get("n0", {})
+            write_kmsg(f"Memory cgroup out of memory: Killed process {worker.pid} (python) total-vm:1kB "
+                       "(chaoskit test line: not a real OOM kill)")
+            assert wait_until(lambda: any(e["kind"] == "oom.kill" for e in bus.events), 10)
+            time.sleep(0.5)
+        finally:
+            probe.stop()
+    finally:
+        worker.kill()
+        worker.wait()
+        inventory.close()
+    kills = [(e["node"], e["rank"], e["pid"]) for e in bus.events if e["kind"] == "oom.kill"]
+    assert kills == [("n1", 1, worker.pid)]
