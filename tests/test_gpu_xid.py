@@ -190,3 +190,24 @@ def test_an_xid_alone_stops_nothing_and_the_report_shows_it_was_seen(tmp_path):
     assert (xid["node"], xid["code"], xid["injected"]) == ("n1", 79, True)
     assert not [e for e in ev if e["kind"] == "worker.start" and e["ts"] > xid["ts"]]  # no restart
     assert "gpu.xid" in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_rollback_rebuilds_only_the_resume_conditional_on_the_lines_marker():
+    """What the trusted journal may hold for gpu.xid: the resume of that very node, only while its reason names
+    a gpu.xid marker; anything else is refused."""
+    from chaoskit.cluster.inventory import Node
+    from chaoskit.cluster.slurm import SlurmAccess
+
+    access = SlurmAccess(conf="/etc/slurm/slurm.conf")
+    node = Node("n1", scheduler=access)
+    armed = access.resume_argv("n1", "chaoskit drill 0a1b2c3d", marked=True)
+    assert armed[-4:] == ["--marked", "--", "n1", "chaoskit drill 0a1b2c3d"]
+    assert GpuXidFault.journaled_revert(armed, node) == armed
+    for forged in (access.resume_argv("n1", "chaoskit drill 0a1b2c3d"),            # not conditional on the marker
+                   access.resume_argv("n2", "chaoskit drill 0a1b2c3d", marked=True),  # another node
+                   access.resume_argv("n1", "healthcheck", marked=True),              # any drain at all
+                   ["sh", "-c", "scontrol update nodename=n1 state=resume"]):
+        with pytest.raises(ValueError):
+            GpuXidFault.journaled_revert(forged, node)
+    with pytest.raises(ValueError):
+        GpuXidFault.journaled_revert(armed, Node("n1"))  # a node without Slurm has no such revert
