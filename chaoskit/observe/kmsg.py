@@ -89,6 +89,8 @@ class _Source(threading.Thread):
                     return
             if stream.error:
                 self._note(stream.error)
+                if stream.error.startswith("cannot read the kernel log"):
+                    return  # not root there, or dmesg_restrict: this node's log stays unread, and says so in errors
             stop.wait(self.probe.retry_s)
 
     def _note(self, message: str) -> None:
