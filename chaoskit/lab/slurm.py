@@ -277,6 +277,12 @@ class SlurmLab:
             (d / "gpus" / n["name"]).write_text("\n".join(n.get("gpu_pci", [])) + "\n")
             rows += [f"{net.mgmt_address(n['name'])} {n['name']}", f"{net.data_address(n['name'])} {n['name']}"]
         (d / "nodemap").write_text("\n".join(rows) + "\n")
+        # The lab's nodes "booted" now: an Xid line an earlier lab left in this machine's kernel log is not theirs.
+        state = d / "healthcheck-state"
+        state.mkdir(mode=0o700)
+        booted = f"{time.monotonic():.6f}\n"  # the kernel log's clock (seconds since boot)
+        for n in doc["nodes"]:
+            (state / f"{n['name']}.last").write_text(booted)
         env = {"SLURM_CONF": str(self.conf_path), "HC_GPU_DIR": str(d / "gpus"), "HC_NODE_MAP": str(d / "nodemap"),
                "HC_STATE_DIR": str(d / "healthcheck-state")}
         wrapper = d / "healthcheck"
