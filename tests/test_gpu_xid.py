@@ -9,6 +9,7 @@ would name the device, the recording stand-in of tests/test_gpu_faults.py answer
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import time
 import pytest
 
 from chaoskit.cluster.selectors import TargetSpec, resolve_processes
-from chaoskit.cluster.xid import normalize_pci, parse_xid
+from chaoskit.cluster.xid import format_xid, normalize_pci, parse_xid
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.gpu import GpuXidFault, GpuXidSpec
 from chaoskit.lab.process import ProcessLab
@@ -211,3 +212,42 @@ def test_rollback_rebuilds_only_the_resume_conditional_on_the_lines_marker():
             GpuXidFault.journaled_revert(forged, node)
     with pytest.raises(ValueError):
         GpuXidFault.journaled_revert(armed, Node("n1"))  # a node without Slurm has no such revert
+
+
+# -- the example health check, before it reaches Slurm ------------------------------------------
+
+HEALTHCHECK = ROOT / "examples" / "slurm" / "healthcheck.sh"
+
+
+def _healthcheck(tmp_path, node_pci: str, state=None) -> subprocess.CompletedProcess:
+    gpus = tmp_path / "gpus"
+    gpus.mkdir(exist_ok=True)
+    (gpus / "nx").write_text(node_pci + "\n")
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "nx", "HC_GPU_DIR": str(gpus),
+           "HC_STATE_DIR": str(state or tmp_path / "state")}
+    return subprocess.run(["sh", str(HEALTHCHECK)], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_the_health_check_acts_only_on_a_fatal_xid_of_its_own_nodes_gpus(tmp_path):
+    """Real lines in the real kernel log: another node's fatal Xid and this node's non-fatal one (13) leave the
+    check with nothing to do (exit 0, no drain attempted, nothing remembered)."""
+    need_kmsg()
+    from tests.test_kmsg_stream import write_kmsg
+
+    token = secrets.token_hex(4)
+    mine, other = f"c0de:{secrets.randbelow(200):02x}:00.0", "c0df:01:00.0"
+    write_kmsg(format_xid(other, 79, token))
+    write_kmsg(format_xid(mine, 13, token))
+    res = _healthcheck(tmp_path, mine)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert list((tmp_path / "state").iterdir()) == []  # made 0700, nothing acted on
+    assert oct((tmp_path / "state").stat().st_mode & 0o777) == "0o700"
+
+
+def test_the_health_check_refuses_a_state_folder_that_is_a_link(tmp_path):
+    need_kmsg()
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    res = _healthcheck(tmp_path, "c0de:01:00.0", state=tmp_path / "link")
+    assert res.returncode == 1 and "refusing state folder" in res.stderr
