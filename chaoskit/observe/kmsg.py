@@ -180,9 +180,14 @@ class KmsgProbe(threading.Thread):
             return cls(bus, remote, path, gpu_pci=pci) if remote else None
 
     def start(self) -> None:
+        """Start every source; return once this machine's log (local nodes) is being read, so that a line logged
+        after ``start`` is seen (the nodes' own streams start meanwhile: :meth:`ready` waits for them)."""
         for source in self.sources:
             source.start()
         super().start()
+        for source in self.sources:
+            if source.label == "local":
+                source.started.wait(5.0)
 
     def ready(self, timeout: float = 10.0) -> bool:
         """Whether every source's stream is reading (a line logged from now on is seen), waiting up to ``timeout``."""
