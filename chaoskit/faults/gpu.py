@@ -1,4 +1,5 @@
-"""GPU faults: a device that stays failed (``gpu.fail``) from the fault time until revert.
+"""GPU faults: a device that stays failed (``gpu.fail``) from the fault time until revert, and the first sign of
+one, an NVIDIA Xid line in the node's kernel log (``gpu.xid``, at the end of this module).
 
 What makes a failed GPU different from a crashed process is that it *stays*
 failed: torchrun restarting the workers in place fails again, and only moving
@@ -562,6 +563,13 @@ def _scope(transport: Transport) -> dict[str, Any]:
 
 
 # -- gpu.xid ----------------------------------------------------------------------------------
+#
+# The line the driver writes (chaoskit.cluster.xid), into /dev/kmsg on the node as root, for one of the node's
+# GPUs: what the site's health check, log monitors and chaoskit's kernel-log probe read. A line cannot be taken
+# back, so nothing of it is lasting; what it makes happen can be: with_failure applies gpu.fail to the device
+# (and reverts it as gpu.fail does), and on a Slurm node a drain the site's health check makes for the line
+# (its reason quoting the line's marker) is resumed after ``duration`` by a lease on the controller, only while
+# the node's reason still names this drill's line: an administrator's drain is left alone.
 
 XID_WRITER = helper_source(r"""
 import json, os, sys, time
