@@ -462,7 +462,8 @@ class _Run:
         self.threads.extend(self.cluster.probes(self.bus))
         # The nodes' own health: OOM kills in the kernel's log, Xid and ECC errors from NVML; each is None
         # (not started, silent) where it cannot read anything.
-        for health in (KmsgProbe.for_nodes(self.bus, self.inventory.nodes), NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
+        self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes)
+        for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
             if health is not None:
                 self.threads.append(health)
         for t in self.threads:
@@ -676,8 +677,11 @@ class _Run:
         events = self.bus.snapshot()
         log_probe = getattr(self, "log_probe", None)
         watched = [w.notes() for w in (self.stop_watcher, self.prometheus_probe) if w is not None]
-        for problem in ((log_probe.errors if log_probe is not None else []) + list(getattr(self.job, "line_errors", None) or [])[:5]
-                        + [n for notes in watched for n in notes]):
+        kmsg_probe = getattr(self, "kmsg_probe", None)
+        kernel_logs = [f"kernel log of {e}" for e in (kmsg_probe.errors if kmsg_probe is not None else [])
+                       if "cannot read the kernel log" in e][:5]  # a node's log chaoskit could not read: say so
+        for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
+                        + list(getattr(self.job, "line_errors", None) or [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)
         per_fault = []

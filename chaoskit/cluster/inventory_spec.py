@@ -65,6 +65,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
 from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy
+from chaoskit.cluster.xid import normalize_pci
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
@@ -91,6 +92,10 @@ class NodeSpec(StrictModel):
     labels: dict[str, str] = Field(default_factory=dict, description="Selector labels, e.g. {rack: r1, role: worker}.")
     interfaces: dict[str, InterfaceSpec] = Field(default_factory=dict, description="NICs by role: data, mgmt, ...")
     gpus: int = Field(0, ge=0, le=1024)
+    gpu_pci: list[str] = Field(default_factory=list, max_length=1024, description=(
+        "PCI bus ids of the node's GPUs in index order (0000:3b:00.0, as nvidia-smi --query-gpu=pci.bus_id or lspci "
+        "write them): where nvidia-smi cannot be asked, gpu.xid names a device by them and the kernel-log probe "
+        "attributes an Xid line to the node that owns its id."))
     power: PowerCommands | None = None
     processes: Literal["all", "netns"] = Field(
         "all", description="Which processes belong to the node: all on the host, or those in the agent's network namespace (labs)."
@@ -118,6 +123,15 @@ class NodeSpec(StrictModel):
                     raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
             out[str(key)] = str(value)
         return out
+
+    @field_validator("gpu_pci")
+    @classmethod
+    def _gpu_pci(cls, v: list[str]) -> list[str]:
+        for item in v:
+            normalize_pci(str(item))  # ValueError names the bad id
+        if len({normalize_pci(i) for i in v}) != len(v):
+            raise ValueError("a PCI bus id is listed twice")
+        return [str(i) for i in v]
 
     @field_validator("interfaces")
     @classmethod

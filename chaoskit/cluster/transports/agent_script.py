@@ -20,7 +20,7 @@ EOF on stdin ends the agent once in-flight requests are answered; processes it
 started detached (lease watchdogs) live on. No shell is ever involved: ``argv``
 is executed as given.
 
-A *stream* (``follow``) answers many times under its request's id, each message with
+A *stream* (``follow``: a file's lines; ``kmsg``: the kernel log's records) answers many times under its request's id, each message with
 ``"more": true``, until it is cancelled (``{"op": "cancel", "stream": ID}``) or stdin ends;
 its last message has no ``more``.
 
@@ -862,6 +862,130 @@ def op_watch(req, emit):
     return {"seq": seq[0] + 1, "t": now(), "changes": []}
 
 
+KMSG_PATH = "/dev/kmsg"
+KMSG_BATCH = 256
+"""The most records one ``kmsg`` message carries."""
+KMSG_IDLE_S = 1.0
+"""How often a ``kmsg`` stream says where it is (``seq``) when records were read but none matched."""
+
+
+def _kmsg_record(raw):
+    """(seq, usec, prio, message) of one ``/dev/kmsg`` record (``PRIO,SEQ,USEC,FLAGS;text``), or None."""
+    head, sep, rest = raw.partition(b";")
+    if not sep:
+        return None
+    fields = head.split(b",")
+    try:
+        prio, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
+    except (IndexError, ValueError):
+        return None
+    return seq, usec, prio, rest[:FOLLOW_MAX_LINE].decode("utf-8", "replace")
+
+
+class _KmsgReader(object):
+    """Records from ``/dev/kmsg`` (one per read, then its `` KEY=value`` lines) or from a plain file of records
+    (tests: many per read); ``read`` returns a list, empty at the end, None when nothing is there yet."""
+
+    def __init__(self, fd):
+        self.fd, self.pending = fd, b""
+
+    def read(self):
+        try:
+            chunk = os.read(self.fd, 8192)
+        except BlockingIOError:
+            return None
+        except BrokenPipeError:  # records overwritten before they were read: the next read goes on after them
+            return []
+        if not chunk:
+            return None
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        out = []
+        for line in lines:
+            if line and not line.startswith(b" "):  # " KEY=value" continuation lines carry no message
+                rec = _kmsg_record(line)
+                if rec is not None:
+                    out.append(rec)
+        return out
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def op_kmsg(req, emit):
+    """Follow the node's kernel log (``/dev/kmsg``): the records whose text contains one of ``match`` (plain
+    substrings; none: every record), each ``[t, seq, prio, text]`` with the node's time it was logged.
+
+    ``seq``: the last record an earlier stream delivered; records after it are sent (those the ring buffer
+    still holds: ``lost`` counts any overwritten since), so a stream resumed there neither loses nor doubles
+    one. Without it the stream starts at the end of the log (what it held before is not sent). The first
+    message (``started``) names the kernel (``boot_id``: nodes that share one kernel share it) and the
+    position; later ones ``{"records": [...], "seq": S, "lost": N}``, ``seq`` the last record read."""
+    after = req.get("seq")
+    after = int(after) if after is not None else None
+    match = [str(m) for m in (req.get("match") or [])]
+    interval = float(req.get("interval", 0.2))
+    path = req.get("path") or KMSG_PATH
+    cancel = threading.Event()
+    with _STREAMS_LOCK:
+        _STREAMS[req.get("id")] = cancel
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        with _STREAMS_LOCK:
+            _STREAMS.pop(req.get("id"), None)
+        raise OpError("cannot read the kernel log %s: %s" % (path, exc.strerror))
+    import select
+
+    def wall(usec):  # the record's time (since boot) on the node's wall clock
+        return min(now(), now() - (time.monotonic() - usec / 1e6))
+
+    reader = _KmsgReader(fd)
+    last, lost = after, 0
+    try:
+        if after is None:  # from now on, knowing where "now" is (the last record's seq) so a resumed stream has one
+            while True:
+                recs = reader.read()
+                if recs is None:
+                    break
+                for rec in recs:
+                    last = rec[0]
+        emit({"started": True, "boot_id": _boot_id(), "seq": last, "records": [], "more": True})
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        sent, sent_at = last, time.monotonic()
+        while not cancel.is_set() and not _STOP.is_set():
+            batch, idle = [], False
+            while len(batch) < KMSG_BATCH:
+                recs = reader.read()
+                if recs is None:
+                    idle = True
+                    break
+                for seq, usec, prio, text in recs:
+                    if last is not None and seq <= last:
+                        continue  # delivered by an earlier stream
+                    if last is not None and seq > last + 1:
+                        lost += seq - last - 1
+                    last = seq
+                    if not match or any(m in text for m in match):
+                        batch.append([wall(usec), seq, prio, text])
+            if batch or (last != sent and time.monotonic() - sent_at >= KMSG_IDLE_S):
+                emit({"records": batch, "seq": last, "lost": lost, "more": True})
+                sent, sent_at = last, time.monotonic()
+            if idle:
+                if poller.poll(interval * 1000) and os.fstat(fd).st_size:  # a plain file (tests) is always "ready"
+                    cancel.wait(interval)
+    finally:
+        os.close(fd)
+        with _STREAMS_LOCK:
+            _STREAMS.pop(req.get("id"), None)
+    return {"seq": last, "lost": lost}
+
+
 def op_cancel(req):
     with _STREAMS_LOCK:
         event = _STREAMS.get(req["stream"])
@@ -875,7 +999,7 @@ INLINE = {
     "state": op_state, "signal": op_signal, "skew": op_skew, "cancel": op_cancel, "statedir": op_statedir,
 }
 THREADED = {"run": op_run, "spawn": op_spawn, "procs": op_procs, "rmtree": op_rmtree, "watchdog": op_watchdog}
-STREAMING = {"follow": op_follow, "watch": op_watch}
+STREAMING = {"follow": op_follow, "watch": op_watch, "kmsg": op_kmsg}
 """Ops that answer many times: ``fn(req, emit)``; what ``fn`` returns is the last answer."""
 
 

@@ -14,7 +14,8 @@ from chaoskit.core.errors import InfraError
 
 __all__ = [
     "ProcInfo", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
-    "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env", "ProcessStreamer", "WatchMessage", "StreamUnsupported",
+    "KmsgBatch", "KernelLogFollower", "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env", "ProcessStreamer", "WatchMessage",
+    "StreamUnsupported",
 ]
 
 LineBatch = Callable[[list[tuple[float, str]], "int | None", int], None]
@@ -261,3 +262,29 @@ class ProcessStreamer(Protocol):
         ``heartbeat`` seconds, the first at once). ``known``: the workers (pid, start time, state) believed
         alive, from an earlier stream: what changed since comes in the first message. Raises
         :class:`StreamUnsupported` when this connection cannot stream."""
+
+
+@dataclass
+class KmsgBatch:
+    """Records of a node's kernel log, as a ``kmsg`` stream delivers them (:class:`KernelLogFollower`)."""
+
+    records: list[tuple[float, int, int, str]]
+    """(time logged, on this machine's clock; seq; priority; text), in the log's order."""
+    seq: int | None
+    """The last record the stream read (matched or not): where a new stream goes on."""
+    boot_id: str | None = None
+    """The node's kernel (``/proc/sys/kernel/random/boot_id``), on the first batch of a stream: nodes that share
+    one kernel (the labs) share it."""
+    lost: int = 0
+    """Records the ring buffer overwrote before the stream read them (since the stream started)."""
+    started: bool = False
+
+
+@runtime_checkable
+class KernelLogFollower(Protocol):
+    """A transport whose node's agent follows the node's own kernel log."""
+
+    def kmsg(self, on_batch: "Callable[[KmsgBatch], None]", *, seq: int | None = None,
+             match: list[str] | None = None) -> FollowStream:
+        """Stream the records of the node's ``/dev/kmsg`` that contain one of ``match``: from after ``seq`` (where
+        an earlier stream stopped) or from now on; the first batch (``started``) once the stream reads."""

@@ -71,7 +71,7 @@ from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.api import (
-    CommandResult, FollowStream, JobScope, LineBatch, ProcInfo, StreamUnsupported, WatchMessage,
+    CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, ProcInfo, StreamUnsupported, WatchMessage,
 )
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
@@ -740,6 +740,34 @@ class SSHTransport:
 
         fields = {"op": "watch", "scope": self.scope, "interval": float(interval), "heartbeat": float(heartbeat),
                   "known": [[int(pid), None if start is None else int(start), str(state)] for pid, start, state in known or ()]}
+        stream.rid = agent.stream(fields, message, stream.finish)
+        return stream
+
+    def kmsg(self, on_batch: Callable[[KmsgBatch], None], *, seq: int | None = None,
+             match: list[str] | None = None) -> "FollowStream":
+        """Stream the node's own kernel log (``/dev/kmsg``, read by its agent): the records containing one of
+        ``match``, from after ``seq`` (where an earlier stream stopped) or from now on, each with the time the
+        node logged it on this machine's clock (:class:`~chaoskit.cluster.transports.api.KmsgBatch`)."""
+        try:
+            with self._lock:
+                agent = self._agent_locked()
+        except _AgentGone as exc:
+            raise InfraError(f"cannot read the kernel log of node {self.node}: the agent did not start ({exc})") from None
+        if agent is None:
+            raise InfraError(f"cannot read the kernel log of node {self.node}: it needs chaoskit's agent, "
+                             "and this connection fell back to one exec per command")
+        stream = _Stream(agent)
+
+        def message(reply: dict[str, Any]) -> None:
+            if reply.get("ok") and ("records" in reply or reply.get("started")):
+                on_batch(KmsgBatch(
+                    [(self.clock.to_controller(float(t)), int(n), int(prio), str(text)) for t, n, prio, text in reply.get("records", [])],
+                    reply.get("seq"), reply.get("boot_id"), int(reply.get("lost") or 0), bool(reply.get("started"))))
+            if not reply.get("more"):
+                stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
+
+        fields: dict[str, Any] = {"op": "kmsg", "seq": None if seq is None else int(seq),
+                                  "match": [str(m) for m in (match or [])]}
         stream.rid = agent.stream(fields, message, stream.finish)
         return stream
 
