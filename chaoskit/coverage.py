@@ -97,6 +97,9 @@ _GPU_FAIL = (
         "again); scope node: every process of the job on the node, its torchrun agent included, as a health "
         "check that takes the node out of the job does, so a spare or the scheduler must take its place")),
 )
+_GPU_XID = Mechanism("gpu.xid", "kmsg", "emulated", emulates=(
+    "the driver's Xid line in the node's kernel log (root), what health checks and log monitors read, for the "
+    "node's GPU (the labs: an emulated PCI id); with_failure, gpu.fail's failure of the device follows it"))
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,17 @@ class FaultClass:
     sources: tuple[str, ...] = ()
     weight: int = 0
     mechanisms: tuple[Mechanism, ...] = ()
+    xid_codes: tuple[int, ...] = ()
+    """The NVIDIA Xid codes of this class: a ``gpu.xid`` of one of them exercises it."""
+
+    def exercised_by(self, tag: str) -> bool:
+        """Whether a fault known as ``tag`` (its kind, or ``kind:variant``: ``gpu.xid:79``) exercises this class."""
+        kind, _, variant = tag.partition(":")
+        if kind not in self.kinds:
+            return False
+        if kind == "gpu.xid" and variant:
+            return variant.isdigit() and int(variant) in self.xid_codes
+        return True
 
     @property
     def category(self) -> str:
@@ -130,6 +144,7 @@ class FaultClass:
             "id": self.id, "category": self.category, "scope": self.scope, "name": self.name,
             "description": self.description, "kinds": list(self.kinds), "requires": list(self.requires),
             "weight": self.weight, "mechanisms": [m.as_dict() for m in self.mechanisms],
+            **({"xid_codes": list(self.xid_codes)} if self.xid_codes else {}),
         }
 
 
@@ -150,11 +165,13 @@ _CLASSES = (
     FaultClass("hardware.gpu", "rank", "GPU failure",
                "A GPU fails, falls off the bus or computes wrong results (faulty GPU, GPU system "
                "processor, thermal interface, silent data corruption); its rank dies or hangs.",
-               kinds=("gpu.fail",), sources=("hardware.gpu",), mechanisms=_GPU_FAIL),
+               kinds=("gpu.fail", "gpu.xid"), sources=("hardware.gpu",), mechanisms=(*_GPU_FAIL, _GPU_XID),
+               xid_codes=(74, 79)),
     FaultClass("hardware.gpu_memory", "rank", "GPU memory error",
                "Uncorrectable ECC error in HBM or on-chip SRAM; the rank's process dies with a CUDA error "
                "and the device stays unusable until it is reset.",
-               kinds=("gpu.fail",), sources=("hardware.gpu_memory",), mechanisms=_GPU_FAIL),
+               kinds=("gpu.fail", "gpu.xid"), sources=("hardware.gpu_memory",), mechanisms=(*_GPU_FAIL, _GPU_XID),
+               xid_codes=(48, 63, 64, 94, 95)),
     FaultClass("hardware.host", "node", "Host lost",
                "The whole node goes away without warning: CPU, system memory, chassis or IO board failure.",
                kinds=("node.poweroff",), sources=("hardware.host",)),
@@ -200,7 +217,10 @@ _CLASSES = (
                                      "GPU memory is not exhausted"),)),
     FaultClass("software.driver", "node", "Driver or CUDA error",
                "The GPU driver or CUDA runtime fails on a node; every rank there errors out.",
-               requires=("gpu",)),
+               kinds=("gpu.xid",), xid_codes=(13, 31, 43),
+               mechanisms=(Mechanism("gpu.xid", "kmsg", "emulated", emulates=(
+                   "the driver's Xid 13/31/43 line in the node's kernel log; with_failure, the rank killed as the "
+                   "CUDA error would (gpu.fail's crash loop, or the device's compute mode on a GPU node)")),)),
     FaultClass("storage.checkpoint", "cluster", "Checkpoint corruption",
                "The newest checkpoint is truncated or corrupt; restore must fall back to an older one.",
                kinds=("storage.corrupt",),
@@ -255,9 +275,10 @@ def catalog_by_id() -> dict[str, FaultClass]:
 
 
 def classes_exercised_by(kinds: Iterable[str]) -> list[str]:
-    """Ids of the classes that any of ``kinds`` exercises, in catalog order."""
+    """Ids of the classes that any of ``kinds`` exercises, in catalog order (a kind, or a fault's
+    ``kind:variant`` tag, :meth:`FaultClass.exercised_by`)."""
     kinds = set(kinds)
-    return [c.id for c in catalog() if kinds & set(c.kinds)]
+    return [c.id for c in catalog() if any(c.exercised_by(k) for k in kinds)]
 
 
 def resolve_covers(declared: list[str] | None, kinds: Iterable[str]) -> list[str]:

@@ -190,7 +190,7 @@ def _plan(index: int, path: Path) -> dict[str, Any]:
         record["repeat"] = sc.repeat
         record["kinds"] = list(dict.fromkeys(f.kind for f in sc.faults))
         try:
-            record["covers"] = resolve_covers(sc.covers, record["kinds"])
+            record["covers"] = resolve_covers(sc.covers, [f.catalog_tag() for f in sc.faults])
         except ValueError as exc:
             raise loaded.error(str(exc), "covers") from None
     except ScenarioError as exc:

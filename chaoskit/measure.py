@@ -18,14 +18,21 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "measure_fault", "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "detection_sources", "measure_fault", "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
-                          "node.down", "job.node_fail", "job.requeued"})
+                          "node.down", "node.drain", "job.node_fail", "job.requeued"})
 """Events that show the system noticed a fault: a torchrun agent or a rank (``worker.exit``, ``detect``), a failed
 checkpoint save (how a job notices a full disk, often without restarting), the kernel's OOM killer
 (``observe/kmsg.py``), the GPU's own Xid and uncorrectable ECC reports (``observe/gpu.py``), Ray, or the scheduler
-(``node.down``; ``job.requeued``: a preempted job, which no node failure announced)."""
+(``node.down``; ``node.drain``: a health check took the node out; ``job.requeued``: a preempted job, which no
+node failure announced). An event marked ``injected`` (an Xid line ``gpu.xid`` wrote) is the fault itself, never
+its detection."""
+HEARTBEAT_KINDS = frozenset({"node.unreachable"})
+"""chaoskit's own heartbeat detection (``observe/probes.ProcessWatcher``: a node silent for
+``probes.heartbeat_timeout``). A detection source shown beside the job's and the scheduler's, but not what
+``t_detect`` is: the detection phase measures the system under drill noticing, and chaoskit is not part of it
+(a dropped management NIC silences a node for chaoskit while training never notices)."""
 PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
 
 Event = dict[str, Any]
@@ -56,10 +63,16 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     steps_before = [e["step"] for e in before if e.get("kind") == "step" and isinstance(e.get("step"), int)]
     last_step_before = max(steps_before) if steps_before else None
 
-    detect = next((e for e in after if e.get("kind") in DETECT_KINDS), None)
+    detect = next((e for e in after if e.get("kind") in DETECT_KINDS and not e.get("injected")), None)
     t_detect = detect["ts"] if detect else None
     if detect is None:
-        reasons["detection"] = "not observed: no worker.exit, detect, oom.kill or gpu event after the fault"
+        injected = next((e for e in after if e.get("kind") == "gpu.xid" and e.get("injected")), None)
+        if injected is not None:
+            reasons["detection"] = (f"not observed: the injected Xid {injected.get('code')} line was seen in the kernel "
+                                    f"log of {injected.get('node')}, but nothing drained the node (no node.drain) and "
+                                    "the job did not fail")
+        else:
+            reasons["detection"] = "not observed: no worker.exit, detect, oom.kill or gpu event after the fault"
 
     loads = [e for e in after if e.get("kind") == "ckpt.load.end"]
     starts = [e for e in after if e.get("kind") == "worker.start"]
@@ -145,6 +158,7 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "last_step_before": last_step_before,
         "restored_step": restored_step,
         "detected_by": _who(detect),
+        "detections": detection_sources(timeline, t_fault),
         "t_fault": t_fault,
         "t_detect": t_detect,
         "t_realloc": t_realloc,
@@ -153,6 +167,21 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "reasons": reasons,
         "uncertainty_s": uncertainties,
     }
+
+
+def detection_sources(events: Iterable[Event], t_fault: float) -> list[dict[str, Any]]:
+    """Every source that noticed the fault, first first: per source (its ``who``, else its ``source``) the
+    first detection event after ``t_fault``, with its latency (``latency_s``) and how much later than the
+    first source it came (``behind_s``). chaoskit's heartbeat (``node.unreachable``) is one of them."""
+    first: dict[str, Event] = {}
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if e["ts"] <= t_fault or e.get("kind") not in DETECT_KINDS | HEARTBEAT_KINDS:
+            continue
+        first.setdefault(str(e.get("who") or e.get("source") or "sdk"), e)
+    ordered = sorted(first.items(), key=lambda item: item[1]["ts"])
+    t0 = ordered[0][1]["ts"] if ordered else None
+    return [{"source": name, "kind": e["kind"], "node": e.get("node"), "detail": _who(e),
+             "latency_s": round(e["ts"] - t_fault, 4), "behind_s": round(e["ts"] - t0, 4)} for name, e in ordered]
 
 
 def _who(e: Event | None) -> str | None:
@@ -243,7 +272,7 @@ def measure_slowdown(events: Iterable[Event], t_fault: float, t_revert: float | 
             "throughput_lost_pct": lost, "recovery_after_revert_s": recovery, "reasons": reasons}
 
 
-SCHEDULER_KINDS = frozenset({"node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running"})
+SCHEDULER_KINDS = frozenset({"node.down", "node.drain", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running"})
 
 
 def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_realloc: float | None,
@@ -272,8 +301,14 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
         # slurmctld requeues the job as it marks the node DOWN; two polls may see the two apart
         t_down = min(down["ts"], requeued["ts"]) if requeued is not None and abs(down["ts"] - requeued["ts"]) < 1.0 else down["ts"]
         marks.append(("node DOWN", t_down, f"{setting('slurmd_timeout', 'SlurmdTimeout')}: a silent slurmd is DOWN after it"))
+    drained = first(lambda e: e["kind"] == "node.drain" and not e.get("injected"))
     if requeued is not None:
-        marks.append(("job requeued", requeued["ts"], "--requeue (JobRequeue=1): immediate once the node is DOWN or on preemption"))
+        if drained is not None and drained["ts"] <= requeued["ts"]:
+            marks.append(("job requeued", requeued["ts"], "the health check (HealthCheckProgram, every "
+                                                          f"{setting('health_check_interval', 'HealthCheckInterval')}) "
+                                                          "requeues the jobs of the node it drained"))
+        else:
+            marks.append(("job requeued", requeued["ts"], "--requeue (JobRequeue=1): immediate once the node is DOWN or on preemption"))
         t_req = requeued["ts"]
         eligible = first(lambda e: e["ts"] > t_req and (
             (e["kind"] == "job.pending" and e.get("reason") != "BeginTime") or e["kind"] in ("job.allocated", "job.running")))
@@ -287,12 +322,16 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
     allocated = first(lambda e: e["kind"] == "job.allocated" and (requeued is None or e["ts"] >= requeued["ts"]))
     if allocated is not None:
         bound = f"scheduling: {setting('sched_interval', 'SchedulerParameters=sched_interval')}, and a free node"
+        if any(m[0] == "held (BeginTime)" for m in marks) and not any(m[0] == "eligible again" for m in marks):
+            bound = f"the requeue hold ({setting('requeue_hold', 'AuthInfo=cred_expire')}), then " + bound
         marks.append((f"allocated {','.join(allocated.get('nodes') or [])}".strip(), allocated["ts"], bound))
     running = first(lambda e: e["kind"] == "job.running" and (allocated is None or e["ts"] >= allocated["ts"]))
     if running is not None and (allocated is None or running["ts"] > allocated["ts"]):
         marks.append(("running", running["ts"], "job launch: prolog, credentials, the batch script starting"))
     marks.append(("workers started", t_realloc, "the batch script, srun and torchrun start-up on the new allocation"))
-    marks = [marks[0]] + sorted((m for m in marks[1:] if m[1] > t_detect), key=lambda m: m[1])  # the detection itself is no step
+    # the detection itself is no step; but a health check that drains and requeues in one pass did two things
+    keep = (lambda m: m[1] > t_detect or (m[0] == "job requeued" and drained is not None and m[1] >= t_detect))
+    marks = [marks[0]] + sorted((m for m in marks[1:] if keep(m)), key=lambda m: m[1])
     steps = []
     for (a, ta, _), (b, tb, bound) in zip(marks, marks[1:]):
         steps.append({"step": f"{a} -> {b}", "seconds": round(tb - ta, 3), "bound_by": bound})

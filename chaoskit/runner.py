@@ -459,11 +459,13 @@ class _Run:
             self.prometheus_probe = PrometheusProbe(self.bus, sc.probes.prometheus)
             self.threads.append(self.prometheus_probe)
         if sc.probes.process:
-            self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes}))
+            self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes},
+                                               heartbeat_timeout=sc.probes.heartbeat_timeout))
         self.threads.extend(self.cluster.probes(self.bus))
         # The nodes' own health: OOM kills in the kernel's log, Xid and ECC errors from NVML; each is None
         # (not started, silent) where it cannot read anything.
-        for health in (KmsgProbe.for_nodes(self.bus, self.inventory.nodes), NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
+        self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes)
+        for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
             if health is not None:
                 self.threads.append(health)
         for t in self.threads:
@@ -496,7 +498,8 @@ class _Run:
         self.t_baseline = time.time()
         self.say(f"steady state: step {self.bus.last_step} reached")
         for i, fault in enumerate(_faults(self.sc)):
-            if fault.target_type == "process" and not resolve_processes(self.inventory, fault.spec.target):
+            if fault.target_type == "process" and not resolve_processes(self.inventory, fault.spec.target, on_silent=(
+                    lambda node, why, i=i: self._note(f"faults.{i}.target: node {node} did not answer at steady state ({why})"))):
                 raise InfraError(f"faults.{i}.target: no process matches {fault.spec.target.describe()} on "
                                  f"{', '.join(n.name for n in self.inventory.select(fault.spec.target.nodes, fault.spec.target.labels))} "
                                  "while the job runs; nothing was injected")
@@ -514,9 +517,13 @@ class _Run:
             self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
         if self.gate is not None:
             self._hold(fault)
-        resolve = resolve_nodes if fault.target_type == "node" else resolve_processes
-        targets = resolve(self.inventory, spec.target)
         i = self.sc.faults.index(spec)
+        if fault.target_type == "node":
+            targets = resolve_nodes(self.inventory, spec.target)
+        else:  # every node asked at once, each with its own deadline: a silent one delays (and staleness) nobody
+            targets = resolve_processes(self.inventory, spec.target, on_silent=lambda node, why: self._note(
+                f"faults.{i}.target: node {node} did not answer while the target was resolved ({why}); "
+                "its processes were not candidates"))
         if not targets:
             raise InfraError(f"faults.{i}.target: no process matches {spec.target.describe()} now")
         nodes = {t.node for t in targets}
@@ -540,6 +547,11 @@ class _Run:
             problem = fault.verify(self.ctx, inj) if not fault.lasting else None
             if problem:
                 self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
+
+    def _note(self, message: str) -> None:
+        """A note for result.json, once (resolution may run from several threads)."""
+        if message not in self.notes:
+            self.notes.append(message)
 
     def _hold(self, fault: Fault) -> None:
         """Wait while the gate says why the fault must not come yet; say how long it was held."""
@@ -670,8 +682,11 @@ class _Run:
         events = self.bus.snapshot()
         log_probe = getattr(self, "log_probe", None)
         watched = [w.notes() for w in (self.stop_watcher, self.prometheus_probe) if w is not None]
-        for problem in ((log_probe.errors if log_probe is not None else []) + list(getattr(self.job, "line_errors", None) or [])[:5]
-                        + [n for notes in watched for n in notes]):
+        kmsg_probe = getattr(self, "kmsg_probe", None)
+        kernel_logs = [f"kernel log of {e}" for e in (kmsg_probe.errors if kmsg_probe is not None else [])
+                       if "cannot read the kernel log" in e][:5]  # a node's log chaoskit could not read: say so
+        for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
+                        + list(getattr(self.job, "line_errors", None) or [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)
         per_fault = []
@@ -716,6 +731,7 @@ class _Run:
             phases["restored_step"] = phases_full["restored_step"]
             phases["last_step_before"] = phases_full["last_step_before"]
             phases["detected_by"] = phases_full["detected_by"]
+            phases["detections"] = phases_full["detections"]
             phases["reasons"] = phases_full["reasons"]
             phases["uncertainty_s"] = phases_full["uncertainty_s"]
             if phases_full.get("reallocation_steps"):

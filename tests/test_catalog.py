@@ -116,16 +116,17 @@ def test_gpu_classes_run_here_through_the_emulated_mechanism_only() -> None:
     from chaoskit.coverage import GPU_UNVERIFIED, catalog_by_id
 
     gpu = catalog_by_id()["hardware.gpu"]
-    no_gpu = Capabilities(frozenset({"gpu.fail"}), {"gpu": "no GPU here"})
+    no_gpu = Capabilities(frozenset({"gpu.fail", "gpu.xid"}), {"gpu": "no GPU here"})
     assert no_gpu.unrunnable_reason(gpu) is None
     assert no_gpu.here(gpu) == [f"gpu.fail nvidia: real, not runnable: no GPU here ({GPU_UNVERIFIED})",
-                                "gpu.fail crashloop: emulated, runnable"]
+                                "gpu.fail crashloop: emulated, runnable", "gpu.xid kmsg: emulated, runnable"]
     assert Capabilities(frozenset({"gpu.fail"}), {}).here(gpu)[0] == f"gpu.fail nvidia: real, runnable ({GPU_UNVERIFIED})"
     assert "gpu.fail is not installed" in Capabilities(frozenset(), {}).unrunnable_reason(gpu)
+    assert "gpu.xid is not installed" in Capabilities(frozenset(), {}).unrunnable_reason(gpu)
     assert resolve_covers(None, ["gpu.fail"]) == ["hardware.gpu", "hardware.gpu_memory"]
     res = run_cli("catalog", "--json")
     [entry] = [c for c in res.json["classes"] if c["id"] == "hardware.gpu"]
-    assert [(m["name"], m["fidelity"]) for m in entry["mechanisms"]] == [("nvidia", "real"), ("crashloop", "emulated")]
+    assert [(m["name"], m["fidelity"]) for m in entry["mechanisms"]] == [("nvidia", "real"), ("crashloop", "emulated"), ("kmsg", "emulated")]
     assert any("crashloop: emulated" in line for line in entry["here"])
     assert "scope node" in entry["mechanisms"][1]["emulates"] and entry["mechanisms"][0]["emulates"] is None
 
@@ -145,8 +146,30 @@ def test_catalog_command() -> None:
     assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill"]
     assert crash["weight"] == 56 and crash["runnable_here"] is True
     driver = next(c for c in data["classes"] if c["id"] == "software.driver")
-    assert driver["runnable_here"] is False and "no fault kind" in driver["reason"]
+    assert driver["kinds"] == ["gpu.xid"] and driver["xid_codes"] == [13, 31, 43] and driver["runnable_here"] is True
+    assert all(c["kinds"] for c in data["classes"])  # a fault kind for every class
     oom = next(c for c in data["classes"] if c["id"] == "software.oom")
     assert oom["kinds"] == ["mem.oom"] and [m["fidelity"] for m in oom["mechanisms"]] == ["real"]
     res = run_cli("catalog")
     assert res.code == 0 and "software.crash" in res.stdout and "56 (13.4%)" in res.stdout and "not runnable" in res.stdout
+
+
+def test_an_xid_claims_the_class_of_its_code() -> None:
+    from chaoskit.coverage import resolve_covers
+
+    assert resolve_covers(None, ["gpu.xid:79"]) == ["hardware.gpu"]
+    assert resolve_covers(None, ["gpu.xid:48"]) == ["hardware.gpu_memory"]
+    assert resolve_covers(None, ["gpu.xid:13"]) == ["software.driver"]
+    with pytest.raises(ValueError, match="covers: software.driver is not exercised by gpu.xid:79"):
+        resolve_covers(["software.driver"], ["gpu.xid:79"])
+
+
+def test_a_scenario_claiming_another_class_than_its_xids_is_refused(tmp_path) -> None:
+    text = (ROOT / "scenarios" / "slurm-xid-drain.yaml").read_text().replace("cluster:\n", "covers: [software.driver]\ncluster:\n", 1)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    res = run_cli("validate", bad)
+    assert res.code == 2 and "software.driver is not exercised by gpu.xid:79" in res.stderr, res.stderr
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(text.replace("[software.driver]", "[hardware.gpu]"))
+    assert run_cli("validate", ok).code == 0

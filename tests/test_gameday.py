@@ -144,9 +144,9 @@ def test_real_gameday_scores_coverage_by_hand(real_gameday) -> None:
     statuses = {c["id"]: c for c in cov["classes"]}
     for cid in ("software.crash", "software.hang"):
         assert statuses[cid]["status"] == ("covered" if cid in covered else "failed")
-    # a GPU failure runs here as an emulated crash loop; a driver error needs a GPU
+    # a GPU failure runs here as an emulated crash loop, a driver error as its Xid line; neither was drilled
     assert statuses["hardware.gpu"]["status"] == "not attempted"
-    assert statuses["software.driver"]["status"] == "not runnable here" and statuses["software.driver"]["reason"]
+    assert statuses["software.driver"]["status"] == "not attempted"
     # the trend line carries the same figures
     [line] = (out.parent / HISTORY_FILE).read_text().splitlines()
     entry = json.loads(line)

@@ -127,3 +127,28 @@ def test_accuracy_against_a_supervisor_with_known_delays(tmp_path: Path, detect_
     assert m["checkpoint_load_s"] == pytest.approx(load_s, abs=0.05)
     assert m["recovery_s"] == pytest.approx(detect_s + restart_s + load_s, abs=0.05 + step_s)
     assert 0 <= m["lost_steps"] <= every
+
+
+def test_detection_sources_list_each_source_first_first_with_chaoskits_heartbeat_beside_the_job():
+    """A node powered off at t=100: chaoskit's heartbeat notices at +3.1 s, the surviving rank's collective at
+    +10.2 s, torchrun's agent after it. Each source once (its first event), with its latency and how far behind the
+    first it came; the detection phase is still the job's own (chaoskit is not the system under drill)."""
+    from chaoskit.measure import detection_sources, measure_fault
+
+    t = 100.0
+    events = [
+        {"ts": 99.0, "kind": "node.unreachable", "node": "n9", "source": "chaoskit", "who": "chaoskit heartbeat"},
+        {"ts": t + 3.1, "kind": "node.unreachable", "node": "n1", "source": "chaoskit", "who": "chaoskit heartbeat"},
+        {"ts": t + 4.0, "kind": "node.unreachable", "node": "n2", "source": "chaoskit", "who": "chaoskit heartbeat"},
+        {"ts": t + 10.2, "kind": "detect", "node": "n0", "rank": 0, "source": "sdk", "why": "collective timeout"},
+        {"ts": t + 10.9, "kind": "worker.exit", "node": "n0", "rank": 0, "source": "torchrun", "who": "torchrun agent", "exitcode": 1},
+        {"ts": t + 11.0, "kind": "step", "node": "n0", "step": 5},
+    ]
+    found = detection_sources(events, t)
+    assert [(d["source"], d["kind"], d["node"]) for d in found] == [
+        ("chaoskit heartbeat", "node.unreachable", "n1"), ("sdk", "detect", "n0"), ("torchrun agent", "worker.exit", "n0")]
+    assert [d["latency_s"] for d in found] == [3.1, 10.2, 10.9]
+    assert [d["behind_s"] for d in found] == [0.0, 7.1, 7.8]
+    m = measure_fault(events, t)
+    assert m["detection_s"] == 10.2 and m["detections"] == found
+    assert detection_sources(events, t + 20) == []

@@ -67,7 +67,47 @@ def test_node_poweroff_a_spare_takes_over(tmp_path):
     assert before == {"n0", "n1", "n2"}
     assert after == {"n0", "n2", "n3"}  # n1 is off; the spare n3 joined the new world
     assert r["phases"]["reallocation_s"] is not None
-    assert any(e["kind"] == "process.gone" and e["node"] == "n1" for e in events)
+    # chaoskit's own heartbeat noticed the dead node: on the timeline, and a detection source with its latency
+    [off] = [e for e in events if e["kind"] == "node.unreachable" and e["node"] == "n1"]
+    timeout = 3.0  # probes.heartbeat_timeout's default
+    assert 0 < off["ts"] - t_fault <= timeout + 1.0
+    [source] = [d for d in r["phases"]["detections"] if d["source"] == "chaoskit heartbeat"]
+    assert (source["kind"], source["node"]) == ("node.unreachable", "n1")
+    assert source["latency_s"] == pytest.approx(off["ts"] - t_fault, abs=1e-3)
+    # a node that says nothing has its workers unknown, not gone, until it answers again (file order: arrival)
+    order = [(e["kind"], e["node"]) for e in events_in_arrival_order(tmp_path)]
+    back = order.index(("node.reachable", "n1")) if ("node.reachable", "n1") in order else len(order)
+    assert ("process.gone", "n1") not in order[order.index(("node.unreachable", "n1")):back]
+    _nothing_left(r)
+
+
+def events_in_arrival_order(out: Path) -> list[dict]:
+    """events.jsonl as written: in the order the events reached the controller's bus."""
+    return [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_silent_node_holds_up_no_kill_on_another_node(tmp_path):
+    """silent-node-kill: n2's management NIC is down from step 40 for 12 s; at step 100 rank 1 on n1 is
+    SIGKILLed. The kill lands on time (the issue's drill waited for the silent node, then used a stale pid and
+    failed), its worker is on the timeline within 1 s, n2 is node.unreachable within the heartbeat timeout,
+    and none of n2's workers is reported gone while it is silent."""
+    r = _drill("silent-node-kill", tmp_path)
+    assert r["verdict"] == "pass"
+    events = events_in_arrival_order(tmp_path)
+    nic, kill = r["faults"]
+    assert (nic["kind"], nic["node"], kill["kind"], kill["node"]) == ("network.link_down", "n2", "process.kill", "n1")
+    step100 = min(e["ts"] for e in events if e["kind"] == "step" and e.get("step") == 100)
+    assert kill["t_fault"] - step100 <= 1.0  # on time: nobody waited for n2
+    [gone] = [e for e in events if e["kind"] == "process.gone" and e["node"] == "n1" and e["ts"] > kill["t_fault"]][:1]
+    assert gone["rank"] == 1 and gone["ts"] - kill["t_fault"] <= 1.0
+    [silent] = [e for e in events if e["kind"] == "node.unreachable" and e["node"] == "n2"]
+    assert 0 < silent["ts"] - nic["t_fault"] <= 3.0 + 1.0
+    assert silent["ts"] < kill["t_fault"]  # the kill happened while n2 was silent
+    order = [(e["kind"], e["node"]) for e in events]
+    first, back = order.index(("node.unreachable", "n2")), order.index(("node.reachable", "n2"))
+    assert ("process.gone", "n2") not in order[first:back]
+    assert not any(e["kind"] == "node.unreachable" and e["node"] != "n2" for e in events)
+    assert r["checks"]["faults_reverted"]["pass"] and r["final_step"] == r["workload"]["steps"]
     _nothing_left(r)
 
 

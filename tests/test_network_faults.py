@@ -71,6 +71,26 @@ def test_link_down_on_data_cuts_the_data_network_but_not_ssh(netns_lab, fault_ct
     assert tcp(lab, "n1", lab.data_address("n0"))
 
 
+def test_a_fault_on_two_nodes_lands_on_both_at_once_each_armed_and_journaled(netns_lab, fault_ctx, clean_lab):
+    """One fault, two nodes: the nodes are injected in one fan-out; each gets its own lease and journal
+    record (written from two threads, whole lines), in target order, and each is reverted."""
+    import json
+
+    lab = netns_lab
+    fault = make("network.link_down", target={"nodes": ["n0", "n1"]}, duration="30s")
+    ts = targets(fault_ctx, fault)
+    fault.preflight(fault_ctx, ts)
+    injs = fault.inject(fault_ctx, ts)
+    assert [(i.node, i.fault_id) for i in injs] == [("n0", f"{fault.fault_id}.0"), ("n1", f"{fault.fault_id}.1")]
+    assert abs(injs[0].t_fault - injs[1].t_fault) < 5
+    assert not tcp(lab, "n1", lab.data_address("n0"))
+    armed = [json.loads(line) for line in fault_ctx.journal.path.read_text().splitlines()]
+    assert sorted((e["action"], e["node"]) for e in armed) == [("armed", "n0"), ("armed", "n1")]
+    for inj in injs:
+        finish(fault_ctx, fault, inj)
+    assert tcp(lab, "n1", lab.data_address("n0"))
+
+
 def test_blackhole_drops_egress_until_reverted(netns_lab, fault_ctx, clean_lab):
     lab = netns_lab
     fault = make("network.blackhole", target={"nodes": ["n1"]}, interface="data", duration="30s")

@@ -162,7 +162,7 @@ def test_kmsg_probe_reports_only_the_nodes_kills(tmp_path):
         nodes = [Node("n0", conn=LocalTransport("n0", "kmsg-test.n0")), Node("n1", conn=LocalTransport("n1", "kmsg-test.n1"))]
         bus = EventBus()
         probe = KmsgProbe.for_nodes(bus, nodes, path=str(kmsg))
-        assert probe is not None and worker.pid in probe.known
+        assert probe is not None and worker.pid in probe.known["n0"]
         probe.start()
         with kmsg.open("a") as fh:
             fh.write(f"4,2,2,-;Memory cgroup out of memory: Killed process {worker.pid} (python) total-vm:1kB\n"

@@ -170,3 +170,87 @@ def test_the_process_probe_sees_a_remote_worker_vanish_within_a_poll(netns_lab, 
     [gone] = bus.events
     assert gone["kind"] == "process.gone" and gone["rank"] == 3 and gone["node"] == "n1"
     assert gone["ts"] - killed <= 0.2  # one 50 ms poll and a round trip, with slack for a busy 2-core machine
+
+
+def test_the_kernel_log_probe_on_ssh_nodes_sees_an_injected_xid_once_and_resumes_after_a_drop(netns_lab):
+    """Each SSH node's agent streams its own /dev/kmsg. The lab's two nodes share this machine's kernel, so both
+    send the line: it is published once, for the node that owns its PCI id; written while n1's connection is
+    down, it still comes once, after the reconnect (the stream resumes after its last record's seq)."""
+    import secrets
+
+    from chaoskit.cluster.xid import format_xid, normalize_pci
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.kmsg import KmsgProbe
+    from tests.test_kmsg_stream import need_kmsg, write_kmsg
+
+    need_kmsg()
+    inventory = netns_lab.inventory()
+    for node in inventory.nodes:
+        node.conn.connect()
+        node.conn.sync_clock()  # as a run's preflight does: the records' times come with its uncertainty
+    bus = EventBus()
+    probe = KmsgProbe.for_nodes(bus, inventory.nodes)
+    probe.retry_s = 0.1
+    token = secrets.token_hex(4)
+    n0_pci, n1_pci = (normalize_pci(inventory[n].gpu_pci[0]) for n in ("n0", "n1"))
+
+    def xids():
+        return [(e["node"], e["code"], e["pci"], e["injected"]) for e in bus.events
+                if e["kind"] == "gpu.xid" and e.get("token") == token]
+
+    probe.start()
+    try:
+        assert probe.ready(15), probe.errors
+        assert len({s.boot_id for s in probe.sources}) == 1  # one kernel for both nodes
+        write_kmsg(format_xid(n1_pci, 79, token, pid=1, name="python"))
+        assert wait_until(lambda: xids() == [("n1", 79, n1_pci, True)], 10), xids()
+        inventory["n0"].conn.close()  # n0's stream drops; n1's still reads
+        inventory["n1"].conn.close()  # and n1's: the line below is written while neither stream reads
+        write_kmsg(format_xid(n0_pci, 48, token))
+        assert wait_until(lambda: len(xids()) == 2, 15), (xids(), probe.errors)
+        time.sleep(0.5)
+        assert xids() == [("n1", 79, n1_pci, True), ("n0", 48, n0_pci, True)]
+        assert min(probe.streams.values()) >= 2  # both resumed
+        assert all(e.get("ts_uncertainty") is not None for e in bus.events if e.get("token") == token)
+    finally:
+        probe.stop()
+        inventory.close()
+
+
+def test_an_oom_kill_in_the_shared_kernel_is_attributed_to_the_ssh_node_whose_worker_it_was(netns_lab):
+    """Issue 20's OOM case on SSH nodes sharing one kernel: the kill line names a pid; it is published once, for
+    the node whose worker had it (n1's agent saw it in n1's namespace), never once per node. The line is written
+    by the test (marked as such), for a real worker process of n1 that is then killed."""
+    import subprocess
+    import sys
+
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.kmsg import KmsgProbe
+    from tests.test_kmsg_stream import need_kmsg, write_kmsg
+
+    need_kmsg()
+    env = dict(os.environ, RANK="1", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="oom-test")
+    worker = subprocess.Popen(netns_lab.exec_argv("n1", [sys.executable, "-c", "import time; time.sleep(60)"]), env=env)
+    inventory = netns_lab.inventory()
+    bus = EventBus()
+    try:
+        for node in inventory.nodes:
+            node.conn.connect()
+        probe = KmsgProbe.for_nodes(bus, inventory.nodes)
+        probe.start()
+        try:
+            assert probe.ready(15), probe.errors
+            assert wait_until(lambda: worker.pid in probe.known.get("n1", {}), 10)
+            assert worker.pid not in probe.known.get("n0", {})
+            write_kmsg(f"Memory cgroup out of memory: Killed process {worker.pid} (python) total-vm:1kB "
+                       "(chaoskit test line: not a real OOM kill)")
+            assert wait_until(lambda: any(e["kind"] == "oom.kill" for e in bus.events), 10)
+            time.sleep(0.5)
+        finally:
+            probe.stop()
+    finally:
+        worker.kill()
+        worker.wait()
+        inventory.close()
+    kills = [(e["node"], e["rank"], e["pid"]) for e in bus.events if e["kind"] == "oom.kill"]
+    assert kills == [("n1", 1, worker.pid)]

@@ -364,8 +364,13 @@ def test_a_local_lease_runs_its_watchdog_isolated_from_a_hostile_cwd_and_pythonp
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.environ.get("PYTHONPATH", str(ROOT)), "/tmp/chaoskit"]))
     leases = LeaseManager(tmp_path / "leases", "local-run", ttl=0.5)
     try:
-        lease = leases.arm(LocalTransport("local"), "f0", ["touch", str(marker)], duration=60)
+        # a revert that carries a secret (as ipmitool -P does): on no command line another user can read
+        revert = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').close()", str(marker), "-P", "hunter2-bmc"]
+        lease = leases.arm(LocalTransport("local"), "f0", revert, duration=60)
         assert lease.directory == str(tmp_path / "leases" / "local-run" / "f0")
+        cmdline = Path(f"/proc/{lease.watchdog_pid}/cmdline").read_bytes()
+        assert b"watchdog" in cmdline and b"hunter2-bmc" not in cmdline
+        assert os.stat(Path(lease.directory) / "revert.json").st_mode & 0o777 == 0o600
         leases.abandon("f0")  # no more renewals: the watchdog fires within the TTL
         assert wait_until(lambda: lease.fired is not None, 10), "the watchdog did not fire"
         assert "lease expired" in lease.fired and marker.exists()

@@ -247,3 +247,62 @@ def test_the_agent_follows_only_files_really_inside_the_log_roots(tmp_path):
         assert wait_until(lambda: agent.lines() == ["step 1"], 10), agent.lines()  # no line of the secret
     finally:
         agent.close()
+
+
+# -- this machine's policy: for every inventory, even one the scenario's author wrote -------------------
+
+
+@pytest.fixture()
+def machine_policy(tmp_path: Path, monkeypatch):
+    """This machine's policy file (root's, 0644, in a root-owned 0755 folder), where chaoskit looks for it."""
+    from chaoskit.cluster import policy
+
+    folder = tmp_path / "etc-chaoskit"
+    folder.mkdir()
+    os.chmod(folder, 0o755)
+    path = folder / "policy.yaml"
+    path.write_text("faults: [process.*, network.*]\nmax_nodes: 2\nlog_roots: [/var/log]\n")
+    os.chmod(path, 0o644)
+    monkeypatch.setattr(policy, "SITE_POLICY_FILE", path)
+    return path
+
+
+def test_this_machines_policy_binds_an_inventory_with_none_of_its_own(machine_policy, tmp_path: Path, listener):
+    """The author of a scenario writes an inventory with no policy: this machine's still refuses gpu.fail, at its
+    line, and nothing connects; a policy of the inventory's own that allows gpu.fail cannot widen it."""
+    scenario = tmp_path / "drill.yaml"
+    scenario.write_text(GOOD.replace("kind: process.kill", "kind: gpu.fail\n    duration: 5s"))
+    for policy in ("", "policy: {faults: ['*']}\n"):
+        _inventory(tmp_path, listener.getsockname()[1], policy=policy)
+        res = run_cli("run", scenario, "--out", tmp_path / "run")
+        assert res.code == 2 and f"{scenario}:9:11: faults.0.kind: the site policy does not allow gpu.fail" in res.stderr, res.stderr
+        assert not (tmp_path / "run").exists() and not _connected(listener)
+    # the control: inside both, validate passes
+    _inventory(tmp_path, listener.getsockname()[1], policy="policy: {faults: [process.kill], log_roots: [/var/log/train]}\n")
+    scenario.write_text(GOOD.replace("checkpoint_dir: /scratch/ckpt/job1", "checkpoint_dir: /scratch/job1"))
+    assert run_cli("validate", scenario).code == 0
+
+
+def test_this_machines_policy_owned_by_someone_else_refuses_every_inventory(machine_policy, tmp_path: Path, listener):
+    os.chown(machine_policy, 65534, 65534)
+    _inventory(tmp_path, listener.getsockname()[1], policy="")
+    scenario = tmp_path / "drill.yaml"
+    scenario.write_text(GOOD)
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and f"this machine's site policy {machine_policy} is owned by uid 65534, not root" in res.stderr, res.stderr
+    assert not _connected(listener)
+
+
+def test_the_narrowest_of_two_policies_allows_what_both_allow():
+    from chaoskit.cluster.policy import SitePolicy, narrowest
+
+    site = SitePolicy(faults=["process.*", "network.link_down"], log_roots=["/var/log"], python=["/usr/bin/python3"],
+                      max_nodes=8)
+    own = SitePolicy(faults=["network.*", "process.kill", "gpu.fail"], log_roots=["/var/log/train", "/home"],
+                     python=["/usr/bin/python3", "/opt/py"], slurm=False, max_nodes=16)
+    both = narrowest(site, own)
+    assert both.allows_kind("process.kill") is None and both.allows_kind("network.link_down") is None
+    for kind in ("process.hang", "network.partition", "gpu.fail", "slurm.drain"):
+        assert both.allows_kind(kind) is not None, kind
+    assert both.log_roots == ["/var/log/train"] and both.python == ["/usr/bin/python3"] and both.max_nodes == 8
+    assert narrowest(site, None) is site and narrowest(site, SitePolicy()).faults == site.faults

@@ -87,7 +87,9 @@ def test_throttle_caps_the_rank_and_revert_puts_it_back(busy_lab, tmp_path):
     assert fault.verify(ctx, inj) is None
     ctx.leases.release(inj.fault_id)
     assert _cgroup_line(proc.pid) == before_cgroup and not Path(inj.detail["cgroup"]).exists()
-    assert _usage(proc.pid, 1.0) > 0.3  # free again (two cores, other tests running)
+    # free again: more than the whole quota of 10% (both processes together) allowed it; the bound is low because
+    # a loaded machine (other tests, two cores) gives a busy process far less than a core
+    assert _usage(proc.pid, 1.0) > 0.12
     ctx.leases.close()
 
 

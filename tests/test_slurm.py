@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.cluster.slurm import node_list, parse_show
+from chaoskit.cluster.slurm import SlurmAccess, node_list, parse_show
 from chaoskit.measure import measure_fault, reallocation_steps
 from chaoskit.observe.events import make_event
 from tests.conftest import SCENARIOS, need_torch, run_cli, wait_until
@@ -89,6 +89,43 @@ def test_reallocation_is_split_into_slurm_steps_each_with_its_bound():
     assert sum(s["seconds"] for s in steps) == pytest.approx(m["reallocation_s"])
     # torchrun restarting in place: no scheduler event, no steps
     assert reallocation_steps([e for e in ev if not e["kind"].startswith(("job.", "node."))], t + 1, t + 25.5) == []
+
+
+def test_a_health_checks_drain_is_the_detection_of_an_injected_xid_and_bounds_the_requeue():
+    """An injected Xid line is the fault, never its detection; the health check's drain is, and the requeue
+    after it is named after the health check. Without the drain the reason says nothing drained the node."""
+    t = 1000.0
+    xid = make_event("gpu.xid", t + 0.01, node="n1", code=79, pci="c4a0:01:00", injected=True, source="kmsg")
+    ev = [make_event("step", t - 1, step=40), xid,
+          make_event("node.drain", t + 4.2, node="n1", reason="healthcheck: Xid 79 on PCI:c4a0:01:00: GPU has fallen "
+                     "off the bus.", why="node drained (healthcheck: Xid 79 on PCI:c4a0:01:00)", who="slurmctld", injected=False),
+          make_event("job.requeued", t + 4.4, job="7", restart_count=1),
+          make_event("job.pending", t + 4.6, job="7", reason="BeginTime"),
+          make_event("job.pending", t + 9.7, job="7", reason="None"),
+          make_event("job.allocated", t + 10.0, job="7", nodes=["n0", "n2"]),
+          make_event("worker.start", t + 14.0, rank=0), make_event("worker.start", t + 14.5, rank=1),
+          make_event("ckpt.load.end", t + 16.0, rank=0, step=40), make_event("ckpt.load.end", t + 16.1, rank=1, step=40),
+          make_event("step", t + 17.0, step=41)]
+    m = measure_fault(ev, t)
+    assert m["detection_s"] == 4.2 and "Xid 79" in m["detected_by"]
+    steps = reallocation_steps(ev, m["t_detect"], m["t_realloc"], {"health_check_interval": 5.0, "requeue_hold": 5.0})
+    assert steps[0]["step"] == "detected -> job requeued" and "HealthCheckInterval=5s" in steps[0]["bound_by"]
+    alone = measure_fault([ev[0], xid, make_event("step", t + 5, step=45)], t)
+    assert alone["detection_s"] is None
+    assert "injected Xid 79 line was seen in the kernel log of n1, but nothing drained the node" in alone["reasons"]["detection"]
+
+
+def test_the_slurm_probe_reports_a_drain_with_its_reason_and_marks_chaoskits_own():
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.slurm import SlurmProbe
+
+    probe = SlurmProbe(EventBus(), SlurmAccess())
+    probe._nodes({"n1": {"State": "IDLE"}, "n2": {"State": "IDLE"}}, 1.0)
+    out = probe._nodes({"n1": {"State": "ALLOCATED+DRAIN", "Reason": "healthcheck: Xid 79 on PCI:0000:3b:00"},
+                        "n2": {"State": "IDLE+DRAIN", "Reason": "chaoskit slurm.drain 0a1b2c3d"}}, 2.0)
+    assert [(e["kind"], e["node"], e["injected"]) for e in out] == [("node.drain", "n1", False), ("node.drain", "n2", True)]
+    assert out[0]["reason"] == "healthcheck: Xid 79 on PCI:0000:3b:00" and "Xid 79" in out[0]["why"]
+    assert probe._nodes({"n1": {"State": "ALLOCATED+DRAIN"}, "n2": {"State": "IDLE+DRAIN"}}, 3.0) == []
 
 
 def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
@@ -251,3 +288,37 @@ def test_slurm_node_poweroff_requeues_onto_the_spare(tmp_path):
     assert r["checks"]["faults_reverted"]["pass"]
     html = (tmp_path / "run" / "report.html").read_text()
     assert "reallocation, step by step" in html
+
+
+@pytest.mark.slow
+def test_slurm_xid_drain_the_health_check_drains_n1_and_the_job_moves_to_the_spare(tmp_path):
+    """The detection chain: Xid 79 in n1's kernel log -> the lab's health check (examples/slurm/healthcheck.sh)
+    drains n1 with a reason naming the Xid and requeues the job -> Slurm allocates the spare -> the job resumes
+    from its checkpoint; every step named. After the run n1 is in service again, as before."""
+    from chaoskit.lab.slurm import DEFAULT_SETTINGS, SlurmLab
+
+    require_slurm()
+    need_torch()
+    # the lab the scenario asks for, made up front so that it outlives the run and n1 can be looked at after it
+    lab = SlurmLab.create(2, 1, {**DEFAULT_SETTINGS, "requeue_hold": 5.0, "sched_interval": 2.0, "health_check_interval": 5.0})
+    try:
+        before = lab.access().node_state("n1")[0]
+        res, r = drill("slurm-xid-drain", tmp_path / "run")
+        assert res.code == 0, (res.stderr[-2000:], r["slo"], r["notes"])
+        ev = events_of(tmp_path / "run")
+        [xid] = [e for e in ev if e["kind"] == "gpu.xid"]
+        assert (xid["node"], xid["code"], xid["injected"]) == ("n1", 79, True)
+        [drain] = [e for e in ev if e["kind"] == "node.drain"]
+        assert drain["node"] == "n1" and "Xid 79" in drain["reason"] and not drain["injected"]
+        assert "Xid 79" in r["phases"]["detected_by"] and r["phases"]["detection_s"] <= 15
+        allocated = [e["nodes"] for e in ev if e["kind"] == "job.allocated"]
+        assert allocated[0] == ["n0", "n1"] and allocated[-1] == ["n0", "n2"]
+        assert r["phases"]["restored_step"] is not None and r["phases"]["checkpoint_load_s"] is not None
+        steps = [s["step"] for s in r["phases"]["reallocation_steps"]]
+        assert steps[0] == "detected -> job requeued" and steps[-1].endswith("-> workers started")
+        assert "HealthCheckInterval=5s" in r["phases"]["reallocation_steps"][0]["bound_by"]
+        assert r["checks"]["faults_reverted"]["pass"]
+        state, reason, _ = lab.access().node_state("n1")
+        assert "DRAIN" not in state.split("+") and state.split("+")[0] == before.split("+")[0], (state, reason)
+    finally:
+        lab.down()

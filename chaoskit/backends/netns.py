@@ -50,7 +50,8 @@ class NetnsBackend(ClusterBackend):
         nodes = [
             Node(n["name"], n["address"], "ssh", n["labels"], n["gpus"],
                  interfaces={role: InterfaceSpec(**i) for role, i in n["interfaces"].items()},
-                 power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"])
+                 power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"],
+             gpu_pci=tuple(n.get("gpu_pci", ())))
             for n in lab.inventory_document()["nodes"]
         ]
         names = [n.name for n in nodes]

@@ -45,6 +45,10 @@ class SlurmSettings(StrictModel):
     message_timeout: PositiveDuration = Field(DEFAULT_SETTINGS["message_timeout"], description="MessageTimeout.")
     kill_wait: PositiveDuration = Field(DEFAULT_SETTINGS["kill_wait"], description=(
         "KillWait: from SIGTERM to SIGKILL of a job's processes when it ends or is requeued."))
+    health_check_interval: PositiveDuration | None = Field(None, description=(
+        "HealthCheckInterval, with HealthCheckProgram the example examples/slurm/healthcheck.sh: every slurmd "
+        "checks its node's kernel log this often and drains the node (and requeues its jobs) when one of its GPUs "
+        "has a fatal Xid (48, 64, 74, 79, 95). Unset: no health check, as on a cluster without one."))
 
 
 class SlurmSpec(ClusterSpec):
@@ -153,7 +157,7 @@ class SlurmBackend(ClusterBackend):
 
 
 def _settings(spec: SlurmSpec) -> dict[str, float]:
-    return {k: float(v) for k, v in spec.slurm.model_dump().items()}
+    return {k: float(v or 0.0) for k, v in spec.slurm.model_dump().items()}
 
 
 def _with_scheduler(inventory: Inventory, access: SlurmAccess) -> Inventory:
@@ -168,7 +172,8 @@ def _inventory_from_document(doc: dict[str, Any], access: SlurmAccess) -> Invent
     nodes = [
         Node(n["name"], n["address"], "ssh", n["labels"], n["gpus"],
              interfaces={role: InterfaceSpec(**i) for role, i in n["interfaces"].items()},
-             power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"], scheduler=access)
+             power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"],
+             gpu_pci=tuple(n.get("gpu_pci", ())), scheduler=access)
         for n in doc["nodes"]
     ]
     return Inventory("check", nodes)

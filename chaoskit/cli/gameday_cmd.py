@@ -60,7 +60,9 @@ def catalog_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-read
         else:
             here = "[green]runnable[/green]" if c["runnable_here"] else f"[yellow]not runnable:[/yellow] {escape(c['reason'])}"
         table.add_row(f"[bold]{c['id']}[/bold]\n[dim]{escape(c['description'])}[/dim]", c["scope"],
-                      f"{c['weight']} ({c['share']:.1%})", ", ".join(c["kinds"]) or "-", here)
+                      f"{c['weight']} ({c['share']:.1%})",
+                      ", ".join(f"{k} (Xid {', '.join(map(str, c['xid_codes']))})" if k == "gpu.xid" and c.get("xid_codes") else k
+                                for k in c["kinds"]) or "-", here)
     env.console().print(table)
 
 

@@ -158,6 +158,9 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)
     gpus: int = 0
     conn: "Transport | None" = None
+    gpu_pci: tuple[str, ...] = ()
+    """The PCI bus ids of the node's GPUs, in index order (``0000:3b:00.0``): what an Xid line names a device by.
+    The labs give each node one emulated id (:func:`chaoskit.cluster.xid.lab_pci`)."""
     interfaces: dict[str, InterfaceSpec] = field(default_factory=dict)
     """NICs by role (``data``, ``mgmt``)."""
     power: PowerCommands | None = None

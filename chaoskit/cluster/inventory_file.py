@@ -59,7 +59,7 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
             labels, conn = discovered.pop(spec.name)
             nodes.append(Node(
                 name=spec.name, address=spec.address, transport="ray", labels={**labels, **spec.labels}, gpus=spec.gpus,
-                conn=conn, interfaces=dict(spec.interfaces), power=spec.power, processes=spec.processes, workdir=spec.workdir,
+                gpu_pci=tuple(spec.gpu_pci), conn=conn, interfaces=dict(spec.interfaces), power=spec.power, processes=spec.processes, workdir=spec.workdir,
             ))
             continue
         ssh = loaded.model.ssh_for(spec)
@@ -68,7 +68,7 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
                           vet_python=bool(loaded.policy is not None and loaded.policy.python))
         nodes.append(Node(
             name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels),
-            gpus=spec.gpus, conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,
+            gpus=spec.gpus, gpu_pci=tuple(spec.gpu_pci), conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,
             processes=spec.processes, workdir=spec.workdir,
         ))
     for name, (labels, conn) in discovered.items():  # Ray's nodes the file does not list
@@ -124,7 +124,7 @@ def preview_inventory(loaded: LoadedInventory) -> Inventory:
     (Ray nodes an inventory would discover are not listed, so they are not here)."""
     nodes = [
         Node(name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels), gpus=spec.gpus,
-             interfaces=dict(spec.interfaces), power=spec.power,
+             gpu_pci=tuple(spec.gpu_pci), interfaces=dict(spec.interfaces), power=spec.power,
              ssh=loaded.model.ssh_for(spec) if spec.transport == "ssh" else None,
              processes=spec.processes, workdir=spec.workdir)
         for spec in loaded.model.nodes

@@ -64,7 +64,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
-from chaoskit.cluster.policy import SitePolicy, load_policy_file
+from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy
+from chaoskit.cluster.xid import normalize_pci
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
@@ -91,6 +92,10 @@ class NodeSpec(StrictModel):
     labels: dict[str, str] = Field(default_factory=dict, description="Selector labels, e.g. {rack: r1, role: worker}.")
     interfaces: dict[str, InterfaceSpec] = Field(default_factory=dict, description="NICs by role: data, mgmt, ...")
     gpus: int = Field(0, ge=0, le=1024)
+    gpu_pci: list[str] = Field(default_factory=list, max_length=1024, description=(
+        "PCI bus ids of the node's GPUs in index order (0000:3b:00.0, as nvidia-smi --query-gpu=pci.bus_id or lspci "
+        "write them): where nvidia-smi cannot be asked, gpu.xid names a device by them and the kernel-log probe "
+        "attributes an Xid line to the node that owns its id."))
     power: PowerCommands | None = None
     processes: Literal["all", "netns"] = Field(
         "all", description="Which processes belong to the node: all on the host, or those in the agent's network namespace (labs)."
@@ -118,6 +123,15 @@ class NodeSpec(StrictModel):
                     raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
             out[str(key)] = str(value)
         return out
+
+    @field_validator("gpu_pci")
+    @classmethod
+    def _gpu_pci(cls, v: list[str]) -> list[str]:
+        for item in v:
+            normalize_pci(str(item))  # ValueError names the bad id
+        if len({normalize_pci(i) for i in v}) != len(v):
+            raise ValueError("a PCI bus id is listed twice")
+        return [str(i) for i in v]
 
     @field_validator("interfaces")
     @classmethod
@@ -220,7 +234,8 @@ class LoadedInventory:
     model: InventoryFile
     source: Any  # SourceMap
     policy: SitePolicy | None = None
-    """The site policy, read from ``policy:`` inline or from the file it names."""
+    """The site policy: this machine's (``/etc/chaoskit/policy.yaml``) narrowed by the inventory's own, read from
+    ``policy:`` inline or from the file it names."""
 
     def error(self, message: str, *path: Any) -> ScenarioError:
         return ScenarioError(message, pos=self.source.at(path))
@@ -255,7 +270,10 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
     policy = _policy(loaded)
     if isinstance(policy, list):
         return policy
-    loaded.policy = policy
+    machine = site_policy()  # this machine's, for every inventory: an inventory's own can only narrow it
+    if isinstance(machine, list):
+        return machine
+    loaded.policy = narrowest(machine, policy) if machine is not None else policy
     seen: dict[str, int] = {}
     errors = []
     for i, node in enumerate(model.nodes):

@@ -18,6 +18,13 @@ A policy file is refused when anyone but its owner can write it, when its folder
 writable by anyone but its owner, or when it is a symbolic link: a policy that a
 scenario's author could rewrite would be no policy. An unset field allows what
 chaoskit allows without a policy.
+
+A scenario's author can write an inventory of their own, with no ``policy:``. So a
+controller (a site's login node, its CI runner) also has a machine-wide policy,
+:data:`SITE_POLICY_FILE` (``/etc/chaoskit/policy.yaml``, root's, trusted as above): when
+it exists it applies to every inventory run from this machine, and an inventory's own
+policy can only narrow it (:func:`narrowest`). chaoskit's built-in labs are sandboxes it
+made itself and are not inventories: the machine-wide policy does not apply to them.
 """
 
 from __future__ import annotations
@@ -38,7 +45,11 @@ from chaoskit.core.models import StrictModel
 from chaoskit.core.shell import check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
-__all__ = ["SitePolicy", "load_policy_file", "validate_policy", "under_roots", "policy_file_problem"]
+__all__ = ["SitePolicy", "SITE_POLICY_FILE", "load_policy_file", "site_policy", "narrowest", "validate_policy",
+           "under_roots", "policy_file_problem"]
+
+SITE_POLICY_FILE = Path("/etc/chaoskit/policy.yaml")
+"""This machine's policy for every inventory run from it (root's; absent: none)."""
 
 _KIND_PATTERN = r"^[a-z0-9_.*?\[\]-]{1,64}$"
 
@@ -142,3 +153,58 @@ def _strip(smap: SourceMap, key: str) -> SourceMap:
     def cut(table: dict) -> dict:
         return {p[1:]: pos for p, pos in table.items() if p[:1] == (key,)}
     return SourceMap(smap.file, cut(smap.values), cut(smap.keys))
+
+
+def site_policy(path: Path | None = None) -> "SitePolicy | None | list[ScenarioError]":
+    """This machine's policy (:data:`SITE_POLICY_FILE`): ``None`` when there is none, else the policy, or the
+    errors that refuse it (a machine-wide policy must also be root's: another user's is no site's word)."""
+    path = SITE_POLICY_FILE if path is None else path
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return [ScenarioError(f"cannot read this machine's site policy {path}: {exc.strerror}")]
+    if st.st_uid != 0 and not stat.S_ISLNK(st.st_mode):
+        return [ScenarioError(f"this machine's site policy {path} is owned by uid {st.st_uid}, not root; "
+                              "it is refused (and so is every inventory until root owns it or removes it)")]
+    res = load_policy_file(path)
+    if isinstance(res, list):
+        for err in res:
+            if err.pos is None:
+                err.message = f"{err.message} (this machine's site policy)"
+    return res
+
+
+def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
+    """What both policies allow: this machine's (``site``) narrowed by an inventory's own (``own``).
+
+    Kinds: the patterns of each that the other's patterns allow (exact for names and simple patterns such
+    as ``network.*``); roots: the folders inside a root of both; Pythons: those both name; ``max_nodes``:
+    the smaller; ``slurm``: only if both allow it. An empty list allows nothing."""
+    if own is None:
+        return site
+
+    def kinds(a: list[str] | None, b: list[str] | None) -> list[str] | None:
+        if a is None or b is None:
+            return b if a is None else a
+        both = [p for p in b if any(fnmatch.fnmatchcase(p, q) for q in a)]
+        both += [p for p in a if any(fnmatch.fnmatchcase(p, q) for q in b) and p not in both]
+        return both
+
+    def roots(a: list[str] | None, b: list[str] | None) -> list[str] | None:
+        if a is None or b is None:
+            return b if a is None else a
+        both = [r for r in b if under_roots(r, a)]
+        return both + [r for r in a if under_roots(r, b) and r not in both]
+
+    def pythons(a: list[str] | None, b: list[str] | None) -> list[str] | None:
+        if a is None or b is None:
+            return b if a is None else a
+        return [p for p in b if p in a]
+
+    caps = [n for n in (site.max_nodes, own.max_nodes) if n is not None]
+    return SitePolicy(faults=kinds(site.faults, own.faults), slurm=site.slurm and own.slurm,
+                      log_roots=roots(site.log_roots, own.log_roots),
+                      checkpoint_roots=roots(site.checkpoint_roots, own.checkpoint_roots),
+                      python=pythons(site.python, own.python), max_nodes=min(caps) if caps else None)

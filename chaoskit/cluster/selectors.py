@@ -2,19 +2,22 @@
 
 Static checks (names, labels, rank range, blast radius) run before anything
 starts and point at the scenario's line; process resolution runs at injection
-time against each node's own process table.
+time against each node's own process table, every node asked at once with its own
+deadline (a silent node is left out, never waited for).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import Field, field_validator, model_validator
 
+from chaoskit.cluster.fanout import NoAnswer, fan_out
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.api import ProcInfo
+from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT, MAX_PID
 from chaoskit.core.models import NAME_RE, StrictModel, check_regex
 from chaoskit.core.patterns import bounded_search, compile_pattern
@@ -144,17 +147,27 @@ def check_static(inventory: Inventory, spec: TargetSpec, world_size: int, max_no
             raise error(f"the target selects {len(nodes)} nodes but safety.max_nodes is {max_nodes}; narrow it with nodes, ranks or count")
 
 
-def resolve_processes(inventory: Inventory, spec: TargetSpec) -> list[ProcessTarget]:
+RESOLVE_DEADLINE_S = 5.0
+"""How long resolving a process selector waits for a node's process table: a node silent longer is left out
+(its processes are no candidates), so one dead node never delays, or makes stale, a fault on the others."""
+
+
+def resolve_processes(inventory: Inventory, spec: TargetSpec, *, deadline: float = RESOLVE_DEADLINE_S,
+                      on_silent: Callable[[str, str], None] | None = None) -> list[ProcessTarget]:
     """The processes the selectors match now, lowest rank (then pid) first, among each node's processes of the
     drilled job (:attr:`~chaoskit.cluster.transports.api.Transport.job`: the node's agent lists no other).
 
-    Without ``pid``/``process`` selectors the candidates are the training workers.
+    Without ``pid``/``process`` selectors the candidates are the training workers. The nodes are asked
+    concurrently (:func:`~chaoskit.cluster.fanout.fan_out`), each within ``deadline``; with ``ranks`` the
+    answer is final as soon as every rank asked for is found. A node that failed or did not answer is left
+    out and named to ``on_silent(node, why)``.
     """
     pattern = compile_pattern(spec.process) if spec.process else None
-    found: list[ProcessTarget] = []
-    for node in select_nodes(inventory, spec):
-        assert node.conn is not None
-        for proc in node.conn.processes():
+    nodes = select_nodes(inventory, spec)
+
+    def matches(node: Node, procs: list[ProcInfo]) -> list[ProcessTarget]:
+        out = []
+        for proc in procs:
             if proc.state == "Z":
                 continue
             if spec.pid is not None and proc.pid != spec.pid:
@@ -165,7 +178,30 @@ def resolve_processes(inventory: Inventory, spec: TargetSpec) -> list[ProcessTar
                 continue
             if spec.ranks is not None and proc.rank not in spec.ranks:
                 continue
-            found.append(ProcessTarget(node.name, proc))
+            out.append(ProcessTarget(node.name, proc))
+        return out
+
+    tables: dict[str, Callable[[], list[ProcessTarget]]] = {}
+    for node in nodes:
+        assert node.conn is not None
+        tables[node.name] = (lambda node=node: matches(node, node.conn.processes()))
+
+    def enough(done: dict[str, Any]) -> bool:
+        if spec.ranks is None or spec.pid is not None or pattern is not None:
+            return False
+        ranks = {t.rank for found in done.values() if isinstance(found, list) for t in found}
+        return set(spec.ranks) <= ranks
+
+    results = fan_out(tables, deadline, enough=enough)
+    satisfied = enough(results)
+    found: list[ProcessTarget] = []
+    for name, result in results.items():
+        if isinstance(result, list):
+            found.extend(result)
+        elif not isinstance(result, (InfraError, NoAnswer, OSError)):
+            raise result  # not the node's silence: a selector's own error (a regex too slow on a command line)
+        elif on_silent is not None and not (satisfied and isinstance(result, NoAnswer)):  # unneeded, then
+            on_silent(name, getattr(result, "message", None) or str(result) or type(result).__name__)
     found.sort(key=lambda t: (t.rank if t.rank is not None else math.inf, t.pid))
     return subset(found, spec)
 

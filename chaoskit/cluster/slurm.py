@@ -157,11 +157,13 @@ class SlurmAccess:
         exe = os.path.join(self.bin_dir, tool) if self.bin_dir else tool
         return [*(["env", f"SLURM_CONF={self.conf}"] if self.conf else []), exe, *args]
 
-    def resume_argv(self, node: str, reason: str) -> list[str]:
+    def resume_argv(self, node: str, reason: str, marked: bool = False) -> list[str]:
         """The command that resumes ``node`` only while it is drained with ``reason`` (:meth:`resume_if_drained_by`),
-        as a lease's watchdog and ``chaoskit rollback`` run it."""
+        as a lease's watchdog and ``chaoskit rollback`` run it; ``marked``: with a reason that contains ``reason``
+        (a drill's marker, in the reason a site's health check wrote)."""
         return [*(["env", f"SLURM_CONF={self.conf}"] if self.conf else []), sys.executable, "-m", "chaoskit.cluster.slurm",
-                "resume", *(["--bin-dir", self.bin_dir] if self.bin_dir else []), "--", node, reason]
+                "resume", *(["--bin-dir", self.bin_dir] if self.bin_dir else []), *(["--marked"] if marked else []),
+                "--", node, reason]
 
     def env(self) -> dict[str, str]:
         """Variables a process started here needs to talk to this cluster (sbatch's job inherits them)."""
@@ -242,14 +244,14 @@ class SlurmAccess:
         reason, by = node_reason(fields)
         return fields.get("State", ""), reason, by
 
-    def resume_if_drained_by(self, node: str, reason: str) -> str:
+    def resume_if_drained_by(self, node: str, reason: str, marked: bool = False) -> str:
         """Resume ``node`` only while it is drained with ``reason`` (the drain chaoskit made): a node an administrator
         drained meanwhile, with a reason of their own, stays drained. Says what it did; :class:`InfraError` when
         scontrol refuses."""
         state, now, by = self.node_state(node)
         if "DRAIN" not in state.split("+"):
             return f"node {node} is not drained ({state}): nothing to resume"
-        if now != reason:
+        if (reason not in now) if marked else (now != reason):
             return f"node {node} is drained by {by or 'someone'} for {now!r}, not by chaoskit: left drained"
         res = self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
         if res.returncode != 0 and "not drained" not in (res.stderr + res.stdout).lower():
@@ -291,11 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_resume = sub.add_parser("resume", help="resume NODE if it is still drained with REASON")
     p_resume.add_argument("--bin-dir", default=None)
+    p_resume.add_argument("--marked", action="store_true", help="REASON is a marker the node's reason must contain")
     p_resume.add_argument("node")
     p_resume.add_argument("reason")
     args = parser.parse_args(argv)
     try:
-        print(SlurmAccess(conf=os.environ.get("SLURM_CONF"), bin_dir=args.bin_dir).resume_if_drained_by(args.node, args.reason))
+        print(SlurmAccess(conf=os.environ.get("SLURM_CONF"), bin_dir=args.bin_dir).resume_if_drained_by(args.node, args.reason, args.marked))
     except InfraError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

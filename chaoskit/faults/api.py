@@ -92,6 +92,11 @@ class FaultSpec(StrictModel):
     target: TargetSpec = Field(default_factory=TargetSpec)
     at: Trigger = Field(default_factory=lambda: Trigger(after=0))
 
+    def catalog_tag(self) -> str:
+        """What the catalog knows this fault by (:func:`chaoskit.coverage.classes_exercised_by`): its kind, or
+        ``kind:variant`` where the variant decides the class (``gpu.xid:79``)."""
+        return self.kind
+
 
 def signal_number(name: str | int) -> int:
     """``SIGKILL``/``KILL``/``9`` -> 9; ``ValueError`` for anything else (ASCII digits only: ``"٩"`` is no number)."""

@@ -1,4 +1,5 @@
-"""GPU faults: a device that stays failed (``gpu.fail``) from the fault time until revert.
+"""GPU faults: a device that stays failed (``gpu.fail``) from the fault time until revert, and the first sign of
+one, an NVIDIA Xid line in the node's kernel log (``gpu.xid``, at the end of this module).
 
 What makes a failed GPU different from a crashed process is that it *stays*
 failed: torchrun restarting the workers in place fails again, and only moving
@@ -33,15 +34,19 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import signal
 import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.nvidia import device_of, listed_devices, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import ProcInfo, Transport
+from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.cluster.xid import MARKER, XID_MESSAGES, format_xid, normalize_pci
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT
@@ -54,13 +59,14 @@ from chaoskit.faults.node_tool import (
     own_state_path,
     parse_started,
     read_node_file,
+    run_helper,
     state_path,
     undo,
     until_reverted,
     wait_node_file,
 )
 
-__all__ = ["GpuFailFault", "GpuFailSpec", "CRASHLOOP", "COMPUTE_MODES", "POLL_S", "job_processes"]
+__all__ = ["GpuFailFault", "GpuFailSpec", "GpuXidFault", "GpuXidSpec", "XID_WRITER", "CRASHLOOP", "COMPUTE_MODES", "POLL_S", "job_processes"]
 
 POLL_S = 0.05
 """How often the crash loop scans the node's processes: a new worker dies within one poll."""
@@ -554,3 +560,258 @@ def _scope(transport: Transport) -> dict[str, Any]:
         raise InfraError(f"gpu.fail: node {transport.node} has no process scope, so a crash loop could not tell its "
                          "workers from other processes")
     return {"env": str(scope), "netns": False, "job": wire}
+
+
+# -- gpu.xid ----------------------------------------------------------------------------------
+#
+# The line the driver writes (chaoskit.cluster.xid), into /dev/kmsg on the node as root, for one of the node's
+# GPUs: what the site's health check, log monitors and chaoskit's kernel-log probe read. A line cannot be taken
+# back, so nothing of it is lasting; what it makes happen can be: with_failure applies gpu.fail to the device
+# (and reverts it as gpu.fail does), and on a Slurm node a drain the site's health check makes for the line
+# (its reason quoting the line's marker) is resumed after ``duration`` by a lease on the controller, only while
+# the node's reason still names this drill's line: an administrator's drain is left alone.
+
+XID_WRITER = helper_source(r"""
+import json, os, sys, time
+line = sys.argv[1]
+if "\n" in line or not line.startswith("NVRM: Xid (PCI:"):
+    sys.exit(2)
+fd = os.open("/dev/kmsg", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+try:
+    os.write(fd, ("<4>" + line + "\n").encode())  # KERN_WARNING, as the driver logs an Xid
+finally:
+    os.close(fd)
+print(json.dumps({"t": time.time()}))
+""")
+"""Run as ``python3 -I -c XID_WRITER LINE`` on the node (root): writes one Xid line to the node's kernel log and
+prints the node's time it did."""
+
+RESUME_NOTE = "a node the site's health check drained for this line"
+
+
+class GpuXidSpec(FaultSpec):
+    """Write an NVIDIA Xid line for a GPU of the selected ranks' node into that node's kernel log, as the driver
+    does; the site's health check, log monitors and chaoskit's own kernel-log probe see it."""
+
+    kind: Literal["gpu.xid"]
+    code: int = Field(..., description=(
+        "The Xid: 79 fallen off the bus, 48 double-bit ECC, 94/95 contained/uncontained ECC, 63/64 row remapping "
+        "recorded/failed, 74 NVLink, 13/31/43 an application's CUDA error (graphics exception, memory page "
+        "fault, GPU stopped processing)."))
+    device: int | None = Field(None, ge=0, le=MAX_COUNT, description=(
+        "GPU index on the node; default: the device each selected worker uses (LOCAL_RANK through "
+        "CUDA_VISIBLE_DEVICES). Its PCI id comes from nvidia-smi on the node, else the inventory's gpu_pci."))
+    pci: str | None = Field(None, description="The GPU by PCI bus id instead of an index (0000:3b:00.0).")
+    with_failure: bool = Field(False, description=(
+        "Also fail the device as gpu.fail does (a real Xid 79 is followed by a dead device; 13/31/43 kill the "
+        "rank as a CUDA error would): with mechanism and scope as gpu.fail takes them, for duration."))
+    mechanism: Literal["auto", "nvidia", "crashloop"] = Field("auto", description="with_failure: gpu.fail's mechanism.")
+    scope: Literal["device", "node"] = Field("device", description="with_failure: gpu.fail's scope.")
+    duration: PositiveDuration = Field(60.0, description=(
+        "How long the consequences are left in place: with_failure, the device stays failed; on a Slurm node, "
+        "a drain the site's health check made for this line (its reason naming the line's marker) is resumed "
+        "after it. The line itself stays in the log (a log line cannot be taken back)."))
+
+    def catalog_tag(self) -> str:
+        return f"{self.kind}:{self.code}"  # the code decides the class: 79 a GPU, 48 its memory, 13 the software
+
+    @field_validator("code")
+    @classmethod
+    def _code(cls, v: int) -> int:
+        if v not in XID_MESSAGES:
+            raise ValueError(f"Xid {v} is not one gpu.xid writes (it writes {', '.join(map(str, sorted(XID_MESSAGES)))})")
+        return v
+
+    @field_validator("pci")
+    @classmethod
+    def _pci(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        if info.data.get("device") is not None:
+            raise ValueError("give the GPU by device index or by pci, not both")
+        return normalize_pci(v)
+
+
+class GpuXidFault(Fault):
+    kind = "gpu.xid"
+    Spec = GpuXidSpec
+    lasting: ClassVar[bool] = True
+
+    def __init__(self, spec: FaultSpec, fault_id: str) -> None:
+        super().__init__(spec, fault_id)
+        self.token = secrets.token_hex(4)
+        """The marker's token: the lines of this fault, and a health check's drain reason that quotes one."""
+        self.failure = None
+        if self.spec.with_failure:
+            self.failure = GpuFailFault(GpuFailSpec(
+                kind="gpu.fail", target=self.spec.target, at=self.spec.at, duration=self.spec.duration,
+                mechanism=self.spec.mechanism, scope=self.spec.scope,
+                device=None if self.spec.scope == "node" else self.spec.device), f"{fault_id}.fail")
+
+    def unfit(self, node: Node) -> str | None:
+        known = [normalize_pci(p) for p in node.gpu_pci]
+        if self.spec.pci is not None and known and self.spec.pci not in known:
+            return f"node {node.name} has no GPU {self.spec.pci} (its gpu_pci: {', '.join(known)})"
+        if self.spec.device is not None and known and not node.gpus and self.spec.device >= len(known):
+            return f"node {node.name} has no GPU {self.spec.device} (its gpu_pci lists {len(known)})"
+        return None
+
+    def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
+        out = []
+        message = XID_MESSAGES[self.spec.code]
+        for node, group in _by_node(targets).items():
+            label = ",".join(t.label() for t in group)
+            gpu = self.spec.pci or (f"GPU {self.spec.device}" if self.spec.device is not None else "<GPU of each target>")
+            out.append(Action(node, f"PCI id of {gpu}: nvidia-smi --query-gpu=index,pci.bus_id on the node, else the "
+                                    "inventory's gpu_pci", label))
+            out.append(Action(node, f"write to /dev/kmsg (root): 'NVRM: Xid (PCI:<id>): {self.spec.code}, pid=<pid>, "
+                                    f"name=<process>, {message} {MARKER.format(token='<token>')}' (not lasting: the line "
+                                    "stays in the log)", label))
+            info = ctx.inventory[node]
+            if info.scheduler is not None:
+                d = self.spec.duration
+                out.append(Action(node, f"arm lease on the controller: after {d:g}s or a stale lease, resume {node} if it "
+                                        f"is drained with a reason naming the line's marker ({RESUME_NOTE})", label))
+        if self.failure is not None:
+            out += [Action(a.node, "with_failure (gpu.fail): " + a.command, a.target) for a in self.failure.plan(ctx, targets)]
+        return out
+
+    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
+        out: list[Injection] = []
+        lines: list[tuple[str, Transport, str, dict[str, Any]]] = []
+        for node, group in _by_node(targets).items():  # every input checked before anything is written
+            transport = ctx.transport(node)
+            for pci, target in self._devices(ctx, transport, node, group):
+                line = format_xid(pci, self.spec.code, self.token, pid=getattr(target, "pid", None),
+                                  name=_comm_of(transport, getattr(target, "pid", None)))
+                lines.append((node, transport, line, {"pci": normalize_pci(pci), "target": target.label()}))
+        resumes: list[Injection] = []
+        for node in dict.fromkeys(n for n, *_ in lines):
+            resumes += self._arm_resume(ctx, node, len(resumes))
+        for i, (node, transport, line, info) in enumerate(lines):
+            res = run_helper(transport, node_python(ctx, transport, node), XID_WRITER, [line], "gpu.xid",
+                             "writing /dev/kmsg needs root on the node")
+            inj = Injection(f"{self.fault_id}.{i}", self.kind, node, [info["target"]], float(res.get("t") or time.time()),
+                            {"mechanism": "kmsg", "fidelity": "real line, emulated GPU error", "code": self.spec.code,
+                             "pci": info["pci"], "token": self.token, "line": line, "revert": None})
+            transport_t = getattr(transport, "clock", None)
+            if transport_t is not None and res.get("t") is not None:
+                inj.t_fault = transport_t.to_controller(float(res["t"]))
+            inj.reverted = True  # a log line cannot be taken back; nothing of it is left to revert
+            out.append(inj)
+        for r in resumes:  # after the lines: the run's fault time is the first line's
+            r.t_fault = out[0].t_fault
+        out += resumes
+        if self.failure is not None:
+            out += self.failure.inject(ctx, targets)
+        return out
+
+    def _devices(self, ctx: FaultContext, transport: Transport, node: str, group: list[Any]) -> list[tuple[str, Any]]:
+        """(PCI id, the target it is for) per device of the node the line is for."""
+        listed = _pci_by_index(transport)
+        inventory = [normalize_pci(p) for p in ctx.inventory[node].gpu_pci]
+        if self.spec.pci is not None:
+            known = set(listed.values()) or set(inventory)
+            if known and self.spec.pci not in known:
+                raise InfraError(f"gpu.xid: node {node} has no GPU {self.spec.pci} (it has {', '.join(sorted(known))})")
+            return [(self.spec.pci, group[0])]
+        if self.spec.device is not None:
+            wanted = {self.spec.device: group[0]}
+        else:
+            envs = {p.pid: p.env for p in transport.processes()}
+            wanted = {}
+            for t in group:
+                wanted.setdefault(device_of(envs.get(t.pid, {})), t)
+        out = []
+        for index, target in sorted(wanted.items()):
+            if index in listed:
+                out.append((listed[index], target))
+            elif not listed and index < len(inventory):
+                out.append((inventory[index], target))
+            else:
+                where = "nvidia-smi lists" if listed else "the inventory's gpu_pci lists"
+                count = len(listed) if listed else len(inventory)
+                raise InfraError(f"gpu.xid: node {node} has no GPU {index} ({where} {count})",
+                                 hint="give the node's gpu_pci in the inventory, or pci: in the fault")
+        return out
+
+    def _arm_resume(self, ctx: FaultContext, node: str, n: int) -> list[Injection]:
+        """On a Slurm node: the node must be in service now, and a drain made for this line is resumed after
+        ``duration`` (a lease on the controller), only while the node's reason still names this line's marker."""
+        info = ctx.inventory[node]
+        if info.scheduler is None:
+            return []
+        state, reason, _ = info.scheduler.node_state(node)
+        if set(state.split("+")) & {"DRAIN", "DOWN", "FAIL"}:
+            raise InfraError(f"gpu.xid: node {node} is already {state} ({reason or 'no reason'}): a drain the line "
+                             "causes could not be told from it; nothing was written",
+                             hint="drill a node in service")
+        marker = f"chaoskit drill {self.token}"
+        resume = info.scheduler.resume_argv(node, marker, marked=True)
+        fid = f"{self.fault_id}.resume{n}"
+        ctx.arm(LocalTransport(node), fid, self.kind, resume, self.spec.duration, target=node, on="controller")
+        return [Injection(fid, self.kind, node, [node], time.time(), {
+            "mechanism": "slurm resume", "fidelity": "real", "revert": resume, "marker": marker, "before": state})]
+
+    def revert(self, ctx: FaultContext, injection: Injection) -> None:
+        if injection.kind == "gpu.fail" and self.failure is not None:
+            self.failure.revert(ctx, injection)
+            return
+        if injection.detail.get("mechanism") == "slurm resume":
+            info = ctx.inventory[injection.node]
+            injection.detail["resumed"] = info.scheduler.resume_if_drained_by(injection.node, injection.detail["marker"],
+                                                                              marked=True)
+
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
+        if injection.kind == "gpu.fail" and self.failure is not None:
+            return self.failure.verify(ctx, injection)
+        if injection.detail.get("mechanism") == "slurm resume":
+            info = ctx.inventory[injection.node]
+            state, reason, _ = info.scheduler.node_state(injection.node)
+            if "DRAIN" in state.split("+") and injection.detail["marker"] in reason:
+                return f"node {injection.node} is still {state} ({reason})"
+        return None
+
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """The conditional resume of this node: only while its reason names a ``gpu.xid`` line's marker."""
+        if node is None or node.scheduler is None or len(revert) < 4 or revert[-4:-2] != ["--marked", "--"]:
+            raise ValueError("not a gpu.xid revert chaoskit arms (a resume conditional on its line's marker)")
+        if revert[-2] != node.name or not re.fullmatch(r"chaoskit drill [0-9a-f]{8}", revert[-1]):
+            raise ValueError(f"the journal's gpu.xid revert is not for node {node.name}")
+        return node.scheduler.resume_argv(node.name, revert[-1], marked=True)
+
+    @classmethod
+    def check_reverted(cls, transport: Any, revert: list[str], node: Any = None) -> str | None:
+        if node is None or node.scheduler is None or not revert:
+            return None
+        state, reason, _ = node.scheduler.node_state(node.name)
+        return f"node {node.name} is still {state} ({reason})" if "DRAIN" in state.split("+") and revert[-1] in reason else None
+
+
+def _pci_by_index(transport: Transport) -> dict[int, str]:
+    """``nvidia-smi --query-gpu=index,pci.bus_id`` on the node: index -> PCI id; empty when it does not answer."""
+    try:
+        res = transport.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], COMMAND_TIMEOUT_S)
+    except InfraError:  # not installed
+        return {}
+    if res.returncode != 0:
+        return {}
+    out = {}
+    for line in res.stdout.splitlines():
+        index, _, pci = line.partition(",")
+        try:
+            out[int(index.strip())] = normalize_pci(pci.strip())
+        except ValueError:
+            continue
+    return out
+
+
+def _comm_of(transport: Transport, pid: int | None) -> str | None:
+    """The process name the driver would name (its command's base name), when the target is a process."""
+    if pid is None:
+        return None
+    for p in transport.processes():
+        if p.pid == pid and p.cmdline:
+            return p.cmdline.split()[0].rsplit("/", 1)[-1]
+    return None

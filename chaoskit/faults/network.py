@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from chaoskit.cluster.fanout import fan_out
 from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.kernel import netem_available
 from chaoskit.cluster.power import run_power_command
@@ -222,34 +223,44 @@ class _NodeFault(Fault):
         return out
 
     def inject(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Injection]:
-        out = []
-        for i, t in enumerate(targets):
-            fid = f"{self.fault_id}.{i}"
-            transport = _transport(ctx, t)
-            inject, revert, label, detail = self.effect(ctx, t, fid)
-            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=label)
-            own_link = _cuts_own_connection(t, self.devices(t))
-            t_sent = time.time()
-            try:
-                # No answer can come back over a link the command takes down: don't wait long for one.
-                res = transport.run(inject, OWN_LINK_TIMEOUT_S if own_link else COMMAND_TIMEOUT_S)
-            except OutcomeUnknown:
-                if not own_link:
-                    self._undo(ctx, transport, fid, revert)
-                    raise
-                # The fault took the very link this connection uses: it is in effect, and the
-                # node's watchdog (armed above) brings the link back when its time is up.
-                out.append(Injection(fid, self.kind, t.node, [label], t_sent, {**detail, "revert": revert, "connection_lost": True}))
-                continue
-            except InfraError:
+        """Every target node at once (a bounded fan-out, each node with its own deadlines), so a slow or silent
+        node delays no other. When one fails, the others that took the fault are reverted too (their leases
+        released, or left to their watchdogs where a node cannot be reached) and the first failure is raised."""
+        done = fan_out({str(i): (lambda i=i, t=t: self._inject_one(ctx, i, t)) for i, t in enumerate(targets)})
+        results = [done[str(i)] for i in range(len(targets))]
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is None:
+            return results  # type: ignore[return-value]
+        for inj in results:
+            if isinstance(inj, Injection) and not inj.detail.get("connection_lost"):
+                self._undo(ctx, ctx.transport(inj.node), inj.fault_id, inj.detail["revert"])
+        raise failed
+
+    def _inject_one(self, ctx: FaultContext, i: int, t: NodeTarget) -> Injection:
+        fid = f"{self.fault_id}.{i}"
+        transport = _transport(ctx, t)
+        inject, revert, label, detail = self.effect(ctx, t, fid)
+        ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=label)
+        own_link = _cuts_own_connection(t, self.devices(t))
+        t_sent = time.time()
+        try:
+            # No answer can come back over a link the command takes down: don't wait long for one.
+            res = transport.run(inject, OWN_LINK_TIMEOUT_S if own_link else COMMAND_TIMEOUT_S)
+        except OutcomeUnknown:
+            if not own_link:
                 self._undo(ctx, transport, fid, revert)
                 raise
-            if res.returncode != 0:
-                self._undo(ctx, transport, fid, revert)
-                raise InfraError(f"{self.kind} on node {t.node} failed: {shell_quote(inject)}: {res.stderr.strip() or res.stdout.strip()}")
-            ts = res.finished_at or time.time()
-            out.append(Injection(fid, self.kind, t.node, [label], ts, {**detail, "revert": revert}))
-        return out
+            # The fault took the very link this connection uses: it is in effect, and the
+            # node's watchdog (armed above) brings the link back when its time is up.
+            return Injection(fid, self.kind, t.node, [label], t_sent, {**detail, "revert": revert, "connection_lost": True})
+        except InfraError:
+            self._undo(ctx, transport, fid, revert)
+            raise
+        if res.returncode != 0:
+            self._undo(ctx, transport, fid, revert)
+            raise InfraError(f"{self.kind} on node {t.node} failed: {shell_quote(inject)}: {res.stderr.strip() or res.stdout.strip()}")
+        ts = res.finished_at or time.time()
+        return Injection(fid, self.kind, t.node, [label], ts, {**detail, "revert": revert})
 
     def revert(self, ctx: FaultContext, injection: Injection) -> None:
         """Run the revert; a non-zero exit means it was already reverted, which :meth:`verify` confirms.

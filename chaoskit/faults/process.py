@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from chaoskit.cluster.fanout import fan_out
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.faults.api import (
@@ -55,10 +56,16 @@ class KillFault(Fault):
         return [Action(t.node, f"kill -s {sig[3:]} {t.pid}", t.label()) for t in targets]
 
     def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
+        """Signal every target at once (a bounded fan-out, each signal with its node's own deadline), so that
+        one slow node delays no other target; the first failure is raised once all have answered."""
         signum = signal_number(self.spec.signal)
+        sent = fan_out({str(i): (lambda t=t: ctx.transport(t.node).signal(t.pid, signum, getattr(t, "start_time", None)))
+                        for i, t in enumerate(targets)})
         out = []
-        for t in targets:
-            ts = ctx.transport(t.node).signal(t.pid, signum, getattr(t, "start_time", None))
+        for i, t in enumerate(targets):
+            ts = sent[str(i)]
+            if isinstance(ts, BaseException):
+                raise ts
             out.append(Injection(self.fault_id, self.kind, t.node, [t.label()], ts,
                                  {"pid": t.pid, "start_time": getattr(t, "start_time", None), "signal": self.spec.signal}))
         return out

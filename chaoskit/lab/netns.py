@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.cluster.inventory_file import load_inventory
+from chaoskit.cluster.xid import lab_pci
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
 from chaoskit.faults.network import QDISC_HANDLE
@@ -223,6 +224,7 @@ class NetnsLab:
                     "mgmt": {"name": "eth1", "address": self.mgmt_address(node)},
                 },
                 "gpus": 0,
+                "gpu_pci": [lab_pci(self.lab_id, i)],  # emulated: gpu.xid writes its lines for this id, the kmsg probe reads them
                 "processes": "netns",
                 "workdir": str(self.node_dir(node) / "work"),
                 "power": {a: self.power_argv(node, a) for a in ("off", "on", "status")},

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
+from chaoskit.cluster.xid import lab_pci
 from chaoskit.core.state import state_dir
 
 __all__ = ["ProcessLab", "lab_state_path"]
@@ -68,7 +69,8 @@ class ProcessLab:
         nodes = []
         for i, name in enumerate(self.node_names()):
             labels = {"rack": f"r{i // 2}", "role": "worker", "lab": "process"}
-            nodes.append(Node(name, "127.0.0.1", "local", labels, 0, LocalTransport(name, self.scope(name))))
+            nodes.append(Node(name, "127.0.0.1", "local", labels, 0, LocalTransport(name, self.scope(name)),
+                              gpu_pci=(lab_pci(self.lab_id, i),)))
         return Inventory(self.lab_id, nodes)
 
     def inventory_of(self, names: list[str]) -> Inventory:

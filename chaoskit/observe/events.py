@@ -26,9 +26,12 @@ EVENT_KINDS = (
     "ckpt.load.failed", "ckpt.save.failed",
     "oom.kill", "gpu.xid", "gpu.ecc",
     # A scheduler's view (chaoskit.observe.slurm): a node it gave up on, and the job's way back.
-    "node.down", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running",
+    "node.down", "node.drain", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running",
     # The site's monitoring (chaoskit.observe.prometheus): a stop condition that fired.
     "safety.stop",
+    # chaoskit's own watch of the nodes (chaoskit.observe.probes.ProcessWatcher): a worker stopped or resumed
+    # (state T), and a node silent for probes.heartbeat_timeout, and its return.
+    "process.stopped", "process.resumed", "node.unreachable", "node.reachable",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

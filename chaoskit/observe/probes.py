@@ -5,8 +5,9 @@
   failure lines built in, more from the scenario);
 - :class:`FileLogProbe` tails a log file on this machine, :class:`RemoteLogProbe`
   one on a node, read there by the node's agent;
-- :class:`ProcessWatcher` sees training workers appear and vanish in the
-  process table of each node.
+- :class:`ProcessWatcher` sees training workers appear and vanish on each node
+  (pushed by the node's agent where it can stream, else polled per node), and a
+  node that falls silent (``node.unreachable``).
 
 What the job prints is untrusted and unbounded: lines are cut at
 :data:`~chaoskit.core.limits.MAX_LINE_BYTES`, a captured digit group is a number only up to
@@ -22,6 +23,7 @@ import os
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -29,7 +31,7 @@ from typing import Any, Iterable
 import regex
 
 from chaoskit.cluster.clock import ClockedTransport
-from chaoskit.cluster.transports.api import FileFollower
+from chaoskit.cluster.transports.api import FileFollower, ProcessStreamer, StreamUnsupported
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
 from chaoskit.core.lines import LineCutter, strip_ansi
@@ -285,34 +287,204 @@ class RemoteLogProbe(threading.Thread):
         self.join(timeout=5)
 
 
-class ProcessWatcher(threading.Thread):
-    """Poll each node's process table; publish ``process.gone`` when a worker vanishes."""
+class _NodeWatch:
+    """What the watcher knows of one node: its workers believed alive, when it last answered, its stream."""
 
-    def __init__(self, bus: EventBus, transports: dict[str, Any], interval: float = 0.05) -> None:
+    def __init__(self, node: str, transport: Any, streams: bool) -> None:
+        self.node, self.transport = node, transport
+        self.streams = streams
+        self.workers: dict[int, tuple[int | None, int | None, str]] = {}
+        """pid -> (start time, rank, state) of the workers believed alive."""
+        self.heard = time.monotonic()
+        self.heard_wall = time.time()
+        self.unreachable_since: float | None = None
+        self.stream: Any = None
+        self.epoch = 0
+        self.seq = 0
+        self.busy: Any = None
+        """The poll or stream start in flight (a future), at most one per node."""
+        self.busy_since = 0.0
+        self.retry_at = 0.0
+        self.scope: Any = None
+
+
+class ProcessWatcher(threading.Thread):
+    """See each node's training workers appear and vanish; publish ``process.gone`` when one ends, and
+    ``node.unreachable`` when a node has been silent for ``heartbeat_timeout`` (``node.reachable`` once it
+    answers again).
+
+    A node whose transport streams (:class:`~chaoskit.cluster.transports.api.ProcessStreamer`: its agent
+    watches its own ``/proc`` and pushes the changes, with a heartbeat every second) costs the controller
+    only its messages; the others are polled every ``interval``, each node on its own, concurrently, with
+    the poll's own deadline, so a silent node never holds up another. A node that does not answer keeps its
+    workers: they are unknown, not gone, until it answers again and says what became of them. Stream starts
+    and polls run in a bounded pool (``max_workers``)."""
+
+    def __init__(self, bus: EventBus, transports: dict[str, Any], interval: float = 0.05,
+                 heartbeat_timeout: float = 3.0, retry_s: float = 0.5, max_workers: int = 32,
+                 streams: bool = True, heartbeat_s: float = 1.0) -> None:
         super().__init__(daemon=True, name="chaoskit-procwatch")
         self.bus, self.transports, self.interval = bus, transports, interval
+        self.heartbeat_timeout, self.retry_s = float(heartbeat_timeout), float(retry_s)
+        self.heartbeat_s = min(float(heartbeat_s), self.heartbeat_timeout / 2)
+        """How often a streaming node's agent sends its heartbeat: at least twice per timeout."""
         self.stop_event = threading.Event()
-        self.seen: dict[tuple[str, int], int | None] = {}
+        self._lock = threading.Lock()
+        self._nodes = {name: _NodeWatch(name, t, streams and isinstance(t, ProcessStreamer))
+                       for name, t in transports.items()}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(transports))),
+                                        thread_name_prefix="chaoskit-procwatch")
+        self.errors: list[str] = []
+
+    @property
+    def seen(self) -> dict[tuple[str, int], int | None]:
+        """(node, pid) -> rank of every worker believed alive (an unreachable node's included: unknown, not gone)."""
+        with self._lock:
+            return {(n.node, pid): w[1] for n in self._nodes.values() for pid, w in n.workers.items()}
+
+    @property
+    def unreachable(self) -> set[str]:
+        with self._lock:
+            return {n.node for n in self._nodes.values() if n.unreachable_since is not None}
 
     def run(self) -> None:
+        # Polled nodes are due every interval; streamed ones need only their silence checked, 10 times a second.
+        tick = self.interval if any(not n.streams for n in self._nodes.values()) else 0.1
+        last_scope = 0.0
         while not self.stop_event.is_set():
-            now: dict[tuple[str, int], int | None] = {}
-            for node, transport in self.transports.items():
-                try:
-                    procs = transport.processes(workers_only=True)
-                except Exception:  # noqa: BLE001 - an unreachable node (powered off, NIC down) has no workers we can see
-                    procs = []
-                for proc in procs:
-                    if proc.is_worker and proc.state != "Z":
-                        now[(node, proc.pid)] = proc.rank
-            ts = time.time()
-            for key, rank in self.seen.items():
-                if key not in now:
-                    self.bus.publish(make_event("process.gone", ts, node=key[0], rank=rank, pid=key[1], source="procwatch"))
-            self.seen = now
-            self.stop_event.wait(self.interval)
+            mono = time.monotonic()
+            check_scope = mono - last_scope >= 1.0
+            if check_scope:
+                last_scope = mono
+            for nw in self._nodes.values():
+                if nw.busy is not None and nw.busy.done():
+                    nw.busy = None
+                if nw.streams:
+                    self._tend_stream(nw, mono, check_scope)
+                elif nw.busy is None and mono >= nw.retry_at:
+                    nw.retry_at = mono + self.interval
+                    nw.busy, nw.busy_since = self._pool.submit(self._poll, nw), mono
+                self._check_silence(nw, mono)
+            self.stop_event.wait(tick)
+        with self._lock:
+            streams = [nw.stream for nw in self._nodes.values() if nw.stream is not None]
+            for nw in self._nodes.values():
+                nw.epoch += 1
+        for stream in streams:
+            stream.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- streams -------------------------------------------------------------------------------------------
+
+    def _tend_stream(self, nw: _NodeWatch, mono: float, check_scope: bool) -> None:
+        stream = nw.stream
+        if stream is not None and not stream.done.is_set():
+            if check_scope and getattr(nw.transport, "scope", None) != nw.scope:  # the job's scope changed: restart
+                stream.cancel()
+            return
+        if stream is not None and stream.error:
+            self._note(f"{nw.node}: the process watch ended: {stream.error}")
+        if nw.busy is None and mono >= nw.retry_at:
+            nw.retry_at = mono + self.retry_s
+            nw.busy, nw.busy_since = self._pool.submit(self._start_stream, nw), mono
+
+    def _start_stream(self, nw: _NodeWatch) -> None:
+        with self._lock:
+            nw.epoch += 1
+            epoch = nw.epoch
+            known = [(pid, w[0], w[2]) for pid, w in nw.workers.items()]
+            nw.seq = 0
+        scope = getattr(nw.transport, "scope", None)
+        try:
+            stream = nw.transport.watch_processes(lambda seq, t, changes: self._message(nw, epoch, seq, t, changes),
+                                                  known=known, heartbeat=self.heartbeat_s)
+        except StreamUnsupported as exc:
+            self._note(f"{nw.node}: {exc.message}; polling it instead")
+            nw.streams = False
+            return
+        except Exception as exc:  # noqa: BLE001 - a node that cannot be reached now: tried again, silence counts
+            self._note(f"{nw.node}: {getattr(exc, 'message', exc)}")
+            return
+        with self._lock:
+            if epoch == nw.epoch:
+                nw.stream, nw.scope = stream, scope
+                return
+        stream.cancel()  # stopped meanwhile
+
+    def _message(self, nw: _NodeWatch, epoch: int, seq: int, t: float, changes: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if epoch != nw.epoch or seq <= nw.seq:
+                return  # a message of a stream given up, or one seen already
+            nw.seq = seq
+            self._heard(nw)
+            for c in changes:
+                pid, ev = int(c["pid"]), c.get("ev")
+                if ev == "appeared":
+                    nw.workers[pid] = (c.get("start"), c.get("rank"), str(c.get("state", "S")))
+                    if c.get("state") == "Z":
+                        self._gone(nw, pid, float(c["t"]), c)
+                elif ev in ("exited", "zombie"):
+                    self._gone(nw, pid, float(c["t"]), c)
+                elif ev in ("stopped", "resumed") and pid in nw.workers:
+                    start, rank, _ = nw.workers[pid]
+                    nw.workers[pid] = (start, rank, "T" if ev == "stopped" else "S")
+                    self.bus.publish(make_event(f"process.{ev}", float(c["t"]), node=nw.node, rank=rank, pid=pid,
+                                                source="procwatch"))
+
+    def _gone(self, nw: _NodeWatch, pid: int, ts: float, change: dict[str, Any]) -> None:
+        known = nw.workers.pop(pid, None)
+        if known is None:
+            return
+        extra = {k: change[k] for k in ("exitcode", "signal") if change.get(k) is not None}
+        self.bus.publish(make_event("process.gone", ts, node=nw.node, rank=known[1], pid=pid, source="procwatch", **extra))
+
+    # -- polls ---------------------------------------------------------------------------------------------
+
+    def _poll(self, nw: _NodeWatch) -> None:
+        try:
+            procs = nw.transport.processes(workers_only=True)
+        except Exception:  # noqa: BLE001 - no answer is no news: the node's workers stay unknown, not gone
+            return
+        ts = time.time()
+        alive = {p.pid: (p.start_time, p.rank, p.state) for p in procs if p.is_worker and p.state != "Z"}
+        with self._lock:
+            self._heard(nw)
+            for pid in [p for p in nw.workers if p not in alive]:
+                self._gone(nw, pid, ts, {})
+            for pid, (start, rank, state) in alive.items():
+                was = nw.workers.get(pid)
+                nw.workers[pid] = (start, rank, state)
+                if was is not None and (was[2] == "T") != (state == "T"):
+                    self.bus.publish(make_event("process.stopped" if state == "T" else "process.resumed", ts,
+                                                node=nw.node, rank=rank, pid=pid, source="procwatch"))
+
+    # -- silence -------------------------------------------------------------------------------------------
+
+    def _heard(self, nw: _NodeWatch) -> None:
+        """The node answered (called under the lock)."""
+        nw.heard, nw.heard_wall = time.monotonic(), time.time()
+        if nw.unreachable_since is not None:
+            silent = nw.heard_wall - nw.unreachable_since
+            nw.unreachable_since = None
+            self.bus.publish(make_event("node.reachable", nw.heard_wall, node=nw.node, source="chaoskit",
+                                        who="chaoskit heartbeat", silent_s=round(silent, 3)))
+
+    def _check_silence(self, nw: _NodeWatch, mono: float) -> None:
+        with self._lock:
+            if nw.unreachable_since is not None or mono - nw.heard < self.heartbeat_timeout:
+                return
+            nw.unreachable_since = nw.heard_wall
+            self.bus.publish(make_event(
+                "node.unreachable", time.time(), node=nw.node, source="chaoskit", who="chaoskit heartbeat",
+                why=f"no answer for {mono - nw.heard:.1f}s (heartbeat timeout {self.heartbeat_timeout:g}s)",
+                last_heard=round(nw.heard_wall, 6), workers_unknown=sorted(w[1] for w in nw.workers.values()
+                                                                            if w[1] is not None)))
+
+    def _note(self, message: str) -> None:
+        with self._lock:
+            if not self.errors or self.errors[-1] != message:
+                self.errors.append(message)
 
     def stop(self) -> None:
         self.stop_event.set()
         self.join(timeout=2)
-

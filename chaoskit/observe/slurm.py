@@ -5,6 +5,8 @@
 ``interval`` seconds (0.25 by default, well under the 0.5 s a step needs) and publishes
 a change as one event, stamped with the time of the poll that saw it:
 
+- ``node.drain`` (a detection): the node was drained, with its reason (a site's health check that found a failed
+  GPU; chaoskit's own ``slurm.drain`` is marked ``injected``);
 - ``node.down`` (a detection): a node's slurmd stopped answering (``state: NOT_RESPONDING``,
   after a missed ping) and then the node is DOWN (``state: DOWN``, after ``SlurmdTimeout``);
 - ``job.node_fail``: a job lost a node (seen as ``NODE_FAIL``, or inferred when a job is
@@ -71,6 +73,12 @@ class SlurmProbe(threading.Thread):
             if "NOT_RESPONDING" in flags and "NOT_RESPONDING" not in before and "DOWN" not in before:
                 out.append(make_event("node.down", ts, node=name, state="NOT_RESPONDING", who="slurmctld",
                                       why="slurmd not responding", source="slurm", slurm_state=fields.get("State")))
+            if "DRAIN" in flags and "DRAIN" not in before:
+                # chaoskit's own slurm.drain is the fault, not a detection of one
+                ours = bool(reason) and reason.startswith("chaoskit slurm.drain")
+                out.append(make_event("node.drain", ts, node=name, state=fields.get("State"), reason=reason,
+                                      who="slurmctld", why=f"node drained ({reason})" if reason else "node drained",
+                                      source="slurm", injected=ours))
             if "DOWN" in flags and "DOWN" not in before:
                 out.append(make_event("node.down", ts, node=name, state="DOWN", who="slurmctld",
                                       why=f"node DOWN ({reason})" if reason else "node DOWN", source="slurm",

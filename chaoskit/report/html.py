@@ -296,6 +296,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "phases": phases,
         "phase_rows": _phase_rows(phases, slo),
         "detected_by": phases.get("detected_by"),
+        "detections": phases.get("detections") or [],
         "slowdown": _slowdown_rows((result or {}).get("slowdown")),
         "reallocation_steps": phases.get("reallocation_steps") or [],
         "waterfall": _waterfall(timing, slo, t_fault),

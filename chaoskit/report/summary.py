@@ -71,6 +71,9 @@ def render_result(console, result: dict[str, Any]) -> None:
                           + (f", scope {f['scope']}" if f.get("scope") else ""))
     if phases.get("detected_by"):
         console.print(f"detected by: {escape(phases['detected_by'])}")
+    for d in phases.get("detections") or []:
+        console.print(f"  detection source {escape(d['source'])}: {d['kind']} on {d.get('node') or '?'} "
+                      f"+{d['latency_s']:.2f}s after the fault" + (f" ({d['behind_s']:.2f}s after the first)" if d["behind_s"] else ""))
     for step in phases.get("reallocation_steps") or []:
         console.print(f"  reallocation step {step['step']}: {step['seconds']:.2f}s  [dim](bounded by {escape(step['bound_by'])})[/dim]")
     for name, check in (result.get("checks") or {}).items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,17 @@ class Journal:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         self._fd = os.open(self.path, flags, 0o600)
         self._copy = None if copy is None else _open_copy(Path(copy), flags)
+        self._lock = threading.Lock()
 
     def record(self, action: str, **fields: Any) -> dict[str, Any]:
+        """Append one record (safe from several threads: a fault's fan-out arms its nodes at once)."""
         entry = redact_value({"ts": time.time(), "action": action, **fields})
         line = (json.dumps(entry, default=str) + "\n").encode()
-        os.write(self._fd, line)
-        os.fsync(self._fd)
-        if self._copy is not None:
-            os.write(self._copy, line)
+        with self._lock:
+            os.write(self._fd, line)
+            os.fsync(self._fd)
+            if self._copy is not None:
+                os.write(self._copy, line)
         return entry
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ Either way the watchdog runs with ``python3 -I`` as one self-contained program
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import threading
@@ -28,7 +29,7 @@ from chaoskit.cluster.nodefs import StateDirError, ensure_dir, make_dirs, read_f
 from chaoskit.cluster.transports.api import Transport, WatchdogHost
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
-from chaoskit.safety.watchdog import watchdog_source
+from chaoskit.safety.watchdog import REVERT_FILE, watchdog_source
 
 __all__ = ["Lease", "LeaseManager", "default_lease_root"]
 
@@ -79,8 +80,12 @@ class LeaseManager:
             self._ensure_renewing()
             return lease
         directory, script = self._local_lease(fault_id)
+        try:  # not on the command line: every user of the machine reads those (a power command's password)
+            write_file(str(directory / REVERT_FILE), json.dumps(list(revert)), 0o600)
+        except (StateDirError, OSError) as exc:
+            raise InfraError(f"cannot arm a lease for {fault_id}: {exc}") from None
         deadline = time.time() + duration
-        argv = [sys.executable, "-I", str(script), str(directory), f"{self.ttl:g}", f"{deadline:.3f}", "--", *revert]
+        argv = [sys.executable, "-I", str(script), str(directory), f"{self.ttl:g}", f"{deadline:.3f}"]
         pid = transport.spawn_detached(argv)
         lease = Lease(fault_id, transport.node, str(directory), deadline, revert, transport, pid)
         for _ in range(200):  # the watchdog writes its pid file once it is watching
@@ -97,7 +102,7 @@ class LeaseManager:
         try:
             root = Path(ensure_dir(str(self.root.parent)))
             directory = Path(make_dirs(str(root), str(self.root / fault_id)))
-            for stale in ("released", "fired", "watchdog.pid"):
+            for stale in ("released", "fired", "watchdog.pid", REVERT_FILE):
                 (directory / stale).unlink(missing_ok=True)
             touch_file(str(directory / "lease"))
             script = root / "watchdog.py"

@@ -3,9 +3,11 @@
 Started detached (its own session) on the node *before* the fault is injected, as one program with
 :mod:`chaoskit.cluster.nodefs` in front of it (:func:`watchdog_source`) and ``python3 -I``::
 
-    python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX -- REVERT_ARGV...
+    python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX
 
-It runs ``REVERT_ARGV`` when the fault's deadline passes **or** when the file
+It runs the revert, the JSON list of argv in ``LEASE_DIR/revert.json`` (written by the controller or the
+agent before it starts: a command line is readable by every user of the node, through ``ps``, and a
+revert may carry a secret, e.g. a BMC's password in ``ipmitool -P``), when the fault's deadline passes **or** when the file
 ``LEASE_DIR/lease`` has not been touched for ``TTL_S`` seconds (the controller
 died or lost its connection). It exits quietly when ``LEASE_DIR/released``
 appears (the controller reverted the fault itself). After firing it writes
@@ -17,6 +19,7 @@ effective user's, not a link, writable by nobody else); the watchdog refuses any
 its files there without following links.
 """
 
+import json
 import os
 import stat
 import subprocess
@@ -26,10 +29,11 @@ import time
 try:
     StateDirError  # noqa: B018 - defined when nodefs' source was put in front of this one (watchdog_source)
 except NameError:  # imported on the controller
-    from chaoskit.cluster.nodefs import StateDirError, bundle, check_dir, create_file, write_file
+    from chaoskit.cluster.nodefs import StateDirError, bundle, check_dir, create_file, read_file, write_file
 
 POLL_S = 0.05
-USAGE = "usage: python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX -- REVERT_ARGV...\n"
+USAGE = "usage: python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX   (the revert's argv in LEASE_DIR/revert.json)\n"
+REVERT_FILE = "revert.json"
 
 
 def watchdog_source():
@@ -39,16 +43,22 @@ def watchdog_source():
 
 
 def main(argv):
-    if "--" not in argv:
+    if len(argv) != 3:
         sys.stderr.write(USAGE)
         return 2
-    cut = argv.index("--")
     lease_dir, ttl, deadline = argv[0], float(argv[1]), float(argv[2])
-    revert = argv[cut + 1 :]
     try:
         check_dir(lease_dir)
-    except StateDirError as exc:
+        text = read_file(os.path.join(lease_dir, REVERT_FILE), 1 << 16)
+    except (StateDirError, OSError) as exc:
         sys.stderr.write("chaoskit watchdog: %s\n" % exc)
+        return 2
+    try:
+        revert = json.loads(text) if text is not None else None
+    except ValueError:
+        revert = None
+    if not (isinstance(revert, list) and revert and all(isinstance(a, str) for a in revert)):
+        sys.stderr.write("chaoskit watchdog: %s is not a JSON list of argv\n" % os.path.join(lease_dir, REVERT_FILE))
         return 2
     lease = os.path.join(lease_dir, "lease")
     released = os.path.join(lease_dir, "released")

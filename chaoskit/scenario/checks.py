@@ -121,7 +121,7 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
                 "faults", i, "at", "step",
             )
     try:
-        resolve_covers(sc.covers, [f.kind for f in sc.faults])
+        resolve_covers(sc.covers, [f.catalog_tag() for f in sc.faults])
     except ValueError as exc:
         raise loaded.error(str(exc), "covers") from None
     for j, lf in enumerate(sc.probes.log_files):

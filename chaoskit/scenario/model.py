@@ -258,6 +258,10 @@ class Probes(StrictModel):
         "Log presets: a framework's own lines mapped to events, no regex to write (torchrun adds its --tee "
         "prefixes' ranks). Each sees only what its framework prints, some on rank 0 only, at the verbosity "
         "README.md's table names (e.g. TRANSFORMERS_VERBOSITY=info for hf). Combined with `log`."))
+    heartbeat_timeout: PositiveDuration = Field(3.0, description=(
+        "A node whose process watch (its agent's heartbeat, or a poll of its process table) has been silent this "
+        "long is on the timeline as node.unreachable, and node.reachable once it answers again; its workers are "
+        "unknown meanwhile, never reported gone."))
     log: list[LogRule] = Field(default_factory=list, description="Extra log-regex rules over the job's output.")
     log_files: list[LogFile] = Field(
         default_factory=list, description="Log files the job writes itself, read through the same rules as its output."

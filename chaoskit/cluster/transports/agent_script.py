@@ -20,7 +20,7 @@ EOF on stdin ends the agent once in-flight requests are answered; processes it
 started detached (lease watchdogs) live on. No shell is ever involved: ``argv``
 is executed as given.
 
-A *stream* (``follow``) answers many times under its request's id, each message with
+A *stream* (``follow``: a file's lines; ``kmsg``: the kernel log's records) answers many times under its request's id, each message with
 ``"more": true``, until it is cancelled (``{"op": "cancel", "stream": ID}``) or stdin ends;
 its last message has no ``more``.
 
@@ -40,6 +40,7 @@ with a refused folder they fail with that reason.
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -482,15 +483,17 @@ def op_watchdog(req):
     """
     lease_dir, script = _state_path(req["lease_dir"]), _state_path(req["script"])
     _state_parent(os.path.join(lease_dir, "lease"))  # the lease folder and those above it, made and checked
-    for stale in ("released", "fired", "watchdog.pid"):
+    for stale in ("released", "fired", "watchdog.pid", "revert.json"):
         try:
             os.unlink(os.path.join(lease_dir, stale))
         except FileNotFoundError:
             pass
     touch_file(os.path.join(lease_dir, "lease"))
+    # the revert in a file of the lease folder, not on the command line, which every user of the node reads
+    create_file(os.path.join(lease_dir, "revert.json"), json.dumps([str(a) for a in req["revert"]]))
     deadline = time.time() + float(req["duration"])
-    argv = [sys.executable, "-I", script, lease_dir, "%g" % float(req["ttl"]), "%.3f" % deadline, "--"]
-    pid = _spawn(argv + [str(a) for a in req["revert"]], cwd="/")
+    argv = [sys.executable, "-I", script, lease_dir, "%g" % float(req["ttl"]), "%.3f" % deadline]
+    pid = _spawn(argv, cwd="/")
     pidfile = os.path.join(lease_dir, "watchdog.pid")
     end = time.time() + float(req.get("wait", 5))
     while time.time() < end:
@@ -622,6 +625,367 @@ def op_follow(req, emit):
     return {"inode": inode, "offset": pos}
 
 
+WATCH_SCAN_S = 0.25
+"""How often ``watch`` lists ``/proc`` for new workers (exits come at once through pidfds)."""
+WATCH_HEARTBEAT_S = 1.0
+WATCH_RECHECK_S = 5.0
+"""How often ``watch`` re-reads the start time of every process it set aside (a pid reused in between)."""
+
+
+def _stat_fields(pid):
+    """``/proc/PID/stat`` after the command name, split, or None."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def _exit_status(fields):
+    """exitcode/signal of a zombie from ``/proc/PID/stat`` field 52 (its wait status, Linux 3.5+)."""
+    try:
+        status = int(fields[49])
+    except (IndexError, ValueError, TypeError):
+        return {}
+    if status & 0x7F:
+        return {"exitcode": -(status & 0x7F), "signal": status & 0x7F}
+    return {"exitcode": (status >> 8) & 0xFF}
+
+
+def _uptime_ticks():
+    try:
+        with open("/proc/uptime", "rb") as fh:
+            return float(fh.read().split()[0]) * os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _WorkerWatch(object):
+    """What ``watch`` knows of the node's workers of the scope, and how it learns what changed.
+
+    New pids are read once (their netns first, then their environment) and set aside when they are not the
+    job's workers; a process younger than 2 s is read again on the next scan, since between fork and exec it
+    still shows its parent's environment. Known workers are followed through a pidfd each (their exit comes at
+    once) and their state is read on every scan (stopped, resumed, zombie)."""
+
+    def __init__(self, scope, known):
+        self.scope = scope or {}
+        self.job = self.scope.get("job")
+        self.own = _own_netns() if self.scope.get("netns") else None
+        self.workers = {}   # pid -> {"start", "rank", "state", "fd", ...}
+        self.aside = {}     # pid -> start time (bytes) of a process that is not one of the job's workers
+        self.known = dict((int(k[0]), (int(k[1]) if k[1] is not None else None, k[2] if len(k) > 2 else "S"))
+                          for k in (known or []))
+        self.last_recheck = time.time()
+
+    def _worker(self, info):
+        if not _in_node(info, self.scope) or not _is_worker(info):
+            return False
+        if self.job:
+            return _carries(info, self.job)
+        return True
+
+    def scan(self):
+        """Changes since the last scan: appeared, stopped, resumed, zombie, exited."""
+        changes = []
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return changes
+        present = set()
+        ticks = None
+        recheck = time.time() - self.last_recheck >= WATCH_RECHECK_S
+        if recheck:
+            self.last_recheck = time.time()
+        for name in names:
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            present.add(pid)
+            if pid in self.workers:
+                continue
+            if pid in self.aside:
+                if not recheck or self.aside[pid] == _start_time(pid):
+                    continue
+                del self.aside[pid]
+            if self.own is not None and _netns_of(pid) != self.own:
+                start = _start_time(pid)
+                if start is not None:
+                    self.aside[pid] = start
+                continue
+            info = _proc(pid)
+            if info is None:
+                continue
+            if not self._worker(info):
+                if ticks is None:
+                    ticks = _uptime_ticks()
+                young = ticks is None or ticks - info["start"] < 2 * os.sysconf("SC_CLK_TCK")
+                if not young and info["cmdline"] and info["env"]:
+                    self.aside[pid] = str(info["start"]).encode()
+                continue
+            changes.extend(self._appeared(info))
+        for pid in [p for p in self.aside if p not in present]:
+            del self.aside[pid]
+        for pid in list(self.workers):
+            changes.extend(self._check(pid, pid in present))
+        for pid, (start, state) in list(self.known.items()):  # known to the controller, not found here: gone
+            del self.known[pid]
+            changes.append({"ev": "exited", "pid": pid, "start": start, "t": now()})
+        return changes
+
+    def _appeared(self, info):
+        pid = info["pid"]
+        env = info["env"]
+        restart = env.get("TORCHELASTIC_RESTART_COUNT", "")
+        w = {"start": info["start"], "rank": int(env["RANK"]), "state": info["state"], "fd": _pidfd(pid),
+             "restart_count": int(restart) if restart.isdigit() else None}
+        self.workers[pid] = w
+        base = {"pid": pid, "start": info["start"], "rank": w["rank"], "t": now()}
+        was = self.known.pop(pid, None)
+        if was is not None and was[0] in (None, info["start"]):  # the controller knows it already: only what changed
+            out = []
+            if (was[1] == "T") != (info["state"] == "T"):
+                out.append(dict(base, ev="stopped" if info["state"] == "T" else "resumed"))
+            if info["state"] == "Z":
+                out.append(dict(base, ev="zombie"))
+            return out
+        out = []
+        if was is not None:  # the pid was reused while nobody watched
+            out.append({"ev": "exited", "pid": pid, "start": was[0], "t": now()})
+        out.append(dict(base, ev="appeared", ppid=info["ppid"], state=info["state"], restart_count=w["restart_count"],
+                        local_rank=env.get("LOCAL_RANK"), run_id=env.get("TORCHELASTIC_RUN_ID")))
+        if info["state"] == "Z":
+            out.append(dict(base, ev="zombie"))
+        return out
+
+    def _check(self, pid, present):
+        w = self.workers[pid]
+        fields = _stat_fields(pid) if present else None
+        base = {"pid": pid, "start": w["start"], "rank": w["rank"]}
+        try:
+            same = fields is not None and int(fields[19]) == w["start"]
+        except (IndexError, ValueError):
+            same = False
+        if not same:
+            self._forget(pid)
+            return [dict(base, ev="exited", t=now(), **w.get("status", {}))]
+        state = fields[0].decode("ascii", "replace")
+        if state == w["state"]:
+            return []
+        old, w["state"] = w["state"], state
+        if state == "Z":
+            w["status"] = _exit_status(fields)
+            if w.get("fd") is not None:  # a zombie's pidfd stays readable: the scan sees it reaped
+                os.close(w["fd"])
+                w["fd"] = None
+            return [dict(base, ev="zombie", t=now(), **w["status"])]
+        if state in ("T", "t") and old not in ("T", "t"):
+            return [dict(base, ev="stopped", t=now())]
+        if old in ("T", "t") and state not in ("T", "t"):
+            return [dict(base, ev="resumed", t=now())]
+        return []
+
+    def _forget(self, pid):
+        w = self.workers.pop(pid, None)
+        if w is not None and w.get("fd") is not None:
+            os.close(w["fd"])
+
+    def exited_fds(self, timeout):
+        """Wait up to ``timeout`` for a known worker's pidfd; the pids whose process ended."""
+        fds = dict((w["fd"], pid) for pid, w in self.workers.items() if w.get("fd") is not None)
+        if not fds:
+            return None  # nothing to wait on: the caller sleeps
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        try:
+            ready = poller.poll(timeout * 1000.0)
+        except (OSError, ValueError):
+            return []
+        return [fds[fd] for fd, _ in ready if fd in fds]
+
+    def close(self):
+        for pid in list(self.workers):
+            self._forget(pid)
+
+
+def op_watch(req, emit):
+    """Stream the changes of the node's training workers in scope (the drilled job's, see :func:`_in_scope`).
+
+    Each message: ``{"seq": N, "t": T, "changes": [...], "more": true}``; a change is ``{"ev": "appeared" |
+    "stopped" | "resumed" | "zombie" | "exited", "pid", "start", "rank", "t", ...}`` (``appeared`` with ``ppid``,
+    ``state``, ``restart_count``, ``local_rank``, ``run_id``; ``zombie``, and ``exited`` after it, with ``exitcode``
+    and ``signal`` read from the zombie). A message with no change is the heartbeat, about every
+    ``heartbeat`` seconds; the first one comes at once. ``seq`` counts this stream's messages from 1.
+
+    ``known`` (``[[pid, start, state], ...]``: the workers the controller believes alive, from an earlier
+    stream) is where this stream starts: what changed since is reported once, as changes of the first
+    message (a worker that came and went while no stream watched is not seen). Exits come through a pidfd per
+    worker where the node has them, new workers from a ``/proc`` scan every ``interval`` seconds, in which only
+    new pids are read (in the lab, where every node shares one kernel, each agent reads only its own)."""
+    interval = float(req.get("interval", WATCH_SCAN_S))
+    beat = float(req.get("heartbeat", WATCH_HEARTBEAT_S))
+    cancel = threading.Event()
+    with _STREAMS_LOCK:
+        _STREAMS[req.get("id")] = cancel
+    watch = _WorkerWatch(req.get("scope"), req.get("known"))
+    seq = [0]
+
+    def send(changes):
+        seq[0] += 1
+        emit({"seq": seq[0], "t": now(), "changes": changes, "more": True})
+
+    try:
+        send(watch.scan())
+        last_beat = last_scan = time.time()
+        while not cancel.is_set() and not _STOP.is_set():
+            wait = max(0.0, min(last_scan + interval, last_beat + beat) - time.time())
+            ended = watch.exited_fds(wait)
+            if ended is None:
+                cancel.wait(wait)
+            changes = []
+            if ended:
+                for pid in ended:
+                    if pid in watch.workers:
+                        changes.extend(watch._check(pid, True))
+            if time.time() >= last_scan + interval:
+                changes.extend(watch.scan())
+                last_scan = time.time()
+            if changes or time.time() >= last_beat + beat:
+                send(changes)
+                last_beat = time.time()
+    finally:
+        watch.close()
+        with _STREAMS_LOCK:
+            _STREAMS.pop(req.get("id"), None)
+    return {"seq": seq[0] + 1, "t": now(), "changes": []}
+
+
+KMSG_PATH = "/dev/kmsg"
+KMSG_BATCH = 256
+"""The most records one ``kmsg`` message carries."""
+KMSG_IDLE_S = 1.0
+"""How often a ``kmsg`` stream says where it is (``seq``) when records were read but none matched."""
+
+
+def _kmsg_record(raw):
+    """(seq, usec, prio, message) of one ``/dev/kmsg`` record (``PRIO,SEQ,USEC,FLAGS;text``), or None."""
+    head, sep, rest = raw.partition(b";")
+    if not sep:
+        return None
+    fields = head.split(b",")
+    try:
+        prio, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
+    except (IndexError, ValueError):
+        return None
+    return seq, usec, prio, rest[:FOLLOW_MAX_LINE].decode("utf-8", "replace")
+
+
+class _KmsgReader(object):
+    """Records from ``/dev/kmsg`` (one per read, then its `` KEY=value`` lines) or from a plain file of records
+    (tests: many per read); ``read`` returns a list, empty at the end, None when nothing is there yet."""
+
+    def __init__(self, fd):
+        self.fd, self.pending = fd, b""
+
+    def read(self):
+        try:
+            chunk = os.read(self.fd, 8192)
+        except BlockingIOError:
+            return None
+        except BrokenPipeError:  # records overwritten before they were read: the next read goes on after them
+            return []
+        if not chunk:
+            return None
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        out = []
+        for line in lines:
+            if line and not line.startswith(b" "):  # " KEY=value" continuation lines carry no message
+                rec = _kmsg_record(line)
+                if rec is not None:
+                    out.append(rec)
+        return out
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def op_kmsg(req, emit):
+    """Follow the node's kernel log (``/dev/kmsg``): the records whose text contains one of ``match`` (plain
+    substrings; none: every record), each ``[t, seq, prio, text]`` with the node's time it was logged.
+
+    ``seq``: the last record an earlier stream delivered; records after it are sent (those the ring buffer
+    still holds: ``lost`` counts any overwritten since), so a stream resumed there neither loses nor doubles
+    one. Without it the stream starts at the end of the log (what it held before is not sent). The first
+    message (``started``) names the kernel (``boot_id``: nodes that share one kernel share it) and the
+    position; later ones ``{"records": [...], "seq": S, "lost": N}``, ``seq`` the last record read."""
+    after = req.get("seq")
+    after = int(after) if after is not None else None
+    match = [str(m) for m in (req.get("match") or [])]
+    interval = float(req.get("interval", 0.2))
+    path = req.get("path") or KMSG_PATH
+    cancel = threading.Event()
+    with _STREAMS_LOCK:
+        _STREAMS[req.get("id")] = cancel
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        with _STREAMS_LOCK:
+            _STREAMS.pop(req.get("id"), None)
+        raise OpError("cannot read the kernel log %s: %s" % (path, exc.strerror))
+    import select
+
+    def wall(usec):  # the record's time (since boot) on the node's wall clock
+        return min(now(), now() - (time.monotonic() - usec / 1e6))
+
+    reader = _KmsgReader(fd)
+    last, lost = after, 0
+    try:
+        if after is None:  # from now on, knowing where "now" is (the last record's seq) so a resumed stream has one
+            while True:
+                recs = reader.read()
+                if recs is None:
+                    break
+                for rec in recs:
+                    last = rec[0]
+        emit({"started": True, "boot_id": _boot_id(), "seq": last, "records": [], "more": True})
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        sent, sent_at = last, time.monotonic()
+        while not cancel.is_set() and not _STOP.is_set():
+            batch, idle = [], False
+            while len(batch) < KMSG_BATCH:
+                recs = reader.read()
+                if recs is None:
+                    idle = True
+                    break
+                for seq, usec, prio, text in recs:
+                    if last is not None and seq <= last:
+                        continue  # delivered by an earlier stream
+                    if last is not None and seq > last + 1:
+                        lost += seq - last - 1
+                    last = seq
+                    if not match or any(m in text for m in match):
+                        batch.append([wall(usec), seq, prio, text])
+            if batch or (last != sent and time.monotonic() - sent_at >= KMSG_IDLE_S):
+                emit({"records": batch, "seq": last, "lost": lost, "more": True})
+                sent, sent_at = last, time.monotonic()
+            if idle:
+                if poller.poll(interval * 1000) and os.fstat(fd).st_size:  # a plain file (tests) is always "ready"
+                    cancel.wait(interval)
+    finally:
+        os.close(fd)
+        with _STREAMS_LOCK:
+            _STREAMS.pop(req.get("id"), None)
+    return {"seq": last, "lost": lost}
+
+
 def op_cancel(req):
     with _STREAMS_LOCK:
         event = _STREAMS.get(req["stream"])
@@ -635,7 +999,7 @@ INLINE = {
     "state": op_state, "signal": op_signal, "skew": op_skew, "cancel": op_cancel, "statedir": op_statedir,
 }
 THREADED = {"run": op_run, "spawn": op_spawn, "procs": op_procs, "rmtree": op_rmtree, "watchdog": op_watchdog}
-STREAMING = {"follow": op_follow}
+STREAMING = {"follow": op_follow, "watch": op_watch, "kmsg": op_kmsg}
 """Ops that answer many times: ``fn(req, emit)``; what ``fn`` returns is the last answer."""
 
 

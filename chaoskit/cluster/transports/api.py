@@ -10,13 +10,24 @@ from dataclasses import dataclass, replace
 import threading
 from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
+from chaoskit.core.errors import InfraError
+
 __all__ = [
     "ProcInfo", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
-    "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env",
+    "KmsgBatch", "KernelLogFollower", "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env", "ProcessStreamer", "WatchMessage",
+    "StreamUnsupported",
 ]
 
 LineBatch = Callable[[list[tuple[float, str]], "int | None", int], None]
 """``(lines, inode, offset)``: lines as (time read on the controller's clock, text), and where the file was left."""
+
+WatchMessage = Callable[[int, float, list[dict[str, Any]]], None]
+"""``(seq, t, changes)``: one message of a node's process watch, its time and every change's ``t`` on the
+controller's clock; no changes: a heartbeat."""
+
+
+class StreamUnsupported(InfraError):
+    """The node's transport cannot stream (no agent on this connection): poll it instead."""
 
 
 PROC_ENV_KEYS = frozenset({
@@ -237,3 +248,43 @@ class FileFollower(Protocol):
         """Stream the complete lines of ``path`` from ``inode``/``offset`` (where an earlier stream stopped), across
         rotation and truncation; each batch with the position after it. ``roots``: the folders the file must
         really lie in (the site policy's log roots, links resolved where the file is read)."""
+
+
+@runtime_checkable
+class ProcessStreamer(Protocol):
+    """A transport whose node watches its own processes and pushes the changes (the agent's ``watch``)."""
+
+    def watch_processes(self, on_message: WatchMessage, *, known: list[tuple[int, int | None, str]] | None = None,
+                        interval: float = 0.25, heartbeat: float = 1.0) -> FollowStream:
+        """Stream the changes of the drilled job's training workers on the node: each message
+        ``(seq, t, changes)``, a change ``{"ev": "appeared" | "stopped" | "resumed" | "zombie" | "exited",
+        "pid", "start", "rank", "t", ...}``; a message without changes is the node's heartbeat (about every
+        ``heartbeat`` seconds, the first at once). ``known``: the workers (pid, start time, state) believed
+        alive, from an earlier stream: what changed since comes in the first message. Raises
+        :class:`StreamUnsupported` when this connection cannot stream."""
+
+
+@dataclass
+class KmsgBatch:
+    """Records of a node's kernel log, as a ``kmsg`` stream delivers them (:class:`KernelLogFollower`)."""
+
+    records: list[tuple[float, int, int, str]]
+    """(time logged, on this machine's clock; seq; priority; text), in the log's order."""
+    seq: int | None
+    """The last record the stream read (matched or not): where a new stream goes on."""
+    boot_id: str | None = None
+    """The node's kernel (``/proc/sys/kernel/random/boot_id``), on the first batch of a stream: nodes that share
+    one kernel (the labs) share it."""
+    lost: int = 0
+    """Records the ring buffer overwrote before the stream read them (since the stream started)."""
+    started: bool = False
+
+
+@runtime_checkable
+class KernelLogFollower(Protocol):
+    """A transport whose node's agent follows the node's own kernel log."""
+
+    def kmsg(self, on_batch: "Callable[[KmsgBatch], None]", *, seq: int | None = None,
+             match: list[str] | None = None) -> FollowStream:
+        """Stream the records of the node's ``/dev/kmsg`` that contain one of ``match``: from after ``seq`` (where
+        an earlier stream stopped) or from now on; the first batch (``started``) once the stream reads."""

@@ -34,7 +34,9 @@ Contract:
   node clock.
 - **Streams**: :meth:`SSHTransport.follow` streams a file's lines from the node over the
   agent's channel; it ends when cancelled or when the connection drops, and says where
-  it stopped so that a new stream picks up there.
+  it stopped so that a new stream picks up there. :meth:`SSHTransport.watch_processes`
+  streams the changes of the job's workers there (with a heartbeat about once a second),
+  and resumes from the workers the controller last knew.
 - **State folder**: the agent keeps chaoskit's node-side files (leases, the watchdog, faults' state) in one
   folder of its own (:mod:`chaoskit.cluster.nodefs`): ``/run/chaoskit`` as root, ``~/.local/state/chaoskit``
   of a user that is not, or the inventory's ``workdir``; made 0700 and checked (owner, mode, not a link)
@@ -68,7 +70,9 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
-from chaoskit.cluster.transports.api import CommandResult, FollowStream, JobScope, LineBatch, ProcInfo
+from chaoskit.cluster.transports.api import (
+    CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, ProcInfo, StreamUnsupported, WatchMessage,
+)
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
@@ -710,6 +714,63 @@ class SSHTransport:
         stream.rid = agent.stream(fields, message, stream.finish)
         return stream
 
+    def watch_processes(self, on_message: WatchMessage, *, known: list[tuple[int, int | None, str]] | None = None,
+                        interval: float = 0.25, heartbeat: float = 1.0) -> "FollowStream":
+        """Stream the changes of the node's training workers of the drilled job (the agent's ``watch``):
+        ``on_message(seq, t, changes)`` for each message, ``t`` and every change's ``t`` on this machine's
+        clock; a message without changes is the node's heartbeat. ``known``: the workers believed alive
+        (pid, start time, state) from an earlier stream, so that only what changed since comes back."""
+        try:
+            with self._lock:
+                agent = self._agent_locked()
+        except _AgentGone as exc:
+            raise InfraError(f"cannot watch the processes of node {self.node}: the agent did not start ({exc})") from None
+        if agent is None:
+            raise StreamUnsupported(f"cannot watch the processes of node {self.node}: it needs chaoskit's agent, "
+                                    "and this connection fell back to one exec per command")
+        stream = _Stream(agent)
+        to_local = self.clock.to_controller
+
+        def message(reply: dict[str, Any]) -> None:
+            if "changes" in reply and reply.get("ok"):
+                changes = [{**c, "t": to_local(float(c["t"]))} for c in reply["changes"]]
+                on_message(int(reply.get("seq", 0)), to_local(float(reply["t"])), changes)
+            if not reply.get("more"):
+                stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
+
+        fields = {"op": "watch", "scope": self.scope, "interval": float(interval), "heartbeat": float(heartbeat),
+                  "known": [[int(pid), None if start is None else int(start), str(state)] for pid, start, state in known or ()]}
+        stream.rid = agent.stream(fields, message, stream.finish)
+        return stream
+
+    def kmsg(self, on_batch: Callable[[KmsgBatch], None], *, seq: int | None = None,
+             match: list[str] | None = None) -> "FollowStream":
+        """Stream the node's own kernel log (``/dev/kmsg``, read by its agent): the records containing one of
+        ``match``, from after ``seq`` (where an earlier stream stopped) or from now on, each with the time the
+        node logged it on this machine's clock (:class:`~chaoskit.cluster.transports.api.KmsgBatch`)."""
+        try:
+            with self._lock:
+                agent = self._agent_locked()
+        except _AgentGone as exc:
+            raise InfraError(f"cannot read the kernel log of node {self.node}: the agent did not start ({exc})") from None
+        if agent is None:
+            raise InfraError(f"cannot read the kernel log of node {self.node}: it needs chaoskit's agent, "
+                             "and this connection fell back to one exec per command")
+        stream = _Stream(agent)
+
+        def message(reply: dict[str, Any]) -> None:
+            if reply.get("ok") and ("records" in reply or reply.get("started")):
+                on_batch(KmsgBatch(
+                    [(self.clock.to_controller(float(t)), int(n), int(prio), str(text)) for t, n, prio, text in reply.get("records", [])],
+                    reply.get("seq"), reply.get("boot_id"), int(reply.get("lost") or 0), bool(reply.get("started"))))
+            if not reply.get("more"):
+                stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
+
+        fields: dict[str, Any] = {"op": "kmsg", "seq": None if seq is None else int(seq),
+                                  "match": [str(m) for m in (match or [])]}
+        stream.rid = agent.stream(fields, message, stream.finish)
+        return stream
+
     def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
         scope = self.node_scope if node_wide else self.scope
         reply = self._request("procs", self.command_timeout, scope=scope, workers=workers_only)
@@ -1073,7 +1134,7 @@ class _AgentChannel:
 
 
 class _Stream:
-    """A running ``follow``: :attr:`done` once it ended, :attr:`error` why (``None``: cancelled or finished)."""
+    """A running ``follow`` or ``watch``: :attr:`done` once it ended, :attr:`error` why (``None``: cancelled or finished)."""
 
     def __init__(self, agent: _AgentChannel) -> None:
         self.agent, self.rid = agent, 0
