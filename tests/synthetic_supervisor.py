@@ -7,6 +7,11 @@ RESTART_S, forks a new world, and each new worker takes LOAD_S (rank r: LOAD_S *
 (r + 1) / WORLD, so the last rank loads last) to load the newest checkpoint; no
 rank steps before all have loaded, as with DDP's first all-reduce.
 
+Besides the SDK events it writes the truth, read off the clock where each thing
+really happened (``ckpt.txt.truth``: ``noticed``, ``started``, ``loaded`` lines):
+on a loaded machine the delays come out longer than asked, and the truth says
+by how much.
+
     python synthetic_supervisor.py DETECT_S RESTART_S LOAD_S STEP_S STEPS CKPT_EVERY
 """
 
@@ -20,10 +25,16 @@ from chaoskit import probe
 WORLD = 2
 
 
+def truth(state, what, restart, rank):
+    with open(state + ".truth", "a") as fh:
+        fh.write("%s %d %d %.6f\n" % (what, restart, rank, time.time()))
+
+
 def worker(rank, restart, delays, state):
     os.environ["RANK"] = str(rank)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(restart)
     os.environ["WORLD_SIZE"] = str(WORLD)
+    truth(state, "started", restart, rank)
     probe.worker_start()
     _, _, load_s, step_s, steps, every = delays
     start = 0
@@ -33,6 +44,7 @@ def worker(rank, restart, delays, state):
             with open(state) as fh:
                 start = int(fh.read())
             info["step"] = start
+        truth(state, "loaded", restart, rank)
     # Like DDP's first all-reduce: no rank steps before every rank of the world is ready.
     barrier = "%s.ready.%d" % (state, restart)
     open("%s.%d" % (barrier, rank), "w").close()
@@ -72,6 +84,7 @@ def main(argv):
         if rank is None or status == 0:
             continue
         time.sleep(detect_s)
+        truth(state, "noticed", restart, rank)
         probe.emit("worker.exit", rank=rank, exitcode=-os.WTERMSIG(status) if os.WIFSIGNALED(status) else status >> 8)
         for other in list(pids):
             os.kill(other, signal.SIGKILL)

@@ -99,7 +99,8 @@ def test_restart_without_checkpoint_loses_everything():
 
 @pytest.mark.parametrize("detect_s,restart_s,load_s", [(0.3, 0.7, 0.4), (0.1, 1.2, 0.8)])
 def test_accuracy_against_a_supervisor_with_known_delays(tmp_path: Path, detect_s, restart_s, load_s):
-    """Real processes, known delays: every measured phase lands within 50 ms of the truth."""
+    """Real processes, known delays: every measured phase lands within 50 ms of the truth (what the processes'
+    own clocks say happened), and no shorter than the delay asked for."""
     events = tmp_path / "events.jsonl"
     env = dict(os.environ, CHAOSKIT_EVENTS=str(events), CHAOSKIT_NODE="n0", PYTHONPATH=str(ROOT))
     step_s, every = 0.02, 10
@@ -122,10 +123,17 @@ def test_accuracy_against_a_supervisor_with_known_delays(tmp_path: Path, detect_
         sup.kill()
         sup.wait()
     m = measure_fault(read(), t_fault)
-    assert m["detection_s"] == pytest.approx(detect_s, abs=0.05)
-    assert m["reallocation_s"] == pytest.approx(restart_s, abs=0.05)
-    assert m["checkpoint_load_s"] == pytest.approx(load_s, abs=0.05)
-    assert m["recovery_s"] == pytest.approx(detect_s + restart_s + load_s, abs=0.05 + step_s)
+    # the truth, read off the clock where each thing happened: a loaded machine stretches the delays asked for
+    # (sleeps and forks run late), never shortens them
+    lines = [line.split() for line in (tmp_path / "ckpt.txt.truth").read_text().splitlines()]
+    noticed = next(float(t) for what, restart, _, t in lines if what == "noticed")
+    started = max(float(t) for what, restart, _, t in lines if what == "started" and restart == "1")
+    loaded = max(float(t) for what, restart, _, t in lines if what == "loaded" and restart == "1")
+    true = {"detection_s": noticed - t_fault, "reallocation_s": started - noticed, "checkpoint_load_s": loaded - started}
+    for key, asked in (("detection_s", detect_s), ("reallocation_s", restart_s), ("checkpoint_load_s", load_s)):
+        assert m[key] == pytest.approx(true[key], abs=0.05), (key, m[key], true[key])
+        assert m[key] >= asked - 0.05, (key, m[key], asked)
+    assert m["recovery_s"] == pytest.approx(sum(true.values()), abs=0.05 + 2 * step_s)
     assert 0 <= m["lost_steps"] <= every
 
 
