@@ -128,6 +128,35 @@ def test_the_slurm_probe_reports_a_drain_with_its_reason_and_marks_chaoskits_own
     assert probe._nodes({"n1": {"State": "ALLOCATED+DRAIN"}, "n2": {"State": "IDLE+DRAIN"}}, 3.0) == []
 
 
+def test_a_requeue_that_lands_while_squeue_runs_is_stamped_after_it_not_before():
+    """The Slurm probe's poll began, then chaoskit requeued the job (its fault's time), then squeue answered
+    with the requeue in it: the event may not precede the fault, or the drill sees no detection. Slurm's answers
+    come from a stand-in here (what they say is the point, not how slurmctld says it)."""
+    import time as _time
+
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.slurm import SlurmProbe
+
+    class Access:
+        restarts, t_fault = "0", None
+
+        def nodes(self):
+            return {"n0": {"State": "ALLOCATED"}}
+
+        def jobs(self, wanted=None):
+            if self.restarts == "1":
+                self.t_fault = _time.time()  # the requeue, injected while this squeue runs
+                _time.sleep(0.05)
+            return [{"JobId": "7", "JobState": "RUNNING", "Restarts": self.restarts, "NodeList": "n0"}]
+
+    access = Access()
+    probe = SlurmProbe(EventBus(), access)  # type: ignore[arg-type]
+    probe.poll()
+    access.restarts = "1"
+    (requeued,) = [e for e in probe.poll() if e["kind"] == "job.requeued"]
+    assert requeued["ts"] >= access.t_fault
+
+
 def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)

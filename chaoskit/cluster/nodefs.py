@@ -26,12 +26,15 @@ import shutil
 import stat
 
 __all__ = [
-    "StateDirError", "ROOT_STATE_DIR", "default_state_dir", "state_dir", "check_dir", "ensure_dir", "inside",
+    "StateDirError", "ROOT_STATE_DIR", "REVERT_FILE", "default_state_dir", "state_dir", "check_dir", "ensure_dir", "inside",
     "make_dirs", "create_file", "write_file", "touch_file", "read_file", "remove_tree", "random_name", "bundle",
 ]
 
 ROOT_STATE_DIR = "/run/chaoskit"
 """Root's state folder: /run is root's own tmpfs, so nothing there outlives a reboot or is anyone else's."""
+REVERT_FILE = "revert.json"
+"""In a lease folder: the revert its watchdog runs, a JSON list of argv (never on a command line, which every user
+of the node can read, and a revert may carry a secret)."""
 
 
 class StateDirError(OSError):

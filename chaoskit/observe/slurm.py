@@ -48,7 +48,6 @@ class SlurmProbe(threading.Thread):
 
     def poll(self) -> list[Event]:
         """One look at the nodes and the jobs; return the events it published."""
-        ts = time.time()
         wanted = self.only_jobs() if self.only_jobs is not None else None
         try:
             nodes = self.access.nodes()
@@ -56,6 +55,9 @@ class SlurmProbe(threading.Thread):
         except InfraError:
             self.errors += 1  # slurmctld busy or restarting: no verdict this round
             return []
+        # stamped when Slurm's answer is in: a change that came while squeue ran (a requeue chaoskit injected a
+        # moment after the poll began) is never stamped before it happened
+        ts = time.time()
         out = self._nodes(nodes, ts) + self._jobs(jobs, nodes, ts)
         for event in out:
             self.bus.publish(event)

@@ -25,11 +25,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaoskit.cluster.nodefs import StateDirError, ensure_dir, make_dirs, read_file, touch_file, write_file
+from chaoskit.cluster.nodefs import REVERT_FILE, StateDirError, ensure_dir, make_dirs, read_file, touch_file, write_file
 from chaoskit.cluster.transports.api import Transport, WatchdogHost
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
-from chaoskit.safety.watchdog import REVERT_FILE, watchdog_source
+from chaoskit.safety.watchdog import watchdog_source
 
 __all__ = ["Lease", "LeaseManager", "default_lease_root"]
 

@@ -29,11 +29,10 @@ import time
 try:
     StateDirError  # noqa: B018 - defined when nodefs' source was put in front of this one (watchdog_source)
 except NameError:  # imported on the controller
-    from chaoskit.cluster.nodefs import StateDirError, bundle, check_dir, create_file, read_file, write_file
+    from chaoskit.cluster.nodefs import REVERT_FILE, StateDirError, bundle, check_dir, create_file, read_file, write_file
 
 POLL_S = 0.05
 USAGE = "usage: python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX   (the revert's argv in LEASE_DIR/revert.json)\n"
-REVERT_FILE = "revert.json"
 
 
 def watchdog_source():

@@ -483,14 +483,14 @@ def op_watchdog(req):
     """
     lease_dir, script = _state_path(req["lease_dir"]), _state_path(req["script"])
     _state_parent(os.path.join(lease_dir, "lease"))  # the lease folder and those above it, made and checked
-    for stale in ("released", "fired", "watchdog.pid", "revert.json"):
+    for stale in ("released", "fired", "watchdog.pid", REVERT_FILE):
         try:
             os.unlink(os.path.join(lease_dir, stale))
         except FileNotFoundError:
             pass
     touch_file(os.path.join(lease_dir, "lease"))
     # the revert in a file of the lease folder, not on the command line, which every user of the node reads
-    create_file(os.path.join(lease_dir, "revert.json"), json.dumps([str(a) for a in req["revert"]]))
+    create_file(os.path.join(lease_dir, REVERT_FILE), json.dumps([str(a) for a in req["revert"]]))
     deadline = time.time() + float(req["duration"])
     argv = [sys.executable, "-I", script, lease_dir, "%g" % float(req["ttl"]), "%.3f" % deadline]
     pid = _spawn(argv, cwd="/")

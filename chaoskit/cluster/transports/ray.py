@@ -21,6 +21,7 @@ node's files (leases, the watchdog) live in its state folder
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from chaoskit.cluster.nodefs import inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
+from chaoskit.cluster.nodefs import REVERT_FILE, inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
 from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
@@ -98,7 +99,7 @@ class ChaosAgent:
 
     def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], source: str) -> tuple[str, int]:
         directory = make_dirs(self.state_dir, os.path.join(self.lease_root, lease_id))
-        for stale in ("released", "fired", "watchdog.pid"):
+        for stale in ("released", "fired", "watchdog.pid", REVERT_FILE):
             try:
                 os.unlink(os.path.join(directory, stale))
             except FileNotFoundError:
@@ -106,8 +107,9 @@ class ChaosAgent:
         script = os.path.join(self.state_dir, f"watchdog-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py")
         write_file(script, source)
         touch_file(os.path.join(directory, "lease"))
+        write_file(os.path.join(directory, REVERT_FILE), json.dumps([str(a) for a in revert]))  # not on a command line
         deadline = time.time() + duration
-        pid = self.spawn_detached([sys.executable, "-I", script, directory, f"{ttl:g}", f"{deadline:.3f}", "--", *revert])
+        pid = self.spawn_detached([sys.executable, "-I", script, directory, f"{ttl:g}", f"{deadline:.3f}"])
         for _ in range(500):  # the watchdog writes its pid file once it is watching
             if os.path.exists(os.path.join(directory, "watchdog.pid")):
                 break
