@@ -18,7 +18,8 @@ from tests.conftest import SCENARIOS, need_torch, run_cli
 
 # What each shipped scenario claims, and the real-world weight of those classes,
 # worked out by hand from the catalog and the Llama 3 table.
-CLAIMS = {"kill-rank": "software.crash", "kill-uninstrumented": "software.crash", "hang-rank": "software.hang"}
+# kill-uninstrumented would claim software.crash again; its drill is tests/test_drills.py's (CI minutes)
+CLAIMS = {"kill-rank": "software.crash", "hang-rank": "software.hang"}
 WEIGHT = {"software.crash": 54 + 2, "software.hang": 7}
 CATALOG_SIZE, INTERRUPTIONS = 16, 419
 
@@ -171,7 +172,7 @@ def test_real_gameday_junit_is_readable(real_gameday) -> None:
     cases = {c.name: c for c in suite}
     assert set(cases) == set(CLAIMS)
     failing = [r for r in summary["scenarios"] if r["status"] != "pass"]
-    assert (suite.tests, suite.failures, suite.errors) == (3, len(failing), 0)
+    assert (suite.tests, suite.failures, suite.errors) == (len(CLAIMS), len(failing), 0)
     for r in summary["scenarios"]:
         case = cases[r["scenario"]]
         assert case.classname == "software" and case.time == pytest.approx(r["duration_s"], abs=0.001)
@@ -190,7 +191,7 @@ def test_report_rebuilds_and_twenty_scenarios_stay_small(real_gameday, tmp_path:
     (out / "index.html").unlink()
     res = run_cli("report", out)
     assert res.code == 0 and res.stdout.strip() == str(out / "index.html"), res.stderr
-    assert (out / "index.html").read_text().count('class="card"') == before.count('class="card"') == 3
+    assert (out / "index.html").read_text().count('class="card"') == before.count('class="card"') == len(CLAIMS)
     cov = summary["coverage"]
     assert f"{cov['covered_count']}/{cov['total']}" in before
 
@@ -198,7 +199,7 @@ def test_report_rebuilds_and_twenty_scenarios_stay_small(real_gameday, tmp_path:
     big = tmp_path / "night-20"
     records = []
     for i in range(1, 21):
-        src = summary["scenarios"][(i - 1) % 3]
+        src = summary["scenarios"][(i - 1) % len(summary["scenarios"])]
         dest = f"{i:02d}-{src['scenario']}-{i}"
         shutil.copytree(out / src["dir"], big / dest, ignore=shutil.ignore_patterns("checkpoints"))
         records.append({**src, "index": i, "dir": dest, "scenario": f"{src['scenario']}-{i}"})
