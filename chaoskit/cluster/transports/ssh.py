@@ -685,20 +685,25 @@ class SSHTransport:
         self.clock = measure_clock(lambda: self.ping(timeout=self.command_timeout), samples)
         return self.clock
 
+    def _stream_agent(self, what: str, unsupported: type[Exception] = InfraError) -> "_AgentChannel":
+        """The agent a stream runs on; ``InfraError`` when it did not start, ``unsupported`` when this connection
+        fell back to one exec per command. ``what``: the stream, for the message ("follow F on node N")."""
+        try:
+            with self._lock:
+                agent = self._agent_locked()
+        except _AgentGone as exc:
+            raise InfraError(f"cannot {what}: the agent did not start ({exc})") from None
+        if agent is None:
+            raise unsupported(f"cannot {what}: it needs chaoskit's agent, and this connection fell back to one exec per command")
+        return agent
+
     def follow(self, path: str, on_batch: LineBatch, *, inode: int | None = None, offset: int = 0,
                interval: float = 0.02, roots: list[str] | None = None) -> "FollowStream":
         """Stream the complete lines of ``path`` on the node, from ``inode``/``offset`` (where an earlier
         stream stopped) or from its start; ``on_batch(lines, inode, offset)`` gets each batch with the
         position after it, each line as (time read, on this machine's clock; text). ``roots``: the
         folders the file must really be in (links resolved on the node), else the stream fails."""
-        try:
-            with self._lock:
-                agent = self._agent_locked()
-        except _AgentGone as exc:
-            raise InfraError(f"cannot follow {path} on node {self.node}: the agent did not start ({exc})") from None
-        if agent is None:
-            raise InfraError(f"cannot follow {path} on node {self.node}: it needs chaoskit's agent, "
-                             "and this connection fell back to one exec per command")
+        agent = self._stream_agent(f"follow {path} on node {self.node}")
         stream = _Stream(agent)
 
         def message(reply: dict[str, Any]) -> None:
@@ -720,14 +725,7 @@ class SSHTransport:
         ``on_message(seq, t, changes)`` for each message, ``t`` and every change's ``t`` on this machine's
         clock; a message without changes is the node's heartbeat. ``known``: the workers believed alive
         (pid, start time, state) from an earlier stream, so that only what changed since comes back."""
-        try:
-            with self._lock:
-                agent = self._agent_locked()
-        except _AgentGone as exc:
-            raise InfraError(f"cannot watch the processes of node {self.node}: the agent did not start ({exc})") from None
-        if agent is None:
-            raise StreamUnsupported(f"cannot watch the processes of node {self.node}: it needs chaoskit's agent, "
-                                    "and this connection fell back to one exec per command")
+        agent = self._stream_agent(f"watch the processes of node {self.node}", unsupported=StreamUnsupported)
         stream = _Stream(agent)
         to_local = self.clock.to_controller
 
@@ -748,14 +746,7 @@ class SSHTransport:
         """Stream the node's own kernel log (``/dev/kmsg``, read by its agent): the records containing one of
         ``match``, from after ``seq`` (where an earlier stream stopped) or from now on, each with the time the
         node logged it on this machine's clock (:class:`~chaoskit.cluster.transports.api.KmsgBatch`)."""
-        try:
-            with self._lock:
-                agent = self._agent_locked()
-        except _AgentGone as exc:
-            raise InfraError(f"cannot read the kernel log of node {self.node}: the agent did not start ({exc})") from None
-        if agent is None:
-            raise InfraError(f"cannot read the kernel log of node {self.node}: it needs chaoskit's agent, "
-                             "and this connection fell back to one exec per command")
+        agent = self._stream_agent(f"read the kernel log of node {self.node}")
         stream = _Stream(agent)
 
         def message(reply: dict[str, Any]) -> None:
