@@ -38,6 +38,7 @@ import os
 import random
 import resource
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -258,6 +259,7 @@ def bench(n: int, steady: float, timeout: float, cap: float) -> dict[str, Any]:
     finally:
         inventory.close()
         lab.down()
+        shutil.rmtree(directory, ignore_errors=True)
     return {"nodes": n, "lab_build_s": round(built, 1), "idle_connections_cpu_pct": idle, "new": new, "old": old}
 
 
