@@ -46,25 +46,28 @@ SCALARS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), METACHAR_TEXT, st.text(max_size=20),
     st.sampled_from(["30s", "1e400s", "٣٠s", "eth0\n", "SIGKILL", "9", "٩", "a{4294967296}", "(" * 300, "10mbit", "9" * 400 + "mbit",
                      "process.kill", "network.degrade", "docker", "netns", "ray", "lab", "n1", "auto", "0.0.0.0:1",
-                     "http://127.0.0.1:9090", "https://u:p@h/", "rises", "max(up)"]),
+                     "http://127.0.0.1:9090", "https://u:p@h/", "rises", "max(up)", "gpu.xid", "hf", "torchrun", "megatron",
+                     "0000:3b:00.0", "PCI:zz", "79", "13"]),
 )
 TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(
     st.one_of(st.sampled_from(["name", "faults", "kind", "target", "cluster", "nodes", "ray", "services", "image",
                                "labels", "interfaces", "power", "ssh", "duration", "rate", "signal", "workload", "probes",
                                "repeat", "step_compute", "slo", "recovery", "p95", "max", "run_id", "user", "policy",
                                "log_roots", "checkpoint_roots", "safety", "stop_when", "prometheus", "query", "above",
-                               "below", "for", "url", "when", "event"]),
+                               "below", "for", "url", "when", "event", "heartbeat_timeout", "presets", "gpu_pci",
+                               "health_check_interval", "code", "pci", "device", "with_failure", "command"]),
               st.text(max_size=8)), kids, max_size=6)), max_leaves=30)
 
 INVENTORY = {
     "name": "rack-a",
     "ssh": {"user": "root", "key": "~/.ssh/chaoskit", "known_hosts": "./known_hosts", "port": 22},
-    "nodes": [{"name": "gpu01", "address": "10.0.0.11", "labels": {"rack": "r1"}, "gpus": 8,
+    "nodes": [{"name": "gpu01", "address": "10.0.0.11", "labels": {"rack": "r1"}, "gpus": 8, "gpu_pci": ["0000:3b:00.0"],
                "interfaces": {"data": {"name": "ib0", "address": "10.1.0.11"}, "mgmt": "eno1"},
                "power": {"off": "ipmitool chassis power off", "on": ["ipmitool", "chassis", "power", "on"]},
                "workdir": "/var/lib/chaoskit"}],
 }
-SHIPPED = sorted([*SCENARIOS.glob("*.yaml"), ROOT / "examples" / "campaign.yaml"])
+SHIPPED = sorted([*SCENARIOS.glob("*.yaml"), ROOT / "examples" / "campaign.yaml", ROOT / "examples" / "gpu-xid-alone.yaml",
+                  *(ROOT / "examples" / "frameworks").glob("*.yaml")])
 COMPOSE = ROOT / "docker-compose.yml"
 
 
