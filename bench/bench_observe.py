@@ -37,7 +37,6 @@ import json
 import os
 import random
 import resource
-import signal
 import shutil
 import subprocess
 import sys
