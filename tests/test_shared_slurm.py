@@ -308,6 +308,9 @@ def test_the_drill_s_own_drain_is_resumed_and_a_drain_through_the_cli_refuses_a_
         assert "node n2 is already IDLE+DRAIN" in res.stderr and "nothing was drained" in res.stderr
         journal = tmp_path / "run" / "journal.jsonl"
         assert not journal.exists() or '"armed"' not in journal.read_text()
-        assert access.node_state("n2") == ("IDLE+DRAIN", ADMIN_REASON, "root")
+        state, reason, user = access.node_state("n2")
+        # NOT_RESPONDING is slurmctld's view of a slurmd slow to answer its ping on a busy machine: not ours to judge
+        assert set(state.split("+")) - {"NOT_RESPONDING"} == {"IDLE", "DRAIN"}, state
+        assert (reason, user) == (ADMIN_REASON, "root")
     finally:
         access.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
