@@ -34,3 +34,25 @@ def test_hf_trainer_job_recovers_from_a_killed_rank_with_the_lost_work_its_check
     assert "steps (Trainer.log prints its loss dicts" in result["presets"]["hf"]["cannot_see"]
     page = (tmp_path / "run" / "report.html").read_text()
     assert "log preset hf sees ckpt.load.start" in page and "TRANSFORMERS_VERBOSITY=info" in page
+
+
+@pytest.mark.slow
+def test_lightning_job_recovers_from_a_killed_rank_with_the_lost_work_its_checkpoints_say(tmp_path):
+    need_torch()
+    need(importlib.util.find_spec("lightning") is not None, "lightning (pip install 'chaoskit[frameworks]')")
+    res = run_cli("run", ROOT / "examples" / "frameworks" / "lightning-kill-rank.yaml", "--out", tmp_path / "run", "--json")
+    assert res.code == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    result = res.json
+    assert result["verdict"] == "pass", result["notes"]
+    phases = result["phases"]
+    for phase in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s"):
+        assert phases[phase] is not None and phases[phase] > 0, (phase, phases.get("reasons"))
+    # ModelCheckpoint(every_n_train_steps=N, save_top_k=-1) keeps every save as epoch=E-step=S.ckpt; the newest
+    # one at or before the last step before the fault is what last.ckpt held when fit(ckpt_path="last") resumed
+    saved = sorted(int(m.group(1)) for p in (tmp_path / "run" / "checkpoints").iterdir()
+                   if (m := re.fullmatch(r"epoch=\d+-step=(\d+)\.ckpt", p.name)))
+    before = phases["last_step_before"]
+    newest = max(n for n in saved if n <= before)
+    assert phases["restored_step"] == newest
+    assert phases["lost_steps"] == before - newest > 0
+    assert result["presets"]["lightning"]["verbosity"].startswith("the default")
