@@ -12,13 +12,19 @@ Exactly the definitions of docs/architecture.md ("Recovery phases"), for one fau
 
 A phase whose signal never came is ``None`` with a reason, never zero, and it
 fails its SLO. This module is pure: events in, numbers out.
+
+That is the ``restart`` recovery model (:func:`measure_fault`). A job that recovers without a restart is
+measured on its own terms: :data:`RECOVERY_MODELS` names each model's function, ``workload.recovery`` picks
+one, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
+drop a dead replica group from the quorum and carry on; its restarted group heals from a peer.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "detection_sources", "measure_fault", "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault", "measure_torchft",
+           "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued"})
@@ -44,8 +50,10 @@ def _rank_key(e: Event) -> Any:
     return ("node", e.get("node"), e.get("pid"))
 
 
-def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0) -> dict[str, Any]:
-    """Measure the recovery from one fault injected at ``t_fault``.
+def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
+                  node: str | None = None) -> dict[str, Any]:
+    """Measure the recovery from one fault injected at ``t_fault`` (on ``node``; the restart model does not need
+    it: the whole world restarts).
 
     Returns the phases in seconds (``detection_s``, ``reallocation_s``,
     ``checkpoint_load_s``, ``startup_s``, ``recovery_s``), ``lost_steps``, the
@@ -149,6 +157,7 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     if last_step_before is not None and restored_step is not None and resumed is not None:
         lost = max(0, last_step_before - restored_step)
     return {
+        "model": "restart",
         "detection_s": detection,
         "reallocation_s": reallocation,
         "checkpoint_load_s": span(t_realloc, t_loaded),
@@ -167,6 +176,143 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "reasons": reasons,
         "uncertainty_s": uncertainties,
     }
+
+
+TORCHFT_DETECT_SOURCES = frozenset({"torchft", "torchft lighthouse"})
+"""Who notices a dead replica group in the torchft model: a survivor's failed collective (torchft's manager)
+or the lighthouse dropping the group from the quorum once it stopped heartbeating."""
+
+
+def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
+                    node: str | None = None) -> dict[str, Any]:
+    """Measure a torchft job's recovery from a fault to the replica group on ``node`` (docs/architecture.md,
+    "Recovery models"): no restart of the world, so the phases are torchft's own.
+
+    - detection: ``t_fault`` to the first sign torchft noticed: a survivor's collective error (``detect`` from
+      torchft's manager: "got exception in all reduce") or the lighthouse changing the quorum (the group's
+      heartbeat stopped), whichever came first;
+    - reallocation: to the first survivor reconfigured for a new quorum after the fault (``rendezvous.done``:
+      "reconfiguring for quorum_id=N"); 0 when the lighthouse's new quorum was the detection and the survivor took
+      it at once (torchft has no reallocation apart from the quorum);
+    - checkpoint load: the restarted group's heal from a peer, ``healing required`` (``ckpt.load.start``) to
+      ``Loaded state dict.`` (``ckpt.load.end``), both on ``node``;
+    - recovery: ``t_fault`` to the healed group's first committed step (the job at full strength again);
+    - lost work: the steps the survivors discarded (``step.discarded``: ``should_commit=False``) plus the healed
+      group's catch-up (the step it healed to minus its last committed step before the fault: the steps it did
+      not take part in).
+
+    The keys are :func:`measure_fault`'s, plus ``discarded_steps``, ``catch_up_steps`` and ``healed_group``.
+    """
+    timeline = sorted(events, key=lambda e: e["ts"])
+    after = [e for e in timeline if e["ts"] > t_fault]
+    reasons: dict[str, str] = {}
+
+    def survivor(e: Event) -> bool:
+        return node is None or e.get("node") != node or e.get("source") == "torchft lighthouse"
+
+    steps_before = [e for e in timeline if e["ts"] <= t_fault and e.get("kind") == "step" and isinstance(e.get("step"), int)]
+    last_step_before = max((e["step"] for e in steps_before), default=None)
+    group_before = max((e["step"] for e in steps_before if node is None or e.get("node") == node), default=None)
+
+    detect = next((e for e in after if e.get("kind") in DETECT_KINDS and e.get("source") in TORCHFT_DETECT_SOURCES
+                   and survivor(e)), None)
+    if detect is None:
+        reasons["detection"] = ("not observed: no survivor's collective error and no quorum change after the fault "
+                                "(the torchft preset and the torchft.manager logger at INFO are needed)")
+    t_detect = detect["ts"] if detect else None
+    realloc = None
+    if t_detect is not None:
+        # the first survivor reconfigured after the fault; it may be read a moment before the lighthouse's line that
+        # caused it (two pipes, two readers): then the two are one instant, and reallocation is 0
+        realloc = next((e for e in after if e.get("kind") == "rendezvous.done" and e.get("source") == "torchft"
+                        and survivor(e)), None)
+        if realloc is None:
+            reasons["reallocation"] = "not observed: no survivor reconfigured for a new quorum after the detection"
+    else:
+        reasons["reallocation"] = "not measurable: detection was not observed"
+
+    mine = [e for e in after if node is None or e.get("node") == node]
+    heal = next((e for e in mine if e.get("kind") == "ckpt.load.start" and e.get("source") == "torchft"), None)
+    healed = next((e for e in mine if heal is not None and e.get("kind") == "ckpt.load.end"
+                   and e.get("source") == "torchft" and e["ts"] >= heal["ts"]), None)
+    if heal is None:
+        reasons["checkpoint_load"] = (f"not observed: the group on {node or '?'} never healed from a peer after the "
+                                      "fault (no 'healing required' line: did its torchrun restart it?)")
+    elif healed is None:
+        reasons["checkpoint_load"] = f"not observed: the group on {node or '?'} began healing but never loaded the state dict"
+    resumed = next((e for e in mine if healed is not None and e.get("kind") == "step" and e["ts"] >= healed["ts"]), None)
+    if resumed is None:
+        reasons["recovery"] = f"not observed: the group on {node or '?'} did not commit a step after healing"
+
+    restored_step = healed.get("step") if healed is not None and isinstance(healed.get("step"), int) else None
+    if restored_step is None and heal is not None and isinstance(heal.get("step"), int):
+        restored_step = heal["step"]  # "healing required ... max_step=N": the step it fetches
+    end = resumed["ts"] if resumed is not None else float("inf")
+    discarded = sorted({e.get("step") for e in after if e.get("kind") == "step.discarded" and survivor(e)
+                        and e["ts"] <= end and isinstance(e.get("step"), int)})
+    catch_up = (max(0, restored_step - group_before) if restored_step is not None and group_before is not None
+                else None)
+    lost = len(discarded) + catch_up if catch_up is not None and resumed is not None else None
+
+    def span(a: Event | float | None, b: Event | float | None) -> float | None:
+        ta = a["ts"] if isinstance(a, dict) else a
+        tb = b["ts"] if isinstance(b, dict) else b
+        return round(tb - ta, 4) if ta is not None and tb is not None else None
+
+    def error(e: Event | None) -> float:
+        return float(e.get("ts_uncertainty") or 0.0) if e is not None else 0.0
+
+    def uncertainty(value: float | None, a: float, b: float) -> float | None:
+        return None if value is None else round(a + b, 6)
+
+    detection, reallocation = span(t_fault, detect), span(detect, realloc)
+    if reallocation is not None and reallocation < 0:
+        reallocation = 0.0
+    checkpoint_load, recovery = span(heal, healed), span(t_fault, resumed)
+    return {
+        "model": "torchft",
+        "detection_s": detection,
+        "reallocation_s": reallocation,
+        "checkpoint_load_s": checkpoint_load,
+        "startup_s": None,
+        "recovery_s": recovery,
+        "lost_steps": lost,
+        "discarded_steps": discarded,
+        "catch_up_steps": catch_up,
+        "healed_group": node,
+        "last_step_before": last_step_before,
+        "restored_step": restored_step,
+        "detected_by": _who(detect),
+        "detections": detection_sources(timeline, t_fault),
+        "t_fault": t_fault,
+        "t_detect": t_detect,
+        "t_realloc": realloc["ts"] if realloc else None,
+        "t_loaded": healed["ts"] if healed else None,
+        "t_resumed": resumed["ts"] if resumed else None,
+        "reasons": reasons,
+        "uncertainty_s": {
+            "detection": uncertainty(detection, t_fault_uncertainty, error(detect)),
+            "reallocation": uncertainty(reallocation, error(detect), error(realloc)),
+            "checkpoint_load": uncertainty(checkpoint_load, error(heal), error(healed)),
+            "recovery": uncertainty(recovery, t_fault_uncertainty, error(resumed)),
+        },
+    }
+
+
+RECOVERY_MODELS = {"restart": measure_fault, "torchft": measure_torchft}
+PHASE_MEANINGS = {
+    "restart": {"detection": "fault -> the system noticed", "reallocation": "noticed -> new world started",
+                "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
+                "lost_steps": "the last step before the fault - the step restored"},
+    "torchft": {"detection": "fault -> a survivor's collective failed or the lighthouse changed the quorum",
+                "reallocation": "noticed -> a survivor reconfigured for the quorum without the dead group",
+                "checkpoint_load": "the restarted group's heal from a peer ('healing required' -> 'Loaded state dict.')",
+                "recovery": "fault -> the healed group's first committed step",
+                "lost_steps": "steps the survivors discarded (should_commit=False) + the healed group's catch-up"},
+}
+"""What each phase spans under each recovery model (the reports' "what it spans" column)."""
+"""``workload.recovery`` -> the function that measures a fault's recovery under that model (same signature and
+keys; ``model`` names it)."""
 
 
 def detection_sources(events: Iterable[Event], t_fault: float) -> list[dict[str, Any]]:

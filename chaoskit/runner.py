@@ -42,7 +42,7 @@ from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.measure import measure_fault, measure_slowdown, reallocation_steps, slo_verdict
+from chaoskit.measure import RECOVERY_MODELS, measure_slowdown, reallocation_steps, slo_verdict
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
@@ -488,10 +488,23 @@ class _Run:
 
     def _baseline(self) -> None:
         need, timeout = self.sc.steady_state.steps, self.sc.steady_state.timeout
-        ok = self._wait(lambda: (self.bus.last_step or 0) >= need, timeout, what="steady state")
+        every_group = self.sc.workload.recovery == "torchft"
+
+        def steady() -> bool:
+            if (self.bus.last_step or 0) < need:
+                return False
+            if not every_group:
+                return True
+            # torchft: the survivors train on while a group starts, so step N says nothing of the others; a fault
+            # must find every replica group in the quorum (each has committed a step), not one still importing torch
+            stepped = {e.get("node") for e in self.bus.snapshot() if e.get("kind") == "step"}
+            return set(self.cluster.job_nodes) <= stepped
+
+        ok = self._wait(steady, timeout, what="steady state")
         if not ok:
             raise InfraError(
-                f"the job did not reach steady state: no step {need} within {timeout:g}s"
+                f"the job did not reach steady state: no step {need}"
+                + (" committed by every replica group" if every_group else "") + f" within {timeout:g}s"
                 + (f": {self.job.diagnosis()}" if self.job.diagnosis() else ""),
                 hint=f"see the job's output under {self.run_dir / 'logs'}",
             )
@@ -581,7 +594,7 @@ class _Run:
             if len(announced) == 4 and sc.workload.wait != "recovered":
                 m = {"t_resumed": None}  # all said: a long job (a campaign) need not be measured ten times a second
             else:
-                m = measure_fault(self.bus.snapshot(), t_fault)  # progress lines only; result.json measures with clocks
+                m = self.measure(self.bus.snapshot(), t_fault, node=felt[0].node if felt else None)  # progress lines only; result.json measures with clocks
             for key, label in () if len(announced) == 4 else (("t_detect", "detected"), ("t_realloc", "new world started"), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
                 if m[key] is not None and key not in announced:
                     announced.add(key)
@@ -692,7 +705,7 @@ class _Run:
         per_fault = []
         slowdown = None
         for fault, inj in self.injections:
-            m = measure_fault(events, inj.t_fault, self._clock_error(inj.node))
+            m = self.measure(events, inj.t_fault, self._clock_error(inj.node), node=inj.node)
             steps = reallocation_steps(events, m["t_detect"], m["t_realloc"], self.cluster.details.get("slurm"))
             if steps:
                 m["reallocation_steps"] = steps
@@ -736,6 +749,10 @@ class _Run:
             phases["uncertainty_s"] = phases_full["uncertainty_s"]
             if phases_full.get("reallocation_steps"):
                 phases["reallocation_steps"] = phases_full["reallocation_steps"]
+            phases["model"] = phases_full["model"]
+            for key in ("discarded_steps", "catch_up_steps", "healed_group"):  # the torchft model's lost work, in parts
+                if key in phases_full:
+                    phases[key] = phases_full[key]
         return {
             "scenario": self.sc.name,
             "scenario_file": str(self.loaded.path),
@@ -746,6 +763,7 @@ class _Run:
             "run_dir": str(self.run_dir),
             "cluster": self.cluster.info(),
             "workload": self.sc.workload.model_dump(),
+            "recovery_model": self.sc.workload.recovery,
             "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault,
                         **_mechanism(inj)} for _, inj in self.injections],
             "phases": phases,
@@ -765,6 +783,11 @@ class _Run:
                                    "verbosity": PRESETS[name].verbosity} for name in self.sc.probes.presets}}
                if self.sc.probes.presets else {}),
         }
+
+    def measure(self, events: list[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
+                node: str | None = None) -> dict[str, Any]:
+        """One fault's recovery, measured with the scenario's recovery model (``workload.recovery``)."""
+        return RECOVERY_MODELS[self.sc.workload.recovery](events, t_fault, t_fault_uncertainty, node=node)
 
     def _clock_error(self, node: str) -> float:
         clock = self.clocks.get(node)

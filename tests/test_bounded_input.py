@@ -8,6 +8,7 @@ process's output. The drill runs a real torchrun job on the process lab whose ra
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -21,10 +22,10 @@ import pytest
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.ssh import agent_program
 from chaoskit.core.limits import MAX_LINE_BYTES
-from chaoskit.core.lines import bounded_lines
+from chaoskit.core.lines import LineCutter, bounded_lines, terminal_lines
 from chaoskit.observe.events import EventBus
 from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, LogRule, _coerce
-from tests.conftest import SCENARIOS, need_torch, run_cli, wait_until
+from tests.conftest import SCENARIOS, need, need_torch, run_cli, wait_until
 
 MB = 1 << 20
 HUGE_NUMBER = "9" * 10_000
@@ -118,7 +119,7 @@ WRITER = textwrap.dedent("""
 
 
 def test_the_controllers_readers_take_a_10_mb_line_and_a_10000_digit_number(tmp_path):
-    """A real process's stdout through the job's reader (bounded_lines, as workloads/launch.py reads it), and
+    """A real process's stdout through the job's reader (terminal_lines, as workloads/launch.py reads it), and
     the file it leaves through FileLogProbe: both go on to the last line; the huge step is no event."""
     bus = EventBus()
     probe = LogRegexProbe(bus, [LogRule.of(r"\[rank (?P<rank>\d+)\] step (?P<step>\d+) loss", "step")])
@@ -126,9 +127,9 @@ def test_the_controllers_readers_take_a_10_mb_line_and_a_10000_digit_number(tmp_
     copy = tmp_path / "n0.log"
     longest = 0
     with open(copy, "wb") as log:
-        for raw, line in bounded_lines(proc.stdout):
+        for raw, lines in terminal_lines(proc.stdout):
             log.write(raw)
-            if line is not None:
+            for line in lines:
                 longest = max(longest, len(line))
                 probe.feed("n0", line.decode(errors="replace"))
     assert proc.wait(timeout=30) == 0
@@ -195,3 +196,28 @@ def test_a_drill_completes_when_the_job_prints_a_10_mb_line_and_a_huge_number(tm
     assert result["final_step"] == 120  # the job kept running past both lines, and recovered from the kill
     log = (tmp_path / "run" / "logs" / "n0.log").read_bytes()
     assert b"x" * MB in log and b"9" * 10000 in log  # the job did print them
+
+
+def test_a_progress_bars_redraws_are_lines_and_the_hf_preset_reads_its_steps():
+    """A real tqdm bar (the Hugging Face Trainer's ProgressCallback draws one, \\r and no newline until it is done)
+    read as workloads/launch.py reads a job's output: every redraw is a line at once, not one line at the end."""
+    need(importlib.util.find_spec("tqdm") is not None, "tqdm (pip install 'chaoskit[frameworks]')")
+    bar = ("import sys, time\nfrom tqdm import tqdm\nb = tqdm(total=40, mininterval=0, file=sys.stdout)\n"
+           "for _ in range(3):\n    b.update(1); time.sleep(0.05)\nb.update(10)\nsys.stdout.flush(); time.sleep(5)\n"
+           "b.close()\nprint('done')\n")
+    from chaoskit.observe.presets import preset_rules
+
+    bus = EventBus()
+    probe = LogRegexProbe(bus, preset_rules(["hf"], torchrun=False)[0])
+    proc = subprocess.Popen([sys.executable, "-c", bar], stdout=subprocess.PIPE)
+    started, seen = time.monotonic(), []
+    for raw, lines in terminal_lines(proc.stdout):
+        for line in lines:
+            probe.feed("n0", line.decode())
+        steps = [e["step"] for e in bus.snapshot()]
+        if 13 in steps and not seen:
+            seen = steps
+            assert time.monotonic() - started < 5 + 3  # before the bar closed (5 s later): as it was drawn
+    assert proc.wait(timeout=30) == 0
+    assert seen[:4] == [1, 2, 3, 13]  # 0/40, drawn first, is no step
+    assert LineCutter(carriage_return=True).feed(b"a\r\nb\rc\n") == [b"a", b"b", b"c"]

@@ -56,3 +56,29 @@ def test_lightning_job_recovers_from_a_killed_rank_with_the_lost_work_its_checkp
     assert phases["restored_step"] == newest
     assert phases["lost_steps"] == before - newest > 0
     assert result["presets"]["lightning"]["verbosity"].startswith("the default")
+
+
+@pytest.mark.slow
+def test_torchft_job_carries_on_without_a_killed_replica_group_measured_with_the_torchft_model(tmp_path):
+    need_torch()
+    need(importlib.util.find_spec("torchft") is not None, "torchft (pip install 'chaoskit[frameworks]')")
+    res = run_cli("run", ROOT / "examples" / "frameworks" / "torchft-kill-group.yaml", "--out", tmp_path / "run", "--json")
+    assert res.code == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    result = res.json
+    assert result["verdict"] == "pass", result["notes"]
+    assert result["recovery_model"] == "torchft" and result["phases"]["model"] == "torchft"
+    phases = result["phases"]
+    for phase in ("detection_s", "checkpoint_load_s", "recovery_s"):
+        assert phases[phase] is not None and phases[phase] > 0, (phase, phases.get("reasons"))
+    assert phases["reallocation_s"] is not None and phases["reallocation_s"] >= 0, phases.get("reasons")
+    # torchft noticed, not (only) the dead group's torchrun: a survivor's collective or the lighthouse's quorum
+    assert phases["detected_by"].split(" on ")[0] in ("torchft manager", "torchft lighthouse"), phases["detected_by"]
+    # the survivor never restarted: one torchft replica (one uuid) on n0 from start to end
+    survivor = (tmp_path / "run" / "logs" / "n0.log").read_text()
+    assert len(set(re.findall(r"\[train_ddp_0:([0-9a-f-]{36})/0 - step", survivor))) == 1
+    # the killed group's torchrun started it again and it healed to the step the survivor had reached
+    healed = (tmp_path / "run" / "logs" / "n1.log").read_text()
+    heals = re.findall(r"healing required, .*max_step=(\d+)", healed)
+    assert int(heals[-1]) == phases["restored_step"] > phases["last_step_before"] - 1
+    assert phases["lost_steps"] == len(phases["discarded_steps"]) + phases["catch_up_steps"]
+    assert "torchft recovery model" in (tmp_path / "run" / "report.html").read_text()

@@ -55,4 +55,4 @@ def test_the_shipped_framework_scenarios_validate():
     from tests.conftest import ROOT
 
     res = run_cli("validate", ROOT / "examples" / "frameworks")
-    assert res.code == 0 and res.stdout.count("ok  ") == 2, res.stdout + res.stderr
+    assert res.code == 0 and res.stdout.count("ok  ") == 4, res.stdout + res.stderr

@@ -71,9 +71,14 @@ def test_hf_trainer_resume_and_save_lines_from_both_major_versions():
         "  Continuing training from global step 40",  # transformers 4.x
         "{'loss': '0.6931', 'grad_norm': '1.2', 'learning_rate': '4.5e-05', 'epoch': '0.4'}",  # no step: no event
         "Saving model checkpoint to out/checkpoint-60",
+        # the progress bar's redraws (each a line: workloads/launch.py ends a line at \r); 0/N is no step, another
+        # tqdm bar (the datasets' "Map: ...") none either
+        "  0%|          | 0/80 [00:00<?, ?it/s]",
+        " 51%|█████▏    | 41/80 [00:01<00:01, 22.39it/s]",
+        "Map: 100%|██████████| 256/256 [00:00<00:00, 9000.00 examples/s]",
     ]
     assert _kinds(_events(["hf"], lines)) == [("ckpt.load.start", 40), ("ckpt.load.end", 40), ("ckpt.load.end", 40),
-                                              ("ckpt.save.start", 60)]
+                                              ("ckpt.save.start", 60), ("step", 41)]
 
 
 def test_lightning_restore_lines_with_and_without_a_step_in_the_path():

@@ -113,6 +113,9 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
             "  nproc_per_node: 1                    # workers per node",
             "  max_restarts: 3                      # torchrun --max-restarts",
         ]
+        if framework == "torchft":
+            lines.append("  recovery: torchft                    # one replica group per node, torchft's lighthouse; "
+                         "measured without a restart")
         extras["train.py"] = _TRAIN_PY
     elif launch == "attach":
         lines += [
@@ -152,7 +155,9 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
         "steady_state: {steps: 3, timeout: 5m}  # the job must be training before the fault",
         "faults:",
         "  - kind: process.kill                 # SIGKILL (signal: SIGTERM, ... also); see chaoskit schema for the others",
-        "    target: {ranks: [1]}               # EDIT: which rank (nodes, labels, process, count, percent also)",
+        ("    target: {nodes: [n1]}              # EDIT: which replica group (each node's worker is its torchrun's rank 0)"
+         if framework == "torchft" and launch == "command" else
+         "    target: {ranks: [1]}               # EDIT: which rank (nodes, labels, process, count, percent also)"),
         "    at: {step: 50}                     # EDIT: when (or {after: 30s})",
         "slo:                                   # EDIT: your objectives; a phase that was not observed fails",
         "  detection: 30s",

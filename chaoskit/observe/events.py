@@ -22,7 +22,9 @@ Event = dict[str, Any]
 EVENT_KINDS = (
     "fault.injected", "fault.reverted", "worker.start", "worker.exit", "detect",
     "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
-    "ckpt.load.end", "step", "heartbeat", "process.gone", "job.end", "straggler",
+    "ckpt.load.end", "step", "heartbeat",
+    # A step whose work was thrown away without a restart (torchft's should_commit=False).
+    "step.discarded", "process.gone", "job.end", "straggler",
     "ckpt.load.failed", "ckpt.save.failed",
     "oom.kill", "gpu.xid", "gpu.ecc",
     # A scheduler's view (chaoskit.observe.slurm): a node it gave up on, and the job's way back.

@@ -58,11 +58,18 @@ HF = Preset("hf", (
     LogRule.of(r"Continuing training from global step (?P<step>\d+)", "ckpt.load.end", {"source": "hf"}),
     # transformers/trainer.py _save: logger.info(f"Saving model checkpoint to {output_dir}")
     LogRule.of(rf"Saving model checkpoint to (?P<path>\S*?{_CKPT_STEP})\b", "ckpt.save.start", {"source": "hf"}),
-), sees=("ckpt.load.start", "ckpt.load.end", "ckpt.save.start"),
-    cannot_see="steps (Trainer.log prints its loss dicts without the step, and the progress bar rewrites one line "
-               "with \\r), worker starts, and the last rank's load: the resume lines are rank 0's only (first rank "
-               "loaded); use chaoskit.integrations.hf.ChaoskitCallback for those",
-    verbosity="TRANSFORMERS_VERBOSITY=info (the resume and save lines are logger.info; replicas log at warning)")
+    # transformers/trainer_callback.py ProgressCallback (on by default: disable_tqdm=False): on rank 0, a tqdm bar of
+    # max_steps that on_step_end moves to state.global_step; each redraw ("\r 25%|██▌   | 10/40 [00:01<00:03,
+    # 9.50it/s]") is a line to chaoskit (workloads/launch.py reads \r as a line end). Its n is the global step,
+    # also right after a resume (the bar jumps to the restored step); 0/N, drawn as training begins, is no step.
+    LogRule.of(r"^\s*\d{1,3}%\|[^|]*\|\s*(?P<step>[1-9]\d*)/\d+ \[", "step", {"source": "hf"}),
+), sees=("step", "ckpt.load.start", "ckpt.load.end", "ckpt.save.start"),
+    cannot_see="worker starts (so reallocation and checkpoint load, which begin at the new world's start, are not "
+               "measured), every step (the progress bar is rank 0's, redrawn at most every 0.1 s: tqdm's "
+               "mininterval; Trainer.log's loss dicts carry no step), and the last rank's load: the resume lines "
+               "are rank 0's only (first rank loaded); use chaoskit.integrations.hf.ChaoskitCallback for those",
+    verbosity="TRANSFORMERS_VERBOSITY=info (the resume and save lines are logger.info; replicas log at warning), "
+              "and the progress bar left on (disable_tqdm=False, the default) for the steps")
 
 LIGHTNING = Preset("lightning", (
     # lightning/pytorch/trainer/connectors/checkpoint_connector.py resume_start:
@@ -146,25 +153,40 @@ ACCELERATE = Preset("accelerate", (
                "by step), and worker starts; the lines are the main process's only (first rank loaded)",
     verbosity="accelerate's logger at INFO (logging.basicConfig(level=logging.INFO), or ACCELERATE_LOG_LEVEL=info)")
 
+# torchft/manager.py _ManagerLogger.prefix: f"[{replica_id}/{group_rank} - step {current_step}] {msg}", where
+# replica_id is the job's id plus a uuid ("train_ddp_1:6de461db-...") and the step the manager's current one
+_TORCHFT = r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<at_step>\d+)\] "
+
 TORCHFT = Preset("torchft", (
-    # torchft/manager.py _ManagerLogger.prefix: f"[{replica_id}/{group_rank} - step {current_step}] {msg}"
-    # Manager.allreduce: "got exception in all reduce -- skipping remaining: ..." (a survivor noticed)
-    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step \d+\] got exception in all reduce", "detect",
-               {"source": "torchft", "why": "torchft allreduce failed"}),
-    # Manager._async_quorum: f"reconfiguring for {quorum_id=} {store_prefixed_addr=}"
-    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step \d+\] reconfiguring for quorum_id=(?P<quorum_id>\d+)",
-               "rendezvous.done", {"source": "torchft"}),
-    # Manager._async_quorum: f"healing required, fetching checkpoint metadata from {...=} {max_step=}"
-    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step \d+\] healing required, .*max_step=(?P<step>\d+)",
-               "ckpt.load.start", {"source": "torchft"}),
-    # Manager._apply_pending_state_dict: "Loaded state dict."
-    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step \d+\] Loaded state dict\.", "ckpt.load.end", {"source": "torchft"}),
-    # Manager.should_commit: f"should_commit={should_commit} enough_replicas=..." (the step before the commit)
+    # torchft/manager.py Manager.allreduce: f"got exception in all reduce -- skipping remaining: {e}"; the same file,
+    # wrap_future: "got exception in future -- skipping remaining"; _ManagedWork.wait: "got exception waiting for
+    # work": a survivor's collective failed (its step will not commit)
+    LogRule.of(_TORCHFT + r"got exception (?:in all reduce|in future|waiting for work)", "detect",
+               {"source": "torchft", "who": "torchft manager", "why": "a collective with a dead replica group failed"}),
+    # torchft's src/lighthouse.rs (compiled into torchft/_torchft*.so; log target torchft::lighthouse), the
+    # lighthouse's own output: "Detected quorum change, bumping quorum_id to N": the quorum's members changed (after a fault: a group stopped heartbeating for heartbeat_timeout_ms)
+    LogRule.of(r"\[torchft::lighthouse\] - Detected quorum change, bumping quorum_id to (?P<quorum_id>\d+)", "detect",
+               {"source": "torchft lighthouse", "who": "torchft lighthouse", "why": "the quorum's members changed"}),
+    # torchft/manager.py Manager._async_quorum: f"reconfiguring for {quorum_id=} {store_prefixed_addr=}"
+    LogRule.of(_TORCHFT + r"reconfiguring for quorum_id=(?P<quorum_id>\d+)", "rendezvous.done", {"source": "torchft"}),
+    # the same function: f"healing required, fetching checkpoint metadata from {recover_src_manager_address=}
+    # {max_step=}": a (re)started group fetches the current state from a peer
+    LogRule.of(_TORCHFT + r"healing required, .*max_step=(?P<step>\d+)", "ckpt.load.start", {"source": "torchft"}),
+    # torchft/manager.py Manager._apply_pending_state_dict: "Loaded state dict." (the prefix's step is the healed one)
+    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] Loaded state dict\.", "ckpt.load.end",
+               {"source": "torchft"}),
+    # torchft/manager.py Manager.should_commit: f"should_commit={should_commit} enough_replicas=..., errored=..."
+    # (the prefix's step is the one being committed, or thrown away)
     LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] should_commit=True", "step", {"source": "torchft"}),
-), sees=("detect", "rendezvous.done", "ckpt.load.start", "ckpt.load.end", "step"),
-    cannot_see="steps discarded by should_commit=False (lost work without a restart is not measured yet), and "
-               "the restart a torchft job does not do: its phases are those of a restart model",
-    verbosity="the torchft.manager logger at INFO (logging.basicConfig(level=logging.INFO))")
+    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] should_commit=False", "step.discarded",
+               {"source": "torchft"}),
+), sees=("detect", "rendezvous.done", "ckpt.load.start", "ckpt.load.end", "step", "step.discarded"),
+    cannot_see="worker starts (a restarted group is seen when it heals), the members of a quorum (a reconfiguration "
+               "is taken as the one without the dead group: the first after the fault), and the lighthouse's quorum "
+               "changes unless its output is read (workload.recovery: torchft starts it and reads it); measure it "
+               "with workload.recovery: torchft, the torchft recovery model (no restart of the survivors)",
+    verbosity="the torchft.manager logger at INFO (logging.basicConfig(level=logging.INFO)); the lighthouse's "
+              "RUST_LOG default (info)")
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (TORCHRUN, HF, LIGHTNING, TORCHTITAN, MEGATRON, DEEPSPEED,
                                                   ACCELERATE, TORCHFT)}

@@ -44,7 +44,7 @@ from chaoskit.coverage import (
     compute_coverage,
     resolve_covers,
 )
-from chaoskit.measure import measure_fault
+from chaoskit.measure import PHASE_MEANINGS, measure_fault
 from chaoskit.observe.events import read_events
 from chaoskit.report.summary import check_text
 
@@ -295,6 +295,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "category": record.get("category") or (classes[covers[0]].category if covers and covers[0] in classes else "uncategorised"),
         "phases": phases,
         "phase_rows": _phase_rows(phases, slo),
+        "recovery_model": (result or {}).get("recovery_model") or phases.get("model"),
         "detected_by": phases.get("detected_by"),
         "detections": phases.get("detections") or [],
         "slowdown": _slowdown_rows((result or {}).get("slowdown")),
@@ -379,8 +380,11 @@ _PHASE_NAMES = (
 def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
     reasons = phases.get("reasons") or {}
     uncertainty = phases.get("uncertainty_s") or {}
+    model = phases.get("model") or "restart"
+    meanings = PHASE_MEANINGS.get(model, {}) if model != "restart" else {}
     rows = []
     for name, key, label, meaning in _PHASE_NAMES:
+        meaning = meanings.get(name, meaning)
         entry = slo.get(name)
         value = phases.get(key)
         plus_minus = uncertainty.get(name)
@@ -394,10 +398,14 @@ def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, A
         })
     lost, entry = phases.get("lost_steps"), slo.get("lost_steps")
     before, restored = phases.get("last_step_before"), phases.get("restored_step")
+    discarded, catch_up = phases.get("discarded_steps"), phases.get("catch_up_steps")
     rows.append({
         "label": "lost work",
-        "meaning": f"step {'?' if before is None else before} before the fault, "
-                   + ("no restored step observed" if restored is None else f"restored {restored}"),
+        "meaning": (f"{len(discarded or [])} step(s) discarded by the survivors {discarded or ''}, catch-up of the healed "
+                    f"group {'?' if catch_up is None else catch_up} (healed to step {'?' if restored is None else restored})"
+                    if model == "torchft" else
+                    f"step {'?' if before is None else before} before the fault, "
+                    + ("no restored step observed" if restored is None else f"restored {restored}")),
         "measured": "not observed" if lost is None else f"{lost} steps", "reason": None,
         "limit": f"<= {entry['limit']}" if entry else "-", "ok": None if not entry else bool(entry["pass"]),
     })

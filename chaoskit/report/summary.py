@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaoskit.measure import PHASE_MEANINGS
+
 __all__ = ["render_result", "render_repeat", "render_plan", "check_text"]
 
 _ROWS = (
@@ -35,13 +37,16 @@ def render_result(console, result: dict[str, Any]) -> None:
     from rich.table import Table
 
     phases, slo = result.get("phases") or {}, result.get("slo") or {}
-    table = Table(title=f"recovery of {result['scenario']}", title_justify="left")
+    model = result.get("recovery_model") or phases.get("model") or "restart"
+    title = f"recovery of {result['scenario']}" + ("" if model == "restart" else f" ({model} recovery model)")
+    table = Table(title=title, title_justify="left")
     table.add_column("phase")
     table.add_column("measured", justify="right")
     table.add_column("SLO", justify="right")
     table.add_column("", justify="center")
     table.add_column("what it spans", style="dim")
     for name, key, meaning in _ROWS:
+        meaning = PHASE_MEANINGS[model].get(name, meaning) if model in PHASE_MEANINGS else meaning
         entry = slo.get(name)
         limit = f"<= {entry['limit_s']:g}s" if entry else "-"
         mark = ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else ""
@@ -52,6 +57,8 @@ def render_result(console, result: dict[str, Any]) -> None:
         "lost work", "[yellow]not observed[/yellow]" if lost is None else f"{lost} step{'' if lost == 1 else 's'}",
         f"<= {entry['limit']}" if entry else "-",
         ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else "",
+        f"{len(phases.get('discarded_steps') or [])} discarded by the survivors + catch-up {phases.get('catch_up_steps')} "
+        f"(healed to step {phases.get('restored_step')})" if model == "torchft" else
         f"step {phases.get('last_step_before')} before the fault, restored {phases.get('restored_step')}"
         if phases.get("restored_step") is not None else f"step {phases.get('last_step_before')} before the fault; nothing restored",
     )

@@ -94,6 +94,12 @@ class Workload(StrictModel):
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
+    recovery: Literal["restart", "torchft"] = Field("restart", description=(
+        "How the job recovers, and so how it is measured (docs/architecture.md, \"Recovery models\"). restart: the "
+        "world stops, restarts and loads a checkpoint. torchft (launch: command only): every node is one torchft "
+        "replica group with a torchrun of its own, chaoskit starts torchft's lighthouse on the first node and gives "
+        "each group REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and TORCHFT_LIGHTHOUSE; survivors drop a dead group from the "
+        "quorum and carry on, the restarted group heals from a peer."))
 
     def command_script(self, base: Path) -> Path | None:
         """The script of ``launch: command`` as torchrun will run it: a relative one is taken from ``base`` (the
@@ -177,6 +183,9 @@ class Workload(StrictModel):
             raise ValueError(f"'step_compute' is only used with the reference job (launch: reference or uninstrumented)")
         if self.step_compute is not None and self.step_compute > self.step_time:
             raise ValueError(f"step_compute ({self.step_compute:g}s) is longer than step_time ({self.step_time:g}s)")
+        if self.recovery == "torchft" and self.launch != "command":
+            raise ValueError(f"recovery: torchft is only used with launch: command (chaoskit starts each replica group "
+                             f"and the lighthouse), not launch: {self.launch}")
         if self.launch == "attach" and "wait" not in self.model_fields_set:
             self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self

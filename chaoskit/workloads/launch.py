@@ -3,6 +3,10 @@
 One torchrun agent per node (elastic, c10d rendezvous), its output piped back
 line by line: each line is written to ``logs/<node>.log`` and handed to the
 log probes with the moment it arrived.
+
+With ``workload.recovery: torchft`` every node is one torchft replica group: its agent is a torchrun world
+of its own (its own rendezvous and restarts; a shared world would restart the survivors when the dead
+group's agent rejoins), and torchft's lighthouse runs beside the first node's agent.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Callable
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
-from chaoskit.core.lines import bounded_lines
+from chaoskit.core.lines import terminal_lines
 from chaoskit.workloads.root_cause import RootCause
 
 __all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available"]
@@ -92,6 +96,9 @@ class TorchrunJob:
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._readers: list[threading.Thread] = []
         self.port = free_port()
+        self.torchft = workload.recovery == "torchft"
+        self.lighthouse: subprocess.Popen[bytes] | None = None
+        self.lighthouse_port = free_port() if self.torchft else None
 
     def script_argv(self) -> list[str]:
         w = self.workload
@@ -114,11 +121,14 @@ class TorchrunJob:
         w = self.workload
         n = len(self.cluster.job_nodes)
         host = node == self.cluster.agent_nodes[0]
+        world = ["--nnodes", f"{n}:{n}", "--rdzv-endpoint", f"{self.cluster.rdzv_host}:{self.port}",
+                 "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if host else 'false'}"]
+        if self.torchft:  # a replica group: a world of its own, its rendezvous on the node's own loopback
+            world = ["--nnodes", "1:1", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", f"{self.run_id}-{node}",
+                     "--rdzv-conf", "is_host=true"]
         return [
             self.cluster.python or sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", f"{n}:{n}", "--nproc-per-node", str(w.nproc_per_node),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.cluster.rdzv_host}:{self.port}",
-            "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if host else 'false'}",
+            "--nproc-per-node", str(w.nproc_per_node), "--rdzv-backend", "c10d", *world,
             "--max-restarts", str(w.max_restarts), "--monitor-interval", "0.1",
             # torchrun's own files (each attempt's error files) stay with the run, not in /tmp/torchelastic_*
             "--log-dir", str(self.job_dir / "torchelastic" / node),
@@ -149,10 +159,25 @@ class TorchrunJob:
         }
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)
+        if self.torchft:  # what torchft's Manager reads (torchft/manager.py) to join the lighthouse's quorum
+            env.update({"REPLICA_GROUP_ID": str(self.cluster.job_nodes.index(node)) if node in self.cluster.job_nodes
+                        else str(self.cluster.agent_nodes.index(node)),
+                        "NUM_REPLICA_GROUPS": str(len(self.cluster.job_nodes)),
+                        "TORCHFT_LIGHTHOUSE": f"http://{self.cluster.rdzv_host}:{self.lighthouse_port}"})
         return env
 
+    def lighthouse_argv(self) -> list[str]:
+        """torchft's lighthouse (the ``torchft_lighthouse`` console script beside the job's Python): a quorum as
+        soon as one group is there, stragglers awaited 1 s, a group silent 5 s is dead (torchft's default)."""
+        script = Path(self.cluster.python or sys.executable).with_name("torchft_lighthouse")
+        return [str(script), "--min_replicas", "1", "--join_timeout_ms", "1000", "--quorum_tick_ms", "100",
+                "--bind", f"{self.cluster.rdzv_host}:{self.lighthouse_port}"]
+
     def commands(self) -> dict[str, list[str]]:
-        return {node: self.launch_argv(node) for node in self.cluster.agent_nodes}
+        agents = {node: self.launch_argv(node) for node in self.cluster.agent_nodes}
+        if self.torchft:  # the lighthouse, beside the first node's agent
+            return {f"{self.cluster.agent_nodes[0]} (torchft lighthouse)": self.lighthouse_argv(), **agents}
+        return agents
 
     def start(self, nodes: list[str] | None = None) -> None:
         """Start the agents of ``nodes`` (default: the job's nodes; spares come with :meth:`start_spares`)."""
@@ -163,19 +188,31 @@ class TorchrunJob:
             )
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.torchft and self.lighthouse is None:
+            first = self.cluster.agent_nodes[0]
+            self.lighthouse = self._popen(first, self.lighthouse_argv())
+            # its log has a few lines a step per group; only its quorum changes go to the probes (the torchft preset)
+            self._follow(first, self.lighthouse, "lighthouse", only="Detected quorum change")
         for node in self.cluster.job_nodes if nodes is None else nodes:
-            env = dict(os.environ)
-            env.pop("CHAOSKIT_EVENTS", None)
-            if self.cluster.launch_wrap is None:  # the agent inherits this environment; elsewhere the wrap passes job_env
-                env.update(self.job_env(node))
-            proc = subprocess.Popen(
-                self.launch_argv(node), env=env, cwd=self.job_dir, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            self.agents[node] = proc
-            t = threading.Thread(target=self._pump, args=(node, proc), daemon=True, name=f"chaoskit-log-{node}")
-            t.start()
-            self._readers.append(t)
+            self.agents[node] = proc = self._popen(node, self.agent_argv(node))
+            self._follow(node, proc, node)
+
+    def _popen(self, node: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` on ``node`` in the job's scope (its processes are the job's: :meth:`stop` ends them)."""
+        env = dict(os.environ)
+        env.pop("CHAOSKIT_EVENTS", None)
+        if self.cluster.launch_wrap is None:  # the agent inherits this environment; elsewhere the wrap passes job_env
+            env.update(self.job_env(node))
+            argv = [*self.cluster.launch_prefix(node), *argv]
+        else:
+            argv = self.cluster.launch_wrap(node, argv, self.job_env(node), self.job_dir)
+        return subprocess.Popen(argv, env=env, cwd=self.job_dir, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _follow(self, node: str, proc: subprocess.Popen[bytes], log: str, only: str | None = None) -> None:
+        t = threading.Thread(target=self._pump, args=(node, proc, log, only), daemon=True, name=f"chaoskit-log-{log}")
+        t.start()
+        self._readers.append(t)
 
     def start_spares(self) -> list[str]:
         """Start the spare nodes' agents once the world has formed: they wait in torchrun's
@@ -185,27 +222,31 @@ class TorchrunJob:
             self.start(spares)
         return spares
 
-    def _pump(self, node: str, proc: subprocess.Popen[bytes]) -> None:
+    def _pump(self, node: str, proc: subprocess.Popen[bytes], name: str | None = None, only: str | None = None) -> None:
+        """Write ``proc``'s output to ``logs/<name>.log`` and hand each line to the probes (with ``only``: the lines
+        that contain it)."""
         assert proc.stdout is not None
         # Lines are cut at MAX_LINE_BYTES (the log keeps all of it), and nothing a line does to on_line stops
         # this thread: were it to stop, the job's stdout pipe would fill and the job would block on its next print.
-        with open(self.log_dir / f"{node}.log", "ab") as log:
-            for raw, line in bounded_lines(proc.stdout):
+        with open(self.log_dir / f"{name or node}.log", "ab") as log:
+            for raw, lines in terminal_lines(proc.stdout):  # a progress bar's every redraw (\r) is a line
                 ts = time.time()
-                log.write(raw)
-                log.flush()
-                if line is None:
-                    continue
-                text = line.decode(errors="replace")
-                try:
-                    self.root_cause.feed(node, text)
-                except Exception as exc:  # noqa: BLE001 - as below
-                    self.line_errors.append(f"{node}: {type(exc).__name__}: {exc}"[:500])
-                if self.on_line:
+                if raw:
+                    log.write(raw)
+                    log.flush()
+                for line in lines:
+                    text = line.decode(errors="replace")
+                    if not text or only is not None and only not in text:
+                        continue
                     try:
-                        self.on_line(node, text, ts)
-                    except Exception as exc:  # noqa: BLE001 - one bad line must not stop the job's output
+                        self.root_cause.feed(node, text)
+                    except Exception as exc:  # noqa: BLE001 - as below
                         self.line_errors.append(f"{node}: {type(exc).__name__}: {exc}"[:500])
+                    if self.on_line:
+                        try:
+                            self.on_line(node, text, ts)
+                        except Exception as exc:  # noqa: BLE001 - one bad line must not stop the job's output
+                            self.line_errors.append(f"{node}: {type(exc).__name__}: {exc}"[:500])
 
     def running(self) -> bool:
         """Whether the job goes on: some agent of the world (not a spare still waiting) is alive."""
@@ -247,7 +288,7 @@ class TorchrunJob:
             deadline = time.time() + wait
             while time.time() < deadline and any(_processes(s) for s in scopes):
                 time.sleep(0.05)
-        for proc in self.agents.values():
+        for proc in [*self.agents.values(), *([self.lighthouse] if self.lighthouse is not None else [])]:
             try:
                 proc.wait(timeout=2)
             except subprocess.TimeoutExpired:

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, save_steps=args.checkpoint_every,
         per_device_train_batch_size=4, learning_rate=1e-3, logging_steps=args.checkpoint_every,
-        report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=0,
+        report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,  # the progress bar on: the hf preset reads it
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
     )
     callbacks: list[TrainerCallback] = [Pace(args.step_time)]
