@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault", "measure_torchft",
-           "measure_slowdown", "reallocation_steps", "slo_verdict", "PHASES"]
+           "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued"})
@@ -313,6 +313,34 @@ PHASE_MEANINGS = {
 """What each phase spans under each recovery model (the reports' "what it spans" column)."""
 """``workload.recovery`` -> the function that measures a fault's recovery under that model (same signature and
 keys; ``model`` names it)."""
+
+
+PHASE_SIGNALS = {"detection": ("worker.exit", "detect"), "reallocation": ("worker.start",),
+                 "checkpoint_load": ("worker.start", "ckpt.load.end"), "recovery": ("step",)}
+"""The events each phase of the restart model is measured from (:func:`measure_fault`)."""
+
+
+def unseen_signals(phases: dict[str, Any], events: Iterable[Event], presets: dict[str, Iterable[str]]) -> dict[str, str]:
+    """For each phase :func:`measure_fault` left unmeasured, the signals it needs that no event gave and that no
+    log preset in use (``presets``: name -> the kinds it sees) can see: what a drill measured with presets alone
+    misses, and why (``phases.unseen`` in result.json). Each is added to the phase's reason in ``phases``, so its
+    SLO entry and the reports say it too."""
+    if not presets or phases.get("model", "restart") != "restart":
+        return {}
+    kinds = {e.get("kind") for e in events}
+    out: dict[str, str] = {}
+    for phase, needs in PHASE_SIGNALS.items():
+        if phases.get(f"{phase}_s") is not None:
+            continue
+        missing = [k for k in needs if k not in kinds and not any(k in set(sees) for sees in presets.values())]
+        if missing:
+            out[phase] = (f"{', '.join(missing)}: the job reported none (no callback or SDK) and the presets "
+                          f"{', '.join(presets)} cannot see {'it' if len(missing) == 1 else 'them'}")
+            reasons = phases.setdefault("reasons", {})
+            reasons[phase] = f"{reasons.get(phase, 'not observed')} ({out[phase]})"
+    if phases.get("lost_steps") is None and "step" not in kinds and not any("step" in set(s) for s in presets.values()):
+        out["lost_steps"] = f"step: the job reported none and the presets {', '.join(presets)} cannot see it"
+    return out
 
 
 def detection_sources(events: Iterable[Event], t_fault: float) -> list[dict[str, Any]]:

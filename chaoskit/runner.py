@@ -42,7 +42,7 @@ from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.measure import RECOVERY_MODELS, measure_slowdown, reallocation_steps, slo_verdict
+from chaoskit.measure import RECOVERY_MODELS, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
@@ -717,6 +717,8 @@ class _Run:
         # fault causes, and the work lost counts from that fault's last step to the (older) step restored.
         felt = [m for (fault, _), m in zip(self.injections, per_fault) if not fault.primes]
         phases_full = (felt or per_fault or [None])[0]
+        unseen = (unseen_signals(phases_full, events, {p: PRESETS[p].sees for p in self.sc.probes.presets})
+                  if phases_full else {})
         slo_cfg = self.sc.slo.model_dump()
         slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
         steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
@@ -749,6 +751,8 @@ class _Run:
             phases["uncertainty_s"] = phases_full["uncertainty_s"]
             if phases_full.get("reallocation_steps"):
                 phases["reallocation_steps"] = phases_full["reallocation_steps"]
+            if unseen:
+                phases["unseen"] = unseen
             phases["model"] = phases_full["model"]
             for key in ("discarded_steps", "catch_up_steps", "healed_group"):  # the torchft model's lost work, in parts
                 if key in phases_full:

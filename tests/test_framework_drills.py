@@ -11,8 +11,15 @@ import pytest
 from tests.conftest import ROOT, need, need_torch, run_cli
 
 
+def _checkpoint_steps(folder, pattern):
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := re.fullmatch(pattern, p.name)))
+
+
 @pytest.mark.slow
-def test_hf_trainer_job_recovers_from_a_killed_rank_with_the_lost_work_its_checkpoints_say(tmp_path, monkeypatch):
+def test_hf_trainer_job_recovers_from_a_killed_rank_measured_with_the_callback_and_with_the_presets_only(tmp_path, monkeypatch):
+    """The same Trainer job twice: with chaoskit's callback (every phase), then unchanged (--no-callback) with the
+    torchrun + hf presets alone at the verbosity the hf preset documents: both pass, and the second says which
+    signals the presets could not see."""
     need_torch()
     need(importlib.util.find_spec("transformers") is not None, "transformers (pip install 'chaoskit[frameworks]')")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -25,15 +32,34 @@ def test_hf_trainer_job_recovers_from_a_killed_rank_with_the_lost_work_its_check
         assert phases[phase] is not None and phases[phase] > 0, (phase, phases.get("reasons"))
     # the job's own checkpoint folder: the newest checkpoint-N at or before the last step before the fault is
     # the one the Trainer resumed from (get_last_checkpoint), and the lost work is the steps since it
-    saved = sorted(int(m.group(1)) for p in (tmp_path / "run" / "checkpoints").iterdir()
-                   if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    saved = _checkpoint_steps(tmp_path / "run" / "checkpoints", r"checkpoint-(\d+)")
     before = phases["last_step_before"]
     newest = max(n for n in saved if n <= before)
     assert phases["restored_step"] == newest
     assert phases["lost_steps"] == before - newest > 0
-    assert "steps (Trainer.log prints its loss dicts" in result["presets"]["hf"]["cannot_see"]
+    assert "unseen" not in phases  # the callback gave every signal
     page = (tmp_path / "run" / "report.html").read_text()
-    assert "log preset hf sees ckpt.load.start" in page and "TRANSFORMERS_VERBOSITY=info" in page
+    assert "log preset hf sees step, ckpt.load.start" in page and "TRANSFORMERS_VERBOSITY=info" in page
+
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
+    res = run_cli("run", ROOT / "examples" / "frameworks" / "hf-kill-rank-preset.yaml", "--out", tmp_path / "preset", "--json")
+    assert res.code == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    result = res.json
+    assert result["verdict"] == "pass", result["notes"]
+    phases = result["phases"]
+    assert not (tmp_path / "preset" / "sdk-events.jsonl").exists() or not (tmp_path / "preset" / "sdk-events.jsonl").read_text()
+    # seen: the dead worker (torchrun's line), rank 0's progress bar (steps) and its resume lines
+    assert phases["detection_s"] > 0 and phases["recovery_s"] > 0 and phases["detected_by"].startswith("torchrun agent")
+    saved = _checkpoint_steps(tmp_path / "preset" / "checkpoints", r"checkpoint-(\d+)")
+    newest = max(n for n in saved if n <= phases["last_step_before"])
+    assert phases["restored_step"] == newest and phases["lost_steps"] == phases["last_step_before"] - newest
+    # not seen: the new workers' start, so neither reallocation nor checkpoint load, and result.json says why
+    assert phases["reallocation_s"] is None and phases["checkpoint_load_s"] is None
+    assert set(phases["unseen"]) == {"reallocation", "checkpoint_load"}
+    assert "worker.start" in phases["unseen"]["reallocation"] and "torchrun, hf cannot see" in phases["unseen"]["reallocation"]
+    assert "worker starts" in result["presets"]["hf"]["cannot_see"]
+    page = (tmp_path / "preset" / "report.html").read_text()
+    assert "presets torchrun, hf cannot see it" in page
 
 
 @pytest.mark.slow

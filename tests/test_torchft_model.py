@@ -102,3 +102,16 @@ def test_discarded_steps_and_a_survivors_collective_error_come_first():
     assert "never healed" in gone["reasons"]["checkpoint_load"] and "did not commit" in gone["reasons"]["recovery"]
     silent = measure_torchft(base, 10.5, node="n1")
     assert silent["detection_s"] is None and "torchft preset" in silent["reasons"]["detection"]
+
+
+def test_recovery_torchft_is_refused_with_a_launch_that_chaoskit_does_not_start(tmp_path):
+    from tests.conftest import run_cli
+
+    bad = tmp_path / "s.yaml"
+    bad.write_text("name: ft\ncluster: {kind: process, nodes: 2}\nworkload:\n  launch: reference\n  recovery: torchft\n"
+                   "faults:\n  - kind: process.kill\n    target: {ranks: [1]}\n    at: {step: 5}\n")
+    res = run_cli("validate", bad)
+    assert res.code == 2 and "recovery: torchft is only used with launch: command" in res.stderr, res.stderr
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(bad.read_text().replace("launch: reference", "launch: command\n  command: [-m, json.tool]"))
+    assert run_cli("validate", ok).code == 0
