@@ -52,13 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     def state_dict():
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
-    # one worker per group: the group's own store (torchrun's is not shared with the workers in this lab)
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    # one worker per group: the group's own store (torchrun's is not shared with the workers in this lab). The
+    # quorum hands its address to the other groups, so 127.0.0.1 serves groups on one host (the process lab);
+    # across hosts, give it the node's own address (TORCHFT_STORE_HOST)
+    host = os.environ.get("TORCHFT_STORE_HOST", "127.0.0.1")
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
     timeout = timedelta(seconds=args.timeout)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, load_state_dict=load_state_dict,
         state_dict=state_dict, replica_id=f"train_ddp_{group}", timeout=timeout, rank=0, world_size=1,
-        store_addr="127.0.0.1", store_port=store.port, init_sync=False,
+        store_addr=host, store_port=store.port, init_sync=False,
     )
     optimizer = Optimizer(manager, inner)
     g = torch.Generator().manual_seed(group)
