@@ -1,5 +1,8 @@
-"""One end-to-end drill of a framework's job: the Hugging Face Trainer example on the process lab, one rank
-killed, measured through chaoskit's callback and the torchrun + hf presets."""
+"""End-to-end drills of the frameworks' example jobs on the process lab, one each (examples/frameworks): the
+Hugging Face Trainer job with chaoskit's callback and again unchanged with the torchrun + hf presets alone, the
+Lightning job with its callback (lost work against its own .ckpt files), and the torchft job, a replica group
+killed, measured with the torchft recovery model. Lightning measured by its preset alone: tests/test_preset_only.py
+(its real output, recorded)."""
 
 from __future__ import annotations
 
