@@ -458,13 +458,17 @@ class _Run:
         if sc.probes.prometheus:  # the site's monitoring as a detection source
             self.prometheus_probe = PrometheusProbe(self.bus, sc.probes.prometheus)
             self.threads.append(self.prometheus_probe)
+        watcher = None
         if sc.probes.process:
-            self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes},
-                                               heartbeat_timeout=sc.probes.heartbeat_timeout))
+            watcher = ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes},
+                                     heartbeat_timeout=sc.probes.heartbeat_timeout)
+            self.threads.append(watcher)
         self.threads.extend(self.cluster.probes(self.bus))
         # The nodes' own health: OOM kills in the kernel's log, Xid and ECC errors from NVML; each is None
-        # (not started, silent) where it cannot read anything.
-        self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes)
+        # (not started, silent) where it cannot read anything. The kernel-log probe takes the nodes' workers
+        # from the process watcher where one runs (no second poll of every node).
+        self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes,
+                                              workers=watcher.ranks if watcher is not None else None)
         for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
             if health is not None:
                 self.threads.append(health)

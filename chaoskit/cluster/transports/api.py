@@ -238,6 +238,8 @@ class FollowStream(Protocol):
 
     def cancel(self) -> None: ...
 
+    # A stream may also have ``last_heard``: ``time.monotonic()`` when its node last sent anything.
+
 
 @runtime_checkable
 class FileFollower(Protocol):
@@ -255,13 +257,15 @@ class ProcessStreamer(Protocol):
     """A transport whose node watches its own processes and pushes the changes (the agent's ``watch``)."""
 
     def watch_processes(self, on_message: WatchMessage, *, known: list[tuple[int, int | None, str]] | None = None,
-                        interval: float = 0.25, heartbeat: float = 1.0) -> FollowStream:
+                        interval: float = 0.25, heartbeat: float = 1.0, beats: bool = True) -> FollowStream:
         """Stream the changes of the drilled job's training workers on the node: each message
         ``(seq, t, changes)``, a change ``{"ev": "appeared" | "stopped" | "resumed" | "zombie" | "exited",
         "pid", "start", "rank", "t", ...}``; a message without changes is the node's heartbeat (about every
         ``heartbeat`` seconds, the first at once). ``known``: the workers (pid, start time, state) believed
-        alive, from an earlier stream: what changed since comes in the first message. Raises
-        :class:`StreamUnsupported` when this connection cannot stream."""
+        alive, from an earlier stream: what changed since comes in the first message. ``beats=False``: the
+        heartbeats are not delivered (no callback, no thread hand-off per node per second); the returned
+        stream's ``last_heard`` (``time.monotonic()`` of the last bytes the node sent) says when it last
+        spoke. Raises :class:`StreamUnsupported` when this connection cannot stream."""
 
 
 @dataclass
