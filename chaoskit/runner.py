@@ -477,6 +477,8 @@ class _Run:
         self.job = _job_class(sc.workload, self.cluster, self.loaded.path.parent)(
             self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
+        if isinstance(self.job, AttachedJob) and watcher is not None:
+            self.job.use_watch(watcher)  # its look at the nodes costs only what their watch streams report
         if isinstance(self.job, AttachedJob):
             where = (f"Slurm job {sc.workload.slurm_job}" if sc.workload.slurm_job is not None
                      else f"the job on {', '.join(self.cluster.job_nodes)}")

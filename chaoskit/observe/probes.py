@@ -299,6 +299,8 @@ class _NodeWatch:
         self.streams = streams
         self.workers: dict[int, tuple[int | None, int | None, str]] = {}
         """pid -> (start time, rank, state) of the workers believed alive."""
+        self.changes = 0
+        """Counts what the node's streams have said: a stream started, a message with changes."""
         self.ranks: dict[int, int | None] = {}
         """pid -> rank of every worker seen on the node, gone ones included (bounded: :data:`RANKS_MAX`)."""
         self.heard = time.monotonic()
@@ -356,6 +358,19 @@ class ProcessWatcher(threading.Thread):
             return None
         with self._lock:
             return dict(nw.ranks)
+
+    def changes(self, node: str) -> int | None:
+        """A counter that moves whenever ``node``'s watch stream says something of its workers (a stream started,
+        a worker appeared, ended, stopped, resumed); ``None`` where the node has no live stream (it is polled,
+        its stream is down or not started yet). What attach discovery reads before re-reading a node's table."""
+        nw = self._nodes.get(node)
+        if nw is None or not nw.streams:
+            return None
+        with self._lock:
+            stream = nw.stream
+            if stream is None or stream.done.is_set() or nw.scope != getattr(nw.transport, "scope", None):
+                return None  # down, or watching a scope the node no longer has (restarted within a second)
+            return nw.changes
 
     @property
     def unreachable(self) -> set[str]:
@@ -424,6 +439,7 @@ class ProcessWatcher(threading.Thread):
         with self._lock:
             if epoch == nw.epoch:
                 nw.stream, nw.scope = stream, scope
+                nw.changes += 1
                 return
         stream.cancel()  # stopped meanwhile
 
@@ -433,6 +449,8 @@ class ProcessWatcher(threading.Thread):
                 return  # a message of a stream given up, or one seen already
             nw.seq = seq
             self._heard(nw)
+            if changes:
+                nw.changes += 1
             for c in changes:
                 pid, ev = int(c["pid"]), c.get("ev")
                 if ev == "appeared":
