@@ -1,6 +1,6 @@
 """Benchmark: watching a job's workers on N nodes, the node-side watch streams against today's poller.
 
-    sudo .venv/bin/python bench/bench_observe.py [--nodes 8,32] [--steady 30] [--timeout 3] [--json]
+    sudo .venv/bin/python bench/bench_observe.py [--nodes 8,32] [--steady 30] [--timeout 3] [--kills K] [--json]
 
 For each N, on a netns lab of N light nodes (sshd + chaoskit's agent + one fake worker per node: ``sleep``
 with torchrun's environment, no torch), in one run, first with the new :class:`ProcessWatcher` (one
@@ -137,8 +137,10 @@ def _rss_mib() -> float:
 class Phase:
     """One watcher (new or old) on the lab: fresh workers, steady state, kills, a silent node."""
 
-    def __init__(self, lab: NetnsLab, conns: dict[str, Any], steady: float, timeout: float, cap: float) -> None:
+    def __init__(self, lab: NetnsLab, conns: dict[str, Any], steady: float, timeout: float, cap: float,
+                 kills: int | None = None) -> None:
         self.lab, self.conns, self.steady, self.timeout, self.cap = lab, conns, steady, timeout, cap
+        self.kills = kills
         self.workers: dict[str, subprocess.Popen] = {}
 
     def start_workers(self) -> None:
@@ -192,6 +194,9 @@ class Phase:
             order = [n for n in self.conns if n != silent_node]
             random.shuffle(order)
             victims, latencies = order[:-1], []
+            if self.kills is not None:
+                victims = victims[: self.kills]
+            out["kills"] = len(victims)
             for node in victims:
                 w = self.workers[node]
                 t_kill = time.time()
@@ -236,7 +241,7 @@ class Phase:
         return out
 
 
-def bench(n: int, steady: float, timeout: float, cap: float) -> dict[str, Any]:
+def bench(n: int, steady: float, timeout: float, cap: float, kills: int | None = None) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="ck-bench-observe-"))
     t0 = time.monotonic()
     lab = NetnsLab.create(n, directory=directory / "lab")
@@ -245,7 +250,7 @@ def bench(n: int, steady: float, timeout: float, cap: float) -> dict[str, Any]:
     try:
         conns = {node.name: node.conn for node in inventory.nodes}
         connect_all(conns.values())
-        phase = Phase(lab, conns, steady, timeout, cap)
+        phase = Phase(lab, conns, steady, timeout, cap, kills)
         time.sleep(1.0)
         c0, w0 = time.process_time(), time.monotonic()
         time.sleep(steady)  # the connections alone, nothing watching: paramiko's own threads
@@ -287,6 +292,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3.0, help="probes.heartbeat_timeout (default 3)")
     parser.add_argument("--poller-cap", type=float, default=40.0,
                         help="how long today's poller is given to see a kill while a node is silent (default 40)")
+    parser.add_argument("--kills", type=int, default=None,
+                        help="kill at most this many workers per watcher in step 2 (default: one per node but two)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -296,13 +303,13 @@ def main() -> int:
     rows, stopped = [], None
     for n in [int(x) for x in args.nodes.split(",") if x.strip()]:
         try:
-            rows.append(bench(n, args.steady, args.timeout, args.poller_cap))
+            rows.append(bench(n, args.steady, args.timeout, args.poller_cap, args.kills))
         except Exception as exc:  # noqa: BLE001 - say where the machine stopped, and why
             stopped = f"N={n}: {type(exc).__name__}: {exc}"
             break
         r = rows[-1]
         if not args.json:
-            print(f"\nN={n} (lab built in {r['lab_build_s']}s)")
+            print(f"\nN={n} (lab built in {r['lab_build_s']}s; {r['new']['kills']} kills per watcher)", flush=True)
             head = ("", "controller CPU %", "agent CPU %/node", "agent+sshd %/node", "RSS MiB", "gone p50 ms",
                     "gone p99 ms", "silent adds ms", "unreachable s", "silent gone")
             print("  ".join(f"{h:>18}" for h in head))
@@ -315,7 +322,7 @@ def main() -> int:
                 print("  ".join(f"{c!s:>18}" for c in cells))
             print(f"  the open SSH connections alone, nothing watching: controller CPU {r['idle_connections_cpu_pct']}%")
             if r["old"].get("sweep_ms_p50"):
-                print(f"  today's poller: one sweep of {n} nodes takes {r['old']['sweep_ms_p50']} ms (p50)")
+                print(f"  today's poller: one sweep of {n} nodes takes {r['old']['sweep_ms_p50']} ms (p50)", flush=True)
     if not rows:
         print(f"no lab size ran: {stopped}", file=sys.stderr)
         return 3

@@ -44,7 +44,7 @@ from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.measure import measure_fault, measure_slowdown, reallocation_steps, slo_verdict
 from chaoskit.observe.events import EventBus, make_event
-from chaoskit.observe.gpu import NvmlProbe
+from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
 from chaoskit.observe.presets import PRESETS, preset_rules
@@ -469,7 +469,8 @@ class _Run:
         # from the process watcher where one runs (no second poll of every node).
         self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes,
                                               workers=watcher.ranks if watcher is not None else None)
-        for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
+        for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes),
+                       RemoteNvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
             if health is not None:
                 self.threads.append(health)
         for t in self.threads:

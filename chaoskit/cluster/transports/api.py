@@ -15,7 +15,7 @@ from chaoskit.core.errors import InfraError
 __all__ = [
     "ProcInfo", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
     "KmsgBatch", "KernelLogFollower", "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env", "ProcessStreamer", "WatchMessage",
-    "StreamUnsupported",
+    "StreamUnsupported", "GpuEventStreamer", "NvmlBatch",
 ]
 
 LineBatch = Callable[[list[tuple[float, str]], "int | None", int], None]
@@ -292,3 +292,23 @@ class KernelLogFollower(Protocol):
              match: list[str] | None = None) -> FollowStream:
         """Stream the records of the node's ``/dev/kmsg`` that contain one of ``match``: from after ``seq`` (where
         an earlier stream stopped) or from now on; the first batch (``started``) once the stream reads."""
+
+
+@dataclass
+class NvmlBatch:
+    """What a node's ``nvml`` stream says (:class:`GpuEventStreamer`): first its GPUs, then their events."""
+
+    events: list[tuple[float, int | None, str | None, str, int]]
+    """(time on this machine's clock, GPU index, PCI bus id, ``"xid"`` or ``"ecc"``, the Xid or 0)."""
+    gpus: list[tuple[int, str | None]] | None = None
+    """The GPUs that take events (index, PCI bus id): in the first batch (``started``)."""
+    started: bool = False
+
+
+@runtime_checkable
+class GpuEventStreamer(Protocol):
+    """A transport whose node's agent reads the node's GPUs through NVML (``libnvidia-ml.so.1``, loaded there)."""
+
+    def nvml(self, on_batch: "Callable[[NvmlBatch], None]") -> FollowStream:
+        """Stream the node's Xid and uncorrectable ECC events, each with the node's time put on this machine's
+        clock; the stream fails at once (``error``) where NVML does not load or no GPU takes events."""

@@ -71,7 +71,7 @@ from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.api import (
-    CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, ProcInfo, StreamUnsupported, WatchMessage,
+    CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, NvmlBatch, ProcInfo, StreamUnsupported, WatchMessage,
 )
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
@@ -749,6 +749,26 @@ class SSHTransport:
         fields = {"op": "watch", "scope": self.scope, "interval": float(interval), "heartbeat": float(heartbeat),
                   "known": [[int(pid), None if start is None else int(start), str(state)] for pid, start, state in known or ()]}
         stream.rid = agent.stream(fields, message, stream.finish, quiet=not beats)
+        return stream
+
+    def nvml(self, on_batch: Callable[[NvmlBatch], None]) -> "FollowStream":
+        """Stream the node's GPU health as its agent reads it through NVML (the agent's ``nvml``): Xid and
+        uncorrectable ECC events with the node's time on this machine's clock (:class:`NvmlBatch`)."""
+        agent = self._stream_agent(f"read the GPUs of node {self.node} through NVML")
+        stream = _Stream(agent)
+        to_local = self.clock.to_controller
+
+        def message(reply: dict[str, Any]) -> None:
+            if reply.get("ok") and (reply.get("started") or reply.get("events")):
+                on_batch(NvmlBatch(
+                    [(to_local(float(t)), None if i is None else int(i), None if pci is None else str(pci), str(kind), int(data))
+                     for t, i, pci, kind, data in reply.get("events", [])],
+                    [(int(i), None if pci is None else str(pci)) for i, pci in reply["gpus"]] if reply.get("gpus") else None,
+                    bool(reply.get("started"))))
+            if not reply.get("more"):
+                stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
+
+        stream.rid = agent.stream({"op": "nvml"}, message, stream.finish)
         return stream
 
     def kmsg(self, on_batch: Callable[[KmsgBatch], None], *, seq: int | None = None,
