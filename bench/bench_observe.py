@@ -126,6 +126,20 @@ def _cpu_ticks(pid: int) -> int:
         return 0
 
 
+def _agents_up(conns: dict[str, Any]) -> None:
+    """Every node's agent running (on a loaded machine one may not start within its timeout at connect: asked again)."""
+    for name, c in conns.items():
+        for _ in range(3):
+            if c._agent is not None and not c._agent.dead:
+                break
+            try:
+                c.ping(timeout=30)
+            except Exception:  # noqa: BLE001 - said below if it never starts
+                pass
+        if c._agent is None or c._agent.dead:
+            raise RuntimeError(f"the agent on {name} did not start: {'; '.join(c.notes[-2:]) or 'no reason given'}")
+
+
 def _rss_mib() -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -241,24 +255,38 @@ class Phase:
         return out
 
 
-def bench(n: int, steady: float, timeout: float, cap: float, kills: int | None = None) -> dict[str, Any]:
+def _progress(n: int, what: str) -> None:
+    print(f"[N={n} {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def bench(n: int, steady: float, timeout: float, cap: float, kills: int | None = None,
+          agent_start_s: float | None = None) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="ck-bench-observe-"))
     t0 = time.monotonic()
+    _progress(n, "building the lab")
     lab = NetnsLab.create(n, directory=directory / "lab")
     built = time.monotonic() - t0
     inventory = lab.inventory()
     try:
         conns = {node.name: node.conn for node in inventory.nodes}
+        if agent_start_s is not None:  # a loaded machine: the agents' start (bounded by connect_timeout) takes longer
+            for c in conns.values():
+                c.connect_timeout = agent_start_s
+        _progress(n, f"lab built in {built:.1f}s; connecting")
         connect_all(conns.values())
+        _agents_up(conns)
         phase = Phase(lab, conns, steady, timeout, cap, kills)
         time.sleep(1.0)
         c0, w0 = time.process_time(), time.monotonic()
         time.sleep(steady)  # the connections alone, nothing watching: paramiko's own threads
         idle = round(100 * (time.process_time() - c0) / (time.monotonic() - w0), 2)
+        _progress(n, "watch streams")
         new = phase.run("watch")
+        _progress(n, "today's poller")
         for c in conns.values():  # the poller's silent node may have dropped its agent: every node fresh
             c.close()
         connect_all(conns.values())
+        _agents_up(conns)
         old = phase.run("poll")
     finally:
         inventory.close()
@@ -294,6 +322,8 @@ def main() -> int:
                         help="how long today's poller is given to see a kill while a node is silent (default 40)")
     parser.add_argument("--kills", type=int, default=None,
                         help="kill at most this many workers per watcher in step 2 (default: one per node but two)")
+    parser.add_argument("--agent-start", type=float, default=None,
+                        help="seconds an agent may take to start (the nodes' connect_timeout; default the lab's 10 s)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -303,7 +333,7 @@ def main() -> int:
     rows, stopped = [], None
     for n in [int(x) for x in args.nodes.split(",") if x.strip()]:
         try:
-            rows.append(bench(n, args.steady, args.timeout, args.poller_cap, args.kills))
+            rows.append(bench(n, args.steady, args.timeout, args.poller_cap, args.kills, args.agent_start))
         except Exception as exc:  # noqa: BLE001 - say where the machine stopped, and why
             stopped = f"N={n}: {type(exc).__name__}: {exc}"
             break

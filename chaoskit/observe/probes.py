@@ -306,6 +306,8 @@ class _NodeWatch:
         self.heard = time.monotonic()
         """When the node last answered (``time.monotonic()``)."""
         self.unreachable_since: float | None = None
+        self.unreachable_at = 0.0
+        """When ``node.unreachable`` was published (wall clock): its ``node.reachable`` is never earlier."""
         self.stream: Any = None
         self.epoch = 0
         self.seq = 0
@@ -509,7 +511,7 @@ class ProcessWatcher(threading.Thread):
         mono = time.monotonic()
         nw.heard = max(nw.heard, mono if at is None else at)
         if nw.unreachable_since is not None:
-            wall = time.time() - (mono - nw.heard)
+            wall = max(time.time() - (mono - nw.heard), nw.unreachable_at)
             silent = wall - nw.unreachable_since
             nw.unreachable_since = None
             self.bus.publish(make_event("node.reachable", wall, node=nw.node, source="chaoskit",
@@ -521,7 +523,7 @@ class ProcessWatcher(threading.Thread):
         rx = getattr(stream, "last_heard", None) if stream is not None else None
         if rx is not None and rx > nw.heard:
             if nw.unreachable_since is None:
-                nw.heard = rx  # the common case, ten times a second per node: no lock (a float store; max() below)
+                nw.heard = rx  # the common case, every tick for every node: no lock (a float store)
             else:
                 with self._lock:
                     self._heard(nw, rx)
@@ -530,7 +532,7 @@ class ProcessWatcher(threading.Thread):
         with self._lock:
             if nw.unreachable_since is not None or mono - nw.heard < self.heartbeat_timeout:
                 return
-            wall = time.time()
+            wall = nw.unreachable_at = time.time()
             nw.unreachable_since = wall - (mono - nw.heard)
             self.bus.publish(make_event(
                 "node.unreachable", wall, node=nw.node, source="chaoskit", who="chaoskit heartbeat",
