@@ -260,7 +260,7 @@ def _progress(n: int, what: str) -> None:
 
 
 def bench(n: int, steady: float, timeout: float, cap: float, kills: int | None = None,
-          agent_start_s: float | None = None) -> dict[str, Any]:
+          agent_start_s: float | None = None, agent_python: str | None = None) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="ck-bench-observe-"))
     t0 = time.monotonic()
     _progress(n, "building the lab")
@@ -272,6 +272,9 @@ def bench(n: int, steady: float, timeout: float, cap: float, kills: int | None =
         if agent_start_s is not None:  # a loaded machine: the agents' start (bounded by connect_timeout) takes longer
             for c in conns.values():
                 c.connect_timeout = agent_start_s
+        if agent_python is not None:  # the nodes share this machine's files: its python3 may be a pyenv shim, whose
+            for c in conns.values():  # rehash lock serialises a hundred agents starting at once
+                c.python = agent_python
         _progress(n, f"lab built in {built:.1f}s; connecting")
         connect_all(conns.values())
         _agents_up(conns)
@@ -283,9 +286,9 @@ def bench(n: int, steady: float, timeout: float, cap: float, kills: int | None =
         _progress(n, "watch streams")
         new = phase.run("watch")
         _progress(n, "today's poller")
-        for c in conns.values():  # the poller's silent node may have dropped its agent: every node fresh
-            c.close()
-        connect_all(conns.values())
+        silent = list(conns)[-1]  # the watcher's silent node may have dropped its agent: that one fresh
+        conns[silent].close()     # (every node again would cost one SSH log-in per node once more)
+        connect_all([conns[silent]])
         _agents_up(conns)
         old = phase.run("poll")
     finally:
@@ -324,6 +327,9 @@ def main() -> int:
                         help="kill at most this many workers per watcher in step 2 (default: one per node but two)")
     parser.add_argument("--agent-start", type=float, default=None,
                         help="seconds an agent may take to start (the nodes' connect_timeout; default the lab's 10 s)")
+    parser.add_argument("--agent-python", default=None,
+                        help="the interpreter the agents run (default the nodes' python3; a pyenv shim there serialises "
+                             "agent starts on its rehash lock: give the real one, e.g. /usr/bin/python3)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -333,7 +339,8 @@ def main() -> int:
     rows, stopped = [], None
     for n in [int(x) for x in args.nodes.split(",") if x.strip()]:
         try:
-            rows.append(bench(n, args.steady, args.timeout, args.poller_cap, args.kills, args.agent_start))
+            rows.append(bench(n, args.steady, args.timeout, args.poller_cap, args.kills, args.agent_start,
+                              args.agent_python))
         except Exception as exc:  # noqa: BLE001 - say where the machine stopped, and why
             stopped = f"N={n}: {type(exc).__name__}: {exc}"
             break
