@@ -1,6 +1,6 @@
 """Benchmark: watching a job's workers on N nodes, the node-side watch streams against today's poller.
 
-    sudo .venv/bin/python bench/bench_observe.py [--nodes 8,32] [--steady 30] [--timeout 3] [--json]
+    sudo .venv/bin/python bench/bench_observe.py [--nodes 8,32] [--steady 30] [--timeout 3] [--kills K] [--json]
 
 For each N, on a netns lab of N light nodes (sshd + chaoskit's agent + one fake worker per node: ``sleep``
 with torchrun's environment, no torch), in one run, first with the new :class:`ProcessWatcher` (one
@@ -27,7 +27,9 @@ Targets (issue 20, at 128 nodes): controller CPU <= 5% of one core in steady sta
 controller; an agent's own CPU <= 1% of a core per node. On a small shared machine every node's sshd,
 agent and worker share the same cores as the controller: the node-side work of N nodes is N times what one
 real node pays, so the largest N here is bounded by this machine, not by chaoskit (the script says how far
-it got and why it stopped).
+it got and why it stopped). On the 2-core development machine N=128 ran as ``--nodes 128 --kills 24
+--poller-cap 15 --agent-start 90`` (about 10 minutes): every SSH log-in there runs root's ``.bashrc``, whose
+``pyenv init`` takes pyenv's rehash lock, so 128 agents start one after another (about 2.5 minutes).
 """
 
 from __future__ import annotations
@@ -126,6 +128,20 @@ def _cpu_ticks(pid: int) -> int:
         return 0
 
 
+def _agents_up(conns: dict[str, Any]) -> None:
+    """Every node's agent running (on a loaded machine one may not start within its timeout at connect: asked again)."""
+    for name, c in conns.items():
+        for _ in range(3):
+            if c._agent is not None and not c._agent.dead:
+                break
+            try:
+                c.ping(timeout=30)
+            except Exception:  # noqa: BLE001 - said below if it never starts
+                pass
+        if c._agent is None or c._agent.dead:
+            raise RuntimeError(f"the agent on {name} did not start: {'; '.join(c.notes[-2:]) or 'no reason given'}")
+
+
 def _rss_mib() -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -137,8 +153,10 @@ def _rss_mib() -> float:
 class Phase:
     """One watcher (new or old) on the lab: fresh workers, steady state, kills, a silent node."""
 
-    def __init__(self, lab: NetnsLab, conns: dict[str, Any], steady: float, timeout: float, cap: float) -> None:
+    def __init__(self, lab: NetnsLab, conns: dict[str, Any], steady: float, timeout: float, cap: float,
+                 kills: int | None = None) -> None:
         self.lab, self.conns, self.steady, self.timeout, self.cap = lab, conns, steady, timeout, cap
+        self.kills = kills
         self.workers: dict[str, subprocess.Popen] = {}
 
     def start_workers(self) -> None:
@@ -192,6 +210,9 @@ class Phase:
             order = [n for n in self.conns if n != silent_node]
             random.shuffle(order)
             victims, latencies = order[:-1], []
+            if self.kills is not None:
+                victims = victims[: self.kills]
+            out["kills"] = len(victims)
             for node in victims:
                 w = self.workers[node]
                 t_kill = time.time()
@@ -236,24 +257,41 @@ class Phase:
         return out
 
 
-def bench(n: int, steady: float, timeout: float, cap: float) -> dict[str, Any]:
+def _progress(n: int, what: str) -> None:
+    print(f"[N={n} {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def bench(n: int, steady: float, timeout: float, cap: float, kills: int | None = None,
+          agent_start_s: float | None = None, agent_python: str | None = None) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="ck-bench-observe-"))
     t0 = time.monotonic()
+    _progress(n, "building the lab")
     lab = NetnsLab.create(n, directory=directory / "lab")
     built = time.monotonic() - t0
     inventory = lab.inventory()
     try:
         conns = {node.name: node.conn for node in inventory.nodes}
+        if agent_start_s is not None:  # a loaded machine: the agents' start (bounded by connect_timeout) takes longer
+            for c in conns.values():
+                c.connect_timeout = agent_start_s
+        if agent_python is not None:  # the nodes share this machine's files: its python3 may be a pyenv shim, whose
+            for c in conns.values():  # rehash lock serialises a hundred agents starting at once
+                c.python = agent_python
+        _progress(n, f"lab built in {built:.1f}s; connecting")
         connect_all(conns.values())
-        phase = Phase(lab, conns, steady, timeout, cap)
+        _agents_up(conns)
+        phase = Phase(lab, conns, steady, timeout, cap, kills)
         time.sleep(1.0)
         c0, w0 = time.process_time(), time.monotonic()
         time.sleep(steady)  # the connections alone, nothing watching: paramiko's own threads
         idle = round(100 * (time.process_time() - c0) / (time.monotonic() - w0), 2)
+        _progress(n, "watch streams")
         new = phase.run("watch")
-        for c in conns.values():  # the poller's silent node may have dropped its agent: every node fresh
-            c.close()
-        connect_all(conns.values())
+        _progress(n, "today's poller")
+        silent = list(conns)[-1]  # the watcher's silent node may have dropped its agent: that one fresh
+        conns[silent].close()     # (every node again would cost one SSH log-in per node once more)
+        connect_all([conns[silent]])
+        _agents_up(conns)
         old = phase.run("poll")
     finally:
         inventory.close()
@@ -287,6 +325,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3.0, help="probes.heartbeat_timeout (default 3)")
     parser.add_argument("--poller-cap", type=float, default=40.0,
                         help="how long today's poller is given to see a kill while a node is silent (default 40)")
+    parser.add_argument("--kills", type=int, default=None,
+                        help="kill at most this many workers per watcher in step 2 (default: one per node but two)")
+    parser.add_argument("--agent-start", type=float, default=None,
+                        help="seconds an agent may take to start (the nodes' connect_timeout; default the lab's 10 s)")
+    parser.add_argument("--agent-python", default=None,
+                        help="the interpreter the agents run (default the nodes' python3; a pyenv shim there serialises "
+                             "agent starts on its rehash lock: give the real one, e.g. /usr/bin/python3)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -296,13 +341,14 @@ def main() -> int:
     rows, stopped = [], None
     for n in [int(x) for x in args.nodes.split(",") if x.strip()]:
         try:
-            rows.append(bench(n, args.steady, args.timeout, args.poller_cap))
+            rows.append(bench(n, args.steady, args.timeout, args.poller_cap, args.kills, args.agent_start,
+                              args.agent_python))
         except Exception as exc:  # noqa: BLE001 - say where the machine stopped, and why
             stopped = f"N={n}: {type(exc).__name__}: {exc}"
             break
         r = rows[-1]
         if not args.json:
-            print(f"\nN={n} (lab built in {r['lab_build_s']}s)")
+            print(f"\nN={n} (lab built in {r['lab_build_s']}s; {r['new']['kills']} kills per watcher)", flush=True)
             head = ("", "controller CPU %", "agent CPU %/node", "agent+sshd %/node", "RSS MiB", "gone p50 ms",
                     "gone p99 ms", "silent adds ms", "unreachable s", "silent gone")
             print("  ".join(f"{h:>18}" for h in head))
@@ -315,7 +361,7 @@ def main() -> int:
                 print("  ".join(f"{c!s:>18}" for c in cells))
             print(f"  the open SSH connections alone, nothing watching: controller CPU {r['idle_connections_cpu_pct']}%")
             if r["old"].get("sweep_ms_p50"):
-                print(f"  today's poller: one sweep of {n} nodes takes {r['old']['sweep_ms_p50']} ms (p50)")
+                print(f"  today's poller: one sweep of {n} nodes takes {r['old']['sweep_ms_p50']} ms (p50)", flush=True)
     if not rows:
         print(f"no lab size ran: {stopped}", file=sys.stderr)
         return 3

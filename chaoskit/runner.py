@@ -44,7 +44,7 @@ from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.measure import RECOVERY_MODELS, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals
 from chaoskit.observe.events import EventBus, make_event
-from chaoskit.observe.gpu import NvmlProbe
+from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
 from chaoskit.observe.presets import PRESETS, preset_rules
@@ -458,14 +458,19 @@ class _Run:
         if sc.probes.prometheus:  # the site's monitoring as a detection source
             self.prometheus_probe = PrometheusProbe(self.bus, sc.probes.prometheus)
             self.threads.append(self.prometheus_probe)
+        watcher = None
         if sc.probes.process:
-            self.threads.append(ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes},
-                                               heartbeat_timeout=sc.probes.heartbeat_timeout))
+            watcher = ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes},
+                                     heartbeat_timeout=sc.probes.heartbeat_timeout)
+            self.threads.append(watcher)
         self.threads.extend(self.cluster.probes(self.bus))
         # The nodes' own health: OOM kills in the kernel's log, Xid and ECC errors from NVML; each is None
-        # (not started, silent) where it cannot read anything.
-        self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes)
-        for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
+        # (not started, silent) where it cannot read anything. The kernel-log probe takes the nodes' workers
+        # from the process watcher where one runs (no second poll of every node).
+        self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes,
+                                              workers=watcher.ranks if watcher is not None else None)
+        for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes),
+                       RemoteNvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
             if health is not None:
                 self.threads.append(health)
         for t in self.threads:
@@ -473,6 +478,8 @@ class _Run:
         self.job = _job_class(sc.workload, self.cluster, self.loaded.path.parent)(
             self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
+        if isinstance(self.job, AttachedJob) and watcher is not None:
+            self.job.use_watch(watcher)  # its look at the nodes costs only what their watch streams report
         if isinstance(self.job, AttachedJob):
             where = (f"Slurm job {sc.workload.slurm_job}" if sc.workload.slurm_job is not None
                      else f"the job on {', '.join(self.cluster.job_nodes)}")

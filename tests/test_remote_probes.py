@@ -254,3 +254,51 @@ def test_an_oom_kill_in_the_shared_kernel_is_attributed_to_the_ssh_node_whose_wo
         inventory.close()
     kills = [(e["node"], e["rank"], e["pid"]) for e in bus.events if e["kind"] == "oom.kill"]
     assert kills == [("n1", 1, worker.pid)]
+
+
+def test_with_the_process_watcher_the_kernel_log_probe_polls_no_node_and_names_a_victim_already_gone(netns_lab):
+    """In a run the kernel-log probe takes the nodes' workers from the process watcher (their ``watch`` streams)
+    instead of reading every node's table twice a second: it reads none itself, and a kill line that arrives after
+    the watcher has already reported the worker gone (pidfd exits come fast) is still the node's, with its rank."""
+    import subprocess
+    import sys
+
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.kmsg import KmsgProbe
+    from chaoskit.observe.probes import ProcessWatcher
+    from tests.test_kmsg_stream import need_kmsg, write_kmsg
+
+    need_kmsg()
+    env = dict(os.environ, RANK="1", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="oom-watch-test")
+    worker = subprocess.Popen(netns_lab.exec_argv("n1", [sys.executable, "-c", "import time; time.sleep(60)"]), env=env)
+    inventory = netns_lab.inventory()
+    bus = EventBus()
+    watcher = probe = None
+    try:
+        for node in inventory.nodes:
+            node.conn.connect()
+        transports = {n.name: n.conn for n in inventory.nodes}
+        watcher = ProcessWatcher(bus, transports)
+        watcher.start()
+        probe = KmsgProbe.for_nodes(bus, inventory.nodes, workers=watcher.ranks)
+        probe.start()
+        assert probe.ready(15), probe.errors
+        assert wait_until(lambda: ("n1", worker.pid) in watcher.seen, 15)
+        worker.kill()
+        worker.wait()
+        assert wait_until(lambda: any(e["kind"] == "process.gone" and e["pid"] == worker.pid for e in bus.events), 10)
+        write_kmsg(f"Memory cgroup out of memory: Killed process {worker.pid} (python) total-vm:1kB "
+                   "(chaoskit test line: not a real OOM kill)")
+        assert wait_until(lambda: any(e["kind"] == "oom.kill" for e in bus.events), 10)
+        time.sleep(0.5)
+        assert probe.known == {}  # every node is watched: the probe read no table of its own
+    finally:
+        for t in (probe, watcher):
+            if t is not None:
+                t.stop()
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait()
+        inventory.close()
+    kills = [(e["node"], e["rank"], e["pid"]) for e in bus.events if e["kind"] == "oom.kill"]
+    assert kills == [("n1", 1, worker.pid)]

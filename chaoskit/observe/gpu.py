@@ -11,9 +11,13 @@ here and only when some node has GPUs. The probe starts only where the inventory
 says a node has GPUs (``Node.gpus > 0``) **and** NVML loads and initialises;
 otherwise it is not started and says nothing.
 
-Limitation: NVML is read in the controller's process, so it sees this
-machine's GPUs and serves the nodes whose transport is local (the controller is
-the node). GPUs of nodes reached over SSH, Ray or docker are not watched yet.
+:class:`NvmlProbe` reads NVML in the controller's process: this machine's GPUs,
+for the nodes whose transport is local (the controller is the node).
+:class:`RemoteNvmlProbe` reads every other GPU node's own GPUs through its agent
+(:class:`~chaoskit.cluster.transports.api.GpuEventStreamer`: the agent's ``nvml``
+stream loads ``libnvidia-ml.so.1`` with ctypes there, stdlib only); each event
+keeps the node's time, corrected by its measured clock offset. A node where NVML
+does not load says so once in ``errors`` and is not asked again.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import time
 from typing import Any
 
 from chaoskit.cluster.inventory import Node
+from chaoskit.cluster.transports.api import GpuEventStreamer, NvmlBatch
 from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core.errors import InfraError
 from chaoskit.observe.events import EventBus, make_event
 
-__all__ = ["NvmlProbe", "WAIT_MS"]
+__all__ = ["NvmlProbe", "RemoteNvmlProbe", "WAIT_MS"]
 
 WAIT_MS = 200
 """How long one ``nvmlEventSetWait`` blocks: the probe's reaction time to ``stop``."""
@@ -142,4 +148,92 @@ class NvmlProbe(threading.Thread):
 
     def stop(self) -> None:
         self.stop_event.set()
+        self.join(timeout=2)
+
+
+RETRY_S = 2.0
+"""How long a node's ``nvml`` stream waits before starting again after its connection dropped."""
+
+
+class RemoteNvmlProbe(threading.Thread):
+    """Each GPU node's own NVML, read by its agent (one ``nvml`` stream per node, started again after a drop):
+    publish ``gpu.xid`` and ``gpu.ecc`` for the node, at the node's time of the event."""
+
+    def __init__(self, bus: EventBus, transports: dict[str, Any], retry_s: float = RETRY_S) -> None:
+        super().__init__(daemon=True, name="chaoskit-nvml-nodes")
+        self.bus, self.transports, self.retry_s = bus, transports, retry_s
+        self.stop_event = threading.Event()
+        self.errors: list[str] = []
+        self.events = 0
+        self.gpus: dict[str, list[tuple[int, str | None]]] = {}
+        """node -> the GPUs its NVML watches (index, PCI bus id), once its stream started."""
+        self.started = {name: threading.Event() for name in transports}
+        self._streams: dict[str, Any] = {}
+        self._threads = [threading.Thread(target=self._follow, args=(name,), daemon=True, name=f"chaoskit-nvml-{name}")
+                         for name in transports]
+
+    @classmethod
+    def for_nodes(cls, bus: EventBus, nodes: list[Node]) -> "RemoteNvmlProbe | None":
+        """The probe for the nodes with GPUs (``gpus > 0``) whose agent can read NVML there, or ``None``."""
+        remote = {n.name: n.conn for n in nodes
+                  if n.gpus > 0 and not isinstance(n.conn, LocalTransport) and isinstance(n.conn, GpuEventStreamer)}
+        return cls(bus, remote) if remote else None
+
+    def start(self) -> None:
+        super().start()
+        for t in self._threads:
+            t.start()
+
+    def run(self) -> None:
+        self.stop_event.wait()
+
+    def _follow(self, node: str) -> None:
+        transport = self.transports[node]
+        while not self.stop_event.is_set():
+            try:
+                stream = transport.nvml(lambda batch: self._batch(node, batch))
+            except InfraError as exc:
+                self._note(f"{node}: {exc.message}")
+                self.stop_event.wait(self.retry_s)
+                continue
+            self._streams[node] = stream
+            while not stream.done.wait(1.0):
+                if self.stop_event.is_set():
+                    stream.cancel()
+                    return
+            if stream.error:
+                self._note(f"{node}: {stream.error}")
+                if "NVML is not on this node" in stream.error or "no GPU of this node" in stream.error:
+                    return  # nothing to read there: said once, not asked again
+            self.stop_event.wait(self.retry_s)
+
+    def _batch(self, node: str, batch: NvmlBatch) -> None:
+        if batch.started:
+            self.gpus[node] = list(batch.gpus or [])
+            self.started[node].set()
+        clock = getattr(self.transports[node], "clock", None)
+        extra = {"ts_uncertainty": clock.error_s} if getattr(clock, "error_s", None) else {}
+        for ts, device, pci, kind, data in batch.events:
+            where = f"GPU {device}" if device is not None else "a GPU"
+            fields = {"pci": pci} if pci else {}
+            if kind == "xid":
+                event = make_event("gpu.xid", ts, node=node, rank=None, device=device, xid=data, source="nvml",
+                                   who="NVML (on the node)", why=f"Xid {data} on {where}", **fields, **extra)
+            else:
+                event = make_event("gpu.ecc", ts, node=node, rank=None, device=device, errors="uncorrectable",
+                                   source="nvml", who="NVML (on the node)",
+                                   why=f"uncorrectable (double-bit) ECC error on {where}", **fields, **extra)
+            self.events += 1
+            self.bus.publish(event)
+
+    def _note(self, message: str) -> None:
+        if not self.errors or self.errors[-1] != message:
+            self.errors.append(message)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for stream in list(self._streams.values()):
+            stream.cancel()
+        for t in self._threads:
+            t.join(timeout=3)
         self.join(timeout=2)

@@ -71,6 +71,7 @@ class _Source(threading.Thread):
         """Streams started: more than one means the source resumed after its stream ended."""
         self.started = threading.Event()
         self.errors: list[str] = []
+        self.stream: Any = None
 
     def run(self) -> None:
         stop = self.probe.stop_event
@@ -81,12 +82,16 @@ class _Source(threading.Thread):
                 self._note(exc.message)
                 stop.wait(self.probe.retry_s)
                 continue
+            self.stream = stream
             self.streams += 1
-            while not stream.done.wait(0.05):
+            # The probe's stop cancels the stream (stop()), which ends this wait; the timeout is only a backstop.
+            while not stream.done.wait(1.0):
                 if stop.is_set():
                     stream.cancel()
                     stream.done.wait(2.0)
                     return
+            if stop.is_set():
+                return
             if stream.error:
                 self._note(stream.error)
                 if stream.error.startswith("cannot read the kernel log"):
@@ -140,9 +145,14 @@ class KmsgProbe(threading.Thread):
     nodes); publish ``oom.kill`` and ``gpu.xid`` once per kernel, for the node each concerns."""
 
     def __init__(self, bus: EventBus, transports: dict[str, Any], path: str = KMSG, refresh_s: float = REFRESH_S,
-                 gpu_pci: dict[str, list[str]] | None = None, retry_s: float = RETRY_S) -> None:
+                 gpu_pci: dict[str, list[str]] | None = None, retry_s: float = RETRY_S,
+                 workers: Callable[[str], dict[int, int | None] | None] | None = None) -> None:
         super().__init__(daemon=True, name="chaoskit-kmsg")
         self.bus, self.transports, self.path, self.refresh_s, self.retry_s = bus, transports, path, refresh_s, retry_s
+        self.workers = workers
+        self._watched_nodes: set[str] | None = None
+        """The process watcher's table of a node's workers (:meth:`ProcessWatcher.ranks`), where one runs: a
+        remote node it watches is not polled here (its table comes from the node's own ``watch`` stream)."""
         self.stop_event = threading.Event()
         self.known: dict[str, dict[int, int | None]] = {}
         """node -> pid -> rank, of the nodes' processes (refreshed)."""
@@ -166,7 +176,8 @@ class KmsgProbe(threading.Thread):
         self._refresh()
 
     @classmethod
-    def for_nodes(cls, bus: EventBus, nodes: list[Node], path: str = KMSG) -> "KmsgProbe | None":
+    def for_nodes(cls, bus: EventBus, nodes: list[Node], path: str = KMSG,
+                  workers: Callable[[str], dict[int, int | None] | None] | None = None) -> "KmsgProbe | None":
         """The probe for the nodes whose kernel log can be read (this machine's, for local nodes; the node's own
         through its agent), or ``None`` when there are none (then it is not started and says nothing)."""
         readable = {n.name: n.conn for n in nodes if isinstance(n.conn, (LocalTransport, KernelLogFollower))}
@@ -174,10 +185,10 @@ class KmsgProbe(threading.Thread):
         if not readable:
             return None
         try:
-            return cls(bus, readable, path, gpu_pci=pci)
+            return cls(bus, readable, path, gpu_pci=pci, workers=workers)
         except OSError:  # this machine's log cannot be read here (no root, dmesg_restrict): the nodes' own then
             remote = {k: v for k, v in readable.items() if not isinstance(v, LocalTransport)}
-            return cls(bus, remote, path, gpu_pci=pci) if remote else None
+            return cls(bus, remote, path, gpu_pci=pci, workers=workers) if remote else None
 
     def start(self) -> None:
         """Start every source; return once this machine's log (local nodes) is being read, so that a line logged
@@ -208,6 +219,8 @@ class KmsgProbe(threading.Thread):
 
     def _refresh(self) -> None:
         for node, transport in self.transports.items():
+            if self._watched(node):
+                continue
             try:  # a remote node's workers only (what its agent reads cheaply); this machine's every process
                 procs = transport.processes() if isinstance(transport, LocalTransport) else transport.processes(workers_only=True)
             except Exception:  # noqa: BLE001 - a node we cannot read now keeps what we knew of it
@@ -257,8 +270,9 @@ class KmsgProbe(threading.Thread):
         memcg = self.memcg.pop((kernel, pid), "")
         if killed["comm"] == BALLAST_NAME:  # mem.oom's own ballast, killed after the rank: not the job's
             return
-        node = next((n for n in nodes if pid in self.known.get(n, {})), None)
-        rank = self.known[node][pid] if node is not None else None
+        tables = {n: self._table(n) for n in nodes}
+        node = next((n for n in nodes if pid in tables[n]), None)
+        rank = tables[node][pid] if node is not None else None
         if node is None:
             node = self._node_of_cgroup(memcg, nodes)
         if node is None:
@@ -285,6 +299,18 @@ class KmsgProbe(threading.Thread):
             **({"token": xid.token} if xid.token else {}), **extra,
         ))
 
+    def _watched(self, node: str) -> bool:
+        if self._watched_nodes is None:
+            self._watched_nodes = {n for n, t in self.transports.items() if self.workers is not None
+                                   and not isinstance(t, LocalTransport) and self.workers(n) is not None}
+        return node in self._watched_nodes
+
+    def _table(self, node: str) -> dict[int, int | None]:
+        """pid -> rank of the node's processes: the process watcher's (a watched remote node), else this probe's."""
+        if self._watched(node) and self.workers is not None:
+            return self.workers(node) or {}
+        return self.known.get(node, {})
+
     def _node_of_cgroup(self, memcg: str, nodes: list[str]) -> str | None:
         leaf = memcg.rsplit("/", 1)[-1]
         if not leaf.startswith(CGROUP_PREFIX):
@@ -296,6 +322,9 @@ class KmsgProbe(threading.Thread):
 
     def stop(self) -> None:
         self.stop_event.set()
+        for source in self.sources:
+            if source.stream is not None:
+                source.stream.cancel()
         for source in self.sources:
             source.join(timeout=3)
         self.join(timeout=2)

@@ -287,6 +287,10 @@ class RemoteLogProbe(threading.Thread):
         self.join(timeout=5)
 
 
+RANKS_MAX = 65536
+"""Workers remembered per node (pid -> rank), gone ones included; the oldest half is forgotten past it."""
+
+
 class _NodeWatch:
     """What the watcher knows of one node: its workers believed alive, when it last answered, its stream."""
 
@@ -295,9 +299,15 @@ class _NodeWatch:
         self.streams = streams
         self.workers: dict[int, tuple[int | None, int | None, str]] = {}
         """pid -> (start time, rank, state) of the workers believed alive."""
+        self.changes = 0
+        """Counts what the node's streams have said: a stream started, a message with changes."""
+        self.ranks: dict[int, int | None] = {}
+        """pid -> rank of every worker seen on the node, gone ones included (bounded: :data:`RANKS_MAX`)."""
         self.heard = time.monotonic()
-        self.heard_wall = time.time()
+        """When the node last answered (``time.monotonic()``)."""
         self.unreachable_since: float | None = None
+        self.unreachable_at = 0.0
+        """When ``node.unreachable`` was published (wall clock): its ``node.reachable`` is never earlier."""
         self.stream: Any = None
         self.epoch = 0
         self.seq = 0
@@ -342,14 +352,37 @@ class ProcessWatcher(threading.Thread):
         with self._lock:
             return {(n.node, pid): w[1] for n in self._nodes.values() for pid, w in n.workers.items()}
 
+    def ranks(self, node: str) -> dict[int, int | None] | None:
+        """pid -> rank of every worker seen on ``node`` since the start, those gone included (what the kernel-log
+        probe needs to attribute an OOM kill whose victim has already been reported gone); ``None``: not watched."""
+        nw = self._nodes.get(node)
+        if nw is None:
+            return None
+        with self._lock:
+            return dict(nw.ranks)
+
+    def changes(self, node: str) -> int | None:
+        """A counter that moves whenever ``node``'s watch stream says something of its workers (a stream started,
+        a worker appeared, ended, stopped, resumed); ``None`` where the node has no live stream (it is polled,
+        its stream is down or not started yet). What attach discovery reads before re-reading a node's table."""
+        nw = self._nodes.get(node)
+        if nw is None or not nw.streams:
+            return None
+        with self._lock:
+            stream = nw.stream
+            if stream is None or stream.done.is_set() or nw.scope != getattr(nw.transport, "scope", None):
+                return None  # down, or watching a scope the node no longer has (restarted within a second)
+            return nw.changes
+
     @property
     def unreachable(self) -> set[str]:
         with self._lock:
             return {n.node for n in self._nodes.values() if n.unreachable_since is not None}
 
     def run(self) -> None:
-        # Polled nodes are due every interval; streamed ones need only their silence checked, 10 times a second.
-        tick = self.interval if any(not n.streams for n in self._nodes.values()) else 0.1
+        # Polled nodes are due every interval; streamed ones need only their silence checked, ten times per
+        # heartbeat timeout (at most every 0.25 s): node.unreachable comes within the timeout + a tenth of it.
+        tick = self.interval if any(not n.streams for n in self._nodes.values()) else min(0.25, self.heartbeat_timeout / 10)
         last_scope = 0.0
         while not self.stop_event.is_set():
             mono = time.monotonic()
@@ -397,7 +430,7 @@ class ProcessWatcher(threading.Thread):
         scope = getattr(nw.transport, "scope", None)
         try:
             stream = nw.transport.watch_processes(lambda seq, t, changes: self._message(nw, epoch, seq, t, changes),
-                                                  known=known, heartbeat=self.heartbeat_s)
+                                                  known=known, heartbeat=self.heartbeat_s, beats=False)
         except StreamUnsupported as exc:
             self._note(f"{nw.node}: {exc.message}; polling it instead")
             nw.streams = False
@@ -408,6 +441,7 @@ class ProcessWatcher(threading.Thread):
         with self._lock:
             if epoch == nw.epoch:
                 nw.stream, nw.scope = stream, scope
+                nw.changes += 1
                 return
         stream.cancel()  # stopped meanwhile
 
@@ -417,10 +451,13 @@ class ProcessWatcher(threading.Thread):
                 return  # a message of a stream given up, or one seen already
             nw.seq = seq
             self._heard(nw)
+            if changes:
+                nw.changes += 1
             for c in changes:
                 pid, ev = int(c["pid"]), c.get("ev")
                 if ev == "appeared":
                     nw.workers[pid] = (c.get("start"), c.get("rank"), str(c.get("state", "S")))
+                    self._remember(nw, pid, c.get("rank"))
                     if c.get("state") == "Z":
                         self._gone(nw, pid, float(c["t"]), c)
                 elif ev in ("exited", "zombie"):
@@ -430,6 +467,13 @@ class ProcessWatcher(threading.Thread):
                     nw.workers[pid] = (start, rank, "T" if ev == "stopped" else "S")
                     self.bus.publish(make_event(f"process.{ev}", float(c["t"]), node=nw.node, rank=rank, pid=pid,
                                                 source="procwatch"))
+
+    @staticmethod
+    def _remember(nw: _NodeWatch, pid: int, rank: int | None) -> None:
+        if len(nw.ranks) >= RANKS_MAX:
+            for old in list(nw.ranks)[: RANKS_MAX // 2]:
+                del nw.ranks[old]
+        nw.ranks[pid] = rank
 
     def _gone(self, nw: _NodeWatch, pid: int, ts: float, change: dict[str, Any]) -> None:
         known = nw.workers.pop(pid, None)
@@ -454,31 +498,47 @@ class ProcessWatcher(threading.Thread):
             for pid, (start, rank, state) in alive.items():
                 was = nw.workers.get(pid)
                 nw.workers[pid] = (start, rank, state)
+                if was is None:
+                    self._remember(nw, pid, rank)
                 if was is not None and (was[2] == "T") != (state == "T"):
                     self.bus.publish(make_event("process.stopped" if state == "T" else "process.resumed", ts,
                                                 node=nw.node, rank=rank, pid=pid, source="procwatch"))
 
     # -- silence -------------------------------------------------------------------------------------------
 
-    def _heard(self, nw: _NodeWatch) -> None:
-        """The node answered (called under the lock)."""
-        nw.heard, nw.heard_wall = time.monotonic(), time.time()
+    def _heard(self, nw: _NodeWatch, at: float | None = None) -> None:
+        """The node answered, at ``at`` (``time.monotonic()``; default now). Called under the lock."""
+        mono = time.monotonic()
+        nw.heard = max(nw.heard, mono if at is None else at)
         if nw.unreachable_since is not None:
-            silent = nw.heard_wall - nw.unreachable_since
+            wall = max(time.time() - (mono - nw.heard), nw.unreachable_at)
+            silent = wall - nw.unreachable_since
             nw.unreachable_since = None
-            self.bus.publish(make_event("node.reachable", nw.heard_wall, node=nw.node, source="chaoskit",
+            self.bus.publish(make_event("node.reachable", wall, node=nw.node, source="chaoskit",
                                         who="chaoskit heartbeat", silent_s=round(silent, 3)))
 
     def _check_silence(self, nw: _NodeWatch, mono: float) -> None:
+        # A streamed node's heartbeats are not delivered (``beats=False``): its stream says when it last spoke.
+        stream = nw.stream
+        rx = getattr(stream, "last_heard", None) if stream is not None else None
+        if rx is not None and rx > nw.heard:
+            if nw.unreachable_since is None:
+                nw.heard = rx  # the common case, every tick for every node: no lock (a float store)
+            else:
+                with self._lock:
+                    self._heard(nw, rx)
+        if nw.unreachable_since is not None or mono - nw.heard < self.heartbeat_timeout:
+            return
         with self._lock:
             if nw.unreachable_since is not None or mono - nw.heard < self.heartbeat_timeout:
                 return
-            nw.unreachable_since = nw.heard_wall
+            wall = nw.unreachable_at = time.time()
+            nw.unreachable_since = wall - (mono - nw.heard)
             self.bus.publish(make_event(
-                "node.unreachable", time.time(), node=nw.node, source="chaoskit", who="chaoskit heartbeat",
+                "node.unreachable", wall, node=nw.node, source="chaoskit", who="chaoskit heartbeat",
                 why=f"no answer for {mono - nw.heard:.1f}s (heartbeat timeout {self.heartbeat_timeout:g}s)",
-                last_heard=round(nw.heard_wall, 6), workers_unknown=sorted(w[1] for w in nw.workers.values()
-                                                                            if w[1] is not None)))
+                last_heard=round(nw.unreachable_since, 6), workers_unknown=sorted(w[1] for w in nw.workers.values()
+                                                                                   if w[1] is not None)))
 
     def _note(self, message: str) -> None:
         with self._lock:

@@ -68,6 +68,13 @@ class AttachedJob:
         self._seen: list[dict[str, Any]] = []
         """The jobs matching ``process`` at the last look before one was chosen."""
         self._lock = threading.Lock()
+        self.watch: Any = None
+        """The run's process watcher (:meth:`use_watch`): where a node's ``watch`` stream is live, its table is
+        read again only after the stream said something (``changes``); else every look reads it."""
+        self._tables_seen: dict[str, tuple[int, list[ProcInfo], bool]] = {}
+        """node -> (the watcher's change count, the table read then, whether it was settled) of the last read."""
+        self.reads = 0
+        """Process tables read from the nodes (the job's scope; for the cost of discovery)."""
         cluster.scope_job(JobScope(pending=True))  # nothing of any job is in scope until the job is chosen
 
     def commands(self) -> dict[str, list[str]]:
@@ -131,15 +138,39 @@ class AttachedJob:
                 self.found_at = time.time()
         return workers
 
+    def use_watch(self, watcher: Any) -> None:
+        """Take the nodes' news from ``watcher`` (a :class:`~chaoskit.observe.probes.ProcessWatcher` of the same
+        nodes, with ``changes(node)``): a look costs nothing on a node whose stream has said nothing since."""
+        self.watch = watcher
+
     def _tables(self, nodes: list[str], node_wide: bool) -> dict[str, list[ProcInfo]]:
         out = {}
         for name in nodes:
+            # Read before the table, so a change that lands during the read makes the next look read again.
+            news = self.watch.changes(name) if self.watch is not None and not node_wide else None
+            seen = self._tables_seen.get(name)
+            if news is not None and seen is not None and seen[0] == news and seen[2]:
+                out[name] = seen[1]
+                continue
             conn = self.cluster.inventory[name].conn
             try:
-                out[name] = conn.processes(node_wide=node_wide)
+                procs = conn.processes(node_wide=node_wide)
             except InfraError:
+                self._tables_seen.pop(name, None)
                 continue
+            self.reads += 1
+            out[name] = procs
+            if news is not None:
+                self._tables_seen[name] = (news, procs, self._settled(procs))
+            else:
+                self._tables_seen.pop(name, None)
         return out
+
+    def _settled(self, procs: list[ProcInfo]) -> bool:
+        """Whether a node's table can be kept until its stream says otherwise: every matching process is a worker
+        (the stream reports those), or none matches. A torchrun agent outliving its workers ends without news."""
+        matching = [p for p in procs if p.state != "Z" and bounded_search(self.pattern, p.cmdline, "workload.process")]
+        return all(p.rank is not None for p in matching)
 
     def _choose(self, nodes: list[str]) -> None:
         """Pick the drilled job among those whose workers match on ``nodes``, and scope every node to it."""

@@ -986,6 +986,98 @@ def op_kmsg(req, emit):
     return {"seq": last, "lost": lost}
 
 
+NVML_LIB = "libnvidia-ml.so.1"
+"""The NVIDIA driver's management library, loaded with ctypes where it exists (no pip package on the node)."""
+NVML_WAIT_MS = 500
+"""How long one ``nvmlEventSetWait_v2`` blocks: the stream's reaction time to a cancel."""
+NVML_EVENTS = {0x8: "xid", 0x2: "ecc"}
+"""The events watched: ``nvmlEventTypeXidCriticalError`` (its data is the Xid) and
+``nvmlEventTypeDoubleBitEccError`` (an uncorrectable ECC error)."""
+NVML_TIMEOUT = 10
+"""``NVML_ERROR_TIMEOUT``: nothing happened within the wait."""
+
+
+def _nvml_structs(ctypes):
+    class PciInfo(ctypes.Structure):  # nvmlPciInfo_t (v3)
+        _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                    ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                    ("busId", ctypes.c_char * 32)]
+
+    class EventData(ctypes.Structure):  # nvmlEventData_t
+        _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
+                    ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+    return PciInfo, EventData
+
+
+def op_nvml(req, emit):
+    """Stream the node's GPU health from NVML, read here (``libnvidia-ml.so.1`` through ctypes): Xid critical
+    errors and uncorrectable (double-bit) ECC errors, each ``[t, index, pci, kind, data]`` with the node's time
+    (``kind`` ``"xid"`` with the Xid as ``data``, or ``"ecc"``). The first message names the GPUs that take events
+    (``{"started": true, "gpus": [[index, pci], ...]}``), later ones ``{"events": [...]}``. No library, no driver,
+    or no GPU that takes events: one clear error."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(NVML_LIB)
+    except OSError as exc:
+        raise OpError("NVML is not on this node (%s does not load: %s)" % (NVML_LIB, exc))
+    PciInfo, EventData = _nvml_structs(ctypes)
+    lib.nvmlErrorString.restype = ctypes.c_char_p
+
+    def check(name, *args):
+        rc = getattr(lib, name)(*args)
+        if rc != 0:
+            raise OpError("NVML %s failed: %s" % (name, (lib.nvmlErrorString(rc) or b"error %d" % rc).decode()))
+
+    check("nvmlInit_v2")
+    event_set = ctypes.c_void_p()
+    cancel = threading.Event()
+    with _STREAMS_LOCK:
+        _STREAMS[req.get("id")] = cancel
+    try:
+        count = ctypes.c_uint()
+        check("nvmlDeviceGetCount_v2", ctypes.byref(count))
+        check("nvmlEventSetCreate", ctypes.byref(event_set))
+        gpus, index_of = [], {}
+        mask = sum(NVML_EVENTS)
+        for index in range(count.value):
+            handle = ctypes.c_void_p()
+            if lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+                continue
+            supported = ctypes.c_ulonglong()
+            if lib.nvmlDeviceGetSupportedEventTypes(handle, ctypes.byref(supported)) != 0 or not supported.value & mask:
+                continue
+            if lib.nvmlDeviceRegisterEvents(handle, ctypes.c_ulonglong(supported.value & mask), event_set) != 0:
+                continue
+            pci = PciInfo()
+            bus_id = pci.busId.decode("ascii", "replace") if lib.nvmlDeviceGetPciInfo_v3(handle, ctypes.byref(pci)) == 0 else None
+            gpus.append([index, bus_id])
+            index_of[handle.value] = (index, bus_id)
+        if not gpus:
+            raise OpError("no GPU of this node takes NVML events")
+        emit({"started": True, "gpus": gpus, "more": True})
+        data = EventData()
+        while not cancel.is_set() and not _STOP.is_set():
+            rc = lib.nvmlEventSetWait_v2(event_set, ctypes.byref(data), ctypes.c_uint(NVML_WAIT_MS))
+            if rc == NVML_TIMEOUT:
+                continue
+            if rc != 0:
+                raise OpError("NVML nvmlEventSetWait_v2 failed: %s" % (lib.nvmlErrorString(rc) or b"?").decode())
+            kinds = [k for bit, k in sorted(NVML_EVENTS.items(), reverse=True) if data.eventType & bit]
+            if not kinds:
+                continue
+            index, bus_id = index_of.get(data.device, (None, None))
+            emit({"events": [[now(), index, bus_id, kinds[0], int(data.eventData)]], "more": True})
+    finally:
+        with _STREAMS_LOCK:
+            _STREAMS.pop(req.get("id"), None)
+        if event_set.value:
+            lib.nvmlEventSetFree(event_set)
+        lib.nvmlShutdown()
+    return {"events": []}
+
+
 def op_cancel(req):
     with _STREAMS_LOCK:
         event = _STREAMS.get(req["stream"])
@@ -999,7 +1091,7 @@ INLINE = {
     "state": op_state, "signal": op_signal, "skew": op_skew, "cancel": op_cancel, "statedir": op_statedir,
 }
 THREADED = {"run": op_run, "spawn": op_spawn, "procs": op_procs, "rmtree": op_rmtree, "watchdog": op_watchdog}
-STREAMING = {"follow": op_follow, "watch": op_watch, "kmsg": op_kmsg}
+STREAMING = {"follow": op_follow, "watch": op_watch, "kmsg": op_kmsg, "nvml": op_nvml}
 """Ops that answer many times: ``fn(req, emit)``; what ``fn`` returns is the last answer."""
 
 

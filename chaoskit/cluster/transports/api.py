@@ -15,7 +15,7 @@ from chaoskit.core.errors import InfraError
 __all__ = [
     "ProcInfo", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
     "KmsgBatch", "KernelLogFollower", "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env", "ProcessStreamer", "WatchMessage",
-    "StreamUnsupported",
+    "StreamUnsupported", "GpuEventStreamer", "NvmlBatch",
 ]
 
 LineBatch = Callable[[list[tuple[float, str]], "int | None", int], None]
@@ -238,6 +238,8 @@ class FollowStream(Protocol):
 
     def cancel(self) -> None: ...
 
+    # A stream may also have ``last_heard``: ``time.monotonic()`` when its node last sent anything.
+
 
 @runtime_checkable
 class FileFollower(Protocol):
@@ -255,13 +257,15 @@ class ProcessStreamer(Protocol):
     """A transport whose node watches its own processes and pushes the changes (the agent's ``watch``)."""
 
     def watch_processes(self, on_message: WatchMessage, *, known: list[tuple[int, int | None, str]] | None = None,
-                        interval: float = 0.25, heartbeat: float = 1.0) -> FollowStream:
+                        interval: float = 0.25, heartbeat: float = 1.0, beats: bool = True) -> FollowStream:
         """Stream the changes of the drilled job's training workers on the node: each message
         ``(seq, t, changes)``, a change ``{"ev": "appeared" | "stopped" | "resumed" | "zombie" | "exited",
         "pid", "start", "rank", "t", ...}``; a message without changes is the node's heartbeat (about every
         ``heartbeat`` seconds, the first at once). ``known``: the workers (pid, start time, state) believed
-        alive, from an earlier stream: what changed since comes in the first message. Raises
-        :class:`StreamUnsupported` when this connection cannot stream."""
+        alive, from an earlier stream: what changed since comes in the first message. ``beats=False``: the
+        heartbeats are not delivered (no callback, no thread hand-off per node per second); the returned
+        stream's ``last_heard`` (``time.monotonic()`` of the last bytes the node sent) says when it last
+        spoke. Raises :class:`StreamUnsupported` when this connection cannot stream."""
 
 
 @dataclass
@@ -288,3 +292,23 @@ class KernelLogFollower(Protocol):
              match: list[str] | None = None) -> FollowStream:
         """Stream the records of the node's ``/dev/kmsg`` that contain one of ``match``: from after ``seq`` (where
         an earlier stream stopped) or from now on; the first batch (``started``) once the stream reads."""
+
+
+@dataclass
+class NvmlBatch:
+    """What a node's ``nvml`` stream says (:class:`GpuEventStreamer`): first its GPUs, then their events."""
+
+    events: list[tuple[float, int | None, str | None, str, int]]
+    """(time on this machine's clock, GPU index, PCI bus id, ``"xid"`` or ``"ecc"``, the Xid or 0)."""
+    gpus: list[tuple[int, str | None]] | None = None
+    """The GPUs that take events (index, PCI bus id): in the first batch (``started``)."""
+    started: bool = False
+
+
+@runtime_checkable
+class GpuEventStreamer(Protocol):
+    """A transport whose node's agent reads the node's GPUs through NVML (``libnvidia-ml.so.1``, loaded there)."""
+
+    def nvml(self, on_batch: "Callable[[NvmlBatch], None]") -> FollowStream:
+        """Stream the node's Xid and uncorrectable ECC events, each with the node's time put on this machine's
+        clock; the stream fails at once (``error``) where NVML does not load or no GPU takes events."""

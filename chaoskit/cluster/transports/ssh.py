@@ -71,7 +71,7 @@ from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.api import (
-    CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, ProcInfo, StreamUnsupported, WatchMessage,
+    CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, NvmlBatch, ProcInfo, StreamUnsupported, WatchMessage,
 )
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
@@ -93,6 +93,13 @@ T = TypeVar("T")
 
 AGENT_SOURCE = Path(__file__).with_name("agent_script.py").read_text(encoding="utf-8")
 """The agent's own source; what a node runs is :func:`agent_program` of it."""
+
+IDLE_WAKE_S = 5.0
+"""How often a connected transport's thread wakes with nothing to read (paramiko's default,
+``Transport._active_check_timeout``, is 0.1 s: ten wake-ups a second per connection, most of
+an idle controller's CPU at a hundred nodes). Set on the socket once the session is up, so the
+handshake and authentication keep paramiko's own timing; what the wake-up checks (a close, a
+re-key, the keepalive every 5 s) is not needed more often than this (a close does not wait for it)."""
 
 
 def agent_program(workdir: str | None) -> bytes:
@@ -435,6 +442,7 @@ class SSHTransport:
             raise InfraError(f"cannot reach {self.label} at {where}: {exc or type(exc).__name__}") from None
         transport = client.get_transport()
         transport.set_keepalive(5)
+        transport.sock.settimeout(IDLE_WAKE_S)
         self._sock = sock
         return client
 
@@ -720,11 +728,13 @@ class SSHTransport:
         return stream
 
     def watch_processes(self, on_message: WatchMessage, *, known: list[tuple[int, int | None, str]] | None = None,
-                        interval: float = 0.25, heartbeat: float = 1.0) -> "FollowStream":
+                        interval: float = 0.25, heartbeat: float = 1.0, beats: bool = True) -> "FollowStream":
         """Stream the changes of the node's training workers of the drilled job (the agent's ``watch``):
         ``on_message(seq, t, changes)`` for each message, ``t`` and every change's ``t`` on this machine's
         clock; a message without changes is the node's heartbeat. ``known``: the workers believed alive
-        (pid, start time, state) from an earlier stream, so that only what changed since comes back."""
+        (pid, start time, state) from an earlier stream, so that only what changed since comes back.
+        ``beats=False``: heartbeats end on paramiko's thread, where they arrive (the stream's ``last_heard``
+        moves on), not on the delivery thread."""
         agent = self._stream_agent(f"watch the processes of node {self.node}", unsupported=StreamUnsupported)
         stream = _Stream(agent)
         to_local = self.clock.to_controller
@@ -738,7 +748,27 @@ class SSHTransport:
 
         fields = {"op": "watch", "scope": self.scope, "interval": float(interval), "heartbeat": float(heartbeat),
                   "known": [[int(pid), None if start is None else int(start), str(state)] for pid, start, state in known or ()]}
-        stream.rid = agent.stream(fields, message, stream.finish)
+        stream.rid = agent.stream(fields, message, stream.finish, quiet=not beats)
+        return stream
+
+    def nvml(self, on_batch: Callable[[NvmlBatch], None]) -> "FollowStream":
+        """Stream the node's GPU health as its agent reads it through NVML (the agent's ``nvml``): Xid and
+        uncorrectable ECC events with the node's time on this machine's clock (:class:`NvmlBatch`)."""
+        agent = self._stream_agent(f"read the GPUs of node {self.node} through NVML")
+        stream = _Stream(agent)
+        to_local = self.clock.to_controller
+
+        def message(reply: dict[str, Any]) -> None:
+            if reply.get("ok") and (reply.get("started") or reply.get("events")):
+                on_batch(NvmlBatch(
+                    [(to_local(float(t)), None if i is None else int(i), None if pci is None else str(pci), str(kind), int(data))
+                     for t, i, pci, kind, data in reply.get("events", [])],
+                    [(int(i), None if pci is None else str(pci)) for i, pci in reply["gpus"]] if reply.get("gpus") else None,
+                    bool(reply.get("started"))))
+            if not reply.get("more"):
+                stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
+
+        stream.rid = agent.stream({"op": "nvml"}, message, stream.finish)
         return stream
 
     def kmsg(self, on_batch: Callable[[KmsgBatch], None], *, seq: int | None = None,
@@ -981,16 +1011,18 @@ class _AgentChannel:
             raise _AgentGone(self.reason) from None
 
     def stream(self, fields: dict[str, Any], on_message: Callable[[dict[str, Any]], None],
-               on_gone: Callable[[str], None]) -> int:
+               on_gone: Callable[[str], None], quiet: bool = False) -> int:
         """Start a request that answers many times: each answer goes to ``on_message`` until one
         without ``more``; ``on_gone(reason)`` when the channel dies first. Both are called on this
         channel's delivery thread, in order, never on paramiko's transport thread (a callback that
-        sends on this channel, or waits for it, must not hold up the thread that reads it)."""
+        sends on this channel, or waits for it, must not hold up the thread that reads it).
+        ``quiet``: an answer with ``more`` and an empty ``changes`` (a ``watch`` heartbeat) is not
+        delivered; it has moved :attr:`last_rx` on, which is all a heartbeat says."""
         rid = next(_request_ids)
         with self._lock:
             if self.dead:
                 raise _AgentGone(self.reason)
-            self._streams[rid] = (on_message, on_gone)
+            self._streams[rid] = (on_message, on_gone, quiet)
         try:
             with self._send_lock:
                 self.chan.sendall((json.dumps({"id": rid, **fields}) + "\n").encode())
@@ -1081,6 +1113,8 @@ class _AgentChannel:
             if stream is not None:
                 if not reply.get("more"):
                     del self._streams[rid]
+                elif stream[2] and reply.get("changes") == []:
+                    return  # a heartbeat: last_rx has it
                 self._deliver(stream[0], reply)
                 return
             slot = self._pending.pop(rid, None)
@@ -1097,7 +1131,7 @@ class _AgentChannel:
             pending, self._pending = self._pending, {}
             for slot in pending.values():
                 slot.gone = reason
-            for _, on_gone in self._streams.values():
+            for _, on_gone, _ in self._streams.values():
                 self._deliver(on_gone, reason)
             self._streams = {}
             if self._deliveries is not None:
@@ -1140,6 +1174,11 @@ class _Stream:
     def cancel(self) -> None:
         if not self.done.is_set():
             self.agent.cancel(self.rid)
+
+    @property
+    def last_heard(self) -> float:
+        """``time.monotonic()`` when the node last sent anything on this stream's channel."""
+        return self.agent.last_rx
 
 
 class _ReplyFeed:
