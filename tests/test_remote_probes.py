@@ -63,20 +63,20 @@ def test_lines_follow_rotation_truncation_and_a_dropped_connection_once_each(n1,
     bus, probe = _probe(n1, path)
     probe.start()
     try:
-        assert wait_until(lambda: bus.lines() == list(range(5)), 10), bus.lines()
+        assert wait_until(lambda: bus.lines() == list(range(5)), 30), bus.lines()
         _write(path, range(5, 10))
         # rotated (logrotate's default: rename, then a new file)
         os.rename(path, str(path) + ".1")
         _write(str(path) + ".1", [10])          # the writer still had the old file open
         _write(path, range(11, 15), "w")
-        assert wait_until(lambda: bus.lines() == list(range(15)), 10), bus.lines()
+        assert wait_until(lambda: bus.lines() == list(range(15)), 30), bus.lines()
         # truncated in place (copytruncate)
         _write(path, range(15, 18), "w")
-        assert wait_until(lambda: bus.lines() == list(range(18)), 10), bus.lines()
+        assert wait_until(lambda: bus.lines() == list(range(18)), 30), bus.lines()
         # the SSH connection drops: lines written meanwhile come once, after the reconnect
         n1.close()
         _write(path, range(18, 30))
-        assert wait_until(lambda: bus.lines() == list(range(30)), 15), bus.lines()
+        assert wait_until(lambda: bus.lines() == list(range(30)), 30), bus.lines()
         assert probe.streams >= 2
         # a partial line waits for its end
         with open(path, "a") as fh:
@@ -85,7 +85,7 @@ def test_lines_follow_rotation_truncation_and_a_dropped_connection_once_each(n1,
         assert bus.lines() == list(range(30))
         with open(path, "a") as fh:
             fh.write("0\n")
-        assert wait_until(lambda: bus.lines() == list(range(31)), 10), bus.lines()
+        assert wait_until(lambda: bus.lines() == list(range(31)), 30), bus.lines()
     finally:
         probe.stop()
     assert not probe.is_alive()
@@ -99,7 +99,7 @@ def test_a_file_that_appears_later_is_followed_from_its_start(n1, tmp_path):
     try:
         time.sleep(0.3)
         _write(path, range(3), "w")
-        assert wait_until(lambda: bus.lines() == [0, 1, 2], 10), bus.lines()
+        assert wait_until(lambda: bus.lines() == [0, 1, 2], 30), bus.lines()
     finally:
         probe.stop()
 
@@ -128,7 +128,7 @@ def test_a_node_clock_seconds_off_is_measured_and_removed(netns_lab, monkeypatch
         try:
             written = time.time()
             _write(path, [1], "w")
-            assert wait_until(lambda: bus.lines() == [1], 10)
+            assert wait_until(lambda: bus.lines() == [1], 30)
         finally:
             probe.stop()
         [event] = bus.events
@@ -152,16 +152,16 @@ def test_the_process_probe_sees_a_remote_worker_vanish_within_a_poll(netns_lab, 
     bus = _Collector()
     watcher = ProcessWatcher(bus, {"n1": n1})
     try:
-        assert wait_until(lambda: any(p.cmdline == "sleep 300" for p in n1.processes(workers_only=True)), 10)
+        assert wait_until(lambda: any(p.cmdline == "sleep 300" for p in n1.processes(workers_only=True)), 30)
         found = n1.processes(workers_only=True)
         assert [p.rank for p in found] == [3] and not any(p.cmdline == "sleep 301" for p in found)
         assert any(p.cmdline == "sleep 301" for p in n1.processes())
         watcher.start()
-        assert wait_until(lambda: watcher.seen, 5)
+        assert wait_until(lambda: watcher.seen, 30)
         pid = next(iter(watcher.seen))[1]
         os.kill(pid, signal.SIGKILL)
         killed = time.time()
-        assert wait_until(lambda: bus.events, 5)
+        assert wait_until(lambda: bus.events, 30)
     finally:
         watcher.stop()
         for p in (worker, other):
@@ -200,14 +200,15 @@ def test_the_kernel_log_probe_on_ssh_nodes_sees_an_injected_xid_once_and_resumes
 
     probe.start()
     try:
-        assert probe.ready(15), probe.errors
+        # deadlines are generous (each wait ends as soon as it holds): an SSH log-in on a loaded machine is slow
+        assert probe.ready(60), probe.errors
         assert len({s.boot_id for s in probe.sources}) == 1  # one kernel for both nodes
         write_kmsg(format_xid(n1_pci, 79, token, pid=1, name="python"))
-        assert wait_until(lambda: xids() == [("n1", 79, n1_pci, True)], 10), xids()
+        assert wait_until(lambda: xids() == [("n1", 79, n1_pci, True)], 30), xids()
         inventory["n0"].conn.close()  # n0's stream drops; n1's still reads
         inventory["n1"].conn.close()  # and n1's: the line below is written while neither stream reads
         write_kmsg(format_xid(n0_pci, 48, token))
-        assert wait_until(lambda: len(xids()) == 2, 15), (xids(), probe.errors)
+        assert wait_until(lambda: len(xids()) == 2, 60), (xids(), probe.errors)
         time.sleep(0.5)
         assert xids() == [("n1", 79, n1_pci, True), ("n0", 48, n0_pci, True)]
         assert min(probe.streams.values()) >= 2  # both resumed
@@ -240,11 +241,11 @@ def test_an_oom_kill_in_the_shared_kernel_is_attributed_to_the_ssh_node_whose_wo
         probe.start()
         try:
             assert probe.ready(15), probe.errors
-            assert wait_until(lambda: worker.pid in probe.known.get("n1", {}), 10)
+            assert wait_until(lambda: worker.pid in probe.known.get("n1", {}), 30)
             assert worker.pid not in probe.known.get("n0", {})
             write_kmsg(f"Memory cgroup out of memory: Killed process {worker.pid} (python) total-vm:1kB "
                        "(chaoskit test line: not a real OOM kill)")
-            assert wait_until(lambda: any(e["kind"] == "oom.kill" for e in bus.events), 10)
+            assert wait_until(lambda: any(e["kind"] == "oom.kill" for e in bus.events), 30)
             time.sleep(0.5)
         finally:
             probe.stop()
@@ -283,13 +284,13 @@ def test_with_the_process_watcher_the_kernel_log_probe_polls_no_node_and_names_a
         probe = KmsgProbe.for_nodes(bus, inventory.nodes, workers=watcher.ranks)
         probe.start()
         assert probe.ready(15), probe.errors
-        assert wait_until(lambda: ("n1", worker.pid) in watcher.seen, 15)
+        assert wait_until(lambda: ("n1", worker.pid) in watcher.seen, 30)
         worker.kill()
         worker.wait()
-        assert wait_until(lambda: any(e["kind"] == "process.gone" and e["pid"] == worker.pid for e in bus.events), 10)
+        assert wait_until(lambda: any(e["kind"] == "process.gone" and e["pid"] == worker.pid for e in bus.events), 30)
         write_kmsg(f"Memory cgroup out of memory: Killed process {worker.pid} (python) total-vm:1kB "
                    "(chaoskit test line: not a real OOM kill)")
-        assert wait_until(lambda: any(e["kind"] == "oom.kill" for e in bus.events), 10)
+        assert wait_until(lambda: any(e["kind"] == "oom.kill" for e in bus.events), 30)
         time.sleep(0.5)
         assert probe.known == {}  # every node is watched: the probe read no table of its own
     finally:
