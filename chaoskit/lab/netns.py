@@ -355,6 +355,11 @@ class NetnsLab:
             "MaxStartups 256:30:512",
             "LoginGraceTime 20",
             "LogLevel ERROR",
+            # bash sources root's ~/.bashrc for every command sshd runs (Debian builds it with SSH_SOURCE_BASHRC)
+            # unless it is a nested shell; SHLVL=1 makes it one. The lab's nodes are fresh nodes: this machine's
+            # shell set-up (a pyenv init costs ~0.2 s of CPU per log-in, and a rehash lock left by a power-off
+            # that killed a log-in mid-way stalls every later one for 60 s) is not theirs.
+            "SetEnv SHLVL=1",
             "",
         ])
 
