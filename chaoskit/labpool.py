@@ -28,7 +28,7 @@ from chaoskit.cluster.transports.api import ProcInfo
 
 __all__ = ["LabPool", "group_order", "leftovers", "job_processes", "node_problems", "journal_problems"]
 
-JOB_MARKS = ("chaoskit.workloads", "torch.distributed.run", "torchrun", "RayTrainWorker")
+JOB_MARKS = ("chaoskit.workloads", "chaoskit/workloads", "torch.distributed.run", "torchrun", "RayTrainWorker")
 """What in a command line makes a process the drilled job's (beside torchrun's environment)."""
 
 
@@ -71,6 +71,10 @@ def node_problems(nodes: list[dict[str, Any]]) -> list[str]:
         state = n.get("state")
         if isinstance(state, str) and state != "running":
             out.append(f"{n['name']} is {state}")
+        procs = n.get("processes")
+        if isinstance(procs, list):  # a lab that lists its nodes' processes (process, Ray): the job's must be gone
+            out += [f"{n['name']}: pid {p.get('pid')} {str(p.get('cmdline'))[:80]}" for p in procs
+                    if isinstance(p, dict) and any(m in str(p.get("cmdline")) for m in JOB_MARKS)]
         slurm = n.get("slurm_state")
         if isinstance(slurm, str):
             flags = set(slurm.upper().rstrip("*~#!%$@^-").split("+"))
@@ -101,9 +105,12 @@ def journal_problems(run_dir: Path) -> list[str]:
 def leftovers(back: ClusterBackend, spec: ClusterSpec, base: Path, run_dir: Path | None) -> list[str]:
     """What the previous drill (``run_dir``) left on the shared lab: one line per problem, empty when clean."""
     problems = journal_problems(run_dir) if run_dir is not None else []
-    for status in back.lab_status():
+    statuses = back.lab_status()
+    for status in statuses:
         problems += node_problems(status.nodes)
-    handle = back.open(spec, base)
+    if statuses and all(isinstance(n.get("processes"), list) for s in statuses for n in s.nodes):
+        return problems  # every node's processes were listed (and read) above
+    handle = back.open(spec, base)  # else ask each node through its transport, as a fault's selector would
     try:
         handle.connect()
         problems += job_processes(handle)

@@ -45,6 +45,9 @@ def test_node_problems_are_read_from_lab_status() -> None:
     assert node_problems([{"name": "n1", "state": "exited"}]) == ["n1 is exited"]
     for state in ("DOWN*", "IDLE+DRAIN", "MIXED", "ALLOCATED", "IDLE+NOT_RESPONDING", "?"):
         assert node_problems([{"name": "n2", "slurm_state": state}]) == [f"n2 is {state} in Slurm"], state
+    listed = [{"pid": 7, "cmdline": "raylet --node-ip-address=127.0.0.1"},
+              {"pid": 8, "cmdline": "python -m torch.distributed.run --nnodes 3"}]
+    assert node_problems([{"name": "n0", "processes": listed}]) == ["n0: pid 8 python -m torch.distributed.run --nnodes 3"]
 
 
 def test_an_unverified_revert_in_the_last_run_s_journal_is_a_leftover(tmp_path: Path) -> None:
@@ -58,9 +61,9 @@ def test_an_unverified_revert_in_the_last_run_s_journal_is_a_leftover(tmp_path: 
     assert journal_problems(run) == ["network.link_down on n1: revert not verified (eth0 still down)"]
 
 
-def _in_scope(lab: ProcessLab, node: str, **env: str) -> subprocess.Popen:
-    """A real process on a lab node, as a job's worker would be (its scope, torchrun's marks)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+def _in_scope(lab: ProcessLab, node: str, *argv: str, **env: str) -> subprocess.Popen:
+    """A real process on a lab node; with ``argv`` naming the reference job's module, as a job's worker would be."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv],
                             env={**os.environ, "CHAOSKIT_SCOPE": lab.scope(node), **env})
 
 
@@ -76,10 +79,11 @@ def test_a_reused_lab_is_verified_clean_and_rebuilt_when_a_job_process_is_left(t
     assert ProcessLab.load().lab_id == lab.lab_id
     # a process that is not the job's (a lab's own daemon) does not make it dirty; a worker left behind does
     daemon = _in_scope(lab, "n0")
-    worker = _in_scope(lab, "n1", TORCHELASTIC_RUN_ID="r1", RANK="1")
+    worker = _in_scope(lab, "n1", "chaoskit.workloads.ddp_train", TORCHELASTIC_RUN_ID="r1", RANK="1")
     try:
         third = pool.before("oom-rank", spec, tmp_path, 2, None)
-        assert third["reused"] is False and third["not_clean"] == [f"n1: pid {worker.pid} {sys.executable} -c import time; time.sleep(60)"]
+        assert third["reused"] is False and third["not_clean"] == [
+            f"n1: pid {worker.pid} {sys.executable} -c import time; time.sleep(60) chaoskit.workloads.ddp_train"[:80 + len(f"n1: pid {worker.pid} ")]]
         assert wait_until(lambda: worker.poll() is not None and daemon.poll() is not None, 10)  # the old lab's down stopped both
         fresh = ProcessLab.load()
         assert fresh is not None and fresh.lab_id != lab.lab_id and fresh.processes() == []
