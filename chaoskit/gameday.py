@@ -499,6 +499,10 @@ def _print_summary(console, summary: dict[str, Any], out: Path) -> None:
                       f"{r['baseline']:.2f}s of its last {r['runs']} game days (threshold {r['threshold']:.0%})")
     if summary["coverage_below_minimum"]:
         console.print(f"[red]coverage {cov['plain']:.1%} is under the minimum {summary['min_coverage']:.1%}[/red]")
+    labs = summary.get("labs") or []
+    if labs:
+        console.print("shared labs: " + ", ".join(f"{lab['kind']} ({len(lab['scenarios'])} scenarios, up in {lab['up_s']:.0f}s)"
+                                                  for lab in labs))
     console.print(
         f"scenarios: {summary['passed']} passed, {summary['failed']} failed, {summary['errored']} errored"
         + (f", {summary['not_run']} not run (interrupted)" if summary["not_run"] else "")
