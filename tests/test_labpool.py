@@ -141,3 +141,46 @@ def test_gameday_runs_same_lab_scenarios_back_to_back_and_takes_the_lab_down(tmp
     assert ProcessLab.load() is None  # nothing left behind
     assert "process lab up in" in res.stdout and "process lab down in" in res.stdout
     assert time.time() - t0 < 120
+
+
+SLEEPER = """\
+name: {name}
+cluster: {{kind: process, nodes: 2}}
+workload:
+  launch: command
+  command: [sleeper.py]           # never trains: the game day is stopped while it waits for steady state
+steady_state: {{steps: 1, timeout: 5m}}
+faults:
+  - kind: process.kill
+    target: {{ranks: [1]}}
+    at: {{step: 5}}
+"""
+
+
+def test_sigterm_stops_the_gameday_and_takes_its_shared_lab_down(tmp_path: Path) -> None:
+    from tests.conftest import need_torch
+
+    need_torch()  # the job's torchrun agents
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "sleeper.py").write_text("import time\ntime.sleep(300)\n")
+    for name in ("a-wait", "b-wait"):
+        (suite / f"{name}.yaml").write_text(SLEEPER.format(name=name))
+    out = tmp_path / "night"
+    proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "gameday", str(suite), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # the shared lab is up and the first run's job is on it
+        assert wait_until(lambda: (lab := ProcessLab.load()) is not None and len(lab.processes()) >= 2, 120)
+        lab = ProcessLab.load()
+        proc.send_signal(15)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, output
+    assert ProcessLab.load() is None and lab.processes() == [], output  # the lab and every process of it are gone
+    summary = json.loads((out / GAMEDAY_FILE).read_text())
+    assert summary["interrupted"] is True and summary["labs"][0]["down_s"] is not None
+    assert [r["status"] for r in summary["scenarios"]] == ["interrupted", None]
