@@ -103,8 +103,8 @@ def leftovers(back: ClusterBackend, spec: ClusterSpec, base: Path, run_dir: Path
     statuses = back.lab_status()
     for status in statuses:
         problems += node_problems(status.nodes)
-    if statuses and all(isinstance(n.get("processes"), list) for s in statuses for n in s.nodes):
-        return problems  # every node's processes were listed (and read) above
+    if problems or (statuses and all(isinstance(n.get("processes"), list) for s in statuses for n in s.nodes)):
+        return problems  # not clean already (a node still off cannot be opened), or every node's processes were read above
     handle = back.open(spec, base)  # the lab that is up: its nodes' scopes (nothing is connected)
     try:
         problems += job_processes(handle)
