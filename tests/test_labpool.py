@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
-from chaoskit.backends.docker import DockerSpec, DockerBackend
+from chaoskit.backends.docker import DockerBackend, DockerSpec
 from chaoskit.backends.process import ProcessSpec
 from chaoskit.gameday import GAMEDAY_FILE
 from chaoskit.lab.process import ProcessLab
