@@ -25,7 +25,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+import signal
 import socket
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from chaoskit.coverage import (
     resolve_covers,
 )
 from chaoskit.history import find_regressions, fresh_coverage, scenario_figures
+from chaoskit.labpool import LabPool, group_order
 from chaoskit.repeat import run_repeated
 from chaoskit.report.html import write_gameday_report, write_repeat_report, write_run_report
 from chaoskit.report.junit import write_junit
@@ -101,7 +104,18 @@ def run_gameday(
     caps = capabilities or detect_capabilities()
     if fail_on_regression is not None and fail_on_regression < 0:
         raise ScenarioError(f"--fail-on-regression {fail_on_regression:g} is negative", hint="e.g. --fail-on-regression 25%")
-    gd = _Gameday(out, [_plan(i, f) for i, f in enumerate(files, 1)], caps, min_coverage, started, console)
+    planned = [_plan(i, f) for i, f in enumerate(files, 1)]
+    keys = [LabPool.key(*lab) if lab is not None else None for _, lab in planned]
+    order = group_order(keys)  # scenarios that can share a lab run back to back, numbered in that order
+    records, labs = [], {}
+    for n, i in enumerate(order, 1):
+        record, lab = planned[i]
+        record.update(index=n, dir=f"{n:02d}-{record['scenario']}")
+        records.append(record)
+        if lab is not None:
+            labs[n] = (*lab, keys[i], keys.count(keys[i]) if keys[i] is not None else 1)
+    gd = _Gameday(out, records, caps, min_coverage, started, console)
+    gd.labs = labs
     if until not in ("recovered", "finish"):
         raise ScenarioError(f"--until {until!r}: expected recovered or finish", hint="--until finish trains every job to its last step")
     gd.fail_on_regression, gd.fresh_s, gd.until = fail_on_regression, fresh_s, until
@@ -174,8 +188,9 @@ def summarize(
 # -- one game day ---------------------------------------------------------------------
 
 
-def _plan(index: int, path: Path) -> dict[str, Any]:
-    """Load a scenario for its name, kinds and covers; a load error is recorded, not raised."""
+def _plan(index: int, path: Path) -> tuple[dict[str, Any], tuple[Any, Path] | None]:
+    """Load a scenario for its name, kinds and covers, and its cluster (spec, folder) for a shared lab;
+    a load error is recorded, not raised."""
 
     record: dict[str, Any] = {
         "index": index, "file": str(path), "scenario": _safe_name(path.stem), "dir": None,
@@ -189,17 +204,19 @@ def _plan(index: int, path: Path) -> dict[str, Any]:
         record["scenario"] = sc.name
         record["repeat"] = sc.repeat
         record["kinds"] = list(dict.fromkeys(f.kind for f in sc.faults))
+        lab = (sc.cluster, loaded.path.parent)
         try:
             record["covers"] = resolve_covers(sc.covers, [f.catalog_tag() for f in sc.faults])
         except ValueError as exc:
             raise loaded.error(str(exc), "covers") from None
     except ScenarioError as exc:
         record.update(status="error", exit_code=int(exc.exit_code), error=_error(exc))
+        lab = None
     classes = catalog_by_id()
     if record["covers"]:
         record["category"] = classes[record["covers"][0]].category
     record["dir"] = f"{index:02d}-{record['scenario']}"
-    return record
+    return record, lab
 
 
 class _Gameday:
@@ -213,25 +230,42 @@ class _Gameday:
         self.history = read_history(out.parent / HISTORY_FILE)
         self.regressions: list[dict[str, Any]] | None = None
         self.fresh: dict[str, Any] | None = None
+        self.labs: dict[int, tuple[Any, Path, str | None, int]] = {}
+        """Per record index: its cluster spec, the scenario's folder, its shared-lab key and how many share it."""
+        self.pool = LabPool(self._say)
 
     def execute(self) -> GamedayOutcome:
         board = _Board(self.records)
         live = _live(self.console, board)
+        restore = _install_sigterm()
         try:
             with live:
+                self._live = live
+                previous: tuple[str | None, Path] | None = None
                 for record in self.records:
                     if self.interrupted:
                         break
                     try:
+                        self._share_lab(record, previous)
                         self._run_one(record, board, live)
                     except KeyboardInterrupt:  # between runs, or while writing: stop, report what ran
                         self.interrupted = True
+                    lab = self.labs.get(record["index"])
+                    previous = (lab[2] if lab else None, self.out / record["dir"])
                     self._write(finished=False)
+                try:
+                    self.pool.release()  # the last shared lab; on every other way out, the finally below
+                except KeyboardInterrupt:
+                    self.interrupted = True
             if self.console is not None and not self.console.is_terminal:
                 self.console.line()  # a non-terminal Live ends its last render without a newline
         finally:
-            self._judge_history()
-            summary = self._write(finished=True)
+            try:
+                self.pool.release()
+            finally:
+                restore()
+                self._judge_history()
+                summary = self._write(finished=True)
 
         write_junit(summary, self.out / "junit.xml")
         self._append_history(summary)
@@ -239,6 +273,32 @@ class _Gameday:
         if self.console is not None:
             _print_summary(self.console, summary, self.out)
         return GamedayOutcome(summary["exit_code"], summary, self.out)
+
+    def _say(self, message: str) -> None:
+        live = getattr(self, "_live", None)
+        if live is not None and hasattr(live, "console"):
+            from rich.text import Text
+
+            live.console.print(Text(f"game day: {message}"), highlight=False)
+        elif self.console is not None:
+            self.console.print(f"game day: {message}", highlight=False, markup=False)
+
+    def _share_lab(self, record: dict[str, Any], previous: tuple[str | None, Path] | None) -> None:
+        """Bring up, keep (verified clean) or take down the shared lab before ``record`` runs."""
+        lab = self.labs.get(record["index"])
+        if lab is None or record["status"] == "error":
+            return
+        spec, base, key, size = lab
+        t0 = time.time()
+        last_run = previous[1] if previous is not None and previous[0] == key else None
+        try:
+            shared = self.pool.before(record["scenario"], spec, base, size, last_run)
+        except Exception as exc:  # noqa: BLE001 - the run then opens its own lab and meets the same problem there
+            self._say(f"no shared lab for {record['scenario']}: {exc}")
+            self.pool.release()
+            return
+        if shared is not None:
+            record["lab"] = {**shared, "ready_s": round(time.time() - t0, 3)}
 
     def _run_one(self, record: dict[str, Any], board: "_Board", live) -> None:
         run_dir = self.out / record["dir"]
@@ -313,6 +373,7 @@ class _Gameday:
     def _write(self, finished: bool) -> dict[str, Any]:
         summary = summarize(self.out.name, self.records, self.caps, started=self.started, min_coverage=self.min_coverage,
                             finished=finished, interrupted=self.interrupted, regressions=self.regressions, fresh=self.fresh)
+        summary["labs"] = [h.as_dict() for h in self.pool.history]
         _write_json(self.out / GAMEDAY_FILE, summary)
         return summary
 
@@ -438,6 +499,10 @@ def _print_summary(console, summary: dict[str, Any], out: Path) -> None:
                       f"{r['baseline']:.2f}s of its last {r['runs']} game days (threshold {r['threshold']:.0%})")
     if summary["coverage_below_minimum"]:
         console.print(f"[red]coverage {cov['plain']:.1%} is under the minimum {summary['min_coverage']:.1%}[/red]")
+    labs = summary.get("labs") or []
+    if labs:
+        console.print("shared labs: " + ", ".join(f"{lab['kind']} ({len(lab['scenarios'])} scenarios, up in {lab['up_s']:.0f}s)"
+                                                  for lab in labs))
     console.print(
         f"scenarios: {summary['passed']} passed, {summary['failed']} failed, {summary['errored']} errored"
         + (f", {summary['not_run']} not run (interrupted)" if summary["not_run"] else "")
@@ -459,6 +524,18 @@ def _one_slo(name: str, entry: dict[str, Any]) -> dict[str, Any]:
     if entry.get("reason"):
         out["reason"] = entry["reason"]
     return out
+
+
+def _install_sigterm():
+    """SIGTERM stops the game day like Ctrl-C (the current run reverts, the shared lab comes down)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _error(exc: ChaoskitError) -> dict[str, Any]:

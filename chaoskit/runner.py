@@ -206,6 +206,9 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     (a campaign holds a fault back while the previous one's recovery is in progress)."""
     loaded = path if isinstance(path, LoadedScenario) else load_scenario(path)
     sc = loaded.model
+    # A game day's ``wait: recovered`` for a scenario that set none also cuts short a lasting fault's remaining
+    # duration once recovery is measured (:meth:`_Run._observe`); a scenario's own ``wait`` keeps every duration.
+    cut_short = wait == "recovered" and "wait" not in sc.workload.model_fields_set
     if wait is not None and "wait" not in sc.workload.model_fields_set:
         sc.workload.wait = wait
     preview = check_scenario(loaded)
@@ -233,6 +236,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     try:
         run = _Run(loaded, cluster, run_id, out, console, capabilities or detect_capabilities(), after_run)
         run.gate = gate
+        run.cut_short = cut_short
     except BaseException:
         cluster.teardown()
         raise
@@ -262,6 +266,8 @@ class _Run:
                  capabilities: Capabilities, after_run: Callable[[Path], Any] | None) -> None:
         self.capabilities, self.after_run = capabilities, after_run
         self.gate: Gate | None = None
+        self.cut_short = False
+        """Revert a lasting fault before its duration is up once recovery is measured (a game day's default)."""
         self.loaded, self.sc, self.cluster, self.inventory = loaded, loaded.model, cluster, cluster.inventory
         self.run_id = run_id
         # Absolute: the job runs with the run directory as its working directory.
@@ -614,8 +620,17 @@ class _Run:
                     self.say("the job has ended; reverting the faults still in effect")
                     self._revert_due(force=True)
                 return
-            if not pending and sc.workload.wait == "recovered" and m["t_resumed"] is not None:
-                return
+            if sc.workload.wait == "recovered" and m["t_resumed"] is not None:
+                if not pending:
+                    return
+                if self.cut_short and not any(f.measures_slowdown for f, inj in self.injections if f.lasting and not inj.reverted):
+                    # recovery is measured and nothing after it is: the rest of the faults' durations drills nothing
+                    left = [inj.kind for f, inj in self.injections if f.lasting and not inj.reverted]
+                    self.say(f"recovery measured; reverting {', '.join(left)} before its duration is up")
+                    self.notes.append(f"{', '.join(left)} reverted {time.time() - t_fault:.1f}s after the fault, once recovery "
+                                      "was measured (a game day stops each drill there; set workload.wait to keep every duration)")
+                    self._revert_due(force=True)
+                    return
             time.sleep(0.1)
 
     def _check_abort(self) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from chaoskit.coverage import Capabilities
 from chaoskit.gameday import GAMEDAY_FILE, HISTORY_FILE, summarize
+from chaoskit.lab.process import ProcessLab
 from tests.conftest import SCENARIOS, need_torch, run_cli
 
 # What each shipped scenario claims, and the real-world weight of those classes,
@@ -117,13 +118,15 @@ def real_gameday(tmp_path_factory: pytest.TempPathFactory):
         # the process-lab scenarios; the network ones (root) have their own drills in test_network_drills.py
         files = [SCENARIOS / f"{name}.yaml" for name in CLAIMS]
         res = run_cli("gameday", *files, "--out", base / "reports" / "night", "--min-coverage", "14%")
-    return res, base / "reports" / "night"
+        # both run on one shared process lab, which is gone afterwards: nothing of it left in the state folder
+        left = ProcessLab.load(base / "state" / "lab" / "process.json")
+    return res, base / "reports" / "night", left
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_real_gameday_scores_coverage_by_hand(real_gameday) -> None:
-    res, out = real_gameday
+    res, out, left = real_gameday
     summary = json.loads((out / GAMEDAY_FILE).read_text())
     records = {r["scenario"]: r for r in summary["scenarios"]}
     assert set(records) == set(CLAIMS), res.stderr
@@ -148,6 +151,22 @@ def test_real_gameday_scores_coverage_by_hand(real_gameday) -> None:
     # a GPU failure runs here as an emulated crash loop, a driver error as its Xid line; neither was drilled
     assert statuses["hardware.gpu"]["status"] == "not attempted"
     assert statuses["software.driver"]["status"] == "not attempted"
+    # the two process-lab scenarios shared one lab, verified clean between them, and it was taken down
+    [lab] = summary["labs"]
+    assert lab["kind"] == "process" and sorted(lab["scenarios"]) == sorted(CLAIMS) and lab["down_s"] is not None
+    first, second = summary["scenarios"]
+    assert first["lab"]["reused"] is False and second["lab"] == {"kind": "process", "reused": True, "ready_s": second["lab"]["ready_s"]}
+    assert left is None
+    # a game day stops each drill once recovery is measured: hang-rank's 15 s hang is reverted then if it is not
+    # over yet (and the notes say so), else when it is; either way it was reverted and verified
+    hang_dir = out / records["hang-rank"]["dir"]
+    hang = json.loads((hang_dir / "result.json").read_text())
+    events = [json.loads(line) for line in (hang_dir / "events.jsonl").read_text().splitlines()]
+    [t_fault] = [e["ts"] for e in events if e["kind"] == "fault.injected"]
+    [t_revert] = [e["ts"] for e in events if e["kind"] == "fault.reverted"]
+    cut = [n for n in hang["notes"] if "once recovery was measured" in n]
+    assert bool(cut) == (t_revert - t_fault < 14.5), (t_revert - t_fault, hang["notes"])
+    assert hang["checks"]["faults_reverted"]["pass"] is True
     # the trend line carries the same figures
     [line] = (out.parent / HISTORY_FILE).read_text().splitlines()
     entry = json.loads(line)
@@ -166,7 +185,7 @@ def test_real_gameday_scores_coverage_by_hand(real_gameday) -> None:
 def test_real_gameday_junit_is_readable(real_gameday) -> None:
     from junitparser import Failure, JUnitXml
 
-    _, out = real_gameday
+    _, out, _ = real_gameday
     summary = json.loads((out / GAMEDAY_FILE).read_text())
     [suite] = list(JUnitXml.fromfile(str(out / "junit.xml")))
     cases = {c.name: c for c in suite}
@@ -185,7 +204,7 @@ def test_real_gameday_junit_is_readable(real_gameday) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_report_rebuilds_and_twenty_scenarios_stay_small(real_gameday, tmp_path: Path) -> None:
-    _, out = real_gameday
+    _, out, _ = real_gameday
     summary = json.loads((out / GAMEDAY_FILE).read_text())
     before = (out / "index.html").read_text()
     (out / "index.html").unlink()

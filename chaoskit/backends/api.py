@@ -11,6 +11,7 @@ or the :class:`ClusterHandle`. Backends register by name in
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
@@ -168,6 +169,16 @@ class ClusterBackend:
     def lab_up(self, spec: ClusterSpec, base: Path, say: Say, rebuild: bool = False) -> str:
         """Bring up a lab that later runs reuse; return one line saying what is up (or already was)."""
         raise ScenarioError(f"cluster kind {self.name!r} has no lab to bring up")
+
+    def reuse_key(self, spec: ClusterSpec, base: Path) -> str | None:
+        """Which lab a run of ``spec`` can use: runs whose keys are equal can share one lab that
+        ``lab_up(self.reuse_spec(spec, base), ...)`` made (a game day runs them back to back on it);
+        ``None``: this kind has no lab to share. By default the whole spec: ``open`` reuses a lab of that shape only."""
+        return json.dumps(spec.model_dump(mode="json"), sort_keys=True) if self.has_lab else None
+
+    def reuse_spec(self, spec: ClusterSpec, base: Path) -> ClusterSpec:
+        """The spec ``lab_up`` makes the shared lab of :meth:`reuse_key` from."""
+        return spec
 
     def lab_down(self, compose: Path | None = None) -> list[str]:
         """Take down every lab of this kind that is up; one line per lab. Safe to run twice."""

@@ -163,6 +163,13 @@ class DockerBackend(ClusterBackend):
         return (f"docker lab {lab.project.name} up in {time.time() - t0:.1f}s: {', '.join(lab.containers())} "
                 f"(from {lab.project.path})")
 
+    def reuse_key(self, spec: DockerSpec, base: Path) -> str | None:
+        """A docker lab is its compose project, whatever number of its services a scenario uses."""
+        return f"docker:{compose_file(spec, base).resolve()}"
+
+    def reuse_spec(self, spec: DockerSpec, base: Path) -> DockerSpec:
+        return DockerSpec(kind="docker", compose=str(compose_file(spec, base).resolve()))
+
     def lab_down(self, compose: Path | None = None) -> list[str]:
         out = []
         for lab in _labs(compose):

@@ -79,8 +79,9 @@ def gameday_cmd(
         "a score that decays when drills stop. --min-coverage then applies to it.")),
     until: str = typer.Option("recovered", "--until", help=(
         "For scenarios that set no workload.wait: 'recovered' stops each drill once the job trained on after its "
-        "recovery and every fault was reverted (the game day's default: CI time is spent on drills, not on jobs "
-        "training on); 'finish' trains every job to its last step.")),
+        "recovery, reverting then a fault whose duration is not up (the game day's default: CI time is spent on "
+        "drills, not on jobs training on or faults outlasting their recovery); 'finish' trains every job to its "
+        "last step.")),
     push: Optional[str] = typer.Option(None, "--push", help=(
         "Push the game day's metrics (each drill's phases and verdict, the coverage) to the Prometheus Pushgateway "
         "at this URL (http://host:9091) once it is over; a failed push is exit 3, with every file written.")),
