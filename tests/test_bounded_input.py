@@ -22,7 +22,7 @@ import pytest
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.ssh import agent_program
 from chaoskit.core.limits import MAX_LINE_BYTES
-from chaoskit.core.lines import LineCutter, bounded_lines, terminal_lines
+from chaoskit.core.lines import LineCutter, terminal_lines
 from chaoskit.observe.events import EventBus
 from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, LogRule, _coerce
 from tests.conftest import SCENARIOS, need, need_torch, run_cli, wait_until

@@ -63,7 +63,7 @@ def test_validate_refuses_a_missing_relative_script_at_its_line(tmp_path):
 
 
 def test_validate_accepts_the_script_next_to_the_scenario_from_another_folder(tmp_path, monkeypatch):
-    scenario = _write(tmp_path / "s", "train.py", STEPPING)
+    _write(tmp_path / "s", "train.py", STEPPING)
     monkeypatch.chdir(tmp_path)  # not the scenario's folder: the script is still found next to the scenario
     res = run_cli("validate", "s/scenario.yaml")
     assert res.code == 0, res.stdout + res.stderr

@@ -32,7 +32,7 @@ import pytest
 
 from chaoskit.cluster.selectors import TargetSpec, resolve_nodes
 from chaoskit.core.errors import InfraError, ScenarioError
-from chaoskit.faults.storage import ASIDE_PREFIX, FILL_PREFIX, CorruptFault, CorruptSpec, FullFault, FullSpec, parse_revert
+from chaoskit.faults.storage import FILL_PREFIX, CorruptFault, CorruptSpec, FullFault, FullSpec, parse_revert
 from chaoskit.lab.checkpoint_fs import mount_checkpoint_fs, unmount
 from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext

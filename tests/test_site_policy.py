@@ -137,7 +137,7 @@ def _policy_file(tmp_path: Path, port: int) -> tuple[Path, Path]:
     policy = folder / "policy.yaml"
     policy.write_text(textwrap.dedent(POLICY))
     os.chmod(policy, 0o644)
-    inv = _inventory(tmp_path, port, policy="policy: site/policy.yaml\n")
+    _inventory(tmp_path, port, policy="policy: site/policy.yaml\n")
     scenario = tmp_path / "drill.yaml"
     scenario.write_text(GOOD.replace("kind: process.kill", "kind: gpu.fail\n    duration: 5s"))
     return policy, scenario

@@ -132,7 +132,7 @@ DEEPSPEED = Preset("deepspeed", (
     # deepspeed/runtime/engine.py _save_checkpoint: f"Saving model checkpoint: {save_path}"; the checkpoint engine
     # (deepspeed/runtime/checkpoint_engine/torch_checkpoint_engine.py commit): f"[Torch] Checkpoint {tag} is ready now!"
     LogRule.of(rf"Saving model checkpoint: (?P<path>\S*?{_CKPT_STEP}\S*)", "ckpt.save.start", {"source": "deepspeed"}),
-    LogRule.of(rf"Checkpoint (?:global_step)(?P<step>\d+) is ready now", "ckpt.save.end", {"source": "deepspeed"}),
+    LogRule.of(r"Checkpoint (?:global_step)(?P<step>\d+) is ready now", "ckpt.save.end", {"source": "deepspeed"}),
 ), sees=("step", "ckpt.load.start", "ckpt.save.start", "ckpt.save.end"),
     cannot_see="the end of a load (DeepSpeed prints its start per rank, not its end: checkpoint load is then "
                "measured to the first step), steps between steps_per_print lines, and worker starts",

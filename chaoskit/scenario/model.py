@@ -180,7 +180,7 @@ class Workload(StrictModel):
         if self.launch != "attach" and self.slurm_job is not None:
             raise ValueError("'slurm_job' is only used with launch: attach (a job already queued or running in Slurm)")
         if self.step_compute is not None and self.launch not in ("reference", "uninstrumented"):
-            raise ValueError(f"'step_compute' is only used with the reference job (launch: reference or uninstrumented)")
+            raise ValueError("'step_compute' is only used with the reference job (launch: reference or uninstrumented)")
         if self.step_compute is not None and self.step_compute > self.step_time:
             raise ValueError(f"step_compute ({self.step_compute:g}s) is longer than step_time ({self.step_time:g}s)")
         if self.recovery == "torchft" and self.launch != "command":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
 
 from chaoskit.cluster import nodefs
 from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo, proc_env
