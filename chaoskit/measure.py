@@ -50,6 +50,11 @@ def _rank_key(e: Event) -> Any:
     return ("node", e.get("node"), e.get("pid"))
 
 
+INJECTED_LINE_SLACK_S = 1.0
+"""How long before its fault's time an injected kernel-log line may be stamped: the kernel's time of the record
+(read back by the kernel-log probe) comes while chaoskit's write is in flight, before the write returns."""
+
+
 def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
                   node: str | None = None) -> dict[str, Any]:
     """Measure the recovery from one fault injected at ``t_fault`` (on ``node``; the restart model does not need
@@ -74,7 +79,10 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     detect = next((e for e in after if e.get("kind") in DETECT_KINDS and not e.get("injected")), None)
     t_detect = detect["ts"] if detect else None
     if detect is None:
-        injected = next((e for e in after if e.get("kind") == "gpu.xid" and e.get("injected")), None)
+        # the kernel stamps chaoskit's own line while its write is in flight, before the fault is stamped injected
+        since = t_fault - INJECTED_LINE_SLACK_S - t_fault_uncertainty
+        injected = next((e for e in timeline if e.get("kind") == "gpu.xid" and e.get("injected") and e["ts"] > since),
+                        None)
         if injected is not None:
             reasons["detection"] = (f"not observed: the injected Xid {injected.get('code')} line was seen in the kernel "
                                     f"log of {injected.get('node')}, but nothing drained the node (no node.drain) and "

@@ -737,8 +737,12 @@ class _Run:
                 slowdown = measure_slowdown(events, inj.t_fault, t_revert)
         # The headline is the first fault the job feels: a corrupted checkpoint only matters at the restart a later
         # fault causes, and the work lost counts from that fault's last step to the (older) step restored.
+        # A fault the job did not feel by itself (chaoskit's own link to a node cut, then a kill elsewhere) has the
+        # later fault's detection as its own: the headline is the first fault detected before the next one came.
         felt = [m for (fault, _), m in zip(self.injections, per_fault) if not fault.primes]
-        phases_full = (felt or per_fault or [None])[0]
+        by_itself = [m for m in felt if m["t_detect"] is not None
+                     and not any(m["t_fault"] < o["t_fault"] < m["t_detect"] for o in per_fault)]
+        phases_full = (by_itself or felt or per_fault or [None])[0]
         unseen = (unseen_signals(phases_full, events, {p: PRESETS[p].sees for p in self.sc.probes.presets})
                   if phases_full else {})
         slo_cfg = self.sc.slo.model_dump()

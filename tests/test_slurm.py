@@ -112,6 +112,11 @@ def test_a_health_checks_drain_is_the_detection_of_an_injected_xid_and_bounds_th
     alone = measure_fault([ev[0], xid, make_event("step", t + 5, step=45)], t)
     assert alone["detection_s"] is None
     assert "injected Xid 79 line was seen in the kernel log of n1, but nothing drained the node" in alone["reasons"]["detection"]
+    # the kernel stamps the line while chaoskit's write is in flight: a hair before the fault's own time
+    early = measure_fault([ev[0], {**xid, "ts": t - 0.0002}, make_event("step", t + 5, step=45)], t)
+    assert "injected Xid 79 line was seen in the kernel log of n1" in early["reasons"]["detection"]
+    old_line = measure_fault([ev[0], {**xid, "ts": t - 30}, make_event("step", t + 5, step=45)], t)
+    assert "no worker.exit" in old_line["reasons"]["detection"]  # a line from long before is not this fault's
 
 
 def test_the_slurm_probe_reports_a_drain_with_its_reason_and_marks_chaoskits_own():
