@@ -25,9 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-import signal
 import socket
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ from chaoskit.repeat import run_repeated
 from chaoskit.report.html import write_gameday_report, write_repeat_report, write_run_report
 from chaoskit.report.junit import write_junit
 from chaoskit.report.metrics import check_push_url, push_gameday
-from chaoskit.runner import run_scenario
+from chaoskit.runner import install_sigterm, run_scenario
 from chaoskit.scenario import load_scenario, scenario_files
 
 __all__ = ["GamedayOutcome", "run_gameday", "summarize"]
@@ -237,7 +235,7 @@ class _Gameday:
     def execute(self) -> GamedayOutcome:
         board = _Board(self.records)
         live = _live(self.console, board)
-        restore = _install_sigterm()
+        restore = install_sigterm()  # SIGTERM stops the game day like Ctrl-C: the run reverts, the shared lab comes down
         try:
             with live:
                 self._live = live
@@ -524,18 +522,6 @@ def _one_slo(name: str, entry: dict[str, Any]) -> dict[str, Any]:
     if entry.get("reason"):
         out["reason"] = entry["reason"]
     return out
-
-
-def _install_sigterm():
-    """SIGTERM stops the game day like Ctrl-C (the current run reverts, the shared lab comes down)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _error(exc: ChaoskitError) -> dict[str, Any]:

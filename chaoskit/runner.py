@@ -308,7 +308,7 @@ class _Run:
         self._active_marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": str(self.run_dir.resolve()), "lab": self.cluster.id,
                                                     "kind": self.cluster.kind, **self.cluster.details}))
         exit_code = ExitCode.OK
-        restore = _install_sigterm()
+        restore = install_sigterm()
         try:
             self._preflight()
             self._start()
@@ -829,7 +829,7 @@ def _mechanism(inj: Injection) -> dict[str, Any]:
     return {k: inj.detail[k] for k in ("mechanism", "fidelity", "scope") if k in inj.detail}
 
 
-def _install_sigterm():
+def install_sigterm():
     """SIGTERM behaves like Ctrl-C (revert, then exit 130) while a run is live."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None

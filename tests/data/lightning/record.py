@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,9 +27,18 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def main(out: str) -> int:
-    ckpt = Path(tempfile.mkdtemp(prefix="lightning-record-"))
+    work = Path(tempfile.mkdtemp(prefix="lightning-record-"))  # removed at the end, torchrun's own files included
+    try:
+        return _record(out, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _record(out: str, work: Path) -> int:
+    ckpt = work / "ckpt"
+    ckpt.mkdir()
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-            "--monitor-interval", "0.1", str(ROOT / "examples" / "frameworks" / "lightning_train.py"), "--no-callback",
+            "--monitor-interval", "0.1", "--log-dir", str(work / "torchelastic"), str(ROOT / "examples" / "frameworks" / "lightning_train.py"), "--no-callback",
             "--steps", "40", "--checkpoint-every", "10", "--step-time", "0.2", "--checkpoint-dir", str(ckpt)]
     mark = f"LIGHTNING_RECORD={os.getpid()}".encode()  # this recording's workers, and only they, carry it
     env = {**os.environ, "LIGHTNING_RECORD": str(os.getpid()), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
