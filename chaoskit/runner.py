@@ -319,7 +319,7 @@ class _Run:
         except SafetyAbort as exc:
             self.verdict = "aborted"
             self.notes.append(str(exc))
-            self.say(f"[red]aborted:[/red] {exc}")
+            self.say(f"[red]aborted:[/red] {escape(str(exc))}")
             exit_code = ExitCode.ABORTED
         except KeyboardInterrupt:
             self.verdict = "interrupted"
@@ -351,7 +351,7 @@ class _Run:
         try:
             said = self.after_run(self.run_dir)
         except Exception as exc:  # noqa: BLE001 - the run's data is safe in its JSON files; say so and go on
-            self.say(f"[yellow]after the run:[/yellow] {type(exc).__name__}: {exc}")
+            self.say(f"[yellow]after the run:[/yellow] {type(exc).__name__}: {escape(str(exc))}")
         else:
             if said:
                 self.say(str(said))
@@ -566,9 +566,9 @@ class _Run:
             self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets,
                                         source="chaoskit", **_mechanism(inj)))
             self.injections.append((fault, inj))
-        labels = ", ".join(t for inj in injections for t in inj.targets)
+        labels = ", ".join(dict.fromkeys(t for inj in injections for t in inj.targets))  # gpu.xid with_failure: line and failure, one target
         how = sorted({f"{m['mechanism']}, {m['fidelity']}" for m in map(_mechanism, injections) if m})
-        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})" + (f" [{'; '.join(how)}]" if how else ""))
+        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})" + (escape(f" [{'; '.join(how)}]") if how else ""))
         for inj in injections:
             problem = fault.verify(self.ctx, inj) if not fault.lasting else None
             if problem:
@@ -590,7 +590,7 @@ class _Run:
         reason, t0 = why(), time.time()
         if reason is None:
             return
-        self.say(f"holding {fault.kind}: {reason}")
+        self.say(f"holding {fault.kind}: {escape(str(reason))}")
         while reason is not None:
             self._wait(lambda: False, 0.5, what="the gate", quiet=True)
             reason = why()
@@ -662,7 +662,7 @@ class _Run:
         ts = time.time()
         self.journal.record("reverted", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, verified=problem is None, problem=problem)
         self.bus.publish(make_event("fault.reverted", ts, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, source="chaoskit"))
-        self.say(f"reverted {inj.kind} on {', '.join(inj.targets)}" + (f" [red]({problem})[/red]" if problem else ""))
+        self.say(f"reverted {inj.kind} on {', '.join(inj.targets)}" + (f" [red]({escape(str(problem))})[/red]" if problem else ""))
         if problem:
             self.notes.append(f"revert of {inj.kind} on {inj.node} not verified: {problem}")
 
