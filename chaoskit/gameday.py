@@ -46,7 +46,7 @@ from chaoskit.repeat import run_repeated
 from chaoskit.report.html import write_gameday_report, write_repeat_report, write_run_report
 from chaoskit.report.junit import write_junit
 from chaoskit.report.metrics import check_push_url, push_gameday
-from chaoskit.runner import install_sigterm, run_scenario
+from chaoskit.runner import install_sigterm, interrupts_deferred, run_scenario
 from chaoskit.scenario import load_scenario, scenario_files
 
 __all__ = ["GamedayOutcome", "run_gameday", "summarize"]
@@ -251,15 +251,15 @@ class _Gameday:
                     lab = self.labs.get(record["index"])
                     previous = (lab[2] if lab else None, self.out / record["dir"])
                     self._write(finished=False)
-                try:
+                with interrupts_deferred(self._say) as came:
                     self.pool.release()  # the last shared lab; on every other way out, the finally below
-                except KeyboardInterrupt:
-                    self.interrupted = True
+                self.interrupted = self.interrupted or bool(came)
             if self.console is not None and not self.console.is_terminal:
                 self.console.line()  # a non-terminal Live ends its last render without a newline
         finally:
             try:
-                self.pool.release()
+                with interrupts_deferred(self._say):
+                    self.pool.release()
             finally:
                 restore()
                 self._judge_history()

@@ -9,6 +9,7 @@ runs, every exit path reverts what was injected, stops the job and writes
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
@@ -238,7 +239,8 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         run.gate = gate
         run.cut_short = cut_short
     except BaseException:
-        cluster.teardown()
+        with interrupts_deferred():
+            cluster.teardown()
         raise
     return run.execute()
 
@@ -308,6 +310,7 @@ class _Run:
         self._active_marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": str(self.run_dir.resolve()), "lab": self.cluster.id,
                                                     "kind": self.cluster.kind, **self.cluster.details}))
         exit_code = ExitCode.OK
+        came: list[int] = []
         restore = install_sigterm()
         try:
             self._preflight()
@@ -331,9 +334,14 @@ class _Run:
             self.notes.append(str(exc))
             self._error = exc
         finally:
-            self._teardown()
+            with interrupts_deferred(self.say) as came:
+                self._teardown()
             restore()
             lock.release()
+        if came and exit_code != ExitCode.INTERRUPTED:  # Ctrl-C while tearing down: the run ended, and stops here
+            self.notes.append("interrupted by Ctrl-C or SIGTERM during the teardown, which finished first; the drill's "
+                              "measurements stand")
+            exit_code = ExitCode.INTERRUPTED
         result = redact_value(self._result())
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         self._after_run()
@@ -839,3 +847,31 @@ def install_sigterm():
 
     previous = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+FORCE_AFTER = 3
+"""Ctrl-C (or SIGTERM) this many times during a teardown abandons it: a last way out of one that hangs."""
+
+
+@contextlib.contextmanager
+def interrupts_deferred(say: Callable[[str], None] | None = None):
+    """Ctrl-C and SIGTERM wait until the block is done, and the list it yields holds each that came: a teardown
+    cut half way leaves a lab, a job or a fault's lease behind. The :data:`FORCE_AFTER`-th raises at once."""
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+
+    def hold(signum, frame):  # noqa: ARG001
+        came.append(signum)
+        if len(came) >= FORCE_AFTER:
+            raise KeyboardInterrupt
+        if say is not None:
+            say(f"interrupted: finishing the teardown first ({FORCE_AFTER - len(came)} more to abandon it)")
+
+    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield came
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

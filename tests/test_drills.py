@@ -119,7 +119,7 @@ def test_abort_after_reverts_and_exits_4(tmp_path):
     assert lab_processes(r) == []
 
 
-def test_ctrl_c_reverts_before_exit(tmp_path):
+def test_ctrl_c_reverts_before_exit_and_a_second_one_waits_for_the_teardown(tmp_path):
     need_torch()
     text = (SCENARIOS / "hang-rank.yaml").read_text().replace("duration: 15s", "duration: 5m").replace("at: {step: 50}", "at: {step: 5}")
     scenario = tmp_path / "hang.yaml"
@@ -135,8 +135,14 @@ def test_ctrl_c_reverts_before_exit(tmp_path):
     entries = [json.loads(x) for x in journal.read_text().splitlines()]
     assert [e["action"] for e in entries] == ["inject", "armed", "injected"]
     proc.send_signal(signal.SIGINT)
+    # Ctrl-C again as soon as the revert is journaled: it lands in the teardown (stopping the job, the lab),
+    # which must finish before the run stops, or the job's processes are left behind
+    while proc.poll() is None and '"reverted"' not in journal.read_text():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert "interrupted: finishing the teardown first (2 more to abandon it)" in out
     actions = [json.loads(x)["action"] for x in journal.read_text().splitlines()]
     assert actions[-1] == "reverted"
     result = json.loads((run_dir / "result.json").read_text())
