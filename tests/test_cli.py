@@ -85,3 +85,24 @@ def test_exit_codes_are_the_documented_ones():
     readme = (ROOT / "README.md").read_text()
     for code in ExitCode:
         assert f"| {int(code)} " in readme, f"README's exit-code table lacks {int(code)}"
+
+
+def test_lab_status_names_the_lab_a_dead_run_left_and_the_command_that_removes_it(tmp_path):
+    """A run killed before its teardown leaves the lab it made for itself; 'lab status' and 'lab down' (which
+    touch only labs made by 'lab up') say so and point to rollback, which reverts its faults too."""
+    import os
+    from pathlib import Path
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    runs = Path(os.environ["CHAOSKIT_STATE_DIR"]) / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    (runs / "20261201T000000Z-kill-rank.json").write_text(json.dumps(
+        {"pid": gone.pid, "run_dir": str(tmp_path), "lab": "lab-deadbeef", "kind": "process", "ephemeral": True}))
+    (runs / "20261201T000001Z-shared.json").write_text(json.dumps(  # on a lab 'lab up' made: not the run's
+        {"pid": gone.pid, "run_dir": str(tmp_path), "lab": "lab-0000beef", "kind": "process", "ephemeral": False}))
+    res = run_cli("lab", "status")
+    assert res.code == 0, res.stderr
+    assert res.stdout.splitlines()[1:] == [
+        f"run 20261201T000000Z-kill-rank (pid {gone.pid} is gone) left its process lab lab-deadbeef: "
+        "'chaoskit rollback' reverts what it left armed and removes the lab"]

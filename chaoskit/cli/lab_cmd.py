@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from chaoskit.backends.registry import CLUSTERS, backend
 from chaoskit.cli.env import command_app, current_env, print_json
 from chaoskit.core.errors import ScenarioError
+from chaoskit.safety.rollback import find_crashed_runs
 
 __all__ = ["lab_app"]
 
@@ -71,6 +72,14 @@ def lab_down(
     out = current_env().stdout
     lines = [line for name in CLUSTERS.names() for line in backend(name).lab_down(compose)]
     out.write("".join(f"{line}\n" for line in lines) or "no lab is up\n")
+    out.write("".join(f"{line}\n" for line in _crashed_runs_labs()))
+
+
+def _crashed_runs_labs() -> list[str]:
+    """A lab a run made for itself and left behind when it died is the run's, with its armed faults: rollback's."""
+    return [f"run {run.run_id} (pid {run.pid} is gone) left its {run.info.get('kind', '')} lab {run.info['lab']}: "
+            "'chaoskit rollback' reverts what it left armed and removes the lab"
+            for run in find_crashed_runs() if run.info.get("lab") and run.info.get("ephemeral")]
 
 
 @lab_app.command("status")
@@ -83,6 +92,7 @@ def lab_status(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         return
     if not labs:
         out.write("no lab is up ('chaoskit lab up' makes one; runs make their own otherwise)\n")
+        out.write("".join(f"{line}\n" for line in _crashed_runs_labs()))
         return
     for lab in labs:
         out.write(f"{lab.summary}\n")
