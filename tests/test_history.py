@@ -74,6 +74,7 @@ def _scenario(folder, delay):
     (folder / "slow_start.py").write_text(SLOW_START)
     (folder / "kill-rank.yaml").write_text(f"""\
 name: kill-rank
+cluster: {{kind: process, nodes: 2}}   # two ranks are enough to be slower: fewer torch start-ups than three
 workload:
   launch: command
   steps: 80
