@@ -236,3 +236,24 @@ def test_files_and_fan_out(netns_lab, lab_inventory):
     pings = parallel({c.node: c.ping for c in conns})
     assert all(isinstance(v, float) for v in ping_many(conns).values())
     assert all(isinstance(v, float) for v in pings.values())
+
+
+def test_a_stream_opened_as_the_agents_channel_closes_is_an_infra_error_its_probe_retries_on():
+    """A node powered off mid-drill closes its agent's channel; a probe that reopens its stream at that moment
+    got the transport's private _AgentGone, which ended the kernel-log probe's thread for good (seen on the
+    full suite's Slurm power-off drill). It is now an InfraError naming the stream, which every probe retries.
+    A real socket, closed: what a dead node's channel is."""
+    import socket
+
+    from chaoskit.cluster.transports.ssh import _AgentChannel, _start_stream
+    from chaoskit.core.errors import InfraError
+
+    mine, theirs = socket.socketpair()
+    theirs.close()
+    mine.close()
+    agent = _AgentChannel(mine, "n1")
+    with pytest.raises(InfraError, match=r"cannot read the kernel log of node n1: the agent's connection closed"):
+        _start_stream(agent, "read the kernel log of node n1", {"op": "kmsg"}, lambda reply: None, lambda why: None)
+    assert agent.dead
+    with pytest.raises(InfraError, match="the agent's connection closed"):  # and again, once known dead
+        _start_stream(agent, "read the kernel log of node n1", {"op": "kmsg"}, lambda reply: None, lambda why: None)

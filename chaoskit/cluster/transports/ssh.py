@@ -147,6 +147,16 @@ class _AgentGone(Exception):
         self.sent = sent
 
 
+def _start_stream(agent: "_AgentChannel", what: str, fields: dict[str, Any], on_message: Callable[[dict[str, Any]], None],
+                  on_gone: Callable[[str], None], quiet: bool = False) -> int:
+    """Start one of the agent's streams; :class:`InfraError` (what callers retry on) when its channel closed
+    between being picked and the request leaving: a node powered off mid-drill."""
+    try:
+        return agent.stream(fields, on_message, on_gone, quiet=quiet)
+    except _AgentGone as exc:
+        raise InfraError(f"cannot {what}: the agent's connection closed ({exc})") from None
+
+
 class _OpFailed(Exception):
     """The agent answered ``ok: false``."""
 
@@ -711,7 +721,8 @@ class SSHTransport:
         stream stopped) or from its start; ``on_batch(lines, inode, offset)`` gets each batch with the
         position after it, each line as (time read, on this machine's clock; text). ``roots``: the
         folders the file must really be in (links resolved on the node), else the stream fails."""
-        agent = self._stream_agent(f"follow {path} on node {self.node}")
+        what = f"follow {path} on node {self.node}"
+        agent = self._stream_agent(what)
         stream = _Stream(agent)
 
         def message(reply: dict[str, Any]) -> None:
@@ -724,7 +735,7 @@ class SSHTransport:
         fields = {"op": "follow", "path": _checked([path])[0], "inode": inode, "offset": int(offset), "interval": interval}
         if roots is not None:
             fields["roots"] = _checked(roots)
-        stream.rid = agent.stream(fields, message, stream.finish)
+        stream.rid = _start_stream(agent, what, fields, message, stream.finish)
         return stream
 
     def watch_processes(self, on_message: WatchMessage, *, known: list[tuple[int, int | None, str]] | None = None,
@@ -735,7 +746,8 @@ class SSHTransport:
         (pid, start time, state) from an earlier stream, so that only what changed since comes back.
         ``beats=False``: heartbeats end on paramiko's thread, where they arrive (the stream's ``last_heard``
         moves on), not on the delivery thread."""
-        agent = self._stream_agent(f"watch the processes of node {self.node}", unsupported=StreamUnsupported)
+        what = f"watch the processes of node {self.node}"
+        agent = self._stream_agent(what, unsupported=StreamUnsupported)
         stream = _Stream(agent)
         to_local = self.clock.to_controller
 
@@ -748,13 +760,14 @@ class SSHTransport:
 
         fields = {"op": "watch", "scope": self.scope, "interval": float(interval), "heartbeat": float(heartbeat),
                   "known": [[int(pid), None if start is None else int(start), str(state)] for pid, start, state in known or ()]}
-        stream.rid = agent.stream(fields, message, stream.finish, quiet=not beats)
+        stream.rid = _start_stream(agent, what, fields, message, stream.finish, quiet=not beats)
         return stream
 
     def nvml(self, on_batch: Callable[[NvmlBatch], None]) -> "FollowStream":
         """Stream the node's GPU health as its agent reads it through NVML (the agent's ``nvml``): Xid and
         uncorrectable ECC events with the node's time on this machine's clock (:class:`NvmlBatch`)."""
-        agent = self._stream_agent(f"read the GPUs of node {self.node} through NVML")
+        what = f"read the GPUs of node {self.node} through NVML"
+        agent = self._stream_agent(what)
         stream = _Stream(agent)
         to_local = self.clock.to_controller
 
@@ -768,7 +781,7 @@ class SSHTransport:
             if not reply.get("more"):
                 stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
 
-        stream.rid = agent.stream({"op": "nvml"}, message, stream.finish)
+        stream.rid = _start_stream(agent, what, {"op": "nvml"}, message, stream.finish)
         return stream
 
     def kmsg(self, on_batch: Callable[[KmsgBatch], None], *, seq: int | None = None,
@@ -776,7 +789,8 @@ class SSHTransport:
         """Stream the node's own kernel log (``/dev/kmsg``, read by its agent): the records containing one of
         ``match``, from after ``seq`` (where an earlier stream stopped) or from now on, each with the time the
         node logged it on this machine's clock (:class:`~chaoskit.cluster.transports.api.KmsgBatch`)."""
-        agent = self._stream_agent(f"read the kernel log of node {self.node}")
+        what = f"read the kernel log of node {self.node}"
+        agent = self._stream_agent(what)
         stream = _Stream(agent)
 
         def message(reply: dict[str, Any]) -> None:
@@ -789,7 +803,7 @@ class SSHTransport:
 
         fields: dict[str, Any] = {"op": "kmsg", "seq": None if seq is None else int(seq),
                                   "match": [str(m) for m in (match or [])]}
-        stream.rid = agent.stream(fields, message, stream.finish)
+        stream.rid = _start_stream(agent, what, fields, message, stream.finish)
         return stream
 
     def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
