@@ -37,7 +37,16 @@ def assert_every_phase_measured(r: dict) -> None:
     assert r["cluster"]["kind"] == "ray" and r["cluster"]["ray_address"]
 
 
+def _staged_in_tmp() -> set:
+    """Folders of the system's temporary folder holding a Ray Train checkpoint being staged (state.pt)."""
+    import tempfile
+    from pathlib import Path
+
+    return {p.parent for p in Path(tempfile.gettempdir()).glob("tmp*/state.pt")}
+
+
 def test_ray_kill_worker(tmp_path):
+    before = _staged_in_tmp()
     res = ray_drill("ray-kill-worker", tmp_path)
     assert res.code == 0, res.stderr
     r = res.json
@@ -49,6 +58,8 @@ def test_ray_kill_worker(tmp_path):
     assert restarted == {0, 1, 2}  # Ray Train restarted the whole worker group
     assert (tmp_path / "logs" / "driver.log").exists()
     assert lab_processes(r) == []
+    # checkpoints are staged in the run's own storage: a worker killed mid-save leaves nothing in /tmp
+    assert (tmp_path / "checkpoints" / ".staging").is_dir() and _staged_in_tmp() <= before
 
 
 def test_ray_node_poweroff(tmp_path):

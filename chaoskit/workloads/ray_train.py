@@ -88,7 +88,7 @@ def train_loop(config: dict[str, Any]) -> None:
             time.sleep(rest)
         probe.step(step, loss=round(loss.item(), 5))
         if step % config["checkpoint_every"] == 0 or step == config["steps"]:
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory(dir=_staging(config.get("storage"))) as tmp:
                 reported = None
                 if rank == 0:
                     with probe.checkpoint_save(step) as info:
@@ -97,6 +97,17 @@ def train_loop(config: dict[str, Any]) -> None:
                         info["bytes"] = os.path.getsize(path)
                     reported = ray.train.Checkpoint.from_directory(tmp)
                 ray.train.report({"step": step}, checkpoint=reported)
+
+
+def _staging(storage: str | None) -> str | None:
+    """Where a checkpoint is written before Ray Train copies it into storage: a folder of the run's own local
+    storage (a worker killed mid-save leaves its half there, with the run, not in /tmp); the system's temporary
+    folder when storage is remote (a URI)."""
+    if not storage or "://" in storage or not os.path.isabs(storage):
+        return None
+    folder = os.path.join(storage, ".staging")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"steps": args.steps, "step_time": args.step_time,
-                           "checkpoint_every": args.checkpoint_every, "events": args.events},
+                           "checkpoint_every": args.checkpoint_every, "events": args.events, "storage": args.storage},
         torch_config=TorchConfig(backend="gloo", timeout_s=int(args.collective_timeout)),
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False, resources_per_worker={"CPU": 1},
                                      placement_strategy="SPREAD"),
