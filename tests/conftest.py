@@ -84,6 +84,33 @@ def wait_state(pid: int, predicate, timeout: float = 5.0) -> bool:
     return False
 
 
+def wait_exec(proc, timeout: float = 10.0) -> None:
+    """Wait until a fresh ``Popen`` child has finished its ``exec``: its ``/proc`` entry shows its own command
+    line and a readable environment.
+
+    ``Popen`` returns once the exec has begun (the close-on-exec pipe it reads closes early in the kernel's
+    exec), and for a moment after that the child's command line and environment still read empty: a
+    scan of ``/proc`` then does not see the ``CHAOSKIT_SCOPE`` or ``RANK`` the test gave it (a probe
+    that scanned there missed the worker). Waiting for the pid alone does not close that window.
+    """
+    import time
+
+    want = "\0".join(str(a) for a in proc.args) + "\0" if isinstance(proc.args, (list, tuple)) else None
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        except OSError:
+            cmdline, environ = "", b""
+        if environ and cmdline and (want is None or cmdline == want):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args!r} exited ({proc.returncode}) before it was seen running")
+        time.sleep(0.01)
+    raise AssertionError(f"{proc.args!r} did not finish its exec within {timeout}s")
+
+
 @pytest.fixture(autouse=True)
 def _private_state(tmp_path_factory, monkeypatch):
     """Each test gets its own chaoskit state dir (locks, leases, labs)."""

@@ -30,7 +30,7 @@ from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import ROOT, run_cli, wait_state, wait_until
+from tests.conftest import ROOT, run_cli, wait_exec, wait_until
 
 SLEEPER = "import time; time.sleep(600)  # worker"
 
@@ -40,7 +40,7 @@ def _worker(lab: ProcessLab | None, node: str | None, rank: int) -> subprocess.P
     if lab is not None:
         env["CHAOSKIT_SCOPE"] = lab.scope(node)
     proc = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
-    wait_state(proc.pid, lambda s: s is not None)
+    wait_exec(proc)
     return proc
 
 
@@ -195,7 +195,7 @@ def test_scope_node_kills_the_whole_job_on_the_node_agents_included(lab_procs, t
         [sys.executable, "-c", "import time; time.sleep(600)  # torchrun-looking but no worker"],
         env=dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n1")))
     started += [agent, attached_agent, not_the_job]
-    wait_state(agent.pid, lambda s: s is not None)
+    wait_exec(agent)
     end = time.time() + 5
     while not _children(attached_agent.pid) and time.time() < end:
         time.sleep(0.05)
@@ -311,7 +311,7 @@ def test_nvidia_scope_node_prohibits_every_listed_device_and_kills_the_job_there
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # torch.distributed.run"],
                              env=dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n1"), CHAOSKIT_NODE="n1"))
     started.append(agent)
-    wait_state(agent.pid, lambda s: s is not None)
+    wait_exec(agent)
     ctx, journal, leases = _ctx(lab, tmp_path)
     fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(nodes=["n1"]), duration=60,
                                      mechanism="nvidia", scope="node"), "f0")

@@ -26,7 +26,7 @@ from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import ROOT, run_cli, wait_state, wait_until
+from tests.conftest import ROOT, run_cli, wait_exec, wait_until
 from tests.test_kmsg_stream import need_kmsg
 
 SCENARIO = ROOT / "scenarios" / "slurm-xid-drain.yaml"
@@ -38,7 +38,7 @@ def lab_worker():
     lab = ProcessLab.create(2)
     env = dict(os.environ, RANK="1", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t", CHAOSKIT_SCOPE=lab.scope("n1"))
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # worker"], env=env)
-    wait_state(proc.pid, lambda s: s is not None)
+    wait_exec(proc)
     time.sleep(0.2)
     yield lab, proc
     proc.kill()

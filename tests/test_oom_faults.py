@@ -26,7 +26,7 @@ from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import ROOT, SCENARIOS, need_torch, proc_state, run_cli, wait_state, wait_until
+from tests.conftest import ROOT, SCENARIOS, need_torch, proc_state, run_cli, wait_exec, wait_until
 from tests.netns_fixtures import require
 
 # A worker that holds 150 MiB (more than the cap: the OOM killer's badness must point at it) and sleeps.
@@ -58,7 +58,7 @@ def holder_lab():
     lab = ProcessLab.create(1)
     env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n0"), RANK="0", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t")
     proc = subprocess.Popen([sys.executable, "-c", HOLDER], env=env)
-    wait_state(proc.pid, lambda s: s is not None)
+    wait_exec(proc)
     time.sleep(1.0)  # its 150 MiB written
     yield lab, proc
     if proc.poll() is None:
@@ -158,7 +158,7 @@ def test_kmsg_probe_reports_only_the_nodes_kills(tmp_path):
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               env=dict(os.environ, CHAOSKIT_SCOPE="kmsg-test.n0", RANK="2", TORCHELASTIC_RUN_ID="t"))
     try:
-        wait_state(worker.pid, lambda s: s is not None)
+        wait_exec(worker)
         nodes = [Node("n0", conn=LocalTransport("n0", "kmsg-test.n0")), Node("n1", conn=LocalTransport("n1", "kmsg-test.n1"))]
         bus = EventBus()
         probe = KmsgProbe.for_nodes(bus, nodes, path=str(kmsg))

@@ -19,6 +19,7 @@ from chaoskit.observe.probes import (
     ProcessWatcher,
     SdkLogProbe,
 )
+from tests.conftest import wait_exec, wait_until
 
 
 def wait(bus: EventBus, predicate, timeout=5.0) -> bool:
@@ -98,11 +99,12 @@ def test_process_watcher_sees_a_worker_vanish():
     lab = ProcessLab.create(1)
     env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n0"), RANK="0", TORCHELASTIC_RUN_ID="x")
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    wait_exec(worker)
     bus = EventBus()
     watcher = ProcessWatcher(bus, {"n0": lab.inventory()["n0"].conn}, interval=0.02)
     watcher.start()
     try:
-        time.sleep(0.5)
+        assert wait_until(lambda: worker.pid in (watcher.ranks("n0") or {}), 10), "the watcher never saw the worker"
         worker.kill()
         killed = time.time()
         worker.wait()

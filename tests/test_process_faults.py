@@ -19,7 +19,7 @@ from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import proc_state, wait_state
+from tests.conftest import proc_state, wait_exec, wait_state
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def lab_procs():
     outsider = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # worker"],
                                 env=dict(os.environ, RANK="1", TORCHELASTIC_RUN_ID="t"))
     for p in procs + [outsider]:
-        wait_state(p.pid, lambda s: s is not None)
+        wait_exec(p)
     time.sleep(0.2)
     yield lab, procs, outsider
     for p in procs + [outsider]:

@@ -18,7 +18,7 @@ from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import need, proc_state, wait_state
+from tests.conftest import need, proc_state, wait_exec, wait_state
 
 WORKER = "import time; time.sleep(600)  # ray-worker"
 
@@ -57,7 +57,7 @@ def workers(ray_lab):
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env))
     outsider = subprocess.Popen([sys.executable, "-c", WORKER], env=dict(os.environ, RANK="1", TORCHELASTIC_RUN_ID="t"))
     for p in procs + [outsider]:
-        wait_state(p.pid, lambda s: s is not None)
+        wait_exec(p)
     yield procs, outsider
     for p in procs + [outsider]:
         if p.poll() is None:

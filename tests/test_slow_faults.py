@@ -22,7 +22,7 @@ from chaoskit.lab.process import ProcessLab
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import ROOT, run_cli, wait_state, wait_until
+from tests.conftest import ROOT, run_cli, wait_exec, wait_until
 from tests.netns_fixtures import require
 
 BUSY = "import os\nif os.fork() == 0:\n    while True: pass\nwhile True: pass  # worker"
@@ -55,7 +55,7 @@ def busy_lab():
     lab = ProcessLab.create(1)
     env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n0"), RANK="0", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t")
     proc = subprocess.Popen([sys.executable, "-c", BUSY], env=env)
-    wait_state(proc.pid, lambda s: s is not None)
+    wait_exec(proc)
     time.sleep(0.3)
     yield lab, proc
     proc.kill()
@@ -208,7 +208,7 @@ def sleeper_lab():
     lab = ProcessLab.create(1)
     env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n0"), RANK="0", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t")
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # worker"], env=env)
-    wait_state(proc.pid, lambda s: s is not None)
+    wait_exec(proc)
     yield lab, proc
     proc.kill()
     proc.wait()

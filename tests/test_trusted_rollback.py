@@ -31,7 +31,7 @@ from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
 from chaoskit.safety.rollback import rollback_journal
-from tests.conftest import run_cli, wait_state
+from tests.conftest import run_cli, wait_exec, wait_state
 
 
 def _dead_pid() -> int:
@@ -46,7 +46,7 @@ def crashed(tmp_path):
     lab = ProcessLab.create(1)
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # worker"],
                               env=dict(os.environ, CHAOSKIT_SCOPE=lab.scope("n0"), RANK="0", TORCHELASTIC_RUN_ID="t"))
-    wait_state(worker.pid, lambda s: s is not None)
+    wait_exec(worker)
     time.sleep(0.2)
     run_id, run_dir = "r-crashed", tmp_path / "run"
     run_dir.mkdir(mode=0o750)
