@@ -500,10 +500,12 @@ class _Run:
             self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to {where} "
                      f"(processes matching '{sc.workload.process}')")
         else:
+            own = sc.workload.launch == "command" and "steps" not in sc.workload.model_fields_set
+            length = "until its script ends" if own else f"{sc.workload.steps} steps"
             self.say(
                 f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "
                 f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
-                f"starting the {sc.workload.launch} job ({sc.workload.steps} steps)"
+                f"starting the {sc.workload.launch} job ({length})"
             )
         self.job.start()
 
@@ -721,6 +723,22 @@ class _Run:
 
     # -- results ------------------------------------------------------------------------
 
+    def _finished(self, final_step: int | None) -> dict[str, Any]:
+        """The ``training_finished`` check. The reference job finishes at ``workload.steps``. A user's own job
+        (``launch: command``) finishes when its script ends well: a torchrun agent exited 0 (one exits 0 only
+        once its workers did; a node the drill killed exits otherwise), and it reached ``steps`` only where the
+        scenario sets it: the job's own length is its own (an HF Trainer job that ended at its step 300 was not
+        to be held to the reference job's 400)."""
+        w = self.sc.workload
+        expected = w.steps if w.launch != "command" or "steps" in w.model_fields_set else None
+        reached = expected is None or (final_step is not None and final_step >= expected)
+        check: dict[str, Any] = {"final_step": final_step, "expected_step": expected}
+        if w.launch == "command":
+            codes = self.job.returncodes() if self.job is not None else {}
+            check["exit_codes"] = codes
+            reached = reached and any(code == 0 for code in codes.values())
+        return {"pass": reached, **check}
+
     def _result(self) -> dict[str, Any]:
         events = self.bus.snapshot()
         log_probe = getattr(self, "log_probe", None)
@@ -761,8 +779,7 @@ class _Run:
         if self.t_baseline is not None:
             checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
         if self.sc.workload.wait == "finish" and self.verdict is None:
-            done = final_step is not None and final_step >= self.sc.workload.steps
-            checks["training_finished"] = {"pass": done, "final_step": final_step, "expected_step": self.sc.workload.steps}
+            checks["training_finished"] = self._finished(final_step)
         reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)
         if any(f.lasting for f, _ in self.injections):
             checks["faults_reverted"] = {"pass": reverted_ok}

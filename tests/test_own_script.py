@@ -3,6 +3,7 @@ missing, and, when it dies before steady state, the run's error line says why (i
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -127,3 +128,61 @@ def test_a_job_that_dies_on_import_fails_with_its_exception_in_the_error_line(tm
     assert len(error) == 1, res.stderr[-3000:]
     assert "ImportError: Using the `Trainer` with `PyTorch` requires `accelerate>=1.1.0`" in error[0], error[0]
     assert "torchrun's root cause: rank " in error[0] and "exited 1" in error[0], error[0]
+
+
+OWN_LENGTH = """\
+name: own-length
+cluster: {{kind: process, nodes: 2}}
+workload:
+  launch: command
+  command: [train.py]
+  max_restarts: 1
+steady_state: {{steps: 3, timeout: 2m}}
+faults:
+  - kind: process.kill
+    target: {{ranks: [1]}}
+    at: {{step: 10}}
+safety: {{abort_after: 3m}}
+"""
+
+# Its own length (30 steps, not the reference job's 400), resuming from the last step its rank 0 wrote; it ends
+# with the exit code it is given.
+ENDS_WITH = textwrap.dedent("""\
+    import os, sys, time
+    from pathlib import Path
+    from chaoskit import probe
+    mark = Path(os.environ["CHAOSKIT_CKPT_DIR"]) / "step"
+    start = int(mark.read_text()) if mark.exists() else 0
+    probe.worker_start()
+    if start:
+        with probe.checkpoint_load(start):
+            pass
+    for step in range(start + 1, 31):
+        time.sleep(0.05)
+        probe.step(step)
+        if step % 5 == 0 and os.environ["RANK"] == "0":
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.write_text(str(step))
+    sys.exit({code})
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_users_own_job_finishes_at_its_own_end_not_at_the_reference_jobs_length(tmp_path, code):
+    """No ``steps:`` in the scenario: finished means the script ended with exit 0 (a torchrun agent exited 0),
+    whatever its length; a script that ends with exit 3 did not finish, and the check says so."""
+    need_torch()
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "train.py").write_text(ENDS_WITH.format(code=code))
+    (folder / "scenario.yaml").write_text(OWN_LENGTH.format())
+    res = run_cli("run", folder / "scenario.yaml", "--out", tmp_path / "run")
+    assert "starting the command job (until its script ends)" in res.stdout + res.stderr
+    check = json.loads((tmp_path / "run" / "result.json").read_text())["checks"]["training_finished"]
+    assert check["final_step"] == 30 and check["expected_step"] is None, check
+    if code == 0:
+        assert res.code == 0 and check["pass"] and 0 in check["exit_codes"].values(), (check, res.stderr[-2000:])
+    else:
+        assert res.code == 1 and not check["pass"], (check, res.stderr[-2000:])
+        assert "expected the job's script to end with exit 0, no torchrun agent did" in res.stdout + res.stderr, res.stdout[-2000:]

@@ -23,9 +23,13 @@ def _fmt(v: Any) -> str:
 def check_text(name: str, check: dict[str, Any]) -> str:
     """One line for a failed check: what was expected, and what was seen."""
     if name == "training_finished":
-        seen = check.get("final_step")
-        return (f"training_finished: expected the job to reach step {check.get('expected_step')}, "
-                f"{'it stopped at step ' + str(seen) if seen is not None else 'it reported no step'}")
+        seen, expected, codes = check.get("final_step"), check.get("expected_step"), check.get("exit_codes")
+        stopped = f"it stopped at step {seen}" if seen is not None else "it reported no step"
+        if codes is not None and not any(code == 0 for code in codes.values()):
+            exits = ", ".join(f"{node} {code}" for node, code in codes.items()) or "none"
+            return (f"training_finished: expected the job's script to end with exit 0, no torchrun agent did "
+                    f"(exit codes: {exits}); {stopped}")
+        return f"training_finished: expected the job to reach step {expected}, {stopped}"
     if name == "faults_reverted":
         return "faults_reverted: a lasting fault was not reverted and verified (its lease reverts it on the node)"
     detail = ", ".join(f"{k}={v}" for k, v in check.items() if k != "pass")

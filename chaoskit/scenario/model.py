@@ -74,7 +74,9 @@ class Workload(StrictModel):
     user: str | None = Field(None, description=(
         "launch: attach only: the user (name or uid) whose job to drill, when more than one job on the nodes "
         "matches `process`."))
-    steps: int = Field(400, ge=1, le=MAX_COUNT, description="Training steps to run.")
+    steps: int = Field(400, ge=1, le=MAX_COUNT, description=(
+        "Training steps to run; the job finished when it reached them. launch: command: the job finishes when its "
+        "script ends with exit 0, and must reach `steps` only where the scenario sets it."))
     step_time: Duration = Field(0.05, description="Minimum wall time of one step (the reference job sleeps the rest).")
     step_compute: Duration | None = Field(None, description=(
         "reference and uninstrumented: CPU time each step spends computing (a busy loop counted in the worker's own "
