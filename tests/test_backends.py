@@ -128,3 +128,12 @@ def test_a_backend_without_a_lab_is_refused_by_lab_up():
     assert res.code == 2 and "--kind inventory is not a lab" in res.stderr
     kinds = run_cli("lab", "kinds").stdout
     assert any(line.startswith("inventory ") and line.endswith("(not a lab)") for line in kinds.splitlines())
+
+
+def test_lab_up_help_names_every_built_in_lab_kind():
+    """The --kind help is a literal (building it would import every backend on each start); it must not drift."""
+    from chaoskit.backends.registry import CLUSTERS
+
+    labs = [name for name, cls in CLUSTERS.all().items() if cls.has_lab]
+    text = " ".join(run_cli("lab", "up", "--help").stdout.split())
+    assert labs and all(f"{name}," in text for name in labs), (labs, text)

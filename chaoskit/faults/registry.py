@@ -24,6 +24,7 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "network.partition": "chaoskit.faults.network:PartitionFault",
     "node.poweroff": "chaoskit.faults.power:PowerOffFault",
     "gpu.fail": "chaoskit.faults.gpu:GpuFailFault",
+    "gpu.xid": "chaoskit.faults.gpu:GpuXidFault",
     "node.slow": "chaoskit.faults.slow:SlowFault",
     "storage.corrupt": "chaoskit.faults.storage:CorruptFault",
     "storage.full": "chaoskit.faults.storage:FullFault",
