@@ -5,7 +5,7 @@ from __future__ import annotations
 from chaoskit.core.registry import Registry
 from chaoskit.faults.api import Fault
 
-__all__ = ["FAULTS", "fault_kinds", "get_fault", "GROUP"]
+__all__ = ["FAULTS", "fault_kinds", "fault_kinds_markdown", "get_fault", "GROUP"]
 
 GROUP = "chaoskit.faults"
 
@@ -41,3 +41,15 @@ def fault_kinds() -> dict[str, type[Fault]]:
 
 def get_fault(kind: str) -> type[Fault]:
     return FAULTS.get(kind)
+
+
+def fault_kinds_markdown() -> str:
+    """The README's table of fault kinds, one row a kind, from each kind's spec: what it acts on and the first
+    sentence of its docstring (a test keeps the README's copy equal to this)."""
+    acts_on = {"process": "ranks", "node": "nodes"}
+    rows = ["| kind | acts on | what it does |", "| --- | --- | --- |"]
+    for name, cls in fault_kinds().items():
+        doc = " ".join((cls.Spec.__doc__ or "").split())
+        first = doc.split(". ")[0].rstrip(".").replace("``", "`").replace("|", "\\|")
+        rows.append(f"| `{name}` | {acts_on.get(cls.target_type, cls.target_type)} | {first} |")
+    return "\n".join(rows) + "\n"

@@ -5,7 +5,7 @@ to write. Each pattern below names the framework source file whose line it follo
 after ANSI colour codes are stripped (:meth:`LogRegexProbe.feed`). A preset sees only what its framework
 prints, and several print their resume lines on rank 0 only: such a line says "the first rank finished
 loading", not the last. :data:`PRESETS` documents, per preset, what it sees, what it cannot see and the
-verbosity the job needs; README.md ("Drill your framework's job") has the same table for people.
+verbosity the job needs; docs/frameworks.md ("Drill your framework's job") has the same table for people.
 
 Presets and the scenario's own ``probes.log`` rules combine: every rule runs on every line.
 """

@@ -61,7 +61,7 @@ METRICS: dict[str, str] = {
     "chaoskit_gameday_scenarios": "Scenarios of the game day by outcome (label status).",
     "chaoskit_gameday_end_timestamp_seconds": "Unix time the game day ended.",
 }
-"""Every metric chaoskit exports, with its help text (the README lists them; the Grafana dashboard uses only these)."""
+"""Every metric chaoskit exports, with its help text (docs/monitoring.md lists them; the Grafana dashboard uses only these)."""
 GAMEDAY_STATUSES = ("passed", "failed", "errored", "not_run")
 DRILL_JOB, GAMEDAY_JOB = "chaoskit", "chaoskit_gameday"
 _PUSH_TIMEOUT_S = 10.0

@@ -268,7 +268,7 @@ class Probes(StrictModel):
     presets: list[Literal[PRESET_NAMES]] = Field(default_factory=list, max_length=len(PRESET_NAMES), description=(
         "Log presets: a framework's own lines mapped to events, no regex to write (torchrun adds its --tee "
         "prefixes' ranks). Each sees only what its framework prints, some on rank 0 only, at the verbosity "
-        "README.md's table names (e.g. TRANSFORMERS_VERBOSITY=info for hf). Combined with `log`."))
+        "docs/frameworks.md's table names (e.g. TRANSFORMERS_VERBOSITY=info for hf). Combined with `log`."))
     heartbeat_timeout: PositiveDuration = Field(3.0, description=(
         "A node whose process watch (its agent's heartbeat, or a poll of its process table) has been silent this "
         "long is on the timeline as node.unreachable, and node.reachable once it answers again; its workers are "
