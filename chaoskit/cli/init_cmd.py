@@ -19,6 +19,9 @@ from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env
 from chaoskit.core.errors import ExitCode
 from chaoskit.observe.presets import PRESETS
 
+DATA = Path(__file__).resolve().parent.parent / "data"
+"""chaoskit's package data: the starter train.py that init writes beside the scenario."""
+
 __all__ = ["init_app", "FRAMEWORKS", "CLUSTERS", "LAUNCHES", "render"]
 
 init_app = command_app()
@@ -116,7 +119,7 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
         if framework == "torchft":
             lines.append("  recovery: torchft                    # one replica group per node, torchft's lighthouse; "
                          "measured without a restart")
-        extras["train.py"] = _TRAIN_PY
+        extras["train.py"] = (DATA / "starter_train.py").read_text()
     elif launch == "attach":
         lines += [
             "  launch: attach                       # your job, started by your launcher; chaoskit never starts or stops it",
@@ -172,21 +175,6 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
 def _what(framework: str) -> str:
     return {"torchrun": "PyTorch (torchrun)", "hf": "Hugging Face Trainer"}.get(framework, framework)
 
-
-_TRAIN_PY = '''\
-"""EDIT: replace this with your training script (workload.command runs it under torchrun on every node).
-
-Until then it runs chaoskit's reference DDP job, so that the drill works end to end. Your script reads
-CHAOSKIT_CKPT_DIR for its checkpoint folder (or its own flag), resumes from its newest checkpoint when
-restarted, and reports to chaoskit through its framework's callback, the SDK (from chaoskit import probe)
-or its own log lines (probes.presets / probes.log in the scenario).
-"""
-import sys
-
-from chaoskit.workloads.ddp_train import main
-
-raise SystemExit(main(sys.argv[1:] or ["--steps", "400"]))
-'''
 
 _SBATCH = '''\
 #!/bin/bash

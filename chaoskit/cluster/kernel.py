@@ -2,40 +2,13 @@
 
 from __future__ import annotations
 
+from chaoskit import nodeside
 from chaoskit.cluster.transports.api import Transport
 
 __all__ = ["NETEM_CHECK", "netem_available"]
 
-NETEM_CHECK = r"""
-import glob, gzip, os, subprocess, sys
-if os.path.isdir('/sys/module/sch_netem'):
-    sys.exit(0)
-rel = os.uname().release
-for path in ('/lib/modules/%s/modules.builtin' % rel, '/usr/lib/modules/%s/modules.builtin' % rel):
-    try:
-        if 'sch_netem' in open(path).read():
-            sys.exit(0)
-    except OSError:
-        pass
-conf = ''
-for path in ('/proc/config.gz', '/boot/config-%s' % rel):
-    try:
-        conf = (gzip.open(path, 'rt') if path.endswith('.gz') else open(path)).read()
-        break
-    except OSError:
-        pass
-if 'CONFIG_NET_SCH_NETEM=y' in conf:
-    sys.exit(0)
-if 'CONFIG_NET_SCH_NETEM is not set' in conf:
-    sys.exit(1)
-try:
-    if subprocess.call(['modprobe', '-q', 'sch_netem'], stderr=subprocess.DEVNULL) == 0 and os.path.isdir('/sys/module/sch_netem'):
-        sys.exit(0)
-except OSError:
-    pass
-sys.exit(1)
-"""
-"""A stdlib script: exit 0 when the kernel has ``sch_netem`` (loaded, built in, or a module that loads)."""
+NETEM_CHECK = nodeside.source("netem_check")
+"""A stdlib script (:mod:`chaoskit.nodeside.netem_check`): exit 0 when the kernel has ``sch_netem``."""
 
 
 def netem_available(transport: Transport, python: str = "python3", timeout: float = 10.0) -> bool:

@@ -209,13 +209,16 @@ def random_name():
     return os.urandom(8).hex()
 
 
-def bundle(source, **constants):
-    """On the controller: this module's source, then ``NAME = value`` for each of ``constants`` (Python literals),
+def bundle(source, *modules, **constants):
+    """On the controller: this module's source, then each of ``modules``' (other stdlib-only node-side modules,
+    such as :mod:`chaoskit.cluster.jobscope`), then ``NAME = value`` for each of ``constants`` (Python literals),
     then ``source``: one self-contained program to run on a node with ``python3 -I``."""
-    with open(__file__, encoding="utf-8") as fh:
-        own = fh.read()
+    parts = []
+    for path in [__file__] + [m.__file__ for m in modules]:
+        with open(path, encoding="utf-8") as fh:
+            parts.append(fh.read())
     lines = ["%s = %r" % (name, value) for name, value in sorted(constants.items())]
-    return own + "\n" + "".join(line + "\n" for line in lines) + "\n" + source
+    return "\n".join(parts) + "\n" + "".join(line + "\n" for line in lines) + "\n" + source
 
 
 def _fs_own_problem(st, euid):

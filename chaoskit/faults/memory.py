@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from chaoskit.cluster.cgroups import cgroup_helpers
+from chaoskit import nodeside
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
@@ -61,6 +61,7 @@ from chaoskit.faults.node_tool import (
     until_reverted,
     wait_node_file,
 )
+from chaoskit.nodeside import cgroups
 
 __all__ = ["OomFault", "OomSpec", "MEMORY_TOOL", "BALLAST", "BALLAST_NAME", "CGROUP_PREFIX"]
 
@@ -74,172 +75,11 @@ MAX_LIMIT_MIB = 1 << 20
 BALLAST_NAME = "ck-oom-ballast"
 """The ballast's process name (``comm``), as the kernel's OOM lines show it."""
 
-MEMORY_TOOL = helper_source(r"""
-import json, os, signal, sys, time
-""" + cgroup_helpers("memory") + r"""
-def state_of(path):
-    check_dir(os.path.dirname(path))  # chaoskit's own folder, or nothing is done
-    return path
-def ballast_of(state, ballast):
-    return inside(os.path.dirname(state), ballast)
-op = sys.argv[1]
-if op == "probe":
-    version, mount = pick()
-    print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
-elif op == "cap":
-    name, limit, state = sys.argv[2], int(sys.argv[3]), state_of(sys.argv[4])
-    ballast = ballast_of(state, sys.argv[5])
-    pids = [int(p) for p in sys.argv[6:]]
-    version, mount = pick()
-    if version is None:
-        sys.exit("no cgroup memory controller on this node")
-    original = {}
-    for pid in pids:
-        try:
-            original[pid] = own(pid, version)
-        except OSError:
-            pass
-    if not original:
-        sys.exit("the rank's processes are gone")
-    parent = "/" if version == "v2" else original[pids[0]] if pids[0] in original else "/"
-    target = os.path.join(mount, parent.lstrip("/"), name)
-    create_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original,
-                                   "ballast": ballast}))
-    os.mkdir(target)
-    if version == "v2":
-        with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
-            enabled = fh.read().split()
-        if "memory" not in enabled:
-            write(os.path.join(mount, "cgroup.subtree_control"), "+memory")
-        write(os.path.join(target, "memory.max"), str(limit))
-        if os.path.exists(os.path.join(target, "memory.swap.max")):
-            write(os.path.join(target, "memory.swap.max"), "0")
-    else:
-        write(os.path.join(target, "memory.limit_in_bytes"), str(limit))
-        if os.path.exists(os.path.join(target, "memory.memsw.limit_in_bytes")):
-            write(os.path.join(target, "memory.memsw.limit_in_bytes"), str(limit))
-    moved = []
-    for pid in original:
-        try:
-            write(os.path.join(target, "cgroup.procs"), str(pid))
-            moved.append(pid)
-        except OSError:
-            pass
-    adj = {}
-    try:
-        write("/proc/self/oom_score_adj", "-999")  # the ballast (same credentials) can put itself last
-    except OSError:
-        for pid in moved:  # no CAP_SYS_RESOURCE (a container): put the rank first instead, undone at restore
-            try:
-                with open("/proc/%d/oom_score_adj" % pid) as fh:
-                    adj[pid] = fh.read().strip()
-                write("/proc/%d/oom_score_adj" % pid, "1000")
-            except OSError:
-                pass
-    write_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original,
-                                  "ballast": ballast, "oom_score_adj": adj}))
-    print(json.dumps({"version": version, "cgroup": target, "limit_bytes": limit, "moved": moved,
-                      "victim_first": sorted(adj)}))
-elif op == "restore":
-    state = state_of(sys.argv[2])
-    text = read_file(state)
-    if text is None:
-        sys.exit(0)
-    info = json.loads(text)
-    target, mount, ballast = info["cgroup"], info["mount"], ballast_of(state, info["ballast"])
-    make_dirs(os.path.dirname(state), ballast)  # made now, a ballast not started yet never starts
-    touch_file(os.path.join(ballast, "stop"))
-    try:
-        os.kill(int((read_file(os.path.join(ballast, "started")) or "").split()[1]), signal.SIGKILL)
-    except (OSError, ValueError, IndexError):
-        pass
-    for pid, value in info.get("oom_score_adj", {}).items():
-        try:
-            write("/proc/%s/oom_score_adj" % pid, value)
-        except OSError:
-            pass
-    original = {int(k): v for k, v in info["original"].items()}
-    fallback = next(iter(original.values()), "/")
-    for _ in range(50):
-        left = procs(target)
-        if not left:
-            break
-        for pid in left:
-            back = os.path.join(mount, original.get(pid, fallback).lstrip("/"))
-            try:
-                write(os.path.join(back, "cgroup.procs"), str(pid))
-            except OSError:
-                try:
-                    write(os.path.join(mount, "cgroup.procs"), str(pid))
-                except OSError:
-                    pass
-        time.sleep(0.02)
-    for _ in range(50):
-        try:
-            os.rmdir(target)
-            break
-        except FileNotFoundError:
-            break
-        except OSError:
-            time.sleep(0.1)  # a killed ballast still exiting
-    for leftover in ("started", "stop", "exited"):
-        try:
-            os.unlink(os.path.join(ballast, leftover))
-        except OSError:
-            pass
-    try:
-        os.rmdir(ballast)
-    except OSError:
-        pass
-    os.unlink(state)
-elif op == "check":
-    state, target = state_of(sys.argv[2]), sys.argv[3]
-    left = os.path.exists(target) or os.path.lexists(state)
-    print("cgroup %s is still there" % target if left else "")
-""")
-"""``python3 -I -c MEMORY_TOOL probe | cap NAME LIMIT_BYTES STATE BALLAST_DIR PID... | restore STATE | check STATE CGROUP``."""
+MEMORY_TOOL = helper_source(nodeside.source("memory_tool"), cgroups, CONTROLLER="memory")
+"""``python3 -I -c MEMORY_TOOL probe | cap ... | restore STATE | check STATE CGROUP`` (:mod:`chaoskit.nodeside.memory_tool`)."""
 
-BALLAST = helper_source(r"""
-import ctypes, os, sys, time
-try:
-    ctypes.CDLL(None).prctl(15, b"%s", 0, 0, 0)  # PR_SET_NAME: the kmsg probe knows the ballast's kill is not the rank's
-except (OSError, AttributeError):
-    pass
-procs, d, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
-ranks = [int(p) for p in sys.argv[4:]]
-check_dir(os.path.dirname(d))
-os.mkdir(d, 0o700)
-with open(procs, "w") as fh:
-    fh.write(str(os.getpid()))
-try:
-    with open("/proc/self/oom_score_adj", "w") as fh:
-        fh.write("-999")
-except OSError:
-    pass  # no CAP_SYS_RESOURCE: the cap raised the rank's own score instead
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-create_file(os.path.join(d, "started"), "%f %d\n" % (time.time(), os.getpid()))
-held, reason = [], None
-while reason is None:
-    if os.path.exists(os.path.join(d, "stop")):
-        reason = "stopped"
-    elif time.time() >= deadline:
-        reason = "deadline"
-    elif not any(alive(p) for p in ranks):
-        reason = "rank gone"
-    elif len(held) < 65536:
-        held.append(b"\x01" * (1 << 20))  # written, not just reserved: every page is charged to the cgroup
-    else:
-        time.sleep(0.05)
-del held
-create_file(os.path.join(d, "exited"), "%f %s\n" % (time.time(), reason))
-""".replace("%s", BALLAST_NAME, 1))
-"""``python3 -I -c BALLAST CGROUP_PROCS DIR DURATION_S RANK_PID...``: joins the cgroup, fills it a MiB at a time
-until every rank process is gone (or ``DIR/stop``, or the deadline); writes ``DIR/started`` and ``DIR/exited``."""
+BALLAST = helper_source(nodeside.source("ballast"), BALLAST_NAME=BALLAST_NAME)
+"""``python3 -I -c BALLAST CGROUP_PROCS DIR DURATION_S RANK_PID...`` (:mod:`chaoskit.nodeside.ballast`)."""
 
 
 class OomSpec(FaultSpec):

@@ -32,9 +32,10 @@ VERIFY_S = 5.0
 """How long a verify waits for the node to show the fault gone (a killed helper still exiting)."""
 
 
-def helper_source(source: str) -> str:
-    """``source`` as one program for ``python3 -I -c``: nodefs' functions first (``check_dir``, ``create_file``, ...)."""
-    return bundle(source)
+def helper_source(source: str, *modules: Any, **constants: Any) -> str:
+    """``source`` (a :mod:`chaoskit.nodeside` program) as one program for ``python3 -I -c``: nodefs' functions first
+    (``check_dir``, ``create_file``, ...), then the shared node-side ``modules`` it uses, then its ``constants``."""
+    return bundle(source, *modules, **constants)
 
 
 def helper_argv(python: str, source: str, *args: str) -> list[str]:

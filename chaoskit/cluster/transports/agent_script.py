@@ -48,10 +48,11 @@ import threading
 import time
 
 try:
-    StateDirError  # noqa: B018 - defined when the controller put nodefs' source in front of this one
+    StateDirError  # noqa: B018 - defined when the controller put nodefs' (and jobscope's) source in front of this one
 except NameError:  # imported on the controller (tests, BOOT)
     from chaoskit.cluster.nodefs import StateDirError, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
     from chaoskit.cluster.nodefs import inside as _inside_dir
+    from chaoskit.nodeside.jobscope import job_marks, job_owns, uid_of  # noqa: I001 - bundled after nodefs on a node
 
     CHAOSKIT_WORKDIR = None
 else:
@@ -106,18 +107,6 @@ ENV_PREFIXES = ("TORCHELASTIC_", "CHAOSKIT_")
 Kept equal to chaoskit.cluster.transports.api.PROC_ENV_KEYS/PREFIXES (a test checks)."""
 
 
-def _uid_of(pid):
-    """The real uid of ``pid`` (``/proc/PID/status``), or None."""
-    try:
-        with open("/proc/%d/status" % pid, "rb") as fh:
-            for line in fh:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _proc(pid):
     base = "/proc/%d" % pid
     try:
@@ -143,7 +132,7 @@ def _proc(pid):
     except (IndexError, ValueError):
         return None
     return {"pid": pid, "ppid": int(rest[1]), "cmdline": cmdline, "env": env, "state": rest[0],
-            "uid": _uid_of(pid), "start": start}
+            "uid": uid_of(pid), "start": start}
 
 
 def _wire(info):
@@ -167,21 +156,13 @@ def _in_node(info, scope):
 
 
 def _owned(info, job):
-    """Same uid and Slurm job as the drilled job (where it names them)."""
-    if job.get("uid") is not None and info["uid"] != int(job["uid"]):
-        return False
-    if job.get("slurm_job") is not None and info["env"].get("SLURM_JOB_ID") != str(job["slurm_job"]):
-        return False
-    return True
+    """Same uid and Slurm job as the drilled job (:func:`chaoskit.nodeside.jobscope.job_owns`)."""
+    return job_owns(info["uid"], info["env"], job)
 
 
 def _carries(info, job):
-    """Whether the process itself carries every mark of the drilled job (its run id, uid, Slurm job)."""
-    if job.get("pending"):
-        return False
-    if job.get("run_id") is not None and info["env"].get("TORCHELASTIC_RUN_ID") != str(job["run_id"]):
-        return False
-    return _owned(info, job)
+    """Whether the process itself carries every mark of the drilled job (:func:`chaoskit.nodeside.jobscope.job_marks`)."""
+    return job_marks(info["uid"], info["env"], job)
 
 
 def _child_procs(pid):

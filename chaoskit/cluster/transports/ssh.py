@@ -76,6 +76,7 @@ from chaoskit.cluster.transports.api import (
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
+from chaoskit.nodeside import jobscope
 
 __all__ = [
     "SSHTransport",
@@ -104,7 +105,7 @@ re-key, the keepalive every 5 s) is not needed more often than this (a close doe
 
 def agent_program(workdir: str | None) -> bytes:
     """The program the agent runs on a node: nodefs' source, the state folder asked for, the agent."""
-    return bundle(AGENT_SOURCE, CHAOSKIT_WORKDIR=workdir).encode("utf-8")
+    return bundle(AGENT_SOURCE, jobscope, CHAOSKIT_WORKDIR=workdir).encode("utf-8")
 
 
 GRACE_S = 2.0

@@ -1,17 +1,11 @@
-"""What node-side cgroup tools share: finding a controller's hierarchy and a process's cgroup in it.
-
-Faults that act through cgroups (``node.slow``, ``mem.oom``) ship a small stdlib script to the node and run
-it there; :func:`cgroup_helpers` is the part they share, for one controller (``cpu``, ``memory``): the v2
-hierarchy when it has that controller, else the v1 one.
+"""What the node-side cgroup tools share (:mod:`.memory_tool`, :mod:`.cpu_tool`): finding a controller's hierarchy
+and a process's cgroup in it, for ``CONTROLLER`` (``cpu``, ``memory``), which the controller sets in front of it:
+the v2 hierarchy when it has that controller, else the v1 one.
 """
 
-from __future__ import annotations
+import os
 
-import json
 
-__all__ = ["cgroup_helpers"]
-
-_HELPERS = r"""
 def mounts():
     v1 = v2 = None
     with open("/proc/self/mounts") as fh:
@@ -22,6 +16,8 @@ def mounts():
             if fs == "cgroup" and CONTROLLER in opts.split(",") and v1 is None:
                 v1 = path
     return v1, v2
+
+
 def pick():
     v1, v2 = mounts()
     if v2 is not None:
@@ -34,6 +30,8 @@ def pick():
     if v1 is not None:
         return "v1", v1
     return None, None
+
+
 def own(pid, version):
     with open("/proc/%d/cgroup" % pid) as fh:
         for line in fh:
@@ -43,19 +41,16 @@ def own(pid, version):
             if version == "v1" and CONTROLLER in ctrl.split(","):
                 return path
     return "/"
+
+
 def write(path, text):
     with open(path, "w") as fh:
         fh.write(text)
+
+
 def procs(path):
     try:
         with open(os.path.join(path, "cgroup.procs")) as fh:
             return [int(x) for x in fh.read().split()]
     except OSError:
         return []
-"""
-
-
-def cgroup_helpers(controller: str) -> str:
-    """Python source defining ``mounts``, ``pick`` (version and mount point), ``own`` (a pid's cgroup path),
-    ``write`` and ``procs`` for ``controller``; the caller's script imports json, os and sys."""
-    return f"CONTROLLER = {json.dumps(controller)}\n" + _HELPERS.lstrip("\n")

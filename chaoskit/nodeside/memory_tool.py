@@ -1,0 +1,134 @@
+"""mem.oom's tool: probe the node's memory cgroups, cap the ranks' memory, restore them, check nothing is left.
+
+The cgroup helpers (:mod:`chaoskit.nodeside.cgroups`, ``CONTROLLER = "memory"``) come in front of it.
+
+``python3 -I -c MEMORY_TOOL probe | cap NAME LIMIT_BYTES STATE BALLAST_DIR PID... | restore STATE | check STATE CGROUP``.
+"""
+
+import json, os, signal, sys, time
+
+
+def main():
+    def state_of(path):
+        check_dir(os.path.dirname(path))  # chaoskit's own folder, or nothing is done
+        return path
+    def ballast_of(state, ballast):
+        return inside(os.path.dirname(state), ballast)
+    op = sys.argv[1]
+    if op == "probe":
+        version, mount = pick()
+        print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
+    elif op == "cap":
+        name, limit, state = sys.argv[2], int(sys.argv[3]), state_of(sys.argv[4])
+        ballast = ballast_of(state, sys.argv[5])
+        pids = [int(p) for p in sys.argv[6:]]
+        version, mount = pick()
+        if version is None:
+            sys.exit("no cgroup memory controller on this node")
+        original = {}
+        for pid in pids:
+            try:
+                original[pid] = own(pid, version)
+            except OSError:
+                pass
+        if not original:
+            sys.exit("the rank's processes are gone")
+        parent = "/" if version == "v2" else original[pids[0]] if pids[0] in original else "/"
+        target = os.path.join(mount, parent.lstrip("/"), name)
+        create_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original,
+                                       "ballast": ballast}))
+        os.mkdir(target)
+        if version == "v2":
+            with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
+                enabled = fh.read().split()
+            if "memory" not in enabled:
+                write(os.path.join(mount, "cgroup.subtree_control"), "+memory")
+            write(os.path.join(target, "memory.max"), str(limit))
+            if os.path.exists(os.path.join(target, "memory.swap.max")):
+                write(os.path.join(target, "memory.swap.max"), "0")
+        else:
+            write(os.path.join(target, "memory.limit_in_bytes"), str(limit))
+            if os.path.exists(os.path.join(target, "memory.memsw.limit_in_bytes")):
+                write(os.path.join(target, "memory.memsw.limit_in_bytes"), str(limit))
+        moved = []
+        for pid in original:
+            try:
+                write(os.path.join(target, "cgroup.procs"), str(pid))
+                moved.append(pid)
+            except OSError:
+                pass
+        adj = {}
+        try:
+            write("/proc/self/oom_score_adj", "-999")  # the ballast (same credentials) can put itself last
+        except OSError:
+            for pid in moved:  # no CAP_SYS_RESOURCE (a container): put the rank first instead, undone at restore
+                try:
+                    with open("/proc/%d/oom_score_adj" % pid) as fh:
+                        adj[pid] = fh.read().strip()
+                    write("/proc/%d/oom_score_adj" % pid, "1000")
+                except OSError:
+                    pass
+        write_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original,
+                                      "ballast": ballast, "oom_score_adj": adj}))
+        print(json.dumps({"version": version, "cgroup": target, "limit_bytes": limit, "moved": moved,
+                          "victim_first": sorted(adj)}))
+    elif op == "restore":
+        state = state_of(sys.argv[2])
+        text = read_file(state)
+        if text is None:
+            sys.exit(0)
+        info = json.loads(text)
+        target, mount, ballast = info["cgroup"], info["mount"], ballast_of(state, info["ballast"])
+        make_dirs(os.path.dirname(state), ballast)  # made now, a ballast not started yet never starts
+        touch_file(os.path.join(ballast, "stop"))
+        try:
+            os.kill(int((read_file(os.path.join(ballast, "started")) or "").split()[1]), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+        for pid, value in info.get("oom_score_adj", {}).items():
+            try:
+                write("/proc/%s/oom_score_adj" % pid, value)
+            except OSError:
+                pass
+        original = {int(k): v for k, v in info["original"].items()}
+        fallback = next(iter(original.values()), "/")
+        for _ in range(50):
+            left = procs(target)
+            if not left:
+                break
+            for pid in left:
+                back = os.path.join(mount, original.get(pid, fallback).lstrip("/"))
+                try:
+                    write(os.path.join(back, "cgroup.procs"), str(pid))
+                except OSError:
+                    try:
+                        write(os.path.join(mount, "cgroup.procs"), str(pid))
+                    except OSError:
+                        pass
+            time.sleep(0.02)
+        for _ in range(50):
+            try:
+                os.rmdir(target)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)  # a killed ballast still exiting
+        for leftover in ("started", "stop", "exited"):
+            try:
+                os.unlink(os.path.join(ballast, leftover))
+            except OSError:
+                pass
+        try:
+            os.rmdir(ballast)
+        except OSError:
+            pass
+        os.unlink(state)
+    elif op == "check":
+        state, target = state_of(sys.argv[2]), sys.argv[3]
+        left = os.path.exists(target) or os.path.lexists(state)
+        print("cgroup %s is still there" % target if left else "")
+
+
+if __name__ == "__main__":
+    main()
