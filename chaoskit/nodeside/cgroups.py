@@ -3,7 +3,9 @@ and a process's cgroup in it, for ``CONTROLLER`` (``cpu``, ``memory``), which th
 the v2 hierarchy when it has that controller, else the v1 one.
 """
 
+import json
 import os
+import time
 
 
 def mounts():
@@ -54,3 +56,66 @@ def procs(path):
             return [int(x) for x in fh.read().split()]
     except OSError:
         return []
+
+
+def probe():
+    """``probe``: print the controller's hierarchy (version, mount) and whether this program runs as root."""
+    version, mount = pick()
+    print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
+
+
+def originals(pids, version):
+    """pid -> its cgroup now, for the pids still there."""
+    original = {}
+    for pid in pids:
+        try:
+            original[pid] = own(pid, version)
+        except OSError:
+            pass
+    return original
+
+
+def enable(mount):
+    """On v2: the controller enabled for the root's children (``cgroup.subtree_control``)."""
+    with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
+        enabled = fh.read().split()
+    if CONTROLLER not in enabled:
+        write(os.path.join(mount, "cgroup.subtree_control"), "+" + CONTROLLER)
+
+
+def move_in(target, pids):
+    """Move each pid into ``target``; the pids moved (one gone meanwhile is not)."""
+    moved = []
+    for pid in pids:
+        try:
+            write(os.path.join(target, "cgroup.procs"), str(pid))
+            moved.append(pid)
+        except OSError:
+            pass
+    return moved
+
+
+def move_back(target, mount, original):
+    """Every process left in ``target`` back to its own cgroup (``original``: pid -> path; a child it forked
+    meanwhile goes where its parent came from), else to the root; a few passes, for processes forking meanwhile."""
+    fallback = next(iter(original.values()), "/")
+    for _ in range(50):
+        left = procs(target)
+        if not left:
+            return
+        for pid in left:
+            back = os.path.join(mount, original.get(pid, fallback).lstrip("/"))
+            try:
+                write(os.path.join(back, "cgroup.procs"), str(pid))
+            except OSError:
+                try:
+                    write(os.path.join(mount, "cgroup.procs"), str(pid))
+                except OSError:
+                    pass
+        time.sleep(0.02)
+
+
+def check(state, target):
+    """``check``: print what is left of the fault (its cgroup, its state file), or an empty line."""
+    left = os.path.exists(target) or os.path.lexists(state)
+    print("cgroup %s is still there" % target if left else "")

@@ -1,6 +1,7 @@
 """mem.oom's tool: probe the node's memory cgroups, cap the ranks' memory, restore them, check nothing is left.
 
-The cgroup helpers (:mod:`chaoskit.nodeside.cgroups`, ``CONTROLLER = "memory"``) come in front of it.
+The cgroup helpers (:mod:`chaoskit.nodeside.cgroups`, ``CONTROLLER = "memory"``) come in front of it: the probe, the
+moves in and back and the check are theirs.
 
 ``python3 -I -c MEMORY_TOOL probe | cap NAME LIMIT_BYTES STATE BALLAST_DIR PID... | restore STATE | check STATE CGROUP``.
 """
@@ -16,8 +17,7 @@ def main():
         return inside(os.path.dirname(state), ballast)
     op = sys.argv[1]
     if op == "probe":
-        version, mount = pick()
-        print(json.dumps({"version": version, "mount": mount, "root": os.geteuid() == 0}))
+        probe()
     elif op == "cap":
         name, limit, state = sys.argv[2], int(sys.argv[3]), state_of(sys.argv[4])
         ballast = ballast_of(state, sys.argv[5])
@@ -25,12 +25,7 @@ def main():
         version, mount = pick()
         if version is None:
             sys.exit("no cgroup memory controller on this node")
-        original = {}
-        for pid in pids:
-            try:
-                original[pid] = own(pid, version)
-            except OSError:
-                pass
+        original = originals(pids, version)
         if not original:
             sys.exit("the rank's processes are gone")
         parent = "/" if version == "v2" else original[pids[0]] if pids[0] in original else "/"
@@ -39,10 +34,7 @@ def main():
                                        "ballast": ballast}))
         os.mkdir(target)
         if version == "v2":
-            with open(os.path.join(mount, "cgroup.subtree_control")) as fh:
-                enabled = fh.read().split()
-            if "memory" not in enabled:
-                write(os.path.join(mount, "cgroup.subtree_control"), "+memory")
+            enable(mount)
             write(os.path.join(target, "memory.max"), str(limit))
             if os.path.exists(os.path.join(target, "memory.swap.max")):
                 write(os.path.join(target, "memory.swap.max"), "0")
@@ -50,13 +42,7 @@ def main():
             write(os.path.join(target, "memory.limit_in_bytes"), str(limit))
             if os.path.exists(os.path.join(target, "memory.memsw.limit_in_bytes")):
                 write(os.path.join(target, "memory.memsw.limit_in_bytes"), str(limit))
-        moved = []
-        for pid in original:
-            try:
-                write(os.path.join(target, "cgroup.procs"), str(pid))
-                moved.append(pid)
-            except OSError:
-                pass
+        moved = move_in(target, original)
         adj = {}
         try:
             write("/proc/self/oom_score_adj", "-999")  # the ballast (same credentials) can put itself last
@@ -90,22 +76,7 @@ def main():
                 write("/proc/%s/oom_score_adj" % pid, value)
             except OSError:
                 pass
-        original = {int(k): v for k, v in info["original"].items()}
-        fallback = next(iter(original.values()), "/")
-        for _ in range(50):
-            left = procs(target)
-            if not left:
-                break
-            for pid in left:
-                back = os.path.join(mount, original.get(pid, fallback).lstrip("/"))
-                try:
-                    write(os.path.join(back, "cgroup.procs"), str(pid))
-                except OSError:
-                    try:
-                        write(os.path.join(mount, "cgroup.procs"), str(pid))
-                    except OSError:
-                        pass
-            time.sleep(0.02)
+        move_back(target, mount, {int(k): v for k, v in info["original"].items()})
         for _ in range(50):
             try:
                 os.rmdir(target)
@@ -125,9 +96,7 @@ def main():
             pass
         os.unlink(state)
     elif op == "check":
-        state, target = state_of(sys.argv[2]), sys.argv[3]
-        left = os.path.exists(target) or os.path.lexists(state)
-        print("cgroup %s is still there" % target if left else "")
+        check(state_of(sys.argv[2]), sys.argv[3])
 
 
 if __name__ == "__main__":
