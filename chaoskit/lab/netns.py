@@ -23,7 +23,6 @@ rules gone, links up) and sshd restarted; *status* exits 0 when the node is on.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -41,6 +40,7 @@ from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.xid import lab_pci
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
+from chaoskit.lab.admin import lab_main
 from chaoskit.faults.network import QDISC_HANDLE
 
 __all__ = ["NetnsLab", "netns_lab_dir", "require_netns_tools"]
@@ -533,40 +533,8 @@ def _sshd_running() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m chaoskit.lab.netns``: the lab's power commands, and up/down/status for debugging."""
-    parser = argparse.ArgumentParser(prog="python -m chaoskit.lab.netns")
-    parser.add_argument("--dir", dest="directory", default=None)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p_power = sub.add_parser("power")
-    p_power.add_argument("action", choices=["off", "on", "status"])
-    p_power.add_argument("--dir", dest="directory", default=argparse.SUPPRESS)
-    p_power.add_argument("node")
-    p_up = sub.add_parser("up")
-    p_up.add_argument("--nodes", type=int, default=2)
-    p_up.add_argument("--spare", type=int, default=0)
-    sub.add_parser("down")
-    sub.add_parser("status")
-    args = parser.parse_args(argv)
-    try:
-        if args.cmd == "up":
-            lab = NetnsLab.create(args.nodes, args.spare, args.directory)
-            print(lab.inventory_path)
-            return 0
-        lab = NetnsLab.load(args.directory)
-        if lab is None:
-            print("no netns lab is up", file=sys.stderr)
-            return 3
-        if args.cmd == "down":
-            lab.down()
-            return 0
-        if args.cmd == "status":
-            print(json.dumps(lab.status(), indent=2))
-            return 0
-        on = lab.power(args.node, args.action)
-        print("on" if on else "off")
-        return 0 if on or args.action == "off" else 1
-    except InfraError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+    return lab_main(argv, "python -m chaoskit.lab.netns", "netns lab", lambda nodes, spare, directory: NetnsLab.create(nodes, spare, directory),
+                    NetnsLab.load, lambda lab: lab.inventory_path)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ does; ``ReturnToService=2`` lets slurmctld take it back when it registers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -45,6 +44,7 @@ from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.core.errors import InfraError
 from chaoskit.core.shell import shell_quote
 from chaoskit.core.state import state_dir
+from chaoskit.lab.admin import lab_main
 from chaoskit.lab.netns import NetnsLab, require_netns_tools
 
 __all__ = ["SlurmLab", "slurm_lab_dir", "require_slurm_tools", "DEFAULT_SETTINGS", "PARTITION", "HEALTHCHECK"]
@@ -463,40 +463,8 @@ def _kill_marked(marker: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m chaoskit.lab.slurm``: the lab's power commands, and up/down/status for debugging."""
-    parser = argparse.ArgumentParser(prog="python -m chaoskit.lab.slurm")
-    parser.add_argument("--dir", dest="directory", default=None)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p_power = sub.add_parser("power")
-    p_power.add_argument("action", choices=["off", "on", "status"])
-    p_power.add_argument("--dir", dest="directory", default=argparse.SUPPRESS)
-    p_power.add_argument("node")
-    p_up = sub.add_parser("up")
-    p_up.add_argument("--nodes", type=int, default=2)
-    p_up.add_argument("--spare", type=int, default=0)
-    sub.add_parser("down")
-    sub.add_parser("status")
-    args = parser.parse_args(argv)
-    try:
-        if args.cmd == "up":
-            lab = SlurmLab.create(args.nodes, args.spare, directory=args.directory)
-            print(lab.conf_path)
-            return 0
-        lab = SlurmLab.load(args.directory)
-        if lab is None:
-            print("no Slurm lab is up", file=sys.stderr)
-            return 3
-        if args.cmd == "down":
-            lab.down()
-            return 0
-        if args.cmd == "status":
-            print(json.dumps(lab.status(), indent=2))
-            return 0
-        on = lab.power(args.node, args.action)
-        print("on" if on else "off")
-        return 0 if on or args.action == "off" else 1
-    except InfraError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+    return lab_main(argv, "python -m chaoskit.lab.slurm", "Slurm lab", lambda nodes, spare, directory: SlurmLab.create(nodes, spare, directory=directory),
+                    SlurmLab.load, lambda lab: lab.conf_path)
 
 
 if __name__ == "__main__":
