@@ -512,6 +512,8 @@ class _Run:
         every_group = self.sc.workload.recovery == "torchft"
 
         def steady() -> bool:
+            if isinstance(self.job, AttachedJob) and self.job.scope is None:
+                return False  # steps from the log files say nothing of whose processes would be hit
             if (self.bus.last_step or 0) < need:
                 return False
             if not every_group:
