@@ -28,6 +28,7 @@ from chaoskit.cluster.clock import measure_clock
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.kernel import netem_available
+from chaoskit.cluster.policy import origin
 from chaoskit.cluster.selectors import select_nodes
 from chaoskit.cluster.transports.api import ProcInfo, Transport
 from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError, parallel
@@ -85,6 +86,8 @@ class Diagnosis:
     faults: list[dict[str, Any]] = field(default_factory=list)
     """With a scenario: one entry per fault (kind, nodes, ``missing``: what a node lacks)."""
     scope: dict[str, Any] | None = None
+    policy: str | None = None
+    """Which site policy applied to the inventory, and from where (:func:`~chaoskit.cluster.policy.origin`)."""
     """With an attach scenario: the jobs matching ``workload.process`` (``jobs``), the one drilled
     (``chosen``), what stops a run (``problem``), and per regex the processes matching outside the
     drilled job's scope (``outside``: ``[{"what", "regex", "inside", "outside"}]``)."""
@@ -96,7 +99,8 @@ class Diagnosis:
 
     def as_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "scenario": self.scenario, "ok": self.ok,
-                "nodes": [asdict(n) for n in self.nodes], "faults": self.faults, "scope": self.scope}
+                "nodes": [asdict(n) for n in self.nodes], "faults": self.faults, "scope": self.scope,
+                "policy": self.policy}
 
 
 def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None, max_workers: int = 32) -> Diagnosis:
@@ -121,6 +125,7 @@ def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None
     if loaded is not None:
         diagnosis.faults = _fault_needs(loaded.model, inventory, {h.node: h for h in health})
     diagnosis.scope = scope
+    diagnosis.policy = origin(inventory.policy)
     return diagnosis
 
 

@@ -64,7 +64,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
-from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy
+from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy, with_origin
 from chaoskit.cluster.xid import normalize_pci
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import NAME_RE, StrictModel
@@ -295,6 +295,8 @@ def _policy(loaded: LoadedInventory) -> "SitePolicy | None | list[ScenarioError]
         file = Path(value).expanduser()
         file = file if file.is_absolute() else loaded.path.parent / file
         res = load_policy_file(file)
+        if not isinstance(res, list):
+            return with_origin(res, [f"{file} (named by inventory {loaded.path})"])
         if isinstance(res, list):
             where = loaded.source.at(("policy",))
             for err in res:
@@ -303,7 +305,7 @@ def _policy(loaded: LoadedInventory) -> "SitePolicy | None | list[ScenarioError]
                 else:
                     err.message = f"{err.message} (policy of {where})"
         return res
-    return value
+    return with_origin(value, [f"inventory {loaded.path} (its policy:)"])
 
 
 def _python_errors(loaded: LoadedInventory) -> list[ScenarioError]:
