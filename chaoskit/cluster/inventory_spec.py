@@ -65,8 +65,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
 from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy, with_origin
+from chaoskit.cluster.ssh_paths import config_problems, inside, ssh_roots
 from chaoskit.cluster.xid import normalize_pci
-from chaoskit.core.errors import ScenarioError
+from chaoskit.core.errors import ScenarioError, SourcePos
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
@@ -283,6 +284,7 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
         seen.setdefault(node.name, i)
     errors += _bastion_errors(loaded, seen)
     errors += _python_errors(loaded)
+    errors += _ssh_path_errors(loaded)
     return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0)) or loaded
 
 
@@ -306,6 +308,50 @@ def _policy(loaded: LoadedInventory) -> "SitePolicy | None | list[ScenarioError]
                     err.message = f"{err.message} (policy of {where})"
         return res
     return with_origin(value, [f"inventory {loaded.path} (its policy:)"])
+
+
+def _ssh_path_errors(loaded: LoadedInventory) -> list[ScenarioError]:
+    """Every ssh.config, ssh.key and ssh.known_hosts inside the allowed roots, and no config that runs a command
+    (:mod:`~chaoskit.cluster.ssh_paths`); a config's problem is at its own line, naming the inventory's."""
+    model, base = loaded.model, loaded.path.parent
+    policy = loaded.policy
+    roots = ssh_roots(policy.ssh_roots if policy is not None else None, base)
+    if not any(n.transport == "ssh" for n in model.nodes) and not model.bastions:
+        return []
+    places: list[tuple[SshSettings | None, tuple[Any, ...]]] = [(model.ssh, ("ssh",))]
+    places += [(node.ssh, ("nodes", i, "ssh")) for i, node in enumerate(model.nodes)]
+    places += [(b.ssh, ("bastions", j, "ssh")) for j, b in enumerate(model.bastions)]
+    errors: list[ScenarioError] = []
+    checked: set[str] = set()
+    for ssh, at in places:
+        if ssh is None:
+            continue
+        top = at == ("ssh",)
+        for field in ("config", "key", "known_hosts"):
+            value = getattr(ssh, field)
+            if not top and field not in ssh.model_fields_set:
+                continue
+            dotted = ".".join(map(str, at + (field,)))
+            if field == "config" and value is None and top:
+                default = Path("~/.ssh/config").expanduser()  # what a node reads when the inventory names none
+                path, where = (str(default), loaded.source.at(at)) if default.is_file() else (None, None)
+            elif value is None or (field == "config" and value == "none"):
+                continue
+            else:
+                full = Path(value).expanduser()
+                path, where = str(full if full.is_absolute() else base / full), loaded.source.at(at + (field,))
+            if path is None:
+                continue
+            if not inside(path, roots):
+                errors.append(ScenarioError(f"{dotted}: {path} is outside the allowed roots ({', '.join(roots)}); "
+                                            "chaoskit reads and writes SSH files there only (site policy ssh_roots)",
+                                            pos=where))
+                continue
+            if field == "config" and path not in checked:
+                checked.add(path)
+                for file, line, col, message in config_problems(path, roots):
+                    errors.append(ScenarioError(f"{message} ({dotted} of {where})", pos=SourcePos(file, line, col)))
+    return errors
 
 
 def _python_errors(loaded: LoadedInventory) -> list[ScenarioError]:

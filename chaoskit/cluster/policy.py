@@ -78,6 +78,9 @@ class SitePolicy(StrictModel):
         "else can write; checked at load, and on each node when the agent starts."))
     max_nodes: int | None = Field(None, ge=1, le=MAX_COUNT, description=(
         "The most nodes one drill may touch: safety.max_nodes, each fault's targets and all faults together."))
+    ssh_roots: list[str] | None = Field(None, description=(
+        "Absolute folders on this machine: every ssh.config (and what it includes), ssh.key and ssh.known_hosts "
+        "must lie inside one; default the operator's ~/.ssh and the inventory's folder."))
     _origin: list[str] = PrivateAttr(default_factory=list)
     """Where it was read: each file (or inventory's inline policy) that narrowed it, widest first."""
 
@@ -89,7 +92,7 @@ class SitePolicy(StrictModel):
                 raise ValueError(f"invalid fault kind pattern {pattern!r}")
         return v
 
-    @field_validator("log_roots", "checkpoint_roots", "python")
+    @field_validator("log_roots", "checkpoint_roots", "python", "ssh_roots")
     @classmethod
     def _absolute(cls, v: list[str] | None) -> list[str] | None:
         for path in v or []:
@@ -253,5 +256,6 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
     both = SitePolicy(faults=kinds(site.faults, own.faults), slurm=site.slurm and own.slurm,
                       log_roots=roots(site.log_roots, own.log_roots),
                       checkpoint_roots=roots(site.checkpoint_roots, own.checkpoint_roots),
-                      python=pythons(site.python, own.python), max_nodes=min(caps) if caps else None)
+                      python=pythons(site.python, own.python), max_nodes=min(caps) if caps else None,
+                      ssh_roots=roots(site.ssh_roots, own.ssh_roots))
     return with_origin(both, site._origin + own._origin)
