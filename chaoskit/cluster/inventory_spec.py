@@ -56,7 +56,9 @@ Relative paths are relative to the inventory file.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -68,6 +70,7 @@ from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, sit
 from chaoskit.cluster.ssh_paths import config_problems, inside, ssh_roots
 from chaoskit.cluster.xid import normalize_pci
 from chaoskit.core.errors import ScenarioError, SourcePos
+from chaoskit.core.trusted import untrusted_program
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
@@ -285,6 +288,7 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
     errors += _bastion_errors(loaded, seen)
     errors += _python_errors(loaded)
     errors += _ssh_path_errors(loaded)
+    errors += _power_and_ray_errors(loaded)
     return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0)) or loaded
 
 
@@ -351,6 +355,37 @@ def _ssh_path_errors(loaded: LoadedInventory) -> list[ScenarioError]:
                 checked.add(path)
                 for file, line, col, message in config_problems(path, roots):
                     errors.append(ScenarioError(f"{message} ({dotted} of {where})", pos=SourcePos(file, line, col)))
+    return errors
+
+
+def _power_and_ray_errors(loaded: LoadedInventory) -> list[ScenarioError]:
+    """A node's power commands run on this machine as the operator: each program only root can change (and one the
+    policy's power_programs names, where it names any); ray: joins a Ray cluster as a driver: one the policy names."""
+    model, policy = loaded.model, loaded.policy
+    errors = []
+    for i, node in enumerate(model.nodes):
+        if node.power is None:
+            continue
+        for action in ("off", "on", "status"):
+            argv = getattr(node.power, action)
+            if not argv:
+                continue
+            where = ("nodes", i, "power", action)
+            program = str(argv[0])
+            found = program if "/" in program else shutil.which(program)
+            if policy is not None and policy.power_programs is not None and (
+                    found is None or found not in policy.power_programs):
+                errors.append(loaded.error(f"nodes.{i}.power.{action}: the site policy lets power commands run only "
+                                           f"{', '.join(policy.power_programs) or 'nothing'}, not {program!r}", *where))
+                continue
+            # absent on this machine: checked again when it runs (run_power_command)
+            problem = untrusted_program(program) if found is not None and os.path.exists(found) else None
+            if problem:
+                errors.append(loaded.error(f"nodes.{i}.power.{action}: {problem}", *where))
+    if model.ray is not None and policy is not None and policy.ray_addresses is not None \
+            and model.ray not in policy.ray_addresses:
+        errors.append(loaded.error(f"ray: the site policy lets chaoskit join only the Ray clusters "
+                                   f"{', '.join(policy.ray_addresses) or '(none)'}, not {model.ray!r}", "ray"))
     return errors
 
 

@@ -81,6 +81,11 @@ class SitePolicy(StrictModel):
     ssh_roots: list[str] | None = Field(None, description=(
         "Absolute folders on this machine: every ssh.config (and what it includes), ssh.key and ssh.known_hosts "
         "must lie inside one; default the operator's ~/.ssh and the inventory's folder."))
+    power_programs: list[str] | None = Field(None, description=(
+        "Absolute paths of the programs a node's power: commands may run (on this machine, as the operator); "
+        "default any program only root can change."))
+    ray_addresses: list[str] | None = Field(None, description=(
+        "The Ray clusters (HOST:PORT, or auto) an inventory's ray: may join as a driver; default any."))
     _origin: list[str] = PrivateAttr(default_factory=list)
     """Where it was read: each file (or inventory's inline policy) that narrowed it, widest first."""
 
@@ -92,7 +97,15 @@ class SitePolicy(StrictModel):
                 raise ValueError(f"invalid fault kind pattern {pattern!r}")
         return v
 
-    @field_validator("log_roots", "checkpoint_roots", "python", "ssh_roots")
+    @field_validator("ray_addresses")
+    @classmethod
+    def _addresses(cls, v: list[str] | None) -> list[str] | None:
+        for address in v or []:
+            if address != "auto" and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]{1,255}:\d{1,5}", address):
+                raise ValueError(f"{address!r} is neither auto nor HOST:PORT")
+        return v
+
+    @field_validator("log_roots", "checkpoint_roots", "python", "ssh_roots", "power_programs")
     @classmethod
     def _absolute(cls, v: list[str] | None) -> list[str] | None:
         for path in v or []:
@@ -257,5 +270,7 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
                       log_roots=roots(site.log_roots, own.log_roots),
                       checkpoint_roots=roots(site.checkpoint_roots, own.checkpoint_roots),
                       python=pythons(site.python, own.python), max_nodes=min(caps) if caps else None,
-                      ssh_roots=roots(site.ssh_roots, own.ssh_roots))
+                      ssh_roots=roots(site.ssh_roots, own.ssh_roots),
+                      power_programs=pythons(site.power_programs, own.power_programs),
+                      ray_addresses=pythons(site.ray_addresses, own.ray_addresses))
     return with_origin(both, site._origin + own._origin)

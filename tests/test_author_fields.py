@@ -205,3 +205,68 @@ def test_trust_on_first_use_appends_only_to_roots_own_regular_file(drill, home):
     ours = folder / "known_hosts.root"
     append_known_host(str(ours), line, roots)
     assert ours.read_text() == line and oct(os.stat(ours).st_mode & 0o777) == "0o600"
+
+
+# -- Slurm's commands and config, power commands, Ray addresses ---------------------------------------------
+
+
+def _fake_tools(folder: Path, marker: Path) -> Path:
+    from chaoskit.backends.inventory import SLURM_TOOLS
+
+    bin_dir = folder / "bin"
+    _sh("runuser", "-u", AUTHOR, "--", "mkdir", str(bin_dir))
+    for tool in SLURM_TOOLS:
+        _write(bin_dir / tool, f"#!/bin/sh\nid -u > {marker}\n")
+        _sh("runuser", "-u", AUTHOR, "--", "chmod", "755", str(bin_dir / tool))
+    return bin_dir
+
+
+def test_an_authors_slurm_commands_and_config_are_refused(drill, listener):
+    """A fake squeue in the author's folder ran as uid 0 before: now cluster.slurm.bin (and a slurm.conf) that someone
+    other than root can change is refused, exit 2, and none of its programs runs."""
+    folder, marker = drill
+    bin_dir = _fake_tools(folder, marker)
+    _inventory(folder, listener.getsockname()[1])
+    scenario = _scenario(folder)
+    text = scenario.read_text().replace("cluster: {inventory: inventory.yaml}",
+                                        f"cluster: {{inventory: inventory.yaml, scheduler: slurm, slurm: {{bin: {bin_dir}}}}}")
+    _write(scenario, text.replace("run_id: x", "slurm_job: '7'"))
+    for argv in (("validate", scenario), ("run", scenario, "--out", folder / "run")):
+        res = run_cli(*argv)
+        assert res.code == 2 and "cluster.slurm.bin:" in res.stderr and "someone other than root" in res.stderr, res.stderr
+    conf = _write(folder / "slurm.conf", "ClusterName=theirs\n")
+    _write(scenario, scenario.read_text().replace(f"bin: {bin_dir}", f"conf: {conf}"))
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and "cluster.slurm.conf:" in res.stderr and "someone other than root" in res.stderr, res.stderr
+    assert not marker.exists() and not _connected(listener)
+
+
+def test_an_authors_power_command_is_refused_at_its_line_and_never_runs(drill, listener):
+    from chaoskit.cluster.power import run_power_command
+    from chaoskit.core.errors import InfraError
+
+    folder, marker = drill
+    script = _write(folder / "off.sh", f"#!/bin/sh\nid -u > {marker}\n")
+    _sh("runuser", "-u", AUTHOR, "--", "chmod", "755", str(script))
+    inv = _inventory(folder, listener.getsockname()[1])
+    _write(inv, inv.read_text().replace("- {name: n1, address: 127.0.0.1}",
+                                        f"- {{name: n1, address: 127.0.0.1, power: {{off: [{script}], on: [/bin/true]}}}}"))
+    res = run_cli("validate", inv)
+    assert res.code == 2 and f"{inv}:4:" in res.stderr and "nodes.0.power.off:" in res.stderr, res.stderr
+    with pytest.raises(InfraError, match="not run: .*someone other than root"):  # and at run time, whatever was validated
+        run_power_command([str(script)], 5, "n1")
+    assert not marker.exists()
+    # a policy's power_programs: only the programs it names
+    _write(inv, inv.read_text().replace(f"off: [{script}]", "off: [/bin/echo, 'off']").replace(
+        "nodes:", "policy: {power_programs: [/bin/true]}\nnodes:"))
+    res = run_cli("validate", inv)
+    assert res.code == 2 and "lets power commands run only /bin/true, not '/bin/echo'" in res.stderr, res.stderr
+
+
+def test_a_ray_address_the_policy_does_not_name_is_refused(drill):
+    folder, _ = drill
+    inv = _write(folder / "ray.yaml", "name: r\npolicy: {ray_addresses: ['127.0.0.1:6379']}\nray: 10.9.9.9:6379\nnodes: []\n")
+    res = run_cli("validate", inv)
+    assert res.code == 2 and f"{inv}:3:" in res.stderr and "not '10.9.9.9:6379'" in res.stderr, res.stderr
+    _write(inv, inv.read_text().replace("10.9.9.9", "127.0.0.1"))
+    assert run_cli("validate", inv).code == 0
