@@ -460,7 +460,8 @@ class _Run:
                        if sc.probes.sdk and sc.workload.launch not in ("uninstrumented", "attach") else None)
         if events_path is not None:
             events_path.touch()
-            self.threads.append(SdkLogProbe(self.bus, events_path))
+            self.sdk_probe = SdkLogProbe(self.bus, events_path)
+            self.threads.append(self.sdk_probe)
         for lf in sc.probes.log_files:
             conn = self.inventory[lf.node].conn
             if Path(lf.path).is_absolute() and isinstance(conn, FileFollower):  # on the node, read there by its agent
@@ -730,7 +731,9 @@ class _Run:
         kmsg_probe = getattr(self, "kmsg_probe", None)
         kernel_logs = [f"kernel log of {e}" for e in (kmsg_probe.errors if kmsg_probe is not None else [])
                        if "cannot read the kernel log" in e][:5]  # a node's log chaoskit could not read: say so
+        sdk_probe = getattr(self, "sdk_probe", None)
         for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
+                        + (sdk_probe.errors if sdk_probe is not None else [])
                         + list(getattr(self.job, "line_errors", None) or [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)

@@ -127,6 +127,11 @@ _LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
+MAX_REPLY_BYTES = 32 << 20
+"""The longest reply line the controller takes from a node's agent (a ``procs`` of every process on a big node, each
+command line capped at the agent's CMDLINE_MAX, is far less); a longer one ends the channel."""
+
+
 class HostKeyError(InfraError):
     """The node's host key is unknown or does not match ``known_hosts``."""
 
@@ -1107,6 +1112,13 @@ class _AgentChannel:
             self._dispatch(bytes(buf[start:nl]))
             start = nl + 1
         del buf[:start]
+        if len(buf) > MAX_REPLY_BYTES:  # a reply without end (what a node sends is bounded): no more of this channel
+            buf.clear()
+            self._die(f"a reply of more than {MAX_REPLY_BYTES >> 20} MiB without a line end; the channel is closed")
+            try:
+                self.chan.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     def _read_loop(self) -> None:
         try:
