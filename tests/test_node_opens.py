@@ -118,3 +118,46 @@ def test_the_controllers_channel_drops_a_reply_that_never_ends():
         assert chan.dead and "without a line end" in chan.reason and len(chan._buf) == 0
     finally:
         theirs.close()
+
+
+def _start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[19])
+
+
+def test_the_ballasts_stored_pid_is_signalled_only_with_its_start_time(planter, tmp_path):
+    """mem.oom's restore SIGKILLs the ballast named in its ``started`` file: a pid that names another process now (the
+    other user's, started after the ballast ended) keeps running; the ballast itself, start time matching, is ended."""
+    import json
+    import sys
+
+    from chaoskit.faults.memory import MEMORY_TOOL
+
+    def restore_with(pid: int, start: int) -> None:
+        state_dir = tmp_path / f"state-{pid}"
+        state_dir.mkdir(mode=0o700)
+        (state_dir / "ballast").mkdir(mode=0o700)
+        (state_dir / "ballast" / "started").write_text(f"{time.time():f} {pid} {start}\n")
+        state = state_dir / "f0.json"
+        state.write_text(json.dumps({"version": "v2", "cgroup": str(state_dir / "no-cgroup"), "mount": "/nonexistent",
+                                     "ballast": str(state_dir / "ballast"), "original": {}, "oom_score_adj": {}}))
+        res = subprocess.run([sys.executable, "-I", "-c", MEMORY_TOOL, "restore", str(state)], capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert not state.exists()
+
+    theirs = subprocess.Popen(["runuser", "-u", USER, "--", "sleep", "60"], start_new_session=True)
+    ballast = subprocess.Popen(["sleep", "60"])
+    try:
+        assert wait_until(lambda: _sh("pgrep", "-u", USER, "-x", "sleep", check=False).stdout.strip(), 10)
+        victim = int(_sh("pgrep", "-u", USER, "-x", "sleep").stdout.split()[0])
+        restore_with(victim, _start_time(victim) - 1)  # the ballast's start time, not this process's
+        assert os.path.exists(f"/proc/{victim}") and _start_time(victim) is not None
+        restore_with(ballast.pid, _start_time(ballast.pid))
+        assert ballast.wait(timeout=10) == -9
+    finally:
+        os.killpg(theirs.pid, 9)
+        theirs.wait()
+        if ballast.poll() is None:
+            ballast.kill()
+            ballast.wait()
