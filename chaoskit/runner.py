@@ -37,6 +37,7 @@ from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
+from chaoskit.core.files import make_run_dir
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
 from chaoskit.core.state import private_dir, state_dir
@@ -274,6 +275,7 @@ class _Run:
         self.run_id = run_id
         # Absolute: the job runs with the run directory as its working directory.
         self.run_dir = (Path(out) if out else Path("reports") / run_id).resolve()
+        self._default_dir = out is None
         self.t0 = time.time()
         self.say = _Progress(console, self.t0)
         self.injections: list[tuple[Fault, Injection]] = []
@@ -297,7 +299,12 @@ class _Run:
         except BaseException:
             self.cluster.teardown()
             raise
-        self.run_dir.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
+        try:  # made now, O_EXCL-like: a default name taken gets a random suffix; never a folder others can write
+            self.run_dir = make_run_dir(self.run_dir, RUN_DIR_MODE, default=self._default_dir).resolve()
+        except BaseException:
+            lock.release()
+            self.cluster.teardown()
+            raise
         self.bus = EventBus(self.run_dir / "events.jsonl")
         # The journal rollback trusts is in chaoskit's own state; the run folder's is a copy for people.
         self.journal = Journal(private_dir("runs", self.run_id) / "journal.jsonl", copy=self.run_dir / "journal.jsonl")

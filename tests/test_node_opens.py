@@ -161,3 +161,36 @@ def test_the_ballasts_stored_pid_is_signalled_only_with_its_start_time(planter, 
         if ballast.poll() is None:
             ballast.kill()
             ballast.wait()
+
+
+# -- the run folder (issue 31, 5) -------------------------------------------------------------------------
+
+
+def test_a_run_folder_name_taken_by_another_user_gets_a_random_suffix_and_theirs_is_never_written(planter, tmp_path):
+    from chaoskit.core.errors import ScenarioError
+    from chaoskit.core.files import make_run_dir, open_append
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    theirs = planter / "collect"
+    _as_user("mkdir", str(theirs))
+    default = reports / "20261202T060000Z-drill"
+    os.symlink(theirs, default)  # planted at the name a run would take (the name is predictable)
+    made = make_run_dir(default, 0o750, default=True)
+    assert made != default and made.name.startswith(default.name + "-") and made.is_dir() and not made.is_symlink()
+    assert os.lstat(made).st_uid == os.geteuid() and os.listdir(theirs) == []
+    for out in (default, theirs):  # --out naming a link, or another user's folder: refused, nothing written
+        with pytest.raises(ScenarioError, match="a link|belongs to uid"):
+            make_run_dir(out, 0o750, default=False)
+    assert os.listdir(theirs) == []
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(ScenarioError, match="can be written by anyone"):
+        make_run_dir(shared / "run", 0o750, default=False)
+    os.chmod(shared, 0o1777)  # sticky: nobody can rename what is ours
+    assert make_run_dir(shared / "run", 0o750, default=False).is_dir()
+    # a file of the run is never written through a link at its name
+    os.symlink(planter / ".profile", made / "events.jsonl")
+    with pytest.raises(OSError):
+        open_append(made / "events.jsonl")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from chaoskit.core.files import open_append
 from chaoskit.core.secrets import redact_value
 
 __all__ = ["EventBus", "Event", "EVENT_KINDS", "make_event", "read_events"]
@@ -47,7 +48,7 @@ class EventBus:
     def __init__(self, path: Path | None = None) -> None:
         self.events: list[Event] = []
         self._cond = threading.Condition()
-        self._fh = open(path, "a", encoding="utf-8") if path else None
+        self._fh = open_append(Path(path)) if path else None  # never through a link planted at its name
         self.last_step: int | None = None
         self._listeners: list[Callable[[Event], None]] = []
 
