@@ -28,6 +28,7 @@ from chaoskit.cluster.clock import measure_clock
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.kernel import netem_available
+from chaoskit.cluster.policy import origin
 from chaoskit.cluster.selectors import select_nodes
 from chaoskit.cluster.transports.api import ProcInfo, Transport
 from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError, parallel
@@ -35,7 +36,8 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import load_scenario
-from chaoskit.workloads.attach import describe_job, describe_job_dict, job_picked, jobs_matching, user_uid
+from chaoskit.workloads.attach import (describe_job, describe_job_dict, job_picked, jobs_matching, operator_uids,
+                                      user_uid, why_not)
 
 __all__ = ["NodeHealth", "Diagnosis", "diagnose", "clock_offset", "job_scope", "TOOLS"]
 
@@ -84,6 +86,8 @@ class Diagnosis:
     faults: list[dict[str, Any]] = field(default_factory=list)
     """With a scenario: one entry per fault (kind, nodes, ``missing``: what a node lacks)."""
     scope: dict[str, Any] | None = None
+    policy: str | None = None
+    """Which site policy applied to the inventory, and from where (:func:`~chaoskit.cluster.policy.origin`)."""
     """With an attach scenario: the jobs matching ``workload.process`` (``jobs``), the one drilled
     (``chosen``), what stops a run (``problem``), and per regex the processes matching outside the
     drilled job's scope (``outside``: ``[{"what", "regex", "inside", "outside"}]``)."""
@@ -95,7 +99,8 @@ class Diagnosis:
 
     def as_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "scenario": self.scenario, "ok": self.ok,
-                "nodes": [asdict(n) for n in self.nodes], "faults": self.faults, "scope": self.scope}
+                "nodes": [asdict(n) for n in self.nodes], "faults": self.faults, "scope": self.scope,
+                "policy": self.policy}
 
 
 def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None, max_workers: int = 32) -> Diagnosis:
@@ -120,6 +125,7 @@ def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None
     if loaded is not None:
         diagnosis.faults = _fault_needs(loaded.model, inventory, {h.node: h for h in health})
     diagnosis.scope = scope
+    diagnosis.policy = origin(inventory.policy)
     return diagnosis
 
 
@@ -136,14 +142,33 @@ def job_scope(sc: Any, inventory: Inventory, nodes: list[Node]) -> dict[str, Any
             continue
     jobs = jobs_matching(tables, pattern, w.slurm_job)
     uids: dict[str, int | None] = {}
-    picked = [j for j in jobs if job_picked(j, w.run_id, w.user, lambda n, u: user_uid(inventory, n, u, uids))]
-    out: dict[str, Any] = {"jobs": [describe_job_dict(j) for j in jobs], "chosen": None, "problem": None, "outside": []}
+    own: dict[str, set[int]] = {}
+
+    def own_uids(node: str) -> set[int]:
+        if node not in own:
+            own[node] = operator_uids(inventory[node].conn)
+        return own[node]
+
+    named = w.run_id is not None or w.user is not None or w.slurm_job is not None
+    # one look (a run looks twice): the scenario's job nodes, or those the jobs are on under Slurm
+    job_nodes = ([n.name for n in inventory.nodes][: getattr(sc.cluster, "nodes", None)] if w.slurm_job is None
+                 else sorted({n for j in jobs for n in j["nodes"]}))
+    selected = [j for j in jobs if job_picked(j, w.run_id, w.user, lambda n, u: user_uid(inventory, n, u, uids))]
+    for j in jobs:
+        j["why_not"] = why_not(j, job_nodes, named, own_uids) if j in selected else ["not the one workload names"]
+    picked = [j for j in selected if not j["why_not"]]
+    out: dict[str, Any] = {"jobs": [{**describe_job_dict(j), "not_taken": j["why_not"]} for j in jobs],
+                           "chosen": None, "problem": None, "outside": []}
     if len(picked) > 1:
         out["problem"] = (f"workload.process '{w.process}' matches the workers of {len(picked)} jobs: "
                           + "; ".join(describe_job(j) for j in picked)
                           + "; a run refuses (pick one with workload.run_id or workload.user)")
     elif picked:
         out["chosen"] = describe_job_dict(picked[0])
+    elif selected:
+        out["problem"] = (f"no job matching '{w.process}' is plausibly the drilled one, so a run would stop before "
+                          "injecting: " + "; ".join(f"{describe_job(j)}, not taken: {', '.join(j['why_not'])}"
+                                                   for j in selected))
     elif jobs:
         out["problem"] = ("no job matching '" + w.process + "' has "
                           + " and ".join(x for x in (f"run id {w.run_id}" if w.run_id else "",

@@ -37,6 +37,7 @@ from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
+from chaoskit.core.files import make_run_dir
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
 from chaoskit.core.state import private_dir, state_dir
@@ -274,6 +275,7 @@ class _Run:
         self.run_id = run_id
         # Absolute: the job runs with the run directory as its working directory.
         self.run_dir = (Path(out) if out else Path("reports") / run_id).resolve()
+        self._default_dir = out is None
         self.t0 = time.time()
         self.say = _Progress(console, self.t0)
         self.injections: list[tuple[Fault, Injection]] = []
@@ -297,7 +299,12 @@ class _Run:
         except BaseException:
             self.cluster.teardown()
             raise
-        self.run_dir.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
+        try:  # made now, O_EXCL-like: a default name taken gets a random suffix; never a folder others can write
+            self.run_dir = make_run_dir(self.run_dir, RUN_DIR_MODE, default=self._default_dir).resolve()
+        except BaseException:
+            lock.release()
+            self.cluster.teardown()
+            raise
         self.bus = EventBus(self.run_dir / "events.jsonl")
         # The journal rollback trusts is in chaoskit's own state; the run folder's is a copy for people.
         self.journal = Journal(private_dir("runs", self.run_id) / "journal.jsonl", copy=self.run_dir / "journal.jsonl")
@@ -460,7 +467,8 @@ class _Run:
                        if sc.probes.sdk and sc.workload.launch not in ("uninstrumented", "attach") else None)
         if events_path is not None:
             events_path.touch()
-            self.threads.append(SdkLogProbe(self.bus, events_path))
+            self.sdk_probe = SdkLogProbe(self.bus, events_path)
+            self.threads.append(self.sdk_probe)
         for lf in sc.probes.log_files:
             conn = self.inventory[lf.node].conn
             if Path(lf.path).is_absolute() and isinstance(conn, FileFollower):  # on the node, read there by its agent
@@ -514,6 +522,8 @@ class _Run:
         every_group = self.sc.workload.recovery == "torchft"
 
         def steady() -> bool:
+            if isinstance(self.job, AttachedJob) and self.job.scope is None:
+                return False  # steps from the log files say nothing of whose processes would be hit
             if (self.bus.last_step or 0) < need:
                 return False
             if not every_group:
@@ -746,7 +756,9 @@ class _Run:
         kmsg_probe = getattr(self, "kmsg_probe", None)
         kernel_logs = [f"kernel log of {e}" for e in (kmsg_probe.errors if kmsg_probe is not None else [])
                        if "cannot read the kernel log" in e][:5]  # a node's log chaoskit could not read: say so
+        sdk_probe = getattr(self, "sdk_probe", None)
         for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
+                        + (sdk_probe.errors if sdk_probe is not None else [])
                         + list(getattr(self.job, "line_errors", None) or [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)

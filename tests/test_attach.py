@@ -47,8 +47,8 @@ LOG_RULES = """\
 class UserJob:
     """A 2-node torchrun job started the way a user's launcher would: one agent per node, output to a log file."""
 
-    def __init__(self, lab, folder: Path, nodes=("n0", "n1")) -> None:
-        self.lab, self.folder, self.nodes = lab, folder, list(nodes)
+    def __init__(self, lab, folder: Path, nodes=("n0", "n1"), max_restarts: int = 3) -> None:
+        self.lab, self.folder, self.nodes, self.max_restarts = lab, folder, list(nodes), max_restarts
         self.procs: list[subprocess.Popen] = []
         self.logs = {node: folder / f"{node}.log" for node in self.nodes}
 
@@ -61,7 +61,7 @@ class UserJob:
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.lab.mgmt_address(self.nodes[0])}:{port}",
                 "--rdzv-id", "users-own-job", "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}",
-                "--max-restarts", "3", "--monitor-interval", "0.1", "--local-addr", self.lab.data_address(node),
+                "--max-restarts", str(self.max_restarts), "--monitor-interval", "0.1", "--local-addr", self.lab.data_address(node),
                 "--log-dir", str(self.folder / "torchelastic" / node),  # torchrun's files with the test's, not in /tmp
                 str(PLAIN_TRAIN), "--steps", "100000", "--step-time", "0.05", "--checkpoint-every", "25",
                 "--checkpoint-dir", str(self.folder / "ckpt"),

@@ -25,10 +25,32 @@ class Bus:
         self.events.append(event)
 
 
-def _worker(lab, node: str, rank: int, run_id: str, tag: str) -> subprocess.Popen:
-    env = {"PATH": "/usr/bin:/bin", "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
-           "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
-    return subprocess.Popen(lab.exec_argv(node, ["sleep", tag]), env=env, start_new_session=True)
+class _Worker:
+    """``sleep TAG`` with torchrun's environment under a stand-in torchrun agent (a shell named ``torchrun``, its
+    parent, as attach requires); ``kill`` ends the worker, and the agent with it."""
+
+    def __init__(self, lab, node: str, rank: int, run_id: str, tag: str) -> None:
+        env = {"PATH": "/usr/bin:/bin", "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
+               "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+        assigns = " ".join(f"{k}={v}" for k, v in env.items())  # the worker's environment, not the agent's
+        self.agent = subprocess.Popen(lab.exec_argv(node, ["bash", "-c", f"exec -a torchrun sh -c '{assigns} sleep {tag} & wait'"]),
+                                      env={"PATH": "/usr/bin:/bin"}, start_new_session=True)
+        children = Path(f"/proc/{self.agent.pid}/task/{self.agent.pid}/children")
+        assert wait_until(lambda: children.exists() and children.read_text().split()
+                          and Path(f"/proc/{children.read_text().split()[0]}/cmdline").read_bytes().startswith(b"sleep"), 10)
+        self.pid = int(children.read_text().split()[0])
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+
+    def wait(self) -> None:
+        self.agent.wait(timeout=10)
+
+    def poll(self):
+        return self.agent.poll()
 
 
 def test_attach_reads_a_nodes_table_only_after_its_watch_stream_spoke(netns_lab):
@@ -39,13 +61,13 @@ def test_attach_reads_a_nodes_table_only_after_its_watch_stream_spoke(netns_lab)
 
     run_id = f"attach-watch-{secrets.token_hex(3)}"
     tag = str(600 + os.getpid() % 300)  # `sleep 6NN`: this test's job, matched by its command line
-    workers = {n: _worker(netns_lab, n, i, run_id, tag) for i, n in enumerate(("n0", "n1"))}
+    workers = {n: _Worker(netns_lab, n, i, run_id, tag) for i, n in enumerate(("n0", "n1"))}
     cluster = InventoryBackend().open(InventorySpec(inventory=str(netns_lab.inventory_path)),
                                       Path(netns_lab.inventory_path).parent)
     watcher = None
     try:
         job = AttachedJob(cluster, Workload(launch="attach", process=f"^sleep {tag}$", run_id=run_id), Path("."), "t")
-        assert wait_until(lambda: len(job.scan()) == 2, 15)  # found by reading every node (no watcher yet)
+        assert wait_until(lambda: len(job.scan()) == 2, 15)  # found by reading every node (no watcher yet), two looks alike
         nodes = {n: cluster.inventory[n].conn for n in ("n0", "n1")}
         watcher = ProcessWatcher(Bus(), nodes, heartbeat_timeout=3.0)
         watcher.start()
@@ -84,7 +106,8 @@ def test_attach_reads_a_nodes_table_only_after_its_watch_stream_spoke(netns_lab)
         if watcher is not None:
             watcher.stop()
         for w in workers.values():
+            w.kill()
             if w.poll() is None:
-                w.kill()
+                w.agent.kill()
             w.wait()
         cluster.teardown()

@@ -5,10 +5,12 @@ test plays two users. Ours (root) runs a real 2-node torchrun job with ``--rdzv-
 and a planted secret in its workers' environment (``MY_TOKEN=s3cret``). A second, unprivileged
 local user (``ckhostile3``, made with ``useradd`` and removed at the end) runs a decoy on n1, in the
 same namespace: the same script name on its command line, ``RANK=1``, a run id of its own. chaoskit
-must: list no environment key it does not read; refuse to attach while both jobs match (listing
-the decoy's); pick ours by ``workload.run_id`` or ``workload.user``; refuse, in the node's agent,
-to signal the decoy or a pid whose start time changed; and kill rank 1 of ours only (one
-injection, the decoy alive afterwards).
+must: list no environment key it does not read; never choose the decoy (another uid, one node of
+two, no torchrun agent), not even while our workers are being replaced and the decoy is the only
+match on the nodes (issue 31: 20 attaches at random points of our job's restarts); stop with exit 3,
+saying what it saw, when only the decoy is named; pick ours by ``workload.run_id`` or
+``workload.user``; refuse, in the node's agent, to signal the decoy or a pid whose start time
+changed; and kill rank 1 of ours only (one injection, the decoy alive afterwards).
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def shared(site, tmp_path_factory):
         os.chown(script, uid, pwd.getpwnam(HOSTILE).pw_gid)
         os.environ["MY_TOKEN"] = SECRET  # our workers inherit it: it must never reach the controller
         try:
-            job = UserJob(site.lab, folder).start()
+            job = UserJob(site.lab, folder, max_restarts=40).start()  # the race test restarts it
         finally:
             if saved is None:
                 os.environ.pop("MY_TOKEN", None)
@@ -182,17 +184,69 @@ def test_procs_answers_carry_only_the_env_keys_chaoskit_reads(shared):
         cluster.teardown()
 
 
-def test_attach_refuses_while_two_jobs_match_and_lists_the_other(shared, tmp_path):
-    sc = _attach_scenario(shared, tmp_path, "", "  - {kind: process.kill, target: {process: 'plain_train\\.py', "
-                                                "ranks: [1]}, at: {after: 1s}}\n")
+def _kill_our_workers(shared: Shared) -> list[int]:
+    """Every worker of our job (both ranks), as a crash does: their torchrun agents start new ones."""
+    killed = []
+    for node, rank in (("n0", 0), ("n1", 1)):
+        try:
+            pid = shared.our_worker(node, rank)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (AssertionError, ProcessLookupError):
+            pass  # already being replaced
+    return killed
+
+
+def test_twenty_attaches_during_our_restarts_never_choose_the_other_users_lookalike(shared):
+    """Issue 31's race: attach while our workers are being replaced, when the decoy is the only process on the nodes
+    that matches. Each attach (no run_id, no user: only ``process``) either chooses our job or nothing; it never
+    chooses the decoy, and the rank-1 target it would kill is ours. (Before the fix the first look chose the decoy.)"""
+    import random
+
+    from chaoskit.cluster.selectors import TargetSpec, resolve_processes
+    from chaoskit.scenario.model import Workload
+    from chaoskit.workloads.attach import AttachedJob
+
+    rng = random.Random(31)
+    cluster = _cluster(shared.site)
+    outcomes = []
+    try:
+        for i in range(20):
+            if i % 2 == 0:
+                _kill_our_workers(shared)
+            time.sleep(rng.uniform(0, 0.6))
+            job = AttachedJob(cluster, Workload(launch="attach", process="plain_train\\.py"), Path("."), "t")
+            job.start()
+            end = time.monotonic() + 2.5
+            while job.scope is None and time.monotonic() < end:
+                time.sleep(0.5)
+                job.scan()
+            if job.scope is None:
+                outcomes.append("none")  # a run would exit 3 before injecting
+                continue
+            assert (job.scope.run_id, job.scope.uid) == (OUR_RUN_ID, 0), (i, job.scope)
+            targets = resolve_processes(cluster.inventory, TargetSpec(process="plain_train\\.py", ranks=[1]))
+            assert shared.decoy.pid not in [t.pid for t in targets], (i, targets)
+            outcomes.append("ours")
+    finally:
+        cluster.teardown()
+    assert shared.decoy_alive()
+    print("attach outcomes:", outcomes)
+    assert outcomes.count("ours") >= 5, outcomes  # between restarts ours is found
+    before = shared.job.steps()
+    assert wait_until(lambda: shared.job.steps() > before + 3, 120, interval=0.5), "our job did not train on"
+
+
+def test_only_the_lookalike_named_is_exit_3_saying_what_was_seen(shared, tmp_path):
+    sc = _attach_scenario(shared, tmp_path, f", user: {HOSTILE}",
+                          "  - {kind: process.kill, target: {process: 'plain_train\\.py', ranks: [1]}, at: {after: 1s}}\n")
+    sc.write_text(sc.read_text().replace("timeout: 90s", "timeout: 6s"))
     out = tmp_path / "run"
     res = run_cli("run", sc, "--out", out)
     assert res.code == 3, res.stdout + res.stderr
     text = " ".join(res.stderr.split())
-    assert "matches the workers of 2 jobs" in text and "nothing was injected" in text, text
-    assert f"run id {OUR_RUN_ID}, uid 0 on n0, n1" in text, text
-    assert f"run id {THEIR_RUN_ID}, uid {shared.hostile_uid} on n1" in text, text
-    assert "workload.run_id" in text
+    assert "so none was chosen" in text and f"run id {THEIR_RUN_ID}, uid {shared.hostile_uid} on n1" in text, text
+    assert "no worker on n0" in text and "without their torchrun agent" in text, text
     journal = out / "journal.jsonl"
     assert not journal.exists() or '"inject"' not in journal.read_text()
     assert shared.decoy_alive() and shared.job.alive()
@@ -208,15 +262,20 @@ def test_run_id_or_user_picks_one_job_and_the_agent_refuses_everything_outside_i
         conn = cluster.inventory["n1"].conn
         ours = shared.our_worker("n1", 1)
         for pick, expected in (({"run_id": OUR_RUN_ID}, JobScope(OUR_RUN_ID, 0)), ({"user": "root"}, JobScope(OUR_RUN_ID, 0)),
-                               ({"user": HOSTILE}, JobScope(THEIR_RUN_ID, shared.hostile_uid))):
+                               ({}, JobScope(OUR_RUN_ID, 0)), ({"user": HOSTILE}, None)):
             workload = Workload(launch="attach", process="plain_train\\.py", **pick)
             job = AttachedJob(cluster, workload, Path("."), "t")
             assert conn.processes() == []  # nothing of any job is in scope until the job is chosen
             job.start()
+            assert job.scope is None  # one look chooses nothing
+            wait_until(lambda: job.scan() is not None and job.scope is not None, 3, interval=0.5)
             assert job.scope == expected, (pick, job.scope)
-        # the decoy's job was chosen last; back to ours, as a run with run_id would
+        # the decoy, named, is still never chosen: one node of two, no torchrun agent
+        why = job.diagnosis()
+        assert "no worker on n0" in why and "without their torchrun agent" in why, why
         job = AttachedJob(cluster, Workload(launch="attach", process="plain_train\\.py", run_id=OUR_RUN_ID), Path("."), "t")
         job.start()
+        assert wait_until(lambda: job.scan() is not None and job.scope is not None, 5, interval=0.5)
         assert sorted((w["node"], w["rank"]) for w in job.workers) == [("n0", 0), ("n1", 1)]
         assert [o["run_id"] for o in job.info()["other_jobs"]] == [THEIR_RUN_ID]
         listed = {p.pid for p in conn.processes()}
@@ -242,8 +301,12 @@ def test_doctor_counts_what_matches_outside_the_drilled_job(shared, tmp_path):
 
     faults = "  - {kind: process.kill, target: {process: 'plain_train\\.py', ranks: [1]}, at: {after: 1s}}\n"
     both = diagnose(shared.site.inventory_path, _attach_scenario(shared, tmp_path, "", faults))
-    assert both.scope["chosen"] is None and "matches the workers of 2 jobs" in both.scope["problem"]
-    assert {j["run_id"] for j in both.scope["jobs"]} == {OUR_RUN_ID, THEIR_RUN_ID} and not both.ok
+    assert both.scope["problem"] is None and both.scope["chosen"]["run_id"] == OUR_RUN_ID
+    jobs = {j["run_id"]: j for j in both.scope["jobs"]}
+    assert set(jobs) == {OUR_RUN_ID, THEIR_RUN_ID} and jobs[OUR_RUN_ID]["not_taken"] == []
+    assert any("no worker on n0" in why for why in jobs[THEIR_RUN_ID]["not_taken"]), jobs
+    named = diagnose(shared.site.inventory_path, _attach_scenario(shared, tmp_path, f", user: {HOSTILE}", faults))
+    assert named.scope["chosen"] is None and "not taken: no worker on n0" in named.scope["problem"] and not named.ok
     picked = diagnose(shared.site.inventory_path, _attach_scenario(shared, tmp_path, f", run_id: {OUR_RUN_ID}", faults))
     assert picked.scope["problem"] is None and picked.scope["chosen"]["run_id"] == OUR_RUN_ID
     counts = {c["what"]: c for c in picked.scope["outside"]}

@@ -254,16 +254,15 @@ def test_the_agent_follows_only_files_really_inside_the_log_roots(tmp_path):
 
 @pytest.fixture()
 def machine_policy(tmp_path: Path, monkeypatch):
-    """This machine's policy file (root's, 0644, in a root-owned 0755 folder), where chaoskit looks for it."""
-    from chaoskit.cluster import policy
-
+    """A machine-wide policy file (root's, 0644, in a root-owned 0755 folder), named by CHAOSKIT_SITE_POLICY (which
+    narrows /etc/chaoskit/policy.yaml's, absent here: the test leaves the real system path alone)."""
     folder = tmp_path / "etc-chaoskit"
     folder.mkdir()
     os.chmod(folder, 0o755)
     path = folder / "policy.yaml"
     path.write_text("faults: [process.*, network.*]\nmax_nodes: 2\nlog_roots: [/var/log]\n")
     os.chmod(path, 0o644)
-    monkeypatch.setattr(policy, "SITE_POLICY_FILE", path)
+    monkeypatch.setenv("CHAOSKIT_SITE_POLICY", str(path))
     return path
 
 
@@ -306,3 +305,111 @@ def test_the_narrowest_of_two_policies_allows_what_both_allow():
         assert both.allows_kind(kind) is not None, kind
     assert both.log_roots == ["/var/log/train"] and both.python == ["/usr/bin/python3"] and both.max_nodes == 8
     assert narrowest(site, None) is site and narrowest(site, SitePolicy()).faults == site.faults
+
+
+# -- the attack as a second, unprivileged author (issue 31) ------------------------------------------------
+
+AUTHOR = "ckauthor31"
+
+
+def _sh(*argv: str, check: bool = True, stdin: str | None = None):
+    import subprocess
+
+    res = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=30)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {(res.stderr or res.stdout).strip()}")
+    return res
+
+
+@pytest.fixture(scope="module")
+def author():
+    """A second local user (made with useradd, removed at the end) who writes the scenario and inventory."""
+    import shutil
+
+    from tests.conftest import need, need_root_tool
+
+    need_root_tool("useradd")
+    need(shutil.which("runuser") is not None, "runuser (util-linux)")
+    _sh("userdel", "--remove", "--force", AUTHOR, check=False)
+    _sh("useradd", "--create-home", "--shell", "/bin/sh", AUTHOR)
+    try:
+        _sh("runuser", "-u", AUTHOR, "--", "mkdir", "-p", f"/home/{AUTHOR}/drill")
+        yield Path(f"/home/{AUTHOR}/drill")
+    finally:
+        _sh("userdel", "--remove", "--force", AUTHOR, check=False)
+
+
+def _as_author(path: Path, text: str) -> Path:
+    """``text`` written to ``path`` by the author themself."""
+    _sh("runuser", "-u", AUTHOR, "--", "tee", str(path), stdin=text)
+    assert os.stat(path).st_uid != 0
+    return path
+
+
+def test_an_authors_own_permissive_inventory_is_bound_by_the_machines_policy(author, machine_policy, listener):
+    """The author writes a scenario asking gpu.fail and names their own inventory, whose policy allows every fault:
+    the machine's policy refuses it at the scenario's line, and nothing connects; a scenario inside both validates
+    and says which policy applied, and from where."""
+    port = listener.getsockname()[1]
+    inv = _inventory(Path("/tmp"), port, policy="policy: {faults: ['*'], max_nodes: 64}\n").read_text()
+    os.unlink("/tmp/inventory.yaml")
+    os.unlink("/tmp/known_hosts")
+    _as_author(author / "known_hosts", "")
+    _as_author(author / "inventory.yaml", inv)
+    scenario = _as_author(author / "drill.yaml", GOOD.replace("kind: process.kill", "kind: gpu.fail\n    duration: 5s")
+                          .replace("/var/log/train/n1.log", "/var/log/n1.log"))
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and f"{scenario}:9:11: faults.0.kind: the site policy does not allow gpu.fail" in res.stderr, res.stderr
+    res = run_cli("run", scenario, "--out", author / "run")
+    assert res.code == 2 and not (author / "run").exists() and not _connected(listener), res.stderr
+    fine = _as_author(author / "fine.yaml", GOOD.replace("/var/log/train/n1.log", "/var/log/n1.log"))
+    res = run_cli("validate", fine)
+    assert res.code == 0, res.stderr
+    said = " ".join(res.stdout.split())
+    assert (f"site policy {machine_policy} (this machine's, named by CHAOSKIT_SITE_POLICY), narrowed by inventory "
+            f"{author / 'inventory.yaml'} (its policy:)") in said, said
+
+
+def test_a_policy_the_author_owns_named_by_the_environment_refuses_every_run(author, tmp_path, monkeypatch, listener):
+    """Whoever sets a run's environment cannot swap in a policy of their own: one not root's refuses the run."""
+    mine = _as_author(author / "policy.yaml", "faults: ['*']\n")
+    monkeypatch.setenv("CHAOSKIT_SITE_POLICY", str(mine))
+    _inventory(tmp_path, listener.getsockname()[1], policy="")
+    scenario = tmp_path / "drill.yaml"
+    scenario.write_text(GOOD)
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and f"this machine's site policy {mine} is owned by uid" in res.stderr, res.stderr
+    assert not _connected(listener)
+
+
+def test_a_policy_named_by_the_environment_only_narrows_the_system_ones(tmp_path, monkeypatch):
+    """A root-owned permissive file named by CHAOSKIT_SITE_POLICY cannot widen the system path's policy. (The system
+    path itself is pointed at a file of the test's: the one global patched here, to leave /etc alone.)"""
+    from chaoskit.cluster import policy
+
+    folder = tmp_path / "etc"
+    folder.mkdir(mode=0o755)
+    system, loose = folder / "policy.yaml", folder / "loose.yaml"
+    system.write_text("faults: [process.kill]\nmax_nodes: 1\n")
+    loose.write_text("faults: ['*']\nmax_nodes: 64\n")
+    monkeypatch.setattr(policy, "SITE_POLICY_FILE", system)
+    monkeypatch.setenv("CHAOSKIT_SITE_POLICY", str(loose))
+    got = policy.site_policy()
+    assert got.allows_kind("process.kill") is None and got.allows_kind("gpu.fail") is not None and got.max_nodes == 1
+    assert policy.origin(got) == (f"site policy {system} (this machine's), narrowed by {loose} (this machine's, "
+                                  "named by CHAOSKIT_SITE_POLICY)")
+    monkeypatch.setenv("CHAOSKIT_SITE_POLICY", "relative.yaml")
+    assert "name an absolute path" in str(policy.site_policy()[0])
+
+
+def test_the_machines_policy_binds_a_lab_scenario_too(machine_policy, tmp_path):
+    """A lab is no way around it: a process-lab scenario asking a kind the machine's policy does not allow is refused."""
+    scenario = tmp_path / "lab.yaml"
+    scenario.write_text("name: lab-drill\ncluster: {kind: process, nodes: 2}\nworkload: {steps: 50}\n"
+                        "faults:\n  - {kind: gpu.fail, target: {ranks: [1]}, duration: 5s, at: {after: 1s}}\n")
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and "the site policy does not allow gpu.fail" in res.stderr, res.stderr
+    scenario.write_text(scenario.read_text().replace("{kind: gpu.fail, target: {ranks: [1]}, duration: 5s,",
+                                                     "{kind: process.kill, target: {ranks: [1]},"))
+    res = run_cli("validate", scenario)
+    assert res.code == 0 and f"site policy {machine_policy}" in " ".join(res.stdout.split()), res.stdout + res.stderr

@@ -29,6 +29,7 @@ from chaoskit.cluster.inventory_file import build_inventory, load_inventory, loa
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.ssh import connect_all
 from chaoskit.core.errors import ScenarioError
+from chaoskit.core.trusted import untrusted_file
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.core.models import StrictModel
 from chaoskit.core.shell import check_path
@@ -92,10 +93,18 @@ class InventorySpec(ClusterSpec):
         bin_dir = str(_resolve(base, client.bin)) if client.bin else None
         if client.conf and not Path(conf or "").is_file():
             raise ScenarioError(f"cluster.slurm.conf: no slurm.conf {conf}")
+        if client.conf:  # read by root's Slurm commands: the system's, or one only root can change
+            problem = untrusted_file(conf or "")
+            if problem:
+                raise ScenarioError(f"cluster.slurm.conf: {problem}")
         if bin_dir is not None:
             missing = [t for t in SLURM_TOOLS if not os.access(os.path.join(bin_dir, t), os.X_OK)]
             if missing:
                 raise ScenarioError(f"cluster.slurm.bin: no {', '.join(missing)} in {bin_dir}")
+            for tool in SLURM_TOOLS:  # run as root: only programs root alone can change (an author's squeue is not)
+                problem = untrusted_file(os.path.join(bin_dir, tool))
+                if problem:
+                    raise ScenarioError(f"cluster.slurm.bin: {problem}")
         return SlurmAccess(conf=conf, bin_dir=bin_dir)
 
 

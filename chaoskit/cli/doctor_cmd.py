@@ -47,6 +47,8 @@ def _render(result: Diagnosis) -> None:
         table.add_row(n.node, _yes(n.reachable), n.privilege or "[red]no[/red]", _yes(n.agent), _tools(n),
                       "-" if n.netem is None else _yes(n.netem), _clock(n), _gpus(n))
     console.print(table)
+    if result.policy:
+        console.print(escape(result.policy), soft_wrap=True)
     for n in result.nodes:
         for problem in n.problems:
             console.print(f"[red]{n.node}[/red]: {escape(problem)}")

@@ -10,6 +10,7 @@ import typer
 
 from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env, print_json
 from chaoskit.cluster.inventory_spec import looks_like_inventory, validate_inventory_data
+from chaoskit.cluster.policy import SitePolicy, origin
 from chaoskit.core.errors import ExitCode, ScenarioError
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.scenario import scenario_files, validate_data
@@ -41,20 +42,23 @@ def validate(
     internal = 0
     for f in files:
         try:
-            kind, errors = _check(f, inventory)
+            kind, errors, policy = _check(f, inventory)
             lines = [str(e) for e in errors]
         except Exception as exc:  # noqa: BLE001 - one file's bug must not keep the others from being checked
             if env.debug:
                 traceback.print_exc(file=env.stderr)
             internal += 1
-            kind, lines = "unknown", [f"{f}: internal error: {type(exc).__name__}: {_one_line(exc)}"]
-        report.append({"file": str(f), "kind": kind, "ok": not lines, "errors": lines})
+            kind, lines, policy = "unknown", [f"{f}: internal error: {type(exc).__name__}: {_one_line(exc)}"], None
+        report.append({"file": str(f), "kind": kind, "ok": not lines, "errors": lines,
+                       "policy": origin(policy) if not lines and kind != "unknown" else None})
         if as_json:
             continue
         if lines:
             env.stderr.write("".join(f"{line}\n" for line in lines))
         else:
             env.stdout.write(f"ok  {f}{' (inventory)' if kind == 'inventory' else ''}\n")
+            if policy is not None:  # which site policy applied, and from where (none: nothing to say)
+                env.stdout.write(f"    {origin(policy)}\n")
     bad = sum(1 for r in report if not r["ok"])
     if as_json:
         print_json({"files": report, "errors": bad})
@@ -66,23 +70,23 @@ def validate(
     return ExitCode.BAD_INPUT if bad else ExitCode.OK
 
 
-def _check(path: Path, as_inventory: bool) -> tuple[str, list[ScenarioError]]:
-    """``("scenario" | "inventory", errors)`` for one file, read once."""
+def _check(path: Path, as_inventory: bool) -> tuple[str, list[ScenarioError], SitePolicy | None]:
+    """``("scenario" | "inventory", errors, the site policy that applied)`` for one file, read once."""
     try:
         data, smap = load_yaml(path, what="inventory" if as_inventory else "file")
     except ScenarioError as exc:
-        return ("inventory" if as_inventory else "scenario"), [exc]
+        return ("inventory" if as_inventory else "scenario"), [exc], None
     if as_inventory or looks_like_inventory(data):
         res = validate_inventory_data(path, data, smap)
-        return "inventory", res if isinstance(res, list) else []
+        return ("inventory", res, None) if isinstance(res, list) else ("inventory", [], res.policy)
     res = validate_data(path, data, smap)
     if isinstance(res, list):
-        return "scenario", res
+        return "scenario", res, None
     try:
-        check_scenario(res)
+        cluster = check_scenario(res)
     except ScenarioError as exc:
-        return "scenario", [exc]
-    return "scenario", []
+        return "scenario", [exc], None
+    return "scenario", [], cluster.inventory.policy
 
 
 def _one_line(exc: Exception) -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.cluster.inventory import Inventory, Node, SshSettings
+from chaoskit.cluster.ssh_paths import ssh_roots
 from chaoskit.cluster.inventory_spec import (
     InventoryFile,
     LoadedInventory,
@@ -40,11 +41,12 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
     base = loaded.path.resolve().parent
     nodes: list[Node] = []
     bastions = Bastions()
+    roots = ssh_roots(loaded.policy.ssh_roots if loaded.policy is not None else None, base)
     for spec in loaded.model.bastions:  # jumps name bastions listed anywhere in the file: make them all, then link
         ssh = loaded.model.ssh_for_bastion(spec)
         ssh = ssh.model_copy(update={"jump": None}) if ssh.jump is not None else ssh
         bastions.add(spec.name, _transport(spec.name, spec.address, ssh, base, bastions, trust_on_first_use,
-                                           role="bastion", use_agent=False))
+                                           role="bastion", use_agent=False, ssh_roots=roots))
     for spec in loaded.model.bastions:
         if spec.ssh is not None and spec.ssh.jump not in (None, "none"):
             bastions[spec.name].jump = bastions[spec.ssh.jump]
@@ -65,7 +67,7 @@ def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None 
         ssh = loaded.model.ssh_for(spec)
         conn = _transport(spec.name, spec.address, ssh, base, bastions, trust_on_first_use,
                           workdir=spec.workdir, process_scope=spec.processes,
-                          vet_python=bool(loaded.policy is not None and loaded.policy.python))
+                          vet_python=bool(loaded.policy is not None and loaded.policy.python), ssh_roots=roots)
         nodes.append(Node(
             name=spec.name, address=spec.address, transport=spec.transport, labels=dict(spec.labels),
             gpus=spec.gpus, gpu_pci=tuple(spec.gpu_pci), conn=conn, interfaces=dict(spec.interfaces), power=spec.power, ssh=ssh,

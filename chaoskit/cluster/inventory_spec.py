@@ -56,7 +56,9 @@ Relative paths are relative to the inventory file.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -64,9 +66,11 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
-from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy
+from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy, with_origin
+from chaoskit.cluster.ssh_paths import config_problems, inside, ssh_roots
 from chaoskit.cluster.xid import normalize_pci
-from chaoskit.core.errors import ScenarioError
+from chaoskit.core.errors import ScenarioError, SourcePos
+from chaoskit.core.trusted import untrusted_program
 from chaoskit.core.models import NAME_RE, StrictModel
 from chaoskit.core.shell import check_address, check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
@@ -283,6 +287,8 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
         seen.setdefault(node.name, i)
     errors += _bastion_errors(loaded, seen)
     errors += _python_errors(loaded)
+    errors += _ssh_path_errors(loaded)
+    errors += _power_and_ray_errors(loaded)
     return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0)) or loaded
 
 
@@ -295,6 +301,8 @@ def _policy(loaded: LoadedInventory) -> "SitePolicy | None | list[ScenarioError]
         file = Path(value).expanduser()
         file = file if file.is_absolute() else loaded.path.parent / file
         res = load_policy_file(file)
+        if not isinstance(res, list):
+            return with_origin(res, [f"{file} (named by inventory {loaded.path})"])
         if isinstance(res, list):
             where = loaded.source.at(("policy",))
             for err in res:
@@ -303,7 +311,82 @@ def _policy(loaded: LoadedInventory) -> "SitePolicy | None | list[ScenarioError]
                 else:
                     err.message = f"{err.message} (policy of {where})"
         return res
-    return value
+    return with_origin(value, [f"inventory {loaded.path} (its policy:)"])
+
+
+def _ssh_path_errors(loaded: LoadedInventory) -> list[ScenarioError]:
+    """Every ssh.config, ssh.key and ssh.known_hosts inside the allowed roots, and no config that runs a command
+    (:mod:`~chaoskit.cluster.ssh_paths`); a config's problem is at its own line, naming the inventory's."""
+    model, base = loaded.model, loaded.path.parent
+    policy = loaded.policy
+    roots = ssh_roots(policy.ssh_roots if policy is not None else None, base)
+    if not any(n.transport == "ssh" for n in model.nodes) and not model.bastions:
+        return []
+    places: list[tuple[SshSettings | None, tuple[Any, ...]]] = [(model.ssh, ("ssh",))]
+    places += [(node.ssh, ("nodes", i, "ssh")) for i, node in enumerate(model.nodes)]
+    places += [(b.ssh, ("bastions", j, "ssh")) for j, b in enumerate(model.bastions)]
+    errors: list[ScenarioError] = []
+    checked: set[str] = set()
+    for ssh, at in places:
+        if ssh is None:
+            continue
+        top = at == ("ssh",)
+        for field in ("config", "key", "known_hosts"):
+            value = getattr(ssh, field)
+            if not top and field not in ssh.model_fields_set:
+                continue
+            dotted = ".".join(map(str, at + (field,)))
+            if field == "config" and value is None and top:
+                default = Path("~/.ssh/config").expanduser()  # what a node reads when the inventory names none
+                path, where = (str(default), loaded.source.at(at)) if default.is_file() else (None, None)
+            elif value is None or (field == "config" and value == "none"):
+                continue
+            else:
+                full = Path(value).expanduser()
+                path, where = str(full if full.is_absolute() else base / full), loaded.source.at(at + (field,))
+            if path is None:
+                continue
+            if not inside(path, roots):
+                errors.append(ScenarioError(f"{dotted}: {path} is outside the allowed roots ({', '.join(roots)}); "
+                                            "chaoskit reads and writes SSH files there only (site policy ssh_roots)",
+                                            pos=where))
+                continue
+            if field == "config" and path not in checked:
+                checked.add(path)
+                for file, line, col, message in config_problems(path, roots):
+                    errors.append(ScenarioError(f"{message} ({dotted} of {where})", pos=SourcePos(file, line, col)))
+    return errors
+
+
+def _power_and_ray_errors(loaded: LoadedInventory) -> list[ScenarioError]:
+    """A node's power commands run on this machine as the operator: each program only root can change (and one the
+    policy's power_programs names, where it names any); ray: joins a Ray cluster as a driver: one the policy names."""
+    model, policy = loaded.model, loaded.policy
+    errors = []
+    for i, node in enumerate(model.nodes):
+        if node.power is None:
+            continue
+        for action in ("off", "on", "status"):
+            argv = getattr(node.power, action)
+            if not argv:
+                continue
+            where = ("nodes", i, "power", action)
+            program = str(argv[0])
+            found = program if "/" in program else shutil.which(program)
+            if policy is not None and policy.power_programs is not None and (
+                    found is None or found not in policy.power_programs):
+                errors.append(loaded.error(f"nodes.{i}.power.{action}: the site policy lets power commands run only "
+                                           f"{', '.join(policy.power_programs) or 'nothing'}, not {program!r}", *where))
+                continue
+            # absent on this machine: checked again when it runs (run_power_command)
+            problem = untrusted_program(program) if found is not None and os.path.exists(found) else None
+            if problem:
+                errors.append(loaded.error(f"nodes.{i}.power.{action}: {problem}", *where))
+    if model.ray is not None and policy is not None and policy.ray_addresses is not None \
+            and model.ray not in policy.ray_addresses:
+        errors.append(loaded.error(f"ray: the site policy lets chaoskit join only the Ray clusters "
+                                   f"{', '.join(policy.ray_addresses) or '(none)'}, not {model.ray!r}", "ray"))
+    return errors
 
 
 def _python_errors(loaded: LoadedInventory) -> list[ScenarioError]:

@@ -23,8 +23,15 @@ A scenario's author can write an inventory of their own, with no ``policy:``. So
 controller (a site's login node, its CI runner) also has a machine-wide policy,
 :data:`SITE_POLICY_FILE` (``/etc/chaoskit/policy.yaml``, root's, trusted as above): when
 it exists it applies to every inventory run from this machine, and an inventory's own
-policy can only narrow it (:func:`narrowest`). chaoskit's built-in labs are sandboxes it
-made itself and are not inventories: the machine-wide policy does not apply to them.
+policy can only narrow it (:func:`narrowest`). It applies to the built-in labs too (their
+``workload.command``, compose files and log files are the author's as much as an inventory is).
+
+``CHAOSKIT_SITE_POLICY=FILE`` (:data:`SITE_POLICY_ENV`) names one more policy, trusted like this
+machine's (root's, nobody else can write it or its folder): it can only narrow, never replace, the
+one at :data:`SITE_POLICY_FILE`, so whoever can set a run's environment (a CI job's author) gains
+nothing by pointing it at a permissive file, and one that is not root's refuses every run. (Tests
+and sites that keep several policies use it.) Where a policy came from travels with it (:func:`origin`):
+``validate`` and ``doctor`` say which one applied.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.limits import MAX_COUNT
@@ -45,11 +52,13 @@ from chaoskit.core.models import StrictModel
 from chaoskit.core.shell import check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
-__all__ = ["SitePolicy", "SITE_POLICY_FILE", "load_policy_file", "site_policy", "narrowest", "validate_policy",
-           "under_roots", "policy_file_problem"]
+__all__ = ["SitePolicy", "SITE_POLICY_FILE", "SITE_POLICY_ENV", "load_policy_file", "site_policy", "narrowest",
+           "validate_policy", "under_roots", "policy_file_problem", "origin", "with_origin"]
 
 SITE_POLICY_FILE = Path("/etc/chaoskit/policy.yaml")
-"""This machine's policy for every inventory run from it (root's; absent: none)."""
+"""This machine's policy for every run from it (root's; absent: none)."""
+SITE_POLICY_ENV = "CHAOSKIT_SITE_POLICY"
+"""A second policy file, root's, that narrows :data:`SITE_POLICY_FILE`'s (never replaces it)."""
 
 _KIND_PATTERN = r"^[a-z0-9_.*?\[\]-]{1,64}$"
 
@@ -69,6 +78,16 @@ class SitePolicy(StrictModel):
         "else can write; checked at load, and on each node when the agent starts."))
     max_nodes: int | None = Field(None, ge=1, le=MAX_COUNT, description=(
         "The most nodes one drill may touch: safety.max_nodes, each fault's targets and all faults together."))
+    ssh_roots: list[str] | None = Field(None, description=(
+        "Absolute folders on this machine: every ssh.config (and what it includes), ssh.key and ssh.known_hosts "
+        "must lie inside one; default the operator's ~/.ssh and the inventory's folder."))
+    power_programs: list[str] | None = Field(None, description=(
+        "Absolute paths of the programs a node's power: commands may run (on this machine, as the operator); "
+        "default any program only root can change."))
+    ray_addresses: list[str] | None = Field(None, description=(
+        "The Ray clusters (HOST:PORT, or auto) an inventory's ray: may join as a driver; default any."))
+    _origin: list[str] = PrivateAttr(default_factory=list)
+    """Where it was read: each file (or inventory's inline policy) that narrowed it, widest first."""
 
     @field_validator("faults")
     @classmethod
@@ -78,7 +97,15 @@ class SitePolicy(StrictModel):
                 raise ValueError(f"invalid fault kind pattern {pattern!r}")
         return v
 
-    @field_validator("log_roots", "checkpoint_roots", "python")
+    @field_validator("ray_addresses")
+    @classmethod
+    def _addresses(cls, v: list[str] | None) -> list[str] | None:
+        for address in v or []:
+            if address != "auto" and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]{1,255}:\d{1,5}", address):
+                raise ValueError(f"{address!r} is neither auto nor HOST:PORT")
+        return v
+
+    @field_validator("log_roots", "checkpoint_roots", "python", "ssh_roots", "power_programs")
     @classmethod
     def _absolute(cls, v: list[str] | None) -> list[str] | None:
         for path in v or []:
@@ -156,24 +183,59 @@ def _strip(smap: SourceMap, key: str) -> SourceMap:
 
 
 def site_policy(path: Path | None = None) -> "SitePolicy | None | list[ScenarioError]":
-    """This machine's policy (:data:`SITE_POLICY_FILE`): ``None`` when there is none, else the policy, or the
-    errors that refuse it (a machine-wide policy must also be root's: another user's is no site's word)."""
-    path = SITE_POLICY_FILE if path is None else path
+    """This machine's policy: :data:`SITE_POLICY_FILE` (or ``path``) narrowed by the one :data:`SITE_POLICY_ENV`
+    names; ``None`` when there is neither, else the policy, or the errors that refuse it (a machine-wide
+    policy must also be root's: another user's is no site's word)."""
+    files = [SITE_POLICY_FILE if path is None else Path(path)]
+    named = os.environ.get(SITE_POLICY_ENV) if path is None else None
+    if named:
+        if not os.path.isabs(named):
+            return [ScenarioError(f"{SITE_POLICY_ENV}={named!r}: name an absolute path (a root-owned policy file)")]
+        files.append(Path(named))
+    found: SitePolicy | None = None
+    for i, file in enumerate(files):
+        res = _machine_file(file, required=i > 0)
+        if isinstance(res, list):
+            return res
+        if res is not None:
+            found = res if found is None else narrowest(found, res)
+    return found
+
+
+def _machine_file(path: Path, required: bool) -> "SitePolicy | None | list[ScenarioError]":
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return None
+        if not required:
+            return None
+        return [ScenarioError(f"{SITE_POLICY_ENV} names {path}, which does not exist; every run is refused until it "
+                              "names root's policy file or is unset")]
     except OSError as exc:
         return [ScenarioError(f"cannot read this machine's site policy {path}: {exc.strerror}")]
     if st.st_uid != 0 and not stat.S_ISLNK(st.st_mode):
         return [ScenarioError(f"this machine's site policy {path} is owned by uid {st.st_uid}, not root; "
-                              "it is refused (and so is every inventory until root owns it or removes it)")]
+                              "it is refused (and so is every run until root owns it or removes it)")]
     res = load_policy_file(path)
     if isinstance(res, list):
         for err in res:
             if err.pos is None:
                 err.message = f"{err.message} (this machine's site policy)"
-    return res
+        return res
+    return with_origin(res, [f"{path} (this machine's{', named by ' + SITE_POLICY_ENV if required else ''})"])
+
+
+def with_origin(policy: SitePolicy, where: list[str]) -> SitePolicy:
+    """``policy``, saying it was read from ``where``."""
+    policy._origin = list(where)
+    return policy
+
+
+def origin(policy: "SitePolicy | None") -> str:
+    """Which policy applied, from where, in one line (what ``validate`` and ``doctor`` print)."""
+    if policy is None:
+        return f"no site policy (none at {SITE_POLICY_FILE}, none in the inventory): chaoskit's own limits only"
+    where = policy._origin or ["an inventory's policy"]
+    return "site policy " + ", narrowed by ".join(where)
 
 
 def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
@@ -204,7 +266,11 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
         return [p for p in b if p in a]
 
     caps = [n for n in (site.max_nodes, own.max_nodes) if n is not None]
-    return SitePolicy(faults=kinds(site.faults, own.faults), slurm=site.slurm and own.slurm,
+    both = SitePolicy(faults=kinds(site.faults, own.faults), slurm=site.slurm and own.slurm,
                       log_roots=roots(site.log_roots, own.log_roots),
                       checkpoint_roots=roots(site.checkpoint_roots, own.checkpoint_roots),
-                      python=pythons(site.python, own.python), max_nodes=min(caps) if caps else None)
+                      python=pythons(site.python, own.python), max_nodes=min(caps) if caps else None,
+                      ssh_roots=roots(site.ssh_roots, own.ssh_roots),
+                      power_programs=pythons(site.power_programs, own.power_programs),
+                      ray_addresses=pythons(site.ray_addresses, own.ray_addresses))
+    return with_origin(both, site._origin + own._origin)

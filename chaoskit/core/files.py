@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from chaoskit.core.errors import ScenarioError
 __all__ = [
     "RESULT_FILE", "EVENTS_FILE", "JOURNAL_FILE", "RUN_REPORT",
     "GAMEDAY_FILE", "GAMEDAY_REPORT", "HISTORY_FILE", "load_gameday", "read_history",
-    "utc_stamp", "utc_iso", "empty_out_dir",
+    "utc_stamp", "utc_iso", "empty_out_dir", "make_run_dir", "open_append",
 ]
 
 RESULT_FILE = "result.json"
@@ -67,3 +70,41 @@ def empty_out_dir(out: Path, what: str) -> Path:
                             hint="pick another --out, or remove that folder")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def make_run_dir(path: Path, mode: int, default: bool) -> Path:
+    """The run folder, made now: ``path`` with ``mkdir`` (which fails where anything, a link too, has the name), or,
+    for a ``default`` name someone took first, the same name with a random suffix. The operator's own ``--out`` may
+    be a folder that exists: then it must be a folder (not a link) of this user's that nobody else can write. Either
+    way its parent may not be one that others can write without the sticky bit (they could swap the run folder for a
+    link after it is made). :class:`ScenarioError` otherwise: nothing was injected."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pst = os.stat(path.parent)
+    if pst.st_mode & 0o002 and not pst.st_mode & stat.S_ISVTX:
+        raise ScenarioError(f"the run folder's parent {path.parent} can be written by anyone (mode "
+                            f"{stat.S_IMODE(pst.st_mode):04o}, no sticky bit): someone could swap the run folder for a "
+                            "link; choose another --out")
+    candidate = path
+    for _ in range(16):
+        try:
+            os.mkdir(candidate, mode)
+            break
+        except FileExistsError:
+            if not default:
+                break  # the operator's own folder: checked below
+            candidate = path.with_name(f"{path.name}-{secrets.token_hex(3)}")
+    st = os.lstat(candidate)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ScenarioError(f"run folder {candidate} is {'a link' if stat.S_ISLNK(st.st_mode) else 'not a folder'}; "
+                            "chaoskit writes a run only into a folder of its own")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ScenarioError(f"run folder {candidate} belongs to uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):04o}): "
+                            "others could plant links in it; choose another --out")
+    return candidate
+
+
+def open_append(path: Path, mode: int = 0o640):
+    """``path`` opened to append text, made if absent, never through a link (``O_NOFOLLOW``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    return os.fdopen(fd, "a", encoding="utf-8")

@@ -29,7 +29,9 @@ def main():
                 return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
         except (OSError, IndexError):
             return False
-    create_file(os.path.join(d, "started"), "%f %d\n" % (time.time(), os.getpid()))
+    with open("/proc/self/stat") as fh:
+        start = int(fh.read().rsplit(")", 1)[1].split()[19])
+    create_file(os.path.join(d, "started"), "%f %d %d\n" % (time.time(), os.getpid(), start))
     held, reason = [], None
     while reason is None:
         if os.path.exists(os.path.join(d, "stop")):

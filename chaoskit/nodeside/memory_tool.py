@@ -67,10 +67,15 @@ def main():
         target, mount, ballast = info["cgroup"], info["mount"], ballast_of(state, info["ballast"])
         make_dirs(os.path.dirname(state), ballast)  # made now, a ballast not started yet never starts
         touch_file(os.path.join(ballast, "stop"))
-        try:
-            os.kill(int((read_file(os.path.join(ballast, "started")) or "").split()[1]), signal.SIGKILL)
+        try:  # the ballast's pid and start time as it wrote them: a pid that names another process now is not signalled
+            words = (read_file(os.path.join(ballast, "started")) or "").split()
+            pid, start = int(words[1]), int(words[2])
+            with open("/proc/%d/stat" % pid) as fh:
+                now = int(fh.read().rsplit(")", 1)[1].split()[19])
+            if now == start:
+                os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError, IndexError):
-            pass
+            pass  # gone, or a started file of no start time: the stop file ends a ballast by itself
         for pid, value in info.get("oom_score_adj", {}).items():
             try:
                 write("/proc/%s/oom_score_adj" % pid, value)

@@ -8,11 +8,13 @@ and lets the runner wait for a condition on the timeline.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from chaoskit.core.files import open_append
 from chaoskit.core.secrets import redact_value
 
 __all__ = ["EventBus", "Event", "EVENT_KINDS", "make_event", "read_events"]
@@ -46,7 +48,7 @@ class EventBus:
     def __init__(self, path: Path | None = None) -> None:
         self.events: list[Event] = []
         self._cond = threading.Condition()
-        self._fh = open(path, "a", encoding="utf-8") if path else None
+        self._fh = open_append(Path(path)) if path else None  # never through a link planted at its name
         self.last_step: int | None = None
         self._listeners: list[Callable[[Event], None]] = []
 
@@ -88,12 +90,23 @@ class EventBus:
 
 
 def read_events(path: Path) -> list[Event]:
+    """The events of a run's ``events.jsonl`` by time: whatever a line holds, only an object with a finite ``ts``
+    (and, where it has one, a whole-number ``step``) is an event; any other line (not JSON, invalid UTF-8, NaN) is
+    passed over, so a report renders whatever the file holds."""
     out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            event = json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError, a number past int's digit limit, too deep
             continue
+        if not isinstance(event, dict):
+            continue
+        ts, step = event.get("ts"), event.get("step")
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            continue
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            continue
+        out.append(event)
     return sorted(out, key=lambda e: e["ts"])
 
 

@@ -19,6 +19,7 @@ bound (the ``regex`` package's ``timeout``): a pattern that takes longer on a li
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -195,22 +196,95 @@ class _Tailer(threading.Thread):
         self.join(timeout=2)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number an event may hold")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_NUMBER_DIGITS:
+        raise ValueError(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is not a finite number")
+    return value
+
+
+SDK_MAX_DEPTH = 16
+"""The deepest nesting of lists and objects an SDK event line may have."""
+
+
+def _depth(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests no deeper than ``limit``."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return True
+
+
+def sdk_event(line: str) -> tuple[dict[str, Any] | None, str | None]:
+    """One line of the SDK's event file as an event, or why it is none: job output is data, so a line that is not
+    JSON, not an object, holds a number of more than MAX_NUMBER_DIGITS digits, NaN or Infinity, nests deeper than
+    :data:`SDK_MAX_DEPTH`, or lacks a finite ``ts`` and a ``kind`` is no event (and never an exception)."""
+    if not line.strip():
+        return None, None
+    try:
+        event = json.loads(line, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+    except RecursionError:
+        return None, "nested too deep"
+    except ValueError as exc:  # JSONDecodeError is one
+        return None, " ".join(str(exc).split())[:120]
+    if not isinstance(event, dict):
+        return None, "not a JSON object"
+    if not _depth(event, SDK_MAX_DEPTH):
+        return None, f"nested deeper than {SDK_MAX_DEPTH}"
+    ts, kind = event.get("ts"), event.get("kind")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        return None, "no finite ts"
+    if not isinstance(kind, str) or not kind or len(kind) > 64:
+        return None, "no kind"
+    if any(event.get(k) is not None and (isinstance(event[k], bool) or not isinstance(event[k], int)) for k in NUMERIC_FIELDS):
+        return None, f"a field of {', '.join(sorted(NUMERIC_FIELDS))} that is not a whole number"
+    return event, None
+
+
 class SdkLogProbe(_Tailer):
-    """Tail the SDK's event file; every line is already an event."""
+    """Tail the SDK's event file; every line is already an event, or is counted and dropped (:func:`sdk_event`)."""
 
     def __init__(self, bus: EventBus, path: Path, interval: float = 0.01) -> None:
         super().__init__(Path(path), interval)
         self.bus = bus
+        self.bad = 0
+        """Lines that were no event (dropped)."""
+        self.first_bad: str | None = None
 
     def run(self) -> None:
         for line in self.lines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+            event, why = sdk_event(line)
+            if event is None:
+                if why is not None:
+                    self.bad += 1
+                    self.first_bad = self.first_bad or why
                 continue
-            if isinstance(event, dict) and isinstance(event.get("ts"), (int, float)) and "kind" in event:
-                event.setdefault("source", "sdk")
-                self.bus.publish(event)
+            event.setdefault("source", "sdk")
+            self.bus.publish(event)
+
+    @property
+    def errors(self) -> list[str]:
+        """What the run's notes say of the dropped lines: once, with their count and the first one's reason."""
+        if not self.bad:
+            return []
+        return [f"probes.sdk: {self.bad} line(s) of {self.path.name} were no event and were dropped "
+                f"(the first: {self.first_bad})"]
 
 
 class FileLogProbe(_Tailer):

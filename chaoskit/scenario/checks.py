@@ -12,7 +12,7 @@ from typing import Any
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.backends.registry import CLUSTERS, backend
-from chaoskit.cluster.policy import SitePolicy, under_roots
+from chaoskit.cluster.policy import SitePolicy, site_policy, under_roots
 from chaoskit.cluster.selectors import check_static, select_nodes
 from chaoskit.core.errors import ScenarioError
 from chaoskit.coverage import resolve_covers
@@ -49,6 +49,15 @@ def preview_cluster(loaded: LoadedScenario) -> ClusterHandle:
 def check_scenario(loaded: LoadedScenario) -> ClusterHandle:
     """Every check that needs the cluster but touches nothing (``validate`` runs it too); return the preview."""
     cluster = preview_cluster(loaded)
+    if cluster.kind != "inventory" and cluster.inventory.policy is None:
+        # a lab runs the author's workload.command, compose file and log files too: this machine's policy binds it
+        machine = site_policy()
+        if isinstance(machine, list):
+            err = machine[0]
+            if err.pos is None:
+                err.pos = loaded.pos("cluster")
+            raise err
+        cluster.inventory.policy = machine
     if cluster.inventory.policy is not None:
         _policy_checks(loaded, cluster, cluster.inventory.policy)
     _static_checks(loaded, cluster)

@@ -13,9 +13,22 @@ states, and a job Slurm does not know stops the run before anything is injected.
 
 On a shared node other jobs may match ``workload.process`` too (another user's ``train.py``
 with its own ``RANK=1``). A job is told apart by what only it has: torchrun's run id
-(``TORCHELASTIC_RUN_ID``), the uid it runs as and, under Slurm, its ``SLURM_JOB_ID``. When
-more than one job matches, the run stops before anything is injected and lists them
-(``workload.run_id`` or ``workload.user`` picks one). Once the job is chosen, its scope
+(``TORCHELASTIC_RUN_ID``), the uid it runs as and, under Slurm, its ``SLURM_JOB_ID``. A job is
+chosen only when it is plausibly the operator's and consistently there (:func:`why_not`):
+
+- its uid is one the operator acts as on the node (the node agent's, the login user's) unless
+  ``workload.user``, ``run_id`` or ``slurm_job`` names it;
+- it has workers on every node the scenario names (or Slurm allocated it): a one-node look-alike is
+  never taken for a multi-node job;
+- each torchrun worker has its torchrun agent (its parent, same uid, ``torchrun`` or
+  ``torch.distributed.run`` on its command line); a worker with no run id only under ``slurm_job``;
+- two looks at least :data:`CONFIRM_S` apart saw it so, with the same agents (a job whose workers are
+  being replaced while chaoskit looks is chosen once they are back; another job seen alone meanwhile
+  is not).
+
+When more than one job passes, the run stops before anything is injected and lists them
+(``workload.run_id`` or ``workload.user`` picks one); when none does before steady state's timeout, it
+stops (exit 3) saying what was seen and why each was not taken. Once the job is chosen, its scope
 (:class:`~chaoskit.cluster.transports.api.JobScope`) is set on every node's transport, whose
 agent then enforces it: nothing outside it is listed, signalled, throttled or killed. Until
 then nothing of any job is in scope.
@@ -34,10 +47,15 @@ from chaoskit.cluster.transports.api import JobScope, ProcInfo
 from chaoskit.core.errors import InfraError
 from chaoskit.core.patterns import bounded_search, compile_pattern
 
-__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "user_uid", "describe_job", "describe_job_dict"]
+__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "why_not", "operator_uids", "user_uid",
+           "describe_job", "describe_job_dict", "AGENT_MARKS", "CONFIRM_S"]
 
 LineSink = Callable[[str, str, float], None]
 POLL_S = 0.5
+CONFIRM_S = 1.0
+"""A job is chosen once two looks at least this far apart saw it whole, with the same torchrun agents."""
+AGENT_MARKS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+"""What a torchrun agent's command line holds (the console script, or ``python -m`` of its module)."""
 
 
 class Worker(dict):
@@ -66,7 +84,13 @@ class AttachedJob:
         self._checked = 0.0
         self._uids: dict[str, int | None] = {}
         self._seen: list[dict[str, Any]] = []
-        """The jobs matching ``process`` at the last look before one was chosen."""
+        """The jobs matching ``process`` at the last look before one was chosen (each with its ``why_not``)."""
+        self._first: tuple[Any, float] | None = None
+        """The plausible job of the previous looks (its identity: scope, agents) and when it was first seen so."""
+        self._own: dict[str, set[int]] = {}
+        """node -> the uids the operator acts as there (:func:`operator_uids`)."""
+        self.looks = 0
+        """Looks at the nodes before the job was chosen."""
         self._lock = threading.Lock()
         self.watch: Any = None
         """The run's process watcher (:meth:`use_watch`): where a node's ``watch`` stream is live, its table is
@@ -173,25 +197,44 @@ class AttachedJob:
         return all(p.rank is not None for p in matching)
 
     def _choose(self, nodes: list[str]) -> None:
-        """Pick the drilled job among those whose workers match on ``nodes``, and scope every node to it."""
+        """Pick the drilled job among those whose workers match on ``nodes``, and scope every node to it: the
+        one plausible job (:func:`why_not`), seen so by two looks :data:`CONFIRM_S` apart with the same agents."""
         jobs = jobs_matching(self._tables(nodes, node_wide=True), self.pattern, self.slurm_job)
+        self.looks += 1
+        now = time.monotonic()
+        for j in jobs:
+            j["why_not"] = [] if not self._picked(j) else why_not(j, nodes, self._named(), self._own_uids)
         self._seen = jobs
-        if not jobs:
-            return
-        picked = [j for j in jobs if self._picked(j)]
-        if len(picked) > 1:
-            listed = "; ".join(self._describe(j) for j in picked)
+        plausible = [j for j in jobs if self._picked(j) and not j["why_not"]]
+        if len(plausible) > 1:
+            listed = "; ".join(self._describe(j) for j in plausible)
             raise InfraError(
-                f"workload.process '{self.workload.process}' matches the workers of {len(picked)} jobs on the nodes: "
+                f"workload.process '{self.workload.process}' matches the workers of {len(plausible)} jobs on the nodes: "
                 f"{listed}; chaoskit drills exactly one, so nothing was injected",
                 hint="pick one with workload.run_id: RUN_ID (torchrun's --rdzv-id) or workload.user: USER",
             )
-        if not picked:
+        if not plausible:
+            self._first = None
             return  # only other jobs so far: ours may start later (diagnosis() names what was seen)
-        chosen = picked[0]
+        chosen = plausible[0]
+        key = (chosen["scope"], chosen["identity"])
+        if self._first is None or self._first[0] != key:
+            self._first = (key, now)
+            return  # seen once: chosen only if the next looks see the same
+        if now - self._first[1] < CONFIRM_S:
+            return
         self.scope = chosen["scope"]
         self.others = [self._describe_dict(j) for j in jobs if j is not chosen]
         self.cluster.scope_job(self.scope)
+
+    def _named(self) -> bool:
+        """Whether the operator named the job (then its uid need not be theirs)."""
+        return self.run_id is not None or self.user is not None or self.slurm_job is not None
+
+    def _own_uids(self, node: str) -> set[int]:
+        if node not in self._own:
+            self._own[node] = operator_uids(self.cluster.inventory[node].conn)
+        return self._own[node]
 
     def _picked(self, job: dict[str, Any]) -> bool:
         return job_picked(job, self.run_id, self.user, lambda node, user: user_uid(self.cluster.inventory, node, user, self._uids))
@@ -253,8 +296,13 @@ class AttachedJob:
             if seen and self.scope is None:
                 want = " and ".join(x for x in (f"run id {self.run_id}" if self.run_id else "",
                                                  f"user {self.user}" if self.user else "") if x)
-                return (f"no job with {want} among those matching '{self.workload.process}' on {nodes}: "
-                        + "; ".join(self._describe(j) for j in seen))
+                if not any(self._picked(j) for j in seen):
+                    return (f"no job with {want} among those matching '{self.workload.process}' on {nodes}: "
+                            + "; ".join(self._describe(j) for j in seen))
+                return (f"no job matching '{self.workload.process}' on {nodes} was consistently there and plausibly "
+                        f"the drilled one after {self.looks} look(s), so none was chosen: "
+                        + "; ".join(self._describe(j) + (f", not taken: {', '.join(j['why_not'])}" if j.get("why_not")
+                                                         else ", not yet seen twice alike") for j in seen))
             return (f"no process matching '{self.workload.process}' with torchrun's RANK in its environment on {nodes} "
                     "(attach never starts a job: start it, or fix workload.process)")
         ranks = sorted({w["rank"] for w in self.workers})
@@ -282,20 +330,82 @@ class AttachedJob:
 def jobs_matching(tables: dict[str, list[ProcInfo]], pattern: Any, slurm_job: str | None = None
                   ) -> list[dict[str, Any]]:
     """The jobs whose workers (a ``RANK`` in their environment) match ``pattern`` in the nodes' process
-    ``tables``, told apart by run id, uid and Slurm job: ``{"scope": JobScope, "nodes": [...], "workers": N}``,
-    in the order first seen. With ``slurm_job``, only that Slurm job's."""
+    ``tables``, told apart by run id, uid and Slurm job: ``{"scope": JobScope, "nodes": [...], "workers": N,
+    "agents": {node: [(pid, start)]}, "orphans": [nodes], "identity": frozenset}``, in the order first seen.
+    ``agents``: each worker's torchrun agent (its parent, of its uid, :data:`AGENT_MARKS` on its command line);
+    ``orphans``: the nodes where a worker with a run id has none; ``identity``: the agents (or, for workers no
+    torchrun started, the workers) as ``(node, pid, start time)``. With ``slurm_job``, only that Slurm job's."""
     jobs: dict[JobScope, dict[str, Any]] = {}
     for node, procs in tables.items():
+        by_pid = {p.pid: p for p in procs}
         for p in procs:
             if p.state == "Z" or p.rank is None or not bounded_search(pattern, p.cmdline, "workload.process"):
                 continue
             if slurm_job is not None and p.slurm_job != slurm_job:
                 continue
-            job = jobs.setdefault(JobScope.of(p), {"scope": JobScope.of(p), "nodes": [], "workers": 0})
+            job = jobs.setdefault(JobScope.of(p), {"scope": JobScope.of(p), "nodes": [], "workers": 0, "agents": {},
+                                                   "orphans": [], "identity": set()})
             job["workers"] += 1
             if node not in job["nodes"]:
                 job["nodes"].append(node)
+            if p.run_id is None:
+                job["identity"].add((node, p.pid, p.start_time))
+                continue
+            agent = by_pid.get(p.ppid)
+            if agent is not None and agent.state != "Z" and agent.uid == p.uid and _is_agent(agent.cmdline):
+                job["agents"].setdefault(node, [])
+                if (agent.pid, agent.start_time) not in job["agents"][node]:
+                    job["agents"][node].append((agent.pid, agent.start_time))
+                job["identity"].add((node, agent.pid, agent.start_time))
+            elif node not in job["orphans"]:
+                job["orphans"].append(node)
+    for job in jobs.values():
+        job["identity"] = frozenset(job["identity"])
     return list(jobs.values())
+
+
+def why_not(job: dict[str, Any], nodes: list[str], named: bool, own_uids: Callable[[str], set[int]]) -> list[str]:
+    """Why ``job`` (of :func:`jobs_matching`) is not plausibly the drilled job on ``nodes`` (the scenario's job
+    nodes, or the Slurm allocation); empty when it is. ``named``: the operator named it (``workload.user``,
+    ``run_id`` or ``slurm_job``), so its uid need not be one of ``own_uids(node)``, those the operator acts as."""
+    scope: JobScope = job["scope"]
+    reasons = []
+    missing = [n for n in nodes if n not in job["nodes"]]
+    if missing:
+        reasons.append(f"no worker on {', '.join(missing)} (the job runs on {', '.join(nodes)})")
+    if job["orphans"]:
+        reasons.append(f"worker(s) on {', '.join(job['orphans'])} without their torchrun agent")
+    if scope.run_id is None and scope.slurm_job is None:
+        reasons.append("no torchrun run id (TORCHELASTIC_RUN_ID) and no Slurm job")
+    if not named and not reasons:
+        strangers = [n for n in job["nodes"] if scope.uid is None or scope.uid not in own_uids(n)]
+        if strangers:
+            reasons.append(f"uid {scope.uid if scope.uid is not None else '?'} is not one chaoskit acts as on "
+                           f"{', '.join(strangers)} (name the job with workload.user or workload.run_id)")
+    return reasons
+
+
+def operator_uids(conn: Any) -> set[int]:
+    """The uids the operator acts as on a node: its agent's (``id -u`` there) and, over SSH, the login user's."""
+    uids: set[int] = set()
+    asks = [["id", "-u"]]
+    user = getattr(conn, "user", None)
+    if isinstance(user, str) and user:
+        asks.append(["id", "-u", "--", user])
+    for argv in asks:
+        try:
+            res = conn.run(argv, 10.0)
+        except InfraError:
+            continue
+        out = res.stdout.strip()
+        if res.returncode == 0 and out.isdigit():
+            uids.add(int(out))
+    return uids
+
+
+def _is_agent(cmdline: str) -> bool:
+    words = cmdline.split()
+    return any(w == mark or w.endswith("/" + mark) for w in words[:4] for mark in AGENT_MARKS)
 
 
 def job_picked(job: dict[str, Any], run_id: str | None, user: str | None,

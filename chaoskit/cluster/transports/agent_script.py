@@ -42,6 +42,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -112,11 +113,11 @@ def _proc(pid):
     try:
         with open(base + "/stat", "rb") as fh:
             stat = fh.read().decode("utf-8", "replace")
-        with open(base + "/cmdline", "rb") as fh:
-            cmdline = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        with open(base + "/cmdline", "rb") as fh:  # any user can make theirs long: only the first CMDLINE_MAX bytes
+            cmdline = fh.read(CMDLINE_MAX).replace(b"\0", b" ").decode("utf-8", "replace").strip()
         try:
             with open(base + "/environ", "rb") as fh:
-                raw = fh.read()
+                raw = fh.read(ENVIRON_MAX)
         except OSError:
             raw = b""
     except (OSError, ValueError):
@@ -135,10 +136,19 @@ def _proc(pid):
             "uid": uid_of(pid), "start": start}
 
 
+CMDLINE_MAX = 4096
+"""The bytes of a command line a node reads and sends (``procs``, ``watch``): enough for any regex of a scenario."""
+ENVIRON_MAX = 1 << 20
+"""The bytes of a process's environment a node reads (it keeps only ENV_KEYS/ENV_PREFIXES)."""
+ENV_VALUE_MAX = 256
+"""The longest environment value, and key, that leaves the node."""
+
+
 def _wire(info):
-    """A process as it leaves the node: only the environment keys chaoskit reads."""
+    """A process as it leaves the node: only the environment keys chaoskit reads, each value capped."""
     out = dict(info)
-    out["env"] = dict((k, v) for k, v in info["env"].items() if k in ENV_KEYS or k.startswith(ENV_PREFIXES))
+    out["env"] = dict((k, v[:ENV_VALUE_MAX]) for k, v in info["env"].items()
+                      if len(k) <= ENV_VALUE_MAX and (k in ENV_KEYS or k.startswith(ENV_PREFIXES)))
     return out
 
 
@@ -490,15 +500,55 @@ def op_skew(req):
     return {"t": now()}
 
 
-def _open_at(path, inode):
+def _open_log(path, roots=None):
+    """``path`` opened for reading only once it is checked, never blocking and never anything but a regular file:
+    its links resolved once (``realpath``), inside ``roots`` where given, then walked from ``/`` one folder at a time
+    with ``O_NOFOLLOW`` (a folder swapped for a link meanwhile is refused), the file itself ``lstat``-ed before it is
+    opened (a FIFO, a device such as ``/dev/watchdog``, a socket is never opened) and opened
+    ``O_NOFOLLOW|O_NONBLOCK``, then ``fstat``-ed again. ``OpError`` with the reason otherwise."""
+    real = os.path.realpath(path)
+    if roots is not None and not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+        raise OpError("%s is %s, outside the site policy's log roots (%s)" % (path, real, ", ".join(roots)))
+    parts = [p for p in real.split("/") if p]
+    if not parts:
+        raise OpError("%s is not a regular file" % path)
+    dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            os.close(dfd)
+            dfd = nfd
+        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise OpError("%s (%s) is %s, not a regular file; chaoskit follows regular files only and never opens it"
+                          % (path, real, _file_kind(st.st_mode)))
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OpError("%s is %s, not a regular file" % (path, _file_kind(st.st_mode)))
+    return os.fdopen(fd, "rb")
+
+
+def _file_kind(mode):
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_at(path, inode, roots=None):
     """The file to go on reading: ``path`` itself, or, when ``inode`` names another file (``path`` was
-    rotated since), the rotated file in the same folder that still has that inode."""
+    rotated since), the rotated file in the same folder that still has that inode (each opened by :func:`_open_log`)."""
     try:
         st = os.stat(path)
     except OSError:
         st = None
     if inode is None or (st is not None and st.st_ino == inode):
-        return (open(path, "rb"), True) if st is not None else (None, True)
+        return (_open_log(path, roots), True) if st is not None else (None, True)
     folder = os.path.dirname(path) or "."
     try:
         names = os.listdir(folder)
@@ -507,11 +557,11 @@ def _open_at(path, inode):
     for name in names:
         candidate = os.path.join(folder, name)
         try:
-            if os.stat(candidate).st_ino == inode:
-                return open(candidate, "rb"), False
+            if os.lstat(candidate).st_ino == inode:
+                return _open_log(candidate, roots), False
         except OSError:
             continue
-    return (open(path, "rb"), True) if st is not None else (None, True)
+    return (_open_log(path, roots), True) if st is not None else (None, True)
 
 
 FOLLOW_MAX_LINE = 64 * 1024
@@ -540,7 +590,10 @@ def op_follow(req, emit):
     try:
         while not cancel.is_set() and not _STOP.is_set():
             if fh is None:
-                fh, current = _open_at(path, inode)
+                try:
+                    fh, current = _open_at(path, inode, roots)
+                except OSError as exc:  # a folder on the way swapped for a link, the file gone meanwhile
+                    raise OpError("%s: not opened: %s" % (path, exc.strerror or exc))
                 if fh is None:
                     cancel.wait(interval)
                     continue

@@ -73,6 +73,7 @@ from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.api import (
     CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, NvmlBatch, ProcInfo, StreamUnsupported, WatchMessage,
 )
+from chaoskit.cluster.ssh_paths import append_known_host, config_problems, inside
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
@@ -125,6 +126,11 @@ IDEMPOTENT_OPS = frozenset({"ping", "touch", "read", "write", "procs", "state", 
 """Requests safe to send again when the connection died after they left."""
 _LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+MAX_REPLY_BYTES = 32 << 20
+"""The longest reply line the controller takes from a node's agent (a ``procs`` of every process on a big node, each
+command line capped at the agent's CMDLINE_MAX, is far less); a longer one ends the channel."""
 
 
 class HostKeyError(InfraError):
@@ -202,8 +208,12 @@ class SSHTransport:
         command_timeout: float = 30.0,
         use_agent: bool = True,
         vet_python: bool = False,
+        ssh_roots: list[str] | None = None,
     ) -> None:
         self.node = node
+        self.ssh_roots = ssh_roots
+        """Where this machine's SSH files may lie (:mod:`~chaoskit.cluster.ssh_paths`; ``None``: not checked): the
+        config is checked again right before it is read, its IdentityFile, and trust on first use's known_hosts."""
         self.address = address
         self.user = user
         self.port = int(port)
@@ -333,7 +343,16 @@ class SSHTransport:
             if not os.path.exists(path):
                 raise InfraError(f"ssh config {path} of {self.label} does not exist",
                                  hint="point ssh.config at an OpenSSH client config, or set ssh.config: none")
+            if self.ssh_roots is not None:  # again: the file may have changed since the inventory was validated
+                problems = config_problems(path, self.ssh_roots)
+                if problems:
+                    file, line, col, message = problems[0]
+                    raise InfraError(f"{file}:{line}:{col}: {message} (ssh config of {self.label}); nothing connected")
             entry = host_config(path, self.address)
+            if (self.ssh_roots is not None and "identityfile" in entry and "key" not in self.explicit
+                    and not inside(entry["identityfile"], self.ssh_roots)):
+                raise InfraError(f"ssh config {path}: IdentityFile {entry['identityfile']} of {self.label} is outside "
+                                 f"the allowed roots ({', '.join(self.ssh_roots)}); nothing connected")
             alias = self.address
             self.address = entry.get("hostname", self.address)
             if "user" in entry and "user" not in self.explicit:
@@ -360,7 +379,7 @@ class SSHTransport:
                     host, host, user=user or self.user, port=port or 22, key_file=self.key_file,
                     known_hosts=self.known_hosts, trust_on_first_use=self.trust_on_first_use, jump=via,
                     ssh_config=self.ssh_config, explicit=explicit, bastions=bastions, role="bastion",
-                    connect_timeout=self.connect_timeout, use_agent=False,
+                    connect_timeout=self.connect_timeout, use_agent=False, ssh_roots=self.ssh_roots,
                 )
 
             jump = bastions.get(key, make)
@@ -1094,6 +1113,13 @@ class _AgentChannel:
             self._dispatch(bytes(buf[start:nl]))
             start = nl + 1
         del buf[:start]
+        if len(buf) > MAX_REPLY_BYTES:  # a reply without end (what a node sends is bounded): no more of this channel
+            buf.clear()
+            self._die(f"a reply of more than {MAX_REPLY_BYTES >> 20} MiB without a line end; the channel is closed")
+            try:
+                self.chan.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     def _read_loop(self) -> None:
         try:
@@ -1298,9 +1324,11 @@ class _PinPolicy:
         client.get_host_keys().add(entry, key.get_name(), key)
         line = f"{entry} {key.get_name()} {key.get_base64()}\n"
         with self._file_lock:
-            Path(t.known_hosts).parent.mkdir(parents=True, exist_ok=True)
-            with open(t.known_hosts, "a") as fh:
-                fh.write(line)
+            try:  # never a folder made, a link followed, a file outside the roots or of someone else written
+                append_known_host(t.known_hosts, line, t.ssh_roots)
+            except OSError as exc:
+                raise HostKeyError(f"trust on first use: host key of {t.label} not pinned: {exc}",
+                                   hint="point ssh.known_hosts at a file of yours inside the allowed roots") from None
         t.notes.append(f"pinned host key of {t.node} ({entry}): {key.get_name()} {fingerprint(key)}")
 
 

@@ -1,0 +1,134 @@
+"""What an inventory's SSH settings may point root at on this machine (issue 31).
+
+An inventory's author writes ``ssh.config``, ``ssh.key`` and ``ssh.known_hosts``; chaoskit reads and
+writes them as the operator (root in CI). So:
+
+- the files lie inside the allowed roots: the site policy's ``ssh_roots``, else the operator's
+  ``~/.ssh`` and the inventory's own folder (:func:`ssh_roots`);
+- an OpenSSH client config may not run anything: ``Match exec``, ``ProxyCommand``, ``LocalCommand``
+  and ``KnownHostsCommand`` are refused at their line, and so is an ``Include`` of a file outside
+  the roots (the included files are checked the same way), :func:`config_problems`. paramiko runs
+  ``Match exec`` through ``invoke`` while it answers a lookup, before any host key is checked;
+- trust on first use appends to a known_hosts file inside the roots only, never through a link,
+  never creating a folder, and only to a regular file the operator owns (:func:`append_known_host`).
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import posixpath
+import re
+import shlex
+import stat
+from pathlib import Path
+
+__all__ = ["ssh_roots", "inside", "config_problems", "append_known_host", "FORBIDDEN"]
+
+FORBIDDEN = {"proxycommand": "runs a command", "localcommand": "runs a command",
+             "knownhostscommand": "runs a command"}
+"""Client config keywords that run a program on this machine, as root."""
+_MAX_DEPTH = 8
+_DIRECTIVE = re.compile(r"^([A-Za-z]+)(?:\s*=\s*|\s+)(.*)$")
+
+
+def ssh_roots(policy_roots: list[str] | None, inventory_dir: Path) -> list[str]:
+    """The folders SSH files may lie in: the policy's, else ``~/.ssh`` and the inventory's folder."""
+    if policy_roots is not None:
+        return list(policy_roots)
+    return [os.path.realpath(os.path.expanduser("~/.ssh")), os.path.realpath(inventory_dir)]
+
+
+def inside(path: str, roots: list[str]) -> bool:
+    """Whether ``path`` (its links resolved: where it really is) lies inside one of ``roots``."""
+    real = os.path.realpath(path)
+    for root in roots:
+        r = os.path.realpath(root).rstrip("/") or "/"
+        if real == r or real.startswith(r.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def config_problems(path: str, roots: list[str], _depth: int = 0, _seen: set[str] | None = None
+                    ) -> list[tuple[str, int, int, str]]:
+    """``(file, line, col, message)`` for each directive of the OpenSSH client config at ``path`` (and the
+    files it includes) that would run a command or read outside ``roots``; empty when none."""
+    seen = set() if _seen is None else _seen
+    real = os.path.realpath(path)
+    if real in seen or _depth > _MAX_DEPTH:
+        return [] if real in seen else [(path, 1, 1, f"Include nests more than {_MAX_DEPTH} deep")]
+    seen.add(real)
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(1 << 20).decode("utf-8", errors="replace")
+    except OSError as exc:
+        return [(path, 1, 1, f"cannot read the ssh config: {exc.strerror}")]
+    problems = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        col = len(raw) - len(raw.lstrip()) + 1
+        m = _DIRECTIVE.match(line)
+        key, value = (m.group(1).lower(), m.group(2).strip()) if m else (line.lower(), "")
+        if key in FORBIDDEN and value.lower() != "none":
+            problems.append((path, number, col, f"{key_name(key)} {FORBIDDEN[key]} as the operator; chaoskit refuses "
+                                                "a config that does (use ProxyJump, or ssh.jump and bastions:)"))
+        elif key == "match":
+            try:
+                words = [w.lower().lstrip("!") for w in shlex.split(value)]
+            except ValueError:
+                words = [w.lower().lstrip("!") for w in value.split()]
+            if "exec" in words:
+                problems.append((path, number, col, "Match exec runs a command as the operator (paramiko runs it "
+                                                    "while it reads the config); chaoskit refuses a config that does"))
+        elif key == "include":
+            try:
+                patterns = shlex.split(value)
+            except ValueError:
+                patterns = value.split()
+            for pattern in patterns:
+                full = os.path.expanduser(pattern)
+                if not full.startswith("/"):  # OpenSSH: relative to ~/.ssh for a user's config
+                    full = os.path.join(os.path.expanduser("~/.ssh"), full)
+                full = posixpath.normpath(full)
+                if not inside(full if not glob.has_magic(full) else os.path.dirname(full), roots):
+                    problems.append((path, number, col, f"Include {pattern} names files outside the allowed roots "
+                                                        f"({', '.join(roots)})"))
+                    continue
+                for included in sorted(glob.glob(full)):
+                    if not inside(included, roots):
+                        problems.append((path, number, col, f"Include {pattern} reaches {included}, outside the "
+                                                            f"allowed roots ({', '.join(roots)})"))
+                    elif os.path.isfile(included):
+                        problems += config_problems(included, roots, _depth + 1, seen)
+    return problems
+
+
+def key_name(key: str) -> str:
+    return {"proxycommand": "ProxyCommand", "localcommand": "LocalCommand",
+            "knownhostscommand": "KnownHostsCommand"}.get(key, key)
+
+
+def append_known_host(path: str, line: str, roots: list[str] | None) -> None:
+    """Append ``line`` to the known_hosts file ``path``: inside ``roots`` (``None``: not checked), in a folder
+    that exists, never through a link, to a regular file the operator owns (made 0600 if absent).
+    ``OSError``/``PermissionError`` with the reason otherwise."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise PermissionError(f"known_hosts folder {folder} does not exist; trust on first use creates no folder")
+    if roots is not None and not inside(path, roots):
+        raise PermissionError(f"known_hosts {path} is outside the allowed roots ({', '.join(roots)})")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"known_hosts {path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise PermissionError(f"known_hosts {path} belongs to uid {st.st_uid}, not to the user chaoskit runs as; "
+                                  "it is not written")
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
