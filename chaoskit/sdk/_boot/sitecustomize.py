@@ -1,0 +1,45 @@
+"""chaoskit's bootstrap for the training processes of a job chaoskit starts (launch: reference / command).
+
+chaoskit puts this folder first on the job's ``PYTHONPATH``, so every Python process of the job imports it at
+start-up. In a torchrun worker (``RANK`` set) with ``$CHAOSKIT_INPROC_DIR`` set it starts the in-process fault
+channel's watcher (:mod:`chaoskit.sdk.inproc`, stdlib only; torch is touched only once an order is armed);
+anywhere else it does nothing. A ``sitecustomize`` of the job's own further along the path is imported after it,
+as Python would have without this one.
+"""
+
+import os
+import sys
+
+
+def _chain():
+    """Import the next ``sitecustomize`` on the path (the job's or the environment's own), if there is one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
+
+
+def _boot():
+    if os.environ.get("CHAOSKIT_INPROC_DIR") and os.environ.get("RANK", "").isdigit():
+        try:
+            try:
+                from chaoskit.sdk import inproc
+            except ImportError:  # a job's own Python without chaoskit installed: the package beside this folder
+                sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+                try:
+                    from chaoskit.sdk import inproc
+                finally:
+                    sys.path.pop()
+            inproc.start()
+        except Exception as exc:  # noqa: BLE001 - the bootstrap never stops the job from starting
+            print(f"chaoskit: in-process fault channel not started: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+_boot()
+_chain()
