@@ -809,6 +809,8 @@ class _Run:
             for key in ("discarded_steps", "catch_up_steps", "healed_group"):  # the torchft model's lost work, in parts
                 if key in phases_full:
                     phases[key] = phases_full[key]
+        if silent is not None and phases.get("lost_steps") is None:
+            phases["lost_steps"] = silent["lost_steps"]  # back to the last clean checkpoint
         return {
             "scenario": self.sc.name,
             "scenario_file": str(self.loaded.path),

@@ -68,11 +68,12 @@ def _start_time(pid):
         return None
     return stat[stat.rfind(b")") + 2:].split()[19].decode()
 
-def _take_back(folder, pid):
-    try:
-        os.unlink("%s/order-%d.json" % (folder, pid))
-    except FileNotFoundError:
-        pass
+def _take_back(folder, pid, status=False):
+    for name in ("order", "status") if status else ("order",):
+        try:
+            os.unlink("%s/%s-%d.json" % (folder, name, pid))
+        except FileNotFoundError:
+            pass
 
 op, folder, pid = sys.argv[1], _folder(sys.argv[2]), int(sys.argv[3])
 if op == "order":
@@ -98,7 +99,7 @@ elif op == "wait":
             break
         time.sleep(0.05)
 elif op == "clear":
-    _take_back(folder, pid)
+    _take_back(folder, pid, status=True)
     print(json.dumps({"ok": True}))
 elif op == "end":
     start, oid, grace = sys.argv[4], sys.argv[5], float(sys.argv[6])
@@ -107,6 +108,7 @@ elif op == "end":
     while time.time() < end:
         st = _status(folder, pid)
         if _start_time(pid) != start or isinstance(st, dict) and st.get("id") == oid and st.get("status") == "ended":
+            _take_back(folder, pid, status=True)
             print(json.dumps({"killed": False}))
             sys.exit(0)
         time.sleep(0.05)
@@ -123,6 +125,7 @@ elif op == "end":
         signal.pidfd_send_signal(fd, signal.SIGKILL)
     else:
         os.kill(pid, signal.SIGKILL)
+    _take_back(folder, pid, status=True)
     print(json.dumps({"killed": True, "why": "the process missed the end of its in-process fault"}))
 else:
     sys.exit("unknown op")
