@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -261,3 +262,48 @@ def test_an_attached_job_without_the_sdk_is_refused_in_process_faults(tmp_path):
         assert "cannot take in-process faults" in res.stdout + res.stderr
     sc.write_text(sc.read_text().replace("process: 'train\\.py'", "process: 'train\\.py', inproc: sdk"))
     assert run_cli("validate", sc).code == 0
+
+
+def _helper(*args: str) -> dict:
+    from chaoskit.faults.inproc import HELPER
+
+    res = subprocess.run([sys.executable, "-I", "-c", HELPER, *args], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _start_time(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return stat[stat.rfind(b")") + 2:].split()[19].decode()
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["ends-by-itself", "misses-its-end"])
+def test_the_lease_kills_a_process_that_misses_the_end_of_its_hang(tmp_path, stopped):
+    """The node side's ``end`` (what the lease runs): a process that reported its hang's end is left alone; one
+    that cannot (here SIGSTOPped during its hang) is killed, and the helper says so for the journal."""
+    need_torch()
+    folder = _folder(tmp_path)
+    proc = _job(tmp_path, 400, 0.05, folder)
+    try:
+        events = tmp_path / "events-True.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (events.exists() and '"kind":"step"' in events.read_text()):
+            time.sleep(0.05)
+        order = json.dumps({"v": 1, "id": "f0.0", "kind": "inproc.hang", "pid": proc.pid,
+                            "params": {"where": "step", "duration": 1}})
+        assert _helper("order", folder, str(proc.pid), order) == {"ok": True}
+        assert _helper("wait", folder, str(proc.pid), "f0.0", "10", "fired,ended")["status"] in ("fired", "ended")
+        if stopped:
+            os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        answer = _helper("end", folder, str(proc.pid), _start_time(proc.pid), "f0.0", "3")
+        assert answer["killed"] is stopped
+        if stopped:
+            assert proc.wait(timeout=10) == -signal.SIGKILL
+        else:
+            assert proc.poll() is None  # it trains on
+        assert not Path(inproc.order_path(folder, proc.pid)).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
