@@ -25,7 +25,8 @@ def test_weights_are_the_counts_of_the_shipped_data() -> None:
     weights = {c.id: c.weight for c in catalog()}
     assert sum(weights.values()) == 419
     # By hand from Table 5 of the Llama 3 paper and our category column:
-    assert weights["hardware.gpu"] == 148 + 17 + 6 + 6  # faulty GPU, GSP, SDC, thermal interface
+    assert weights["hardware.gpu"] == 148 + 17 + 6  # faulty GPU, GSP, thermal interface
+    assert weights["hardware.sdc"] == 6  # silent data corruption: its own class, which gpu.fail does not claim
     assert weights["hardware.gpu_memory"] == 72 + 19  # HBM3, SRAM
     assert weights["software.crash"] == 54 + 2  # software bug, dependency
     assert weights["hardware.host"] == 2 + 2 + 2 + 2  # chassis, IO board, CPU, memory

@@ -191,7 +191,7 @@ class RaiseSpec(InprocSpec):
         return {"cuda": self.cuda, "message": self.message}
 
     def catalog_tag(self) -> str:
-        return f"{self.kind}:cuda" if self.cuda else self.kind
+        return f"{self.kind}:{self.cuda}" if self.cuda else self.kind
 
 
 class NanSpec(InprocSpec):
