@@ -663,9 +663,9 @@ def checksum(parameters) -> int:
 
 
 def _emit_checksum(optimizer, step: int, final: bool = False) -> None:
-    sdk = sys.modules.get("chaoskit.sdk.probe")
+    sdk = sys.modules.get("chaoskit.sdk.probe")  # it imports this module (and the bootstrap imports it)
     if sdk is None:
-        from chaoskit.sdk import probe as sdk
+        return
     params = [p for group in optimizer.param_groups for p in group["params"]]
     sdk.emit("sdc.checksum", step=int(step), sum=str(checksum(params)), params=sum(p.numel() for p in params),
              **({"final": True} if final else {}))

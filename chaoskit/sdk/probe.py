@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Iterator
 
+from chaoskit.sdk import inproc
+
 __all__ = [
     "emit",
     "worker_start",
@@ -140,8 +142,6 @@ def _start_inproc() -> None:
     """Take chaoskit's in-process fault orders (:mod:`chaoskit.sdk.inproc`) in a job chaoskit did not start
     (an attached job); a job it starts has them from its bootstrap already. A no-op without ``$CHAOSKIT_EVENTS``."""
     if enabled() or os.environ.get("CHAOSKIT_INPROC_DIR"):
-        from chaoskit.sdk import inproc
-
         inproc.start()
 
 

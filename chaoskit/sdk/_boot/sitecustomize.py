@@ -10,6 +10,25 @@ as Python would have without this one.
 import os
 import sys
 
+if os.environ.get("CHAOSKIT_INPROC_DIR") and os.environ.get("RANK", "").isdigit():
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _added = False
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("chaoskit") is None:  # a job's own Python without chaoskit: the package beside this folder
+            sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(_here))))
+            _added = True
+        from chaoskit.sdk import probe as _probe  # noqa: F401 - what the channel's events go through
+        from chaoskit.sdk import inproc as _inproc
+
+        _inproc.start()
+    except Exception as _exc:  # noqa: BLE001 - the bootstrap never stops the job from starting
+        print(f"chaoskit: in-process fault channel not started: {type(_exc).__name__}: {_exc}", file=sys.stderr)
+    finally:
+        if _added:
+            sys.path.pop()
+
 
 def _chain():
     """Import the next ``sitecustomize`` on the path (the job's or the environment's own), if there is one."""
@@ -25,21 +44,4 @@ def _chain():
         spec.loader.exec_module(module)
 
 
-def _boot():
-    if os.environ.get("CHAOSKIT_INPROC_DIR") and os.environ.get("RANK", "").isdigit():
-        try:
-            try:
-                from chaoskit.sdk import inproc
-            except ImportError:  # a job's own Python without chaoskit installed: the package beside this folder
-                sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-                try:
-                    from chaoskit.sdk import inproc
-                finally:
-                    sys.path.pop()
-            inproc.start()
-        except Exception as exc:  # noqa: BLE001 - the bootstrap never stops the job from starting
-            print(f"chaoskit: in-process fault channel not started: {type(exc).__name__}: {exc}", file=sys.stderr)
-
-
-_boot()
 _chain()
