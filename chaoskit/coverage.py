@@ -135,8 +135,8 @@ class FaultClass:
             return False
         if kind == "gpu.xid" and variant:
             return variant.isdigit() and int(variant) in self.xid_codes
-        if kind == "inproc.raise":  # only a CUDA error's text is a GPU's or a driver's failure
-            return variant in self.cuda_errors
+        if kind == "inproc.raise":  # a CUDA error's text is a GPU's or a driver's failure; any other, a crash
+            return variant in self.cuda_errors if self.cuda_errors else not variant
         return True
 
     @property
@@ -149,6 +149,7 @@ class FaultClass:
             "description": self.description, "kinds": list(self.kinds), "requires": list(self.requires),
             "weight": self.weight, "mechanisms": [m.as_dict() for m in self.mechanisms],
             **({"xid_codes": list(self.xid_codes)} if self.xid_codes else {}),
+            **({"cuda_errors": list(self.cuda_errors)} if self.cuda_errors else {}),
         }
 
 
@@ -174,10 +175,12 @@ _CLASSES = (
     FaultClass("hardware.sdc", "rank", "Silent data corruption",
                "A GPU computes wrong numbers and says nothing: no error, no log line, training goes on from "
                "corrupt state (and saves it), until a checksum, a loss watch or nobody notices.",
-               kinds=("inproc.bitflip",), sources=("hardware.gpu/Silent Data Corruption",),
+               kinds=("inproc.bitflip", "inproc.nan"), sources=("hardware.gpu/Silent Data Corruption",),
                mechanisms=(Mechanism("inproc.bitflip", "in-process", "real", (), (
                    "one bit of a parameter or gradient flipped in the training process's own memory (CPU tensors "
-                   "on the labs); a flip inside a GPU kernel is not imitated")),)),
+                   "on the labs); a flip inside a GPU kernel is not imitated")),
+                           Mechanism("inproc.nan", "in-process", "real", (), (
+                               "NaN or Inf written into one rank's loss or gradients: corruption that shows")))),
     FaultClass("hardware.gpu_memory", "rank", "GPU memory error",
                "Uncorrectable ECC error in HBM or on-chip SRAM; the rank's process dies with a CUDA error "
                "and the device stays unusable until it is reset.",
@@ -200,10 +203,13 @@ _CLASSES = (
     FaultClass("hardware.slow", "node", "Slow node (straggler)",
                "A node keeps working but slowly (thermal throttling, a failing fan, a noisy neighbour); every "
                "rank waits for it in each collective, so the whole job slows down without failing.",
-               kinds=("node.slow",),
+               kinds=("node.slow", "inproc.slow"),
                mechanisms=(Mechanism("node.slow", "cgroup", "emulated", ("cgroup",),
                                      "a CPU share imitates a slow GPU"),
-                           Mechanism("node.slow", "nvidia", "real", ("gpu",), GPU_UNVERIFIED))),
+                           Mechanism("node.slow", "nvidia", "real", ("gpu",), GPU_UNVERIFIED),
+                           Mechanism("inproc.slow", "in-process", "emulated", (), emulates=(
+                               "a share of one rank's every step slept or spent computing, from inside the process "
+                               "(no root, no cgroup), as a slow GPU would take it")))),
     FaultClass("network.nic", "node", "NIC down",
                "A node's data NIC goes down; its ranks can no longer reach their peers.",
                kinds=("network.link_down",), requires=("netns",), sources=("network.nic",)),
@@ -218,15 +224,17 @@ _CLASSES = (
                kinds=("network.partition",), requires=("netns",)),
     FaultClass("software.crash", "rank", "Process crash",
                "A training process dies: a software bug, a broken dependency, a signal.",
-               kinds=("process.kill",), sources=("software",)),
+               kinds=("process.kill", "inproc.raise"), sources=("software",)),
     FaultClass("software.hang", "rank", "Process hang",
                "A rank stops making progress without exiting; its peers wait in a collective until "
                "a timeout or watchdog fires (NCCL watchdog timeouts).",
-               kinds=("process.hang", "inproc.hang"), sources=("software.hang",),
+               kinds=("process.hang", "inproc.hang", "inproc.gil"), sources=("software.hang",),
                mechanisms=(Mechanism("process.hang", "SIGSTOP", "real", (), "every thread frozen, a watchdog's or "
                                      "heartbeat's too"),
                            Mechanism("inproc.hang", "in-process", "real", (), "the training thread held before its "
-                                     "collective; heartbeat and watchdog threads run on, as in a stuck kernel"))),
+                                     "collective; heartbeat and watchdog threads run on, as in a stuck kernel"),
+                           Mechanism("inproc.gil", "GIL held", "real", (), "the process's GIL held: no Python "
+                                     "thread of it runs, its C++ threads (gloo, NCCL's watchdog) do"))),
     FaultClass("software.oom", "rank", "Out of memory",
                "A rank runs out of host or device memory and is killed by the OOM killer or the allocator.",
                kinds=("mem.oom",),

@@ -267,8 +267,10 @@ class _InprocFault(Fault):
             if self.lasting:
                 out.append(Action(t.node, f"arm lease: after {self._ends()} the node takes the order back and kills pid "
                                           f"{t.pid} (its start time checked) unless it reported the fault's end", t.label()))
-            out.append(Action(t.node, f"write {folder}/order-{t.pid}.json: {json.dumps(self.order(t, i)['params'])} "
-                                      f"({self.kind}); pid {t.pid} answers in status-{t.pid}.json within {CHECKIN_S:g}s",
+            params = json.dumps({k: v for k, v in self.spec.order_params().items() if v is not None})
+            out.append(Action(t.node, f"write {folder}/order-{t.pid}.json: {self.kind} {params} "
+                                      f"(chaoskit's helper, atomically); pid {t.pid} answers in status-{t.pid}.json "
+                                      f"within {CHECKIN_S:g}s or the fault fails",
                               t.label()))
         return out
 
