@@ -142,7 +142,7 @@ class InprocSpec(FaultSpec):
         raise NotImplementedError
 
 
-class HangSpec(InprocSpec):
+class InprocHangSpec(InprocSpec):
     """Hold the training thread (before the step's collective, or in the data loader) while every other thread runs on."""
 
     kind: Literal["inproc.hang"]
@@ -155,7 +155,7 @@ class HangSpec(InprocSpec):
         return {"where": self.where, "duration": self.duration}
 
 
-class GilSpec(InprocSpec):
+class InprocGilSpec(InprocSpec):
     """Hold the GIL: no Python thread of the process runs (heartbeats and watchdogs included), as NVRx's LOCK_GIL."""
 
     kind: Literal["inproc.gil"]
@@ -165,7 +165,7 @@ class GilSpec(InprocSpec):
         return {"duration": self.duration}
 
 
-class RaiseSpec(InprocSpec):
+class InprocRaiseSpec(InprocSpec):
     """Raise an exception in the step: a CUDA error's own text (emulated: no GPU is harmed), or a given one."""
 
     kind: Literal["inproc.raise"]
@@ -182,7 +182,7 @@ class RaiseSpec(InprocSpec):
         return v
 
     @model_validator(mode="after")
-    def _one(self) -> "RaiseSpec":
+    def _one(self) -> "InprocRaiseSpec":
         if (self.cuda is None) == (self.message is None):
             raise ValueError("give exactly one of 'cuda' or 'message'")
         return self
@@ -194,7 +194,7 @@ class RaiseSpec(InprocSpec):
         return f"{self.kind}:{self.cuda}" if self.cuda else self.kind
 
 
-class NanSpec(InprocSpec):
+class InprocNanSpec(InprocSpec):
     """Write NaN (or Inf) into one rank's loss or gradients at one step."""
 
     kind: Literal["inproc.nan"]
@@ -205,7 +205,7 @@ class NanSpec(InprocSpec):
         return {"target": self.into, "value": self.value}
 
 
-class BitflipSpec(InprocSpec):
+class InprocBitflipSpec(InprocSpec):
     """Flip one bit of one element of a parameter or gradient on one rank: silent data corruption (no error, no log)."""
 
     kind: Literal["inproc.bitflip"]
@@ -228,7 +228,7 @@ class BitflipSpec(InprocSpec):
                 "steps": self.steps}
 
 
-class SlowSpec(InprocSpec):
+class InprocSlowSpec(InprocSpec):
     """Make one rank's steps slower from inside: a share of each step slept or spent computing (no root, no cgroup)."""
 
     kind: Literal["inproc.slow"]
@@ -395,19 +395,19 @@ def describe_flip(detail: dict[str, Any]) -> str:
 
 class InprocHangFault(_InprocFault):
     kind = "inproc.hang"
-    Spec = HangSpec
+    Spec = InprocHangSpec
     lasting = True
 
 
 class InprocGilFault(_InprocFault):
     kind = "inproc.gil"
-    Spec = GilSpec
+    Spec = InprocGilSpec
     lasting = True
 
 
 class InprocRaiseFault(_InprocFault):
     kind = "inproc.raise"
-    Spec = RaiseSpec
+    Spec = InprocRaiseSpec
 
     def mechanism(self) -> dict[str, str]:
         # a CUDA error's own text and the process's exit, without a GPU that failed
@@ -416,7 +416,7 @@ class InprocRaiseFault(_InprocFault):
 
 class InprocNanFault(_InprocFault):
     kind = "inproc.nan"
-    Spec = NanSpec
+    Spec = InprocNanSpec
     silent = True
 
     def describe(self, injection: Injection) -> str:
@@ -427,7 +427,7 @@ class InprocNanFault(_InprocFault):
 
 class InprocBitflipFault(_InprocFault):
     kind = "inproc.bitflip"
-    Spec = BitflipSpec
+    Spec = InprocBitflipSpec
     silent = True
 
     def describe(self, injection: Injection) -> str:
@@ -435,7 +435,7 @@ class InprocBitflipFault(_InprocFault):
 
 class InprocSlowFault(_InprocFault):
     kind = "inproc.slow"
-    Spec = SlowSpec
+    Spec = InprocSlowSpec
     lasting = True
     measures_slowdown = True
 
