@@ -28,6 +28,7 @@ JOB = r'''
 import sys, time, torch
 from chaoskit.sdk import probe
 probe.worker_start()
+probe.start_heartbeat(0.1)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -307,3 +308,49 @@ def test_the_lease_kills_a_process_that_misses_the_end_of_its_hang(tmp_path, sto
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+
+
+def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 200) -> tuple[dict, list[dict]]:
+    """One live job given one order once it trains; its status once ended, and its events."""
+    folder = _folder(tmp_path)
+    proc = _job(tmp_path, steps, 0.02, folder)
+    events = tmp_path / "events-True.jsonl"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (events.exists() and events.read_text().count('"kind":"step"') >= 20):
+            time.sleep(0.05)
+        order = json.dumps({"v": 1, "id": "f0.0", "kind": kind, "pid": proc.pid, "params": params})
+        assert _helper("order", folder, str(proc.pid), order) == {"ok": True}
+        status = _helper("wait", folder, str(proc.pid), "f0.0", "30", "ended")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    return status, [json.loads(line) for line in events.read_text().splitlines()]
+
+
+def test_gil_held_stops_every_thread_of_the_process_then_it_goes_on(tmp_path):
+    """inproc.gil: for its duration neither the heartbeat thread nor the training thread runs."""
+    need_torch()
+    status, events = _drive(tmp_path, "inproc.gil", {"duration": 1.5})
+    assert status["status"] == "ended"
+    beats = sorted(e["ts"] for e in events if e["kind"] in ("heartbeat", "step"))
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    assert max(gaps) >= 1.4  # nothing at all for the GIL's 1.5 s (heartbeats come every 0.1 s otherwise)
+    assert max(e["step"] for e in events if e["kind"] == "step") == 200
+
+
+def test_slow_share_lengthens_one_ranks_steps_for_its_duration(tmp_path):
+    """inproc.slow with share 0.5 sleeps as long again as a step takes: steps about twice as long, then back."""
+    need_torch()
+    status, events = _drive(tmp_path, "inproc.slow", {"share": 0.5, "duration": 2}, steps=300)
+    assert status["status"] == "ended"
+    t_fire = status["t_fire"]
+    steps = sorted(e["ts"] for e in events if e["kind"] == "step")
+    def median_interval(lo: float, hi: float) -> float:
+        ts = [t for t in steps if lo <= t <= hi]
+        gaps = sorted(b - a for a, b in zip(ts, ts[1:]))
+        return gaps[len(gaps) // 2]
+    before, during = median_interval(t_fire - 1.5, t_fire), median_interval(t_fire + 0.2, t_fire + 1.8)
+    assert 1.6 * before < during < 3 * before

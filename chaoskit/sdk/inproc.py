@@ -330,7 +330,10 @@ def _watch(folder: str) -> None:
         if key == seen:
             continue
         seen = key
-        take_order(folder, pid)
+        try:
+            take_order(folder, pid)
+        except Exception as exc:  # noqa: BLE001 - the watcher outlives any order
+            _refuse(folder, f"the order failed: {type(exc).__name__}")
 
 
 def take_order(folder: str, pid: int | None = None) -> dict[str, Any] | None:
@@ -350,11 +353,11 @@ def take_order(folder: str, pid: int | None = None) -> dict[str, Any] | None:
     with _lock:
         if _armed is not None and _armed["id"] == order["id"]:
             return _armed
-        _armed = dict(order, state="armed", fired=0, t_fire=None, window_left=order["params"].get("steps", 1))
+        _armed = armed = dict(order, state="armed", fired=0, t_fire=None, window_left=order["params"].get("steps", 1))
     _write_status(folder, {"id": order["id"], "status": "armed", "ts": time.time()})
     if order["kind"] == "inproc.gil":  # nothing of this process runs while it holds: fired from this thread
-        _fire_gil(order)
-        return order
+        _fire_gil(armed)
+        return armed
     if not _when_torch(_install_hooks):
         _refuse(folder, "this process has not imported torch: no training step to act on")
         with _lock:
@@ -389,44 +392,72 @@ def _torch_ready() -> bool:
 
 
 def _install_hooks() -> None:
+    """The optimizer's step hooks (cheap: two calls a step), and what the armed order needs beside them: the
+    forward pre-hook for a point before the step (hang, slow) or the model's names (a bit flip by name), which
+    makes every module call take torch's slow path, so it is removed once no longer needed; ``Tensor.backward``
+    for a NaN loss; the DataLoader's iterator for a hang in the data."""
     global _hooks_installed
     with _lock:
-        if _hooks_installed:
-            return
+        first = not _hooks_installed
         _hooks_installed = True
     import torch
-    from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    register_module_forward_pre_hook(_forward_pre)
-    register_optimizer_step_pre_hook(_opt_pre)
-    register_optimizer_step_post_hook(_opt_post)
-    orig_backward = torch.Tensor.backward
+    if first:
+        register_optimizer_step_pre_hook(_opt_pre)
+        register_optimizer_step_post_hook(_opt_post)
+    order = _armed
+    kind = order["kind"] if order is not None else None
+    params = order["params"] if order is not None else {}
+    if kind in ("inproc.hang", "inproc.slow") and params.get("where", "step") == "step" or (
+            kind == "inproc.bitflip" and params.get("name") is not None and not _modules):
+        _forward_hook(True)
+    if kind == "inproc.nan" and params.get("target") == "loss" and not _patched.get("backward"):
+        orig_backward = torch.Tensor.backward
 
-    def backward(self, *args, **kwargs):  # inproc.nan into the loss: the value the job reads and logs
-        order = _armed
-        if order is not None and order["kind"] == "inproc.nan" and order["params"]["target"] == "loss" and _due(order):
-            with torch.no_grad():
-                self.fill_(_bad_value(order))
-            _fired(order, {"target": "loss"})
-        return orig_backward(self, *args, **kwargs)
-
-    torch.Tensor.backward = backward
-    try:
-        from torch.utils.data import dataloader
-
-        orig_next = dataloader._BaseDataLoaderIter.__next__
-
-        def next_batch(self):
+        def backward(self, *args, **kwargs):  # inproc.nan into the loss: the value the job reads and logs
             order = _armed
-            if order is not None and order["kind"] == "inproc.hang" and order["params"]["where"] == "data" and _due(order):
-                _fired(order, {"where": "data"})
-                _hold(order)
-            return orig_next(self)
+            if order is not None and order["kind"] == "inproc.nan" and order["params"]["target"] == "loss" and _due(order):
+                with torch.no_grad():
+                    self.fill_(_bad_value(order))
+                _fired(order, {"target": "loss"})
+            return orig_backward(self, *args, **kwargs)
 
-        dataloader._BaseDataLoaderIter.__next__ = next_batch
-    except (ImportError, AttributeError):  # a torch without the loader's iterator class: where: data never fires
-        pass
+        torch.Tensor.backward = backward
+        _patched["backward"] = True
+    if kind == "inproc.hang" and params.get("where") == "data" and not _patched.get("data"):
+        try:
+            from torch.utils.data import dataloader
+
+            orig_next = dataloader._BaseDataLoaderIter.__next__
+
+            def next_batch(self):
+                order = _armed
+                if order is not None and order["kind"] == "inproc.hang" and order["params"]["where"] == "data" and _due(order):
+                    _fired(order, {"where": "data"})
+                    _hold(order)
+                return orig_next(self)
+
+            dataloader._BaseDataLoaderIter.__next__ = next_batch
+            _patched["data"] = True
+        except (ImportError, AttributeError):  # a torch without the loader's iterator class: where: data never fires
+            pass
+
+
+_patched: dict[str, bool] = {}
+_forward_handle: list[Any] = []
+_forward_unneeded = False
+
+
+def _forward_hook(on: bool) -> None:
+    """Install (``on``) or remove the global forward pre-hook; removed only between steps (the optimizer's
+    post-hook), never while a module call iterates over the global hooks."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    if on and not _forward_handle:
+        _forward_handle.append(register_module_forward_pre_hook(_forward_pre))
+    elif not on and _forward_handle:
+        _forward_handle.pop().remove()
 
 
 def job_step() -> int:
@@ -474,31 +505,30 @@ def _bad_value(order: dict[str, Any]) -> float:
 
 
 def _forward_pre(module, args):
-    global _before_step, _last_boundary
+    global _before_step
     if not _before_step:
         return None
     _before_step = False
     if not _modules:
         _modules.append(module)  # the outermost module of the first step: the model (DDP's wrapper)
-    now = time.monotonic()
-    if _last_boundary is not None:
-        _step_times.append(now - _last_boundary)
-        del _step_times[:-20]
-    _last_boundary = now
+    global _forward_unneeded
     order = _armed
-    if order is None:
+    if order is None or order["state"] == "done" or order["kind"] not in ("inproc.hang", "inproc.slow"):
+        _forward_unneeded = bool(_modules)  # the names are known; nothing before the step to do
         return None
     kind = order["kind"]
     if kind == "inproc.hang" and order["params"]["where"] == "step" and _due(order):
         _fired(order, {"where": "step"})
         _hold(order)
-    elif kind == "inproc.slow":
+    elif kind == "inproc.slow" and order["state"] != "done":
         _slow(order)
     return None
 
 
 def _slow(order: dict[str, Any]) -> None:
     params = order["params"]
+    if order["state"] == "armed" and len(_step_times) < 5:
+        return  # a few steps first, to know how long one takes
     if order["state"] == "armed":
         order["slow_until"] = None if params["duration"] is None else time.monotonic() + params["duration"]
         order["base_step_s"] = sorted(_step_times)[len(_step_times) // 2] if _step_times else 0.05
@@ -547,9 +577,17 @@ def _opt_pre(optimizer, args, kwargs):
 
 
 def _opt_post(optimizer, args, kwargs):
-    global _opt_steps, _before_step
+    global _opt_steps, _before_step, _forward_unneeded, _last_boundary
     _opt_steps += 1
     _before_step = True
+    if _forward_unneeded:
+        _forward_unneeded = False
+        _forward_hook(False)
+    now = time.monotonic()
+    if _last_boundary is not None:
+        _step_times.append(now - _last_boundary)
+        del _step_times[:-20]
+    _last_boundary = now
     if not _optimizers or _optimizers[-1] is not optimizer:
         _optimizers[:] = [optimizer]
     order = _armed
@@ -649,16 +687,21 @@ def _fire_gil(order: dict[str, Any]) -> None:
 
 
 def checksum(parameters) -> int:
-    """The sum of every element's bits read as a signed integer of its width (exact, order-free): replicas
-    that agree bit for bit agree on it, and one flipped bit ``b`` moves it by ``2**b``."""
+    """The sum of every element's bits read as an integer of its width, wrapping as integers do (exact and
+    order-free): replicas that agree bit for bit agree on it, and one flipped bit ``b`` moves one tensor's sum by
+    ``2**b`` modulo ``2**32`` (``2**64`` for 8-byte elements), which is never 0."""
     import torch
 
     total = 0
     with torch.no_grad():
         for p in parameters:
             flat = p.detach().reshape(-1)
-            ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
-            total += int(flat.view(ints).sum(dtype=torch.int64))
+            size = flat.element_size()
+            if size == 8:
+                total += int(flat.view(torch.int64).sum())
+            else:  # summed into 32 bits: a plain int32 reduction, several times faster than widening to int64
+                ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
+                total += int(flat.view(ints).sum(dtype=torch.int32))
     return total
 
 
