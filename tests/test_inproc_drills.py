@@ -60,6 +60,8 @@ def test_sdc_bitflip_is_found_by_the_checksum_probe_within_its_interval(tmp_path
     assert corrupt and min(corrupt) >= s["fault_step"] and max(clean) < s["fault_step"]
     assert s["last_clean_checkpoint"] == max(clean) and s["lost_steps"] == s["detect_step"] - max(clean)
     assert not [e for e in events(tmp_path) if e["kind"] == "loss.anomaly"]  # silent: the loss never told
+    page = (tmp_path / "report.html").read_text()
+    assert "Silent fault" in page and 'class="m-save-corrupt"' in page  # the corrupt checkpoints on the timeline
 
 
 def test_sdc_without_the_probe_fails_and_says_what_was_flipped(tmp_path):
