@@ -125,6 +125,8 @@ class FaultClass:
     mechanisms: tuple[Mechanism, ...] = ()
     xid_codes: tuple[int, ...] = ()
     """The NVIDIA Xid codes of this class: a ``gpu.xid`` of one of them exercises it."""
+    cuda_errors: tuple[str, ...] = ()
+    """The CUDA errors of this class: an ``inproc.raise`` of one of them (``inproc.raise:ecc``) exercises it."""
 
     def exercised_by(self, tag: str) -> bool:
         """Whether a fault known as ``tag`` (its kind, or ``kind:variant``: ``gpu.xid:79``) exercises this class."""
@@ -133,6 +135,8 @@ class FaultClass:
             return False
         if kind == "gpu.xid" and variant:
             return variant.isdigit() and int(variant) in self.xid_codes
+        if kind == "inproc.raise":  # a CUDA error's text is a GPU's or a driver's failure; any other, a crash
+            return variant in self.cuda_errors if self.cuda_errors else not variant
         return True
 
     @property
@@ -145,6 +149,7 @@ class FaultClass:
             "description": self.description, "kinds": list(self.kinds), "requires": list(self.requires),
             "weight": self.weight, "mechanisms": [m.as_dict() for m in self.mechanisms],
             **({"xid_codes": list(self.xid_codes)} if self.xid_codes else {}),
+            **({"cuda_errors": list(self.cuda_errors)} if self.cuda_errors else {}),
         }
 
 
@@ -163,15 +168,27 @@ REQUIREMENTS = {
 # makes its class "not runnable here", never an error.
 _CLASSES = (
     FaultClass("hardware.gpu", "rank", "GPU failure",
-               "A GPU fails, falls off the bus or computes wrong results (faulty GPU, GPU system "
-               "processor, thermal interface, silent data corruption); its rank dies or hangs.",
+               "A GPU fails or falls off the bus (faulty GPU, GPU system processor, thermal interface); "
+               "its rank dies or hangs.",
                kinds=("gpu.fail", "gpu.xid"), sources=("hardware.gpu",), mechanisms=(*_GPU_FAIL, _GPU_XID),
                xid_codes=(74, 79)),
+    FaultClass("hardware.sdc", "rank", "Silent data corruption",
+               "A GPU computes wrong numbers and says nothing: no error, no log line, training goes on from "
+               "corrupt state (and saves it), until a checksum, a loss watch or nobody notices.",
+               kinds=("inproc.bitflip", "inproc.nan"), sources=("hardware.gpu/Silent Data Corruption",),
+               mechanisms=(Mechanism("inproc.bitflip", "in-process", "real", (), (
+                   "one bit of a parameter or gradient flipped in the training process's own memory (CPU tensors "
+                   "on the labs); a flip inside a GPU kernel is not imitated")),
+                           Mechanism("inproc.nan", "in-process", "real", (), (
+                               "NaN or Inf written into one rank's loss or gradients: corruption that shows")))),
     FaultClass("hardware.gpu_memory", "rank", "GPU memory error",
                "Uncorrectable ECC error in HBM or on-chip SRAM; the rank's process dies with a CUDA error "
                "and the device stays unusable until it is reset.",
-               kinds=("gpu.fail", "gpu.xid"), sources=("hardware.gpu_memory",), mechanisms=(*_GPU_FAIL, _GPU_XID),
-               xid_codes=(48, 63, 64, 94, 95)),
+               kinds=("gpu.fail", "gpu.xid", "inproc.raise"), sources=("hardware.gpu_memory",),
+               mechanisms=(*_GPU_FAIL, _GPU_XID, Mechanism("inproc.raise", "in-process exception", "emulated", emulates=(
+                   "the CUDA runtime's own error ('uncorrectable ECC error encountered') raised in the rank's step, "
+                   "and the process's exit, with no GPU failing"))),
+               xid_codes=(48, 63, 64, 94, 95), cuda_errors=("ecc",)),
     FaultClass("hardware.host", "node", "Host lost",
                "The whole node goes away without warning: CPU, system memory, chassis or IO board failure.",
                kinds=("node.poweroff",), sources=("hardware.host",)),
@@ -186,10 +203,13 @@ _CLASSES = (
     FaultClass("hardware.slow", "node", "Slow node (straggler)",
                "A node keeps working but slowly (thermal throttling, a failing fan, a noisy neighbour); every "
                "rank waits for it in each collective, so the whole job slows down without failing.",
-               kinds=("node.slow",),
+               kinds=("node.slow", "inproc.slow"),
                mechanisms=(Mechanism("node.slow", "cgroup", "emulated", ("cgroup",),
                                      "a CPU share imitates a slow GPU"),
-                           Mechanism("node.slow", "nvidia", "real", ("gpu",), GPU_UNVERIFIED))),
+                           Mechanism("node.slow", "nvidia", "real", ("gpu",), GPU_UNVERIFIED),
+                           Mechanism("inproc.slow", "in-process", "emulated", (), emulates=(
+                               "a share of one rank's every step slept or spent computing, from inside the process "
+                               "(no root, no cgroup), as a slow GPU would take it")))),
     FaultClass("network.nic", "node", "NIC down",
                "A node's data NIC goes down; its ranks can no longer reach their peers.",
                kinds=("network.link_down",), requires=("netns",), sources=("network.nic",)),
@@ -204,11 +224,17 @@ _CLASSES = (
                kinds=("network.partition",), requires=("netns",)),
     FaultClass("software.crash", "rank", "Process crash",
                "A training process dies: a software bug, a broken dependency, a signal.",
-               kinds=("process.kill",), sources=("software",)),
+               kinds=("process.kill", "inproc.raise"), sources=("software",)),
     FaultClass("software.hang", "rank", "Process hang",
                "A rank stops making progress without exiting; its peers wait in a collective until "
                "a timeout or watchdog fires (NCCL watchdog timeouts).",
-               kinds=("process.hang",), sources=("software.hang",)),
+               kinds=("process.hang", "inproc.hang", "inproc.gil"), sources=("software.hang",),
+               mechanisms=(Mechanism("process.hang", "SIGSTOP", "real", (), "every thread frozen, a watchdog's or "
+                                     "heartbeat's too"),
+                           Mechanism("inproc.hang", "in-process", "real", (), "the training thread held before its "
+                                     "collective; heartbeat and watchdog threads run on, as in a stuck kernel"),
+                           Mechanism("inproc.gil", "GIL held", "real", (), "the process's GIL held: no Python "
+                                     "thread of it runs, its C++ threads (gloo, NCCL's watchdog) do"))),
     FaultClass("software.oom", "rank", "Out of memory",
                "A rank runs out of host or device memory and is killed by the OOM killer or the allocator.",
                kinds=("mem.oom",),
@@ -217,10 +243,15 @@ _CLASSES = (
                                      "GPU memory is not exhausted"),)),
     FaultClass("software.driver", "node", "Driver or CUDA error",
                "The GPU driver or CUDA runtime fails on a node; every rank there errors out.",
-               kinds=("gpu.xid",), xid_codes=(13, 31, 43),
+               kinds=("gpu.xid", "inproc.raise"), xid_codes=(13, 31, 43),
+               cuda_errors=("illegal_address", "launch_failure", "illegal_instruction", "misaligned_address",
+                            "hardware_stack_error", "device_assert", "nvlink", "out_of_memory", "launch_timeout"),
                mechanisms=(Mechanism("gpu.xid", "kmsg", "emulated", emulates=(
                    "the driver's Xid 13/31/43 line in the node's kernel log; with_failure, the rank killed as the "
-                   "CUDA error would (gpu.fail's crash loop, or the device's compute mode on a GPU node)")),)),
+                   "CUDA error would (gpu.fail's crash loop, or the device's compute mode on a GPU node)")),
+                           Mechanism("inproc.raise", "in-process exception", "emulated", emulates=(
+                               "the CUDA runtime's own error text ('an illegal memory access was encountered', ...) "
+                               "raised in the rank's step as PyTorch reports it, and the process's exit")))),
     FaultClass("storage.checkpoint", "cluster", "Checkpoint corruption",
                "The newest checkpoint is truncated or corrupt; restore must fall back to an older one.",
                kinds=("storage.corrupt",),
@@ -263,7 +294,8 @@ def catalog() -> tuple[FaultClass, ...]:
             owners.setdefault(src, []).append(cls.id)
     weights: dict[str, int] = {}
     for row in interruption_rows():
-        owner = owners.get(row["category"], [])
+        # a root cause a class takes for itself ("hardware.gpu/Silent Data Corruption") before its category's class
+        owner = owners.get(f"{row['category']}/{row['root_cause']}") or owners.get(row["category"], [])
         if len(owner) != 1:
             raise RuntimeError(f"{DATA_FILE}: category {row['category']!r} maps to {len(owner)} catalog classes, expected 1")
         weights[owner[0]] = weights.get(owner[0], 0) + row["interruptions"]

@@ -27,7 +27,7 @@ __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS
            "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
-                          "node.down", "node.drain", "job.node_fail", "job.requeued"})
+                          "node.down", "node.drain", "job.node_fail", "job.requeued", "sdc.detected", "loss.anomaly"})
 """Events that show the system noticed a fault: a torchrun agent or a rank (``worker.exit``, ``detect``), a failed
 checkpoint save (how a job notices a full disk, often without restarting), the kernel's OOM killer
 (``observe/kmsg.py``), the GPU's own Xid and uncorrectable ECC reports (``observe/gpu.py``), Ray, or the scheduler

@@ -49,6 +49,7 @@ from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
+from chaoskit.observe.sdc import SilentWatch, silent_summary
 from chaoskit.observe.presets import PRESETS, preset_rules
 from chaoskit.observe.probes import (
     FileLogProbe,
@@ -123,6 +124,11 @@ class _Progress:
     def __call__(self, message: str) -> None:
         if self.console is not None:
             self.console.print(f"[dim]{time.time() - self.t0:7.2f}s[/dim]  {message}")
+
+
+def _uses_inproc(sc) -> bool:
+    """Whether the run needs the in-process channel: an ``inproc.*`` fault, or the SDC probe."""
+    return sc.probes.sdc is not None or any(f.kind.startswith("inproc.") for f in sc.faults)
 
 
 def _faults(sc) -> list[Fault]:
@@ -499,6 +505,13 @@ class _Run:
             t.start()
         self.job = _job_class(sc.workload, self.cluster, self.loaded.path.parent)(
             self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
+        if _uses_inproc(sc):
+            self.silent_watch = SilentWatch(self.bus)
+            self.silent_watch.start()
+            if isinstance(self.job, TorchrunJob):  # a job chaoskit starts: its bootstrap, and the channel's folder
+                self.job.use_inproc({n: f"{self.inventory[n].conn.state_dir}/inproc" for n in self.cluster.agent_nodes},
+                                    sdc_every=sc.probes.sdc.every if sc.probes.sdc is not None else None,
+                                    final_checksum=any(f.kind == "inproc.bitflip" for f in sc.faults))
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
         if isinstance(self.job, AttachedJob) and watcher is not None:
             self.job.use_watch(watcher)  # its look at the nodes costs only what their watch streams report
@@ -800,6 +813,11 @@ class _Run:
         elif (slowdown is None and phases_full and phases_full["t_detect"] is None and self.verdict is None
               and checks.get("training_finished", {}).get("pass")):
             self.notes.append("the job showed no sign of the fault: nothing detected it and training never stopped")
+        silent = self._silent(events)
+        if silent is not None:
+            checks["silent_fault_detected"] = {"pass": silent["detected"], **({"reason": silent["reason"]} if "reason" in silent else {})}
+            if "reason" in silent and silent["reason"] not in self.notes:
+                self.notes.insert(0, silent["reason"])
         verdict = self.verdict
         if verdict is None:
             verdict = "pass" if all(v["pass"] for v in slo.values()) and all(c["pass"] for c in checks.values()) else "fail"
@@ -820,6 +838,8 @@ class _Run:
             for key in ("discarded_steps", "catch_up_steps", "healed_group"):  # the torchft model's lost work, in parts
                 if key in phases_full:
                     phases[key] = phases_full[key]
+        if silent is not None and phases.get("lost_steps") is None:
+            phases["lost_steps"] = silent["lost_steps"]  # back to the last clean checkpoint
         return {
             "scenario": self.sc.name,
             "scenario_file": str(self.loaded.path),
@@ -838,6 +858,7 @@ class _Run:
             "checks": checks,
             "per_fault": per_fault,
             **({"slowdown": slowdown} if slowdown is not None else {}),
+            **({"silent": silent} if silent is not None else {}),
             "final_step": final_step,
             "notes": self.notes,
             "capabilities": self.capabilities.as_dict(),
@@ -851,6 +872,15 @@ class _Run:
                if self.sc.probes.presets else {}),
         }
 
+    def _silent(self, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The first silent fault's own measure (a bit flip, NaN: nothing fails by itself), or ``None``."""
+        for fault, inj in self.injections:
+            if fault.silent:
+                watch = getattr(self, "silent_watch", None)
+                return silent_summary(events, inj.t_fault, inj.detail.get("step"),
+                                      watch.disagree_at_end if watch else None, fault.describe(inj))
+        return None
+
     def measure(self, events: list[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
                 node: str | None = None) -> dict[str, Any]:
         """One fault's recovery, measured with the scenario's recovery model (``workload.recovery``)."""
@@ -863,7 +893,7 @@ class _Run:
 
 def _mechanism(inj: Injection) -> dict[str, Any]:
     """How a fault with several mechanisms acted (``gpu.fail``: nvidia, real; crashloop, emulated; on a device or the whole node), for the report."""
-    return {k: inj.detail[k] for k in ("mechanism", "fidelity", "scope") if k in inj.detail}
+    return {k: inj.detail[k] for k in ("mechanism", "fidelity", "scope", "error") if k in inj.detail}
 
 
 def install_sigterm():

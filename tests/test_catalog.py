@@ -25,7 +25,8 @@ def test_weights_are_the_counts_of_the_shipped_data() -> None:
     weights = {c.id: c.weight for c in catalog()}
     assert sum(weights.values()) == 419
     # By hand from Table 5 of the Llama 3 paper and our category column:
-    assert weights["hardware.gpu"] == 148 + 17 + 6 + 6  # faulty GPU, GSP, SDC, thermal interface
+    assert weights["hardware.gpu"] == 148 + 17 + 6  # faulty GPU, GSP, thermal interface
+    assert weights["hardware.sdc"] == 6  # silent data corruption: its own class, which gpu.fail does not claim
     assert weights["hardware.gpu_memory"] == 72 + 19  # HBM3, SRAM
     assert weights["software.crash"] == 54 + 2  # software bug, dependency
     assert weights["hardware.host"] == 2 + 2 + 2 + 2  # chassis, IO board, CPU, memory
@@ -50,7 +51,7 @@ def test_shipped_data_is_the_shared_data_with_its_source() -> None:
 def test_catalog_spans_every_category_and_scope() -> None:
     classes = catalog()
     ids = [c.id for c in classes]
-    assert len(ids) == len(set(ids)) == 16
+    assert len(ids) == len(set(ids)) == 17
     assert {c.category for c in classes} == set(CATEGORIES)
     assert {c.scope for c in classes} == set(SCOPES)
     for c in classes:
@@ -105,9 +106,9 @@ def test_coverage_statuses_and_scores() -> None:
     # runnable (its kind is installed, it needs nothing missing) but its scenario has not run
     assert status["network.nic"]["status"] == "not attempted"
     assert cov["covered"] == ["software.crash"]
-    assert cov["plain"] == pytest.approx(1 / 16)
+    assert cov["plain"] == pytest.approx(1 / 17)
     assert cov["weighted"] == pytest.approx(56 / 419)
-    assert sum(cov["counts"].values()) == 16
+    assert sum(cov["counts"].values()) == 17
 
 
 def test_gpu_classes_run_here_through_the_emulated_mechanism_only() -> None:
@@ -141,12 +142,15 @@ def test_catalog_command() -> None:
     res = run_cli("catalog", "--json")
     assert res.code == 0, res.stderr
     data = res.json
-    assert len(data["classes"]) == 16 and data["weight_total"] == 419
+    assert len(data["classes"]) == 17 and data["weight_total"] == 419
     crash = next(c for c in data["classes"] if c["id"] == "software.crash")
-    assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill"]
+    assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill", "inproc.raise"]
     assert crash["weight"] == 56 and crash["runnable_here"] is True
     driver = next(c for c in data["classes"] if c["id"] == "software.driver")
-    assert driver["kinds"] == ["gpu.xid"] and driver["xid_codes"] == [13, 31, 43] and driver["runnable_here"] is True
+    assert driver["kinds"] == ["gpu.xid", "inproc.raise"] and driver["xid_codes"] == [13, 31, 43] and driver["runnable_here"] is True
+    assert "illegal_address" in driver["cuda_errors"]
+    sdc = next(c for c in data["classes"] if c["id"] == "hardware.sdc")
+    assert sdc["weight"] == 6 and "gpu.fail" not in sdc["kinds"] and sdc["runnable_here"] is True
     assert all(c["kinds"] for c in data["classes"])  # a fault kind for every class
     oom = next(c for c in data["classes"] if c["id"] == "software.oom")
     assert oom["kinds"] == ["mem.oom"] and [m["fidelity"] for m in oom["mechanisms"]] == ["real"]

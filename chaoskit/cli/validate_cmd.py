@@ -11,7 +11,7 @@ import typer
 from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env, print_json
 from chaoskit.cluster.inventory_spec import looks_like_inventory, validate_inventory_data
 from chaoskit.cluster.policy import SitePolicy, origin
-from chaoskit.core.errors import ExitCode, ScenarioError
+from chaoskit.core.errors import ExitCode, InfraError, ScenarioError
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.scenario import scenario_files, validate_data
 from chaoskit.scenario.checks import check_scenario
@@ -32,18 +32,23 @@ def validate(
     """Check scenarios and inventories without touching anything. Every error reads file:line:col: message.
 
     Every file is checked, whatever happens to the others; with more than one, a last line
-    counts them. Exit 2 if any is invalid, 70 if chaoskit failed on one (a bug)."""
+    counts them. Exit 2 if any is invalid, 3 if one is valid but its target can never take it (an in-process
+    fault for an attached job without chaoskit's SDK), 70 if chaoskit failed on one (a bug)."""
     env = current_env()
     files = scenario_files(paths)
     if not files:
         env.stderr.write("error: no scenario files found\n")
         return ExitCode.BAD_INPUT
     report = []
-    internal = 0
+    internal = infra = 0
     for f in files:
         try:
             kind, errors, policy = _check(f, inventory)
             lines = [str(e) for e in errors]
+        except InfraError as exc:  # the scenario is well formed, but its target can never take it (exit 3)
+            infra += 1
+            kind, policy = "scenario", None
+            lines = [f"{f}: {_one_line(exc)}" + (f"\nhint: {exc.hint}" if exc.hint else "")]
         except Exception as exc:  # noqa: BLE001 - one file's bug must not keep the others from being checked
             if env.debug:
                 traceback.print_exc(file=env.stderr)
@@ -67,7 +72,7 @@ def validate(
     if internal:
         env.stderr.write("hint: an internal error is a chaoskit bug; rerun with --debug for a traceback and report it\n")
         return ExitCode.INTERNAL
-    return ExitCode.BAD_INPUT if bad else ExitCode.OK
+    return ExitCode.BAD_INPUT if bad > infra else ExitCode.INFRA if infra else ExitCode.OK
 
 
 def _check(path: Path, as_inventory: bool) -> tuple[str, list[ScenarioError], SitePolicy | None]:

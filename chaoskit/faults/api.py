@@ -164,6 +164,10 @@ class Fault:
     """True when the harm is a slowdown, not a failure: the run measures step time before, during and after
     (``result.json["slowdown"]``) rather than expecting a restart."""
 
+    silent: ClassVar[bool] = False
+    """True when the harm raises no error by itself (numbers gone wrong: a flipped bit, a NaN): the run measures
+    whether anything noticed it (``result.json["silent"]``), and nothing noticing is a FAIL with :meth:`describe`."""
+
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         self.spec = spec
         self.fault_id = fault_id
@@ -217,6 +221,10 @@ class Fault:
         nothing secret need be journaled. Raises ``ValueError`` when it is not a revert this kind makes;
         a kind that says nothing here has nothing ``rollback`` may run."""
         raise ValueError(f"{cls.kind} does not say how to rebuild its revert; not run")
+
+    def describe(self, injection: Injection) -> str:
+        """What ``injection`` did, in one line for people (a silent fault's FAIL reason)."""
+        return f"{self.kind} on {', '.join(injection.targets)}"
 
     @property
     def duration(self) -> float | None:

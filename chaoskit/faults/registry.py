@@ -31,6 +31,12 @@ FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
     "mem.oom": "chaoskit.faults.memory:OomFault",
     "slurm.drain": "chaoskit.faults.slurm:DrainFault",
     "slurm.requeue": "chaoskit.faults.slurm:RequeueFault",
+    "inproc.hang": "chaoskit.faults.inproc:InprocHangFault",
+    "inproc.gil": "chaoskit.faults.inproc:InprocGilFault",
+    "inproc.raise": "chaoskit.faults.inproc:InprocRaiseFault",
+    "inproc.nan": "chaoskit.faults.inproc:InprocNanFault",
+    "inproc.bitflip": "chaoskit.faults.inproc:InprocBitflipFault",
+    "inproc.slow": "chaoskit.faults.inproc:InprocSlowFault",
 }, check=_check)
 
 

@@ -11,7 +11,8 @@ the controller, runs nothing. This package imports nothing of chaoskit: it is th
 - :mod:`.crashloop` (``gpu.fail``), :mod:`.xid_writer` (``gpu.xid``), :mod:`.memory_tool` and
   :mod:`.ballast` (``mem.oom``), :mod:`.cpu_tool` (``node.slow``), :mod:`.cgroups` (what those two share),
   :mod:`.storage_tool` (``storage.*``), :mod:`.cont_if_same` (``process.hang``'s revert),
-  :mod:`.netem_check` (does the kernel have netem).
+  :mod:`.netem_check` (does the kernel have netem), :mod:`.inproc_tool` (``inproc.*``'s orders in the node's
+  channel folder).
 """
 
 import os

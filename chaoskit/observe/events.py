@@ -36,6 +36,9 @@ EVENT_KINDS = (
     # chaoskit's own watch of the nodes (chaoskit.observe.probes.ProcessWatcher): a worker stopped or resumed
     # (state T), and a node silent for probes.heartbeat_timeout, and its return.
     "process.stopped", "process.resumed", "node.unreachable", "node.reachable",
+    # Silent faults (chaoskit.observe.sdc): each rank's parameter checksum (probes.sdc), replicas that disagree,
+    # a loss gone NaN/Inf or far off its recent steps.
+    "sdc.checksum", "sdc.detected", "loss.anomaly",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

@@ -302,7 +302,8 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "reallocation_steps": phases.get("reallocation_steps") or [],
         "waterfall": _waterfall(timing, slo, t_fault),
         "grid": _node_grid(events, nodes, t_fault, timing),
-        "ckpt": _checkpoint_chart(events, t_fault, timing),
+        "ckpt": _checkpoint_chart(events, t_fault, timing, _corrupt_steps((result or {}).get("silent"))),
+        "silent": _silent_rows((result or {}).get("silent")),
         "migration": _migration(events, nodes, t_fault, timing),
         "repeat": None,
     }
@@ -508,7 +509,37 @@ def _node_grid(events: list[dict[str, Any]], nodes: list[str], t_fault: float | 
             "detected_by": (timing or {}).get("detected_by")}
 
 
-def _checkpoint_chart(events: list[dict[str, Any]], t_fault: float | None, timing: dict[str, Any] | None) -> dict[str, Any] | None:
+def _corrupt_steps(silent: dict[str, Any] | None) -> set[int]:
+    """The steps of the checkpoints a silent fault made corrupt (``result.json["silent"]["checkpoints"]``)."""
+    return {c["step"] for c in (silent or {}).get("checkpoints") or [] if c.get("corrupt") and isinstance(c.get("step"), int)}
+
+
+_SILENT_ROWS = (
+    ("detection_s", "detection", "the fault to its first sign: sdc.detected, loss.anomaly, a rank's detect", "s"),
+    ("corrupt_steps", "corrupt steps", "steps trained on corrupt state before it was noticed", ""),
+    ("fault_step", "corrupted at step", "the step the fault took effect in", ""),
+    ("last_clean_checkpoint", "last clean checkpoint", "the newest checkpoint saved before the corruption", ""),
+    ("lost_steps", "lost work", "steps back to the last clean checkpoint", ""),
+    ("recovered", "recovered", "a new world restored a checkpoint from before the corruption", ""),
+)
+
+
+def _silent_rows(silent: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A silent fault's measures (``result.json["silent"]``) as table rows, its FAIL reason, and its checkpoints."""
+    if not silent:
+        return None
+    rows = []
+    for key, label, meaning, unit in _SILENT_ROWS:
+        value = silent.get(key)
+        shown = "not observed" if value is None else (f"{value:.3f} s" if unit == "s" else
+                                                       ("yes" if value else "no") if isinstance(value, bool) else str(value))
+        rows.append({"key": key, "label": label, "value": shown, "meaning": meaning})
+    marks = [f"{c['step']} {'corrupt' if c.get('corrupt') else 'clean'}" for c in silent.get("checkpoints") or []]
+    return {"rows": rows, "reason": silent.get("reason"), "detected_by": silent.get("detected_by"), "checkpoints": marks}
+
+
+def _checkpoint_chart(events: list[dict[str, Any]], t_fault: float | None, timing: dict[str, Any] | None,
+                      corrupt: set[int] | None = None) -> dict[str, Any] | None:
     """Step over time: saves, the fault, the roll-back to the restored step, lost work shaded."""
     steps = [e for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
     span = _time_range(events)
@@ -543,7 +574,10 @@ def _checkpoint_chart(events: list[dict[str, Any]], t_fault: float | None, timin
         pts = [binned[b] for b in sorted(binned)]
         paths.append(" ".join(f"{x(ts)},{y(step)}" for ts, step in pts))
     rel = (lambda ts: ts - t_fault) if t_fault is not None else (lambda ts: ts - x.lo)
-    saves = [_marker("save", x(e["ts"]), y(e["step"]), f"checkpoint of step {e['step']} saved at {rel(e['ts']):+.2f}s" + (f" ({e['bytes']} bytes)" if e.get("bytes") else ""))
+    corrupt = corrupt or set()
+    saves = [_marker("save-corrupt" if e["step"] in corrupt else "save", x(e["ts"]), y(e["step"]),
+                     f"checkpoint of step {e['step']} saved at {rel(e['ts']):+.2f}s" + (f" ({e['bytes']} bytes)" if e.get("bytes") else "")
+                     + (": corrupt (saved after a silent corruption)" if e["step"] in corrupt else ""))
              for e in events if e.get("kind") == "ckpt.save.end" and isinstance(e.get("step"), int)]
     loads = [_marker("load", x(e["ts"]), y(e["step"]), f"rank {e.get('rank')} loaded step {e['step']} at {rel(e['ts']):+.2f}s")
              for e in events if e.get("kind") == "ckpt.load.end" and isinstance(e.get("step"), int)]

@@ -90,6 +90,11 @@ class Workload(StrictModel):
     checkpoint_dir: str | None = Field(None, min_length=2, max_length=4096, pattern=r"^/[^\x00-\x1f\x7f]*$", description=(
         "launch: attach only: the absolute folder the job keeps its checkpoints in on the nodes (storage faults act "
         "inside it). A job chaoskit starts keeps them in <job dir>/checkpoints (CHAOSKIT_CKPT_DIR)."))
+    inproc: Literal["sdk", "hf", "lightning"] | None = Field(None, description=(
+        "launch: attach only: how the job takes chaoskit's in-process faults (inproc.*): it calls the SDK "
+        "(chaoskit.sdk.probe.worker_start) or uses a framework callback, which watch the node's state folder for "
+        "orders. Without it an attached job is refused in-process faults (exit 3): nothing reaches inside it. A job "
+        "chaoskit starts takes them from chaoskit's bootstrap."))
     checkpoint_fs: ByteSize | None = Field(None, description=(
         "Give the job a file system of its own of this size (e.g. 64MiB) for its checkpoint folder: the process lab "
         "mounts a tmpfs there (root needed) and unmounts it after the run. What storage.full fills."))
@@ -166,6 +171,8 @@ class Workload(StrictModel):
             raise ValueError("launch: attach needs 'process: REGEX' (the job's command line, e.g. 'train\\.py')")
         if self.launch != "attach" and self.process:
             raise ValueError("'process' is only used with launch: attach")
+        if self.launch != "attach" and self.inproc is not None:
+            raise ValueError("'inproc' is only used with launch: attach (a job chaoskit starts has its bootstrap)")
         if self.launch != "attach" and self.checkpoint_dir is not None:
             raise ValueError("'checkpoint_dir' is only used with launch: attach (a job chaoskit starts keeps its "
                              "checkpoints in <job dir>/checkpoints)")
@@ -259,6 +266,14 @@ class PrometheusRule(StrictModel):
         return self
 
 
+class SdcProbe(StrictModel):
+    """The checksum probe of silent data corruption (a job chaoskit starts, or the SDK / a callback)."""
+
+    every: int = Field(10, ge=1, le=100_000, description=(
+        "Every N steps each rank reports a checksum of its parameters (the sum of their bits); DDP replicas must "
+        "agree bit for bit, and the first step where they do not is sdc.detected."))
+
+
 class Probes(StrictModel):
     """Where events come from."""
 
@@ -277,6 +292,9 @@ class Probes(StrictModel):
     log_files: list[LogFile] = Field(
         default_factory=list, description="Log files the job writes itself, read through the same rules as its output."
     )
+    sdc: SdcProbe | None = Field(None, description=(
+        "Opt-in: compare the ranks' parameter checksums every N steps (silent data corruption, sdc.detected). "
+        "Costs one pass over the parameters per N steps (bench/bench_inproc.py)."))
     prometheus: list[PrometheusRule] = Field(default_factory=list, max_length=32, description=(
         "Prometheus queries evaluated every second during the drill; a rise (or a crossing of `above`) is an event."))
 

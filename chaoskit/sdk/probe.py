@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Iterator
 
+from chaoskit.sdk import inproc
+
 __all__ = [
     "emit",
     "worker_start",
@@ -41,6 +43,8 @@ __all__ = [
 _lock = threading.Lock()
 _fd: int | None = None
 _fd_path: str | None = None
+last_step: int | None = None
+"""The last step this process reported (what :mod:`chaoskit.sdk.inproc` counts steps by)."""
 
 
 def enabled() -> bool:
@@ -84,11 +88,14 @@ def worker_start(**fields: Any) -> dict[str, Any] | None:
         if env.get(key, "").isdigit():
             info[name] = int(env[key])
     info.update(fields)
+    _start_inproc()
     return emit("worker.start", **info)
 
 
 def step(step: int, **fields: Any) -> dict[str, Any] | None:
     """One training step finished."""
+    global last_step
+    last_step = int(step)
     return emit("step", step=int(step), **fields)
 
 
@@ -129,6 +136,13 @@ def checkpoint_load(step: int | None = None, **fields: Any) -> Iterator[dict[str
     if step is not None:
         extra.setdefault("step", int(step))
     emit("ckpt.load.end", **fields, **extra)
+
+
+def _start_inproc() -> None:
+    """Take chaoskit's in-process fault orders (:mod:`chaoskit.sdk.inproc`) in a job chaoskit did not start
+    (an attached job); a job it starts has them from its bootstrap already. A no-op without ``$CHAOSKIT_EVENTS``."""
+    if enabled() or os.environ.get("CHAOSKIT_INPROC_DIR"):
+        inproc.start()
 
 
 def start_heartbeat(interval: float = 1.0) -> threading.Event:

@@ -12,9 +12,16 @@ from chaoskit.sdk import probe
 from chaoskit.workloads.plain_train import Hooks, error_line, parse_args, train
 
 
+HEARTBEAT_S = 1.0
+"""How often each rank's heartbeat thread emits the SDK's ``heartbeat`` event."""
+
+
 class SdkHooks(Hooks):
     def worker_start(self, rank: int, world: int, restart: int) -> None:
         probe.worker_start()
+        # a thread of its own, as real jobs' watchdogs are: it beats on while the training thread is held
+        # (inproc.hang), and stops with the whole process (SIGSTOP, inproc.gil)
+        probe.start_heartbeat(HEARTBEAT_S)
         super().worker_start(rank, world, restart)
 
     def rendezvous_done(self, rank: int, world: int) -> None:

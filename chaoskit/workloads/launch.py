@@ -99,6 +99,22 @@ class TorchrunJob:
         self.torchft = workload.recovery == "torchft"
         self.lighthouse: subprocess.Popen[bytes] | None = None
         self.lighthouse_port = free_port() if self.torchft else None
+        self.node_env: dict[str, dict[str, str]] = {}
+        """Variables for one node's processes on top of :meth:`job_env`'s (the in-process channel: :meth:`use_inproc`)."""
+
+    def use_inproc(self, folders: dict[str, str], sdc_every: int | None = None, final_checksum: bool = False) -> None:
+        """Load chaoskit's bootstrap into the job's Python processes (its folder first on ``PYTHONPATH``), with the
+        in-process channel's folder on each node (``folders``: node -> ``<state folder>/inproc``), the SDC probe's
+        interval, and whether the ranks write their checksums at exit (a drill that flips a bit)."""
+        boot = str(Path(__file__).resolve().parent.parent / "sdk" / "_boot")
+        path = os.environ.get("PYTHONPATH")
+        for node, folder in folders.items():
+            env = {"PYTHONPATH": boot + (os.pathsep + path if path else ""), "CHAOSKIT_INPROC_DIR": folder}
+            if sdc_every:
+                env["CHAOSKIT_SDC_EVERY"] = str(int(sdc_every))
+            if final_checksum:
+                env["CHAOSKIT_SDC_FINAL"] = "1"
+            self.node_env[node] = env
 
     def script_argv(self) -> list[str]:
         w = self.workload
@@ -156,6 +172,7 @@ class TorchrunJob:
             # deadlock init_process_group (seen with torch 2.13 on three local agents).
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
             **self.cluster.launch_env(node),
+            **self.node_env.get(node, {}),
         }
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)

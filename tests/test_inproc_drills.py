@@ -1,0 +1,84 @@
+"""In-process drills end to end: the shipped scenarios against the reference job under torchrun on the process lab.
+
+The job is unchanged: its orders come through chaoskit's bootstrap. Each drill is the issue's "done when".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SCENARIOS, need_torch, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def drill(path: Path, out: Path):
+    need_torch()
+    res = run_cli("run", path, "--out", out, "--json")
+    assert res.stdout, res.stderr
+    return res, res.json
+
+
+def events(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def test_live_hang_keeps_the_rank_heartbeating_and_peers_detect_it_at_the_collective_timeout(tmp_path):
+    res, r = drill(SCENARIOS / "inproc-hang.yaml", tmp_path)
+    assert res.code == 0, res.stderr
+    timeout = r["workload"]["collective_timeout"]
+    assert abs(r["phases"]["detection_s"] - timeout) <= 0.25 * timeout
+    assert r["phases"]["recovery_s"] is not None and r["checks"]["faults_reverted"]["pass"]
+    timeline = events(tmp_path)
+    t_fault = r["faults"][0]["t_fault"]
+    beats = [e["ts"] - t_fault for e in timeline if e["kind"] == "heartbeat" and e.get("rank") == 1 and e.get("node") == "n1"]
+    steps = [e["ts"] - t_fault for e in timeline if e["kind"] == "step" and e.get("rank") == 1]
+    # the training thread is held (no step of rank 1 for the collective timeout) while its heartbeat thread beats on
+    assert not [s for s in steps if 0.5 < s < timeout]
+    assert len([b for b in beats if 0 < b < timeout]) >= timeout / 2
+
+
+def test_nan_in_one_ranks_gradients_is_caught_by_the_loss_watch(tmp_path):
+    res, r = drill(SCENARIOS / "inproc-nan.yaml", tmp_path)
+    assert res.code == 0, res.stderr
+    assert r["phases"]["detection_s"] is not None and r["phases"]["detection_s"] < 5
+    assert "loss watch" in r["phases"]["detected_by"]
+    assert r["silent"]["detected"] and r["silent"]["corrupt_steps"] is not None
+
+
+def test_sdc_bitflip_is_found_by_the_checksum_probe_within_its_interval(tmp_path):
+    res, r = drill(SCENARIOS / "sdc-bitflip.yaml", tmp_path)
+    assert res.code == 0, res.stderr
+    s = r["silent"]
+    assert s["detected"] and "checksum probe" in s["detected_by"]
+    assert 0 <= s["corrupt_steps"] <= 10
+    corrupt = [c["step"] for c in s["checkpoints"] if c["corrupt"]]
+    clean = [c["step"] for c in s["checkpoints"] if not c["corrupt"]]
+    assert corrupt and min(corrupt) >= s["fault_step"] and max(clean) < s["fault_step"]
+    assert s["last_clean_checkpoint"] == max(clean) and s["lost_steps"] == s["detect_step"] - max(clean)
+    assert not [e for e in events(tmp_path) if e["kind"] == "loss.anomaly"]  # silent: the loss never told
+    page = (tmp_path / "report.html").read_text()
+    assert "Silent fault" in page and 'class="m-save-corrupt"' in page  # the corrupt checkpoints on the timeline
+
+
+def test_sdc_without_the_probe_fails_and_says_what_was_flipped(tmp_path):
+    res, r = drill(ROOT / "examples" / "sdc-unprobed.yaml", tmp_path)
+    assert res.code == 1 and r["verdict"] == "fail"
+    reason = r["checks"]["silent_fault_detected"]["reason"]
+    assert reason.startswith("bit 10 of 2.weight[0] flipped on rank 1 at step ")
+    assert "replicas still disagree at the end; no probe or job line noticed" in reason
+    assert reason in r["notes"] and r["silent"]["disagree_at_end"] is True
+
+
+def test_cuda_error_in_the_step_is_a_crash_torchrun_restarts(tmp_path):
+    res, r = drill(SCENARIOS / "inproc-cuda-error.yaml", tmp_path)
+    assert res.code == 0, res.stderr
+    assert r["phases"]["recovery_s"] is not None and r["phases"]["restored_step"] is not None
+    [fault] = r["faults"]
+    assert fault["fidelity"] == "emulated"
+    injected = [e for e in events(tmp_path) if e["kind"] == "fault.injected"]
+    assert injected[0]["error"] == "CUDA error: an illegal memory access was encountered"
+    assert "an illegal memory access was encountered" in "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
