@@ -4,6 +4,7 @@ ends a probe or a report. A bad line is counted, dropped, and reported once."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from tests.conftest import wait_until
 BAD = [
     ('{"ts": 1.0, "kind": "step", "step": ' + "9" * 5000 + "}", "digits"),      # killed the probe before
     ("[" * 100_000 + "]" * 100_000, "deep"),                                     # RecursionError before
-    ('{"ts": NaN, "kind": "step", "step": 3}', "NaN"),                         # broke the HTML report before
-    ('{"ts": Infinity, "kind": "step", "step": 3}', "Infinity"),
+    ('{"ts": NaN, "kind": "step", "step": 3}', "finite"),                      # broke the HTML report before
+    ('{"ts": Infinity, "kind": "step", "step": 3}', "finite"),
+    ('{"ts": 1.0, "kind": "step", "step": NaN}', "whole number"),
     ('{"ts": 1e999, "kind": "step", "step": 3}', "finite"),
     ('{"ts": 1.0, "kind": "step", "step": 1.5}', "whole number"),
     ('{"ts": 1.0, "kind": "step", "step": true}', "whole number"),
@@ -32,6 +34,9 @@ def test_each_bad_line_is_no_event_and_says_why():
         assert event is None and why and says.lower() in why.lower(), (line[:60], why)
     event, why = sdk_event('{"ts": 2.5, "kind": "step", "step": 7, "rank": 0}')
     assert why is None and event == {"ts": 2.5, "kind": "step", "step": 7, "rank": 0}
+    # the job's own values may be any float: a loss gone NaN or infinite is what the loss watch is for
+    event, why = sdk_event('{"ts": 2.5, "kind": "step", "step": 8, "rank": 1, "loss": NaN, "grad_norm": Infinity}')
+    assert why is None and math.isnan(event["loss"]) and event["grad_norm"] == math.inf
 
 
 def test_the_sdk_probe_survives_every_bad_line_and_reports_them_once(tmp_path):
@@ -67,8 +72,9 @@ def test_the_html_report_renders_whatever_the_events_file_holds(tmp_path):
              b'{"ts": 1.0, "kind": "step", "step": ' + b"9" * 5000 + b"}",
              b"\xff\xfe not utf-8",
              b"[" * 50_000,
+             b'{"ts": ' + str(t + 1.5).encode() + b', "kind": "step", "step": 2, "node": "n0", "loss": NaN}',
              json.dumps({"ts": t + 2, "kind": "step", "step": 3, "node": "n0"}).encode()]
     (run / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    assert [e["step"] for e in read_events(run / "events.jsonl")] == [1, 3]
+    assert [e["step"] for e in read_events(run / "events.jsonl")] == [1, 2, 3]
     out = write_run_report(run)
     assert out.is_file() and "<html" in out.read_text()

@@ -196,8 +196,10 @@ class _Tailer(threading.Thread):
         self.join(timeout=2)
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number an event may hold")
+def _constant(name: str) -> float:
+    """NaN, Infinity and -Infinity as the floats they name: a job's own values (a loss gone NaN is what the loss
+    watch looks for) may be any float; ``ts`` and the whole-number fields may not (:func:`sdk_event`)."""
+    return float(name)
 
 
 def _bounded_int(text: str) -> int:
@@ -206,11 +208,6 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:20]} is not a finite number")
-    return value
 
 
 SDK_MAX_DEPTH = 16
@@ -233,12 +230,14 @@ def _depth(value: Any, limit: int) -> bool:
 
 def sdk_event(line: str) -> tuple[dict[str, Any] | None, str | None]:
     """One line of the SDK's event file as an event, or why it is none: job output is data, so a line that is not
-    JSON, not an object, holds a number of more than MAX_NUMBER_DIGITS digits, NaN or Infinity, nests deeper than
-    :data:`SDK_MAX_DEPTH`, or lacks a finite ``ts`` and a ``kind`` is no event (and never an exception)."""
+    JSON, not an object, holds a whole number of more than MAX_NUMBER_DIGITS digits, nests deeper than
+    :data:`SDK_MAX_DEPTH`, or lacks a finite ``ts`` and a ``kind`` is no event (and never an exception). A value
+    of the job's own may be NaN or infinite (a loss that went NaN is the news); ``ts`` and the whole-number
+    fields (``step``, ``rank``, ...) may not."""
     if not line.strip():
         return None, None
     try:
-        event = json.loads(line, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+        event = json.loads(line, parse_int=_bounded_int, parse_constant=_constant)
     except RecursionError:
         return None, "nested too deep"
     except ValueError as exc:  # JSONDecodeError is one
