@@ -83,6 +83,8 @@ COMPUTE_MODES = {
 }
 """``nvidia-smi --query-gpu=compute_mode`` answers (lower-cased) -> the value ``nvidia-smi -c`` takes."""
 
+LOOP_GRACE_S = 5.0
+"""How long a crash loop that ended waits for its controller to read and remove its folder before removing it itself."""
 CRASHLOOP = helper_source(r"""
 import json, os, re, signal, sys, time
 d, duration, poll = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
@@ -257,14 +259,22 @@ while reason is None:
         kills.flush()
     time.sleep(poll)
 create_file(os.path.join(d, "exited"), "%f %s %d\n" % (time.time(), reason, killed))
-""")
+kills.close()
+# The controller's verify reads the folder and removes it; with no controller (killed, its lease's watchdog stopped
+# this loop), nobody would: the loop removes it itself after LOOP_GRACE_S, so nothing is left in the state folder.
+end = time.time() + LOOP_GRACE_S
+while time.time() < end and os.path.lexists(d):
+    time.sleep(0.1)
+remove_tree(d)
+""", LOOP_GRACE_S=LOOP_GRACE_S)
 """The crash loop, run as ``python3 -I -c CRASHLOOP DIR DURATION_S POLL_S SCOPE_JSON SELECTOR_JSON`` on the node.
 
 ``SELECTOR_JSON`` holds the fault's ``ranks``, ``pid`` and ``process``, or ``{"node": true}``
 for ``scope: node`` (every process of the job in the node's scope, agents first). It refuses
 an existing ``DIR`` and one outside chaoskit's state folder, writes ``DIR/started`` (its clock, its pid) once it watches, one line
 per kill to ``DIR/kills`` (time, pid, rank or ``None``), and ``DIR/exited`` when ``DIR/stop``
-appears or ``DURATION_S`` has passed. Only processes of the node's scope are ever
+appears or ``DURATION_S`` has passed, then removes ``DIR`` itself unless its controller did within
+:data:`LOOP_GRACE_S` (a controller killed mid-fault leaves nobody to). Only processes of the node's scope are ever
 touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace), and of those only the
 drilled job's (``SCOPE_JSON``'s ``job``: its run id, uid, Slurm job; its torchrun agent as the
 parent of one of its workers), as the transports' own agents judge it."""

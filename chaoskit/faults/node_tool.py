@@ -32,9 +32,10 @@ VERIFY_S = 5.0
 """How long a verify waits for the node to show the fault gone (a killed helper still exiting)."""
 
 
-def helper_source(source: str) -> str:
-    """``source`` as one program for ``python3 -I -c``: nodefs' functions first (``check_dir``, ``create_file``, ...)."""
-    return bundle(source)
+def helper_source(source: str, **constants: Any) -> str:
+    """``source`` as one program for ``python3 -I -c``: nodefs' functions first (``check_dir``, ``create_file``, ...),
+    then ``NAME = value`` for each of ``constants``."""
+    return bundle(source, **constants)
 
 
 def helper_argv(python: str, source: str, *args: str) -> list[str]:
