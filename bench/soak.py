@@ -64,7 +64,7 @@ from chaoskit.safety.lease import LeaseManager, default_lease_root
 case = json.loads(sys.argv[1])
 run_id = case["run_id"]
 if case["lab"] == "process":
-    lab = ProcessLab.load()
+    lab = ProcessLab(case["process_lab"], 2)
     inventory, details = lab.inventory(), {"kind": "process", "lab": lab.lab_id, "ephemeral": False}
 else:
     inventory, details = load_inventory(case["inventory"]), {"kind": "netns", "inventory": case["inventory"], "ephemeral": False}
@@ -210,7 +210,7 @@ class Soak:
             self.ensure_workers()
         run_id = f"soak-{i:04d}"
         spec = {"run_id": run_id, "lab": case.lab, "kind": case.kind, "fields": case.fields, "target": case.target,
-                "ttl": TTL_S, "duration": FAULT_S, "checkpoint_dir": str(self.ckpt),
+                "ttl": TTL_S, "duration": FAULT_S, "checkpoint_dir": str(self.ckpt), "process_lab": self.process_lab.lab_id,
                 "inventory": str(self.netns.inventory_path) if self.netns is not None else None}
         env = dict(os.environ)
         if case.death == "state-full":
@@ -270,14 +270,19 @@ class Soak:
         fired = _fired_at(self.state, self.work, run_id, TTL_S + FAULT_S + 10)
         revert_s = None if fired is None or died_at is None else max(0.0, fired - died_at)
         end = time.time() + self.args.settle
+        clean_at = None
         while True:
             result = audit(target, checkpoint_dirs=dirs)
             # a dead run's journal records are bookkeeping ('chaoskit rollback' clears them below), not residue
             mine = [f"{x.node}: {x.kind}: {x.what}" for x in result.leftovers if x.kind != "journal" and _ours(x.what)]
             mine += [f"{n}: unreadable: {why}" for n, why in result.unreadable.items()]
+            if not mine:
+                clean_at = time.time()
             if not mine or time.time() > end:
                 break
             time.sleep(0.5)
+        if revert_s is None and died_at is not None and clean_at is not None:
+            revert_s = clean_at - died_at  # no watchdog fired (the controller lived on and reverted): until clean
         out = Outcome(case.name, died_at, revert_s, mine, note=note)
         fixed = fix(target, checkpoint_dirs=dirs)  # what an operator runs after a death: chaoskit rollback
         if mine:

@@ -39,6 +39,8 @@ from chaoskit.safety.rollback import RollbackOutcome, find_crashed_runs
 __all__ = ["Leftover", "AuditResult", "NodeRead", "audit", "fix", "audit_inventory"]
 
 READ_TIMEOUT_S = 15.0
+LEASE_GRACE_S = 5.0
+"""How long past its TTL a lease may go unrenewed before the audit says its watchdog failed (it polls every ~0.1 s)."""
 KNOWN_STATE = re.compile(r"watchdog-[0-9a-f]{12}\.py|leases/?|leases/.*")
 """What a node's state folder holds between drills: the watchdog's script, the leases folder (whose lease folders
 the audit reads itself: one neither released nor fired, of a run that is gone, is a lease nobody renews)."""
@@ -92,6 +94,7 @@ class NodeRead:
         self._checkpoint_dirs = checkpoint_dirs
         self._runs: dict[tuple[str, ...], str | None] = {}
         self.problem: str | None = None
+        self._mtimes: dict[str, float] = {}
         try:  # an unreachable node is unreadable, not clean
             self.transport.ping(timeout=READ_TIMEOUT_S)
             self.reachable = True
@@ -131,13 +134,21 @@ class NodeRead:
     def state_entries(self) -> list[str]:
         if self.state_dir is None:
             return []
-        found = self.run(["find", self.state_dir, "-mindepth", "1", "-maxdepth", "3", "-printf", "%y %P\\n"]) or ""
+        found = self.run(["find", self.state_dir, "-mindepth", "1", "-maxdepth", "4", "-printf", "%y %T@ %P\\n"]) or ""
         out = []
         for line in found.splitlines():
-            kind, _, rel = line.partition(" ")
+            kind, mtime, rel = (line.split(" ", 2) + ["", ""])[:3]
             if rel:
                 out.append(rel + "/" if kind == "d" else rel)
+                try:
+                    self._mtimes[out[-1]] = float(mtime)
+                except ValueError:
+                    pass
         return sorted(out)
+
+    def mtime(self, rel: str, default: float) -> float:
+        """When ``rel`` (as :meth:`state_entries` names it) was last modified, on the node's clock."""
+        return self._mtimes.get(rel, default)
 
     def checkpoint_files(self, prefix: str) -> list[str]:
         out: list[str] = []
@@ -225,20 +236,59 @@ def _read_node(node: Node, checkpoint_dirs: list[str], live: set[str]) -> tuple[
 
 
 def _node_leases(view: NodeRead, entries: list[str], live: set[str]) -> list[Leftover]:
-    """A node's lease folders (``leases/<run>/<fault>/``) of runs not alive, and watchdogs still running for them."""
+    """A node's lease folders (``leases/<run>/<fault>/``) neither released nor fired: one that no watchdog waits on
+    (its revert will never run: the node lost its watchdog) or whose lease was not renewed for longer than its
+    watchdog's TTL (its controller is gone and the watchdog has not reverted). A lease renewed within its TTL is a
+    live run's, of this controller or another one; a watchdog waiting on a lease folder that is gone is left too."""
+    if view.state_dir is None:
+        return []
+    root = f"{view.state_dir}/leases/"
+    watchdogs = _watchdogs(view.ps(), root)
+    now = _node_time(view)
     out = []
     for rel in entries:
         parts = rel.rstrip("/").split("/")
-        done = any(f"{rel}{f}" in entries for f in ("released", "fired"))
-        if len(parts) == 3 and parts[0] == "leases" and rel.endswith("/") and parts[1] not in live and not done:
-            out.append(Leftover(view.node.name, f"lease {parts[1]}/{parts[2]} of a run that is gone", "lease"))
-    if view.state_dir is None:
-        return out
-    leases = f"{view.state_dir}/leases/"
-    for pid, _, cmdline in view.ps():
-        if "watchdog" in cmdline and leases in cmdline and not any(f"{leases}{run}/" in cmdline for run in live):
-            out.append(Leftover(view.node.name, f"watchdog running: pid {pid} {cmdline[:120]}", "watchdog"))
+        if not (len(parts) == 3 and parts[0] == "leases" and rel.endswith("/")) or parts[1] in live:
+            continue
+        if any(f"{rel}{f}" in entries for f in ("released", "fired")):
+            continue  # nothing is armed any more
+        name = f"{parts[1]}/{parts[2]}"
+        dog = watchdogs.pop(f"{root}{name}", None)
+        if dog is None:
+            out.append(Leftover(view.node.name, f"lease {name}: no watchdog waits on it, and it was neither released "
+                                                "nor fired (its revert may never have run)", "lease"))
+            continue
+        age = None if now is None else now - view.mtime(f"{rel}lease", default=0.0)
+        if age is not None and age > dog[1] + LEASE_GRACE_S:
+            out.append(Leftover(view.node.name, f"lease {name} past its TTL ({age:.0f}s without renewal, TTL {dog[1]:g}s): "
+                                                f"watchdog pid {dog[0]} has not reverted", "lease"))
+    for directory, (pid, _) in sorted(watchdogs.items()):
+        if directory[len(root):].split("/", 1)[0] not in live and f"{directory[len(view.state_dir) + 1:]}/" not in entries:
+            out.append(Leftover(view.node.name, f"watchdog pid {pid} waits on lease folder {directory}, which is gone", "watchdog"))
     return out
+
+
+def _watchdogs(procs: list[tuple[int, str, str]], root: str) -> dict[str, tuple[int, float]]:
+    """Lease folder -> (pid, TTL) of each watchdog (``python -I SCRIPT LEASE_DIR TTL DEADLINE``) under ``root``."""
+    out = {}
+    for pid, _, cmdline in procs:
+        words = cmdline.split()
+        for i, word in enumerate(words[:-1]):
+            if word.startswith(root) and "watchdog" in " ".join(words[:i]):
+                try:
+                    out[word.rstrip("/")] = (pid, float(words[i + 1]))
+                except ValueError:
+                    pass
+                break
+    return out
+
+
+def _node_time(view: NodeRead) -> float | None:
+    text = view.run(["date", "+%s.%N"])
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def _controller_leftovers(live: set[str]) -> list[Leftover]:

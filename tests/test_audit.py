@@ -176,7 +176,7 @@ def test_a_netns_lab_with_one_leftover_of_each_kind_names_each(netns_lab, tmp_pa
         assert not _has(report, "n0", "network.link_down", "eth0"), lines
         assert _has(report, "n0", "network.blackhole", "qdisc c4a0: on eth0"), lines
         assert _has(report, "n1", "network.partition", f"nft table inet chaoskit_f{token}"), lines
-        assert _has(report, "n0", "lease", "lease deadrun/f2.0 of a run that is gone"), lines
+        assert _has(report, "n0", "lease", "lease deadrun/f2.0: no watchdog waits on it"), lines
         assert _has(report, "n0", "state", f"state inproc-{token}.json"), lines
         assert len(report["leftovers"]) == 5, lines
 

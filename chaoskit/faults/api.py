@@ -72,7 +72,8 @@ class NodeView(Protocol):
         """The paths of every cgroup named ``chaoskit-*`` on the node."""
 
     def state_entries(self) -> list[str]:
-        """What is in the node's state folder (relative paths, three levels deep; a folder ends in ``/``)."""
+        """What is in the node's state folder (relative paths, four levels deep: a lease's
+        files, ``leases/<run>/<fault>/fired``, included; a folder ends in ``/``)."""
 
     def checkpoint_files(self, prefix: str) -> list[str]:
         """The paths of the files and folders named ``prefix*`` in the checkpoint folders audited (links not followed)."""
