@@ -114,6 +114,7 @@ class Outcome:
     residue: list[str] = field(default_factory=list)
     rollback: list[str] = field(default_factory=list)
     note: str = ""
+    took_s: float = 0.0
 
 
 def cases(ckpt: str, small_fs: str) -> list[Case]:
@@ -168,7 +169,6 @@ class Soak:
             dest.mkdir(mode=0o700)
             subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(dest)], check=True)
             self.mounts.append(dest)
-        subprocess.run(["dd", "if=/dev/zero", f"of={self.full_state}/fill", "bs=64k"], capture_output=True)
         if need_netns:
             from chaoskit.lab.netns import NetnsLab
 
@@ -214,7 +214,7 @@ class Soak:
                 "inventory": str(self.netns.inventory_path) if self.netns is not None else None}
         env = dict(os.environ)
         if case.death == "state-full":
-            env["CHAOSKIT_STATE_DIR"] = str(self.full_state)
+            env["CHAOSKIT_STATE_DIR"] = str(self.fill_state())
         proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, json.dumps(spec)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         lines: list[str] = []
@@ -228,7 +228,23 @@ class Soak:
             return self.settle(case, run_id, None, None, note=note)
         delay = self.rng.uniform(0, FAULT_S - 1.0)
         died_at = self.kill(case, proc, armed + delay, lines)
-        return self.settle(case, run_id, died_at, proc)
+        note = ""
+        if case.death == "state-full":  # the journal write failed: the controller must have stopped before injecting
+            err = proc.stderr.read()[-300:].strip().splitlines()
+            where = next((line.strip() for line in reversed(err) if line.strip().startswith("File ")), "")
+            note = f"controller exited {proc.returncode} before the kill: {err[-1] if err else ''} ({where})" if proc.returncode != -9 else \
+                "the controller was still running: the journal write did not fail"
+        return self.settle(case, run_id, died_at, proc, note=note)
+
+    def fill_state(self) -> Path:
+        """The controller's state folder for ``state-full``: a file system with room for the run's marker (one page)
+        and no more, so the journal's first record fails (ENOSPC) before anything is armed."""
+        for old in [*self.full_state.glob("runs/*.json"), self.full_state / "fill"]:
+            old.unlink(missing_ok=True)
+        subprocess.run(["dd", "if=/dev/zero", f"of={self.full_state}/fill", "bs=4k"], capture_output=True)
+        with open(self.full_state / "fill", "r+b") as fh:  # give back one page
+            fh.truncate(max(0, os.fstat(fh.fileno()).st_size - 4096))
+        return self.full_state
 
     def kill(self, case: Case, proc: subprocess.Popen, when: float, lines: list[str]) -> float:
         time.sleep(max(0.0, when - time.time()))
@@ -263,6 +279,7 @@ class Soak:
                note: str = "") -> Outcome:
         from chaoskit.audit import audit, fix
 
+        started = time.time()
         if proc is not None and proc.poll() is None:
             proc.wait(FAULT_S + 30)  # a controller that lived on reverts at the fault's end
         target = "process" if case.lab == "process" else str(self.netns.inventory_path)
@@ -283,7 +300,7 @@ class Soak:
             time.sleep(0.5)
         if revert_s is None and died_at is not None and clean_at is not None:
             revert_s = clean_at - died_at  # no watchdog fired (the controller lived on and reverted): until clean
-        out = Outcome(case.name, died_at, revert_s, mine, note=note)
+        out = Outcome(case.name, died_at, revert_s, mine, note=note, took_s=time.time() - started)
         fixed = fix(target, checkpoint_dirs=dirs)  # what an operator runs after a death: chaoskit rollback
         if mine:
             out.rollback = [f"{f.get('kind')} on {f.get('node')}: {'ok' if f.get('ok') else f.get('problem')}"
