@@ -25,7 +25,12 @@ its ``faults:`` as the kinds to draw from, each with its settings), then:
    explains most of it.
 
 It writes ``campaign.json`` (``{seed, duration_s, mtbf_s, faults: [{t, kind, target, phases}],
-ettr: {measured, predicted}, badput: {<bucket>: seconds}, ...}``) and ``campaign.html``.
+ettr: {measured, predicted}, badput: {<bucket>: seconds}, stopped: {early, why, ...}, ...}``) and
+``campaign.html``, also when the run stops early (the job ran out of restarts, a safety limit, Ctrl-C):
+what it measured until then, and why it stopped (the run's error is not raised then: its exit code is
+returned, and its message is in ``stopped.why``). Before it
+starts, it warns when the job's ``max_restarts`` is below the faults the draw holds (torchrun would
+give up before the campaign ends) and says how to raise it (:func:`restart_warning`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from chaoskit.core.errors import ScenarioError
+from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
 from chaoskit.core.files import EVENTS_FILE, RESULT_FILE, empty_out_dir, utc_iso, utc_stamp
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.coverage import catalog
@@ -48,7 +53,7 @@ from chaoskit.runner import RunOutcome, run_scenario
 from chaoskit.scenario import LoadedScenario, load_scenario, validate_data
 from chaoskit.scenario.checks import preview_cluster
 
-__all__ = ["plan_campaign", "run_campaign", "measure_campaign", "CAMPAIGN_FILE", "BUCKETS"]
+__all__ = ["plan_campaign", "run_campaign", "measure_campaign", "restart_warning", "CAMPAIGN_FILE", "BUCKETS"]
 
 CAMPAIGN_FILE = "campaign.json"
 BUCKETS = ("startup", "detection", "reallocation", "checkpoint_load", "first_step", "recomputed", "checkpoint_saves",
@@ -100,6 +105,23 @@ def plan_campaign(loaded: LoadedScenario, duration_s: float, mtbf_s: float, seed
     return draws
 
 
+def restart_warning(loaded: LoadedScenario, draws: list[dict[str, Any]], duration_s: float, mtbf_s: float) -> str | None:
+    """Why the job may give up before the campaign ends: its ``workload.max_restarts`` is below the faults this
+    draw holds, or below those the duration and MTBF make likely (each fault that kills a worker costs torchrun
+    one restart); ``None`` when it is not, or when chaoskit does not start the job (``attach``, ``sbatch``)."""
+    workload = loaded.model.workload
+    if workload.launch in ("attach", "sbatch"):
+        return None
+    expected = duration_s * (1 - TAIL) / mtbf_s
+    need = max(len(draws), math.ceil(expected))
+    if workload.max_restarts >= need:
+        return None
+    return (f"the job's workload.max_restarts is {workload.max_restarts}, but this draw holds {len(draws)} fault(s) "
+            f"({expected:.1f} expected from --duration and --mtbf): torchrun gives up after {workload.max_restarts} "
+            f"restart(s) and the campaign ends early. Raise it in {loaded.path} (workload: {{max_restarts: {need}}}), "
+            "or give a longer --mtbf or a shorter --duration")
+
+
 def _kind_weights() -> dict[str, int]:
     """Each fault kind's real-world weight: the interruptions of the catalog classes it exercises, plus one, so
     that a kind whose classes the data never saw (an OOM kill) is rare rather than impossible."""
@@ -142,8 +164,9 @@ def run_campaign(path: str | Path, *, duration_s: float, mtbf_s: float, seed: in
                  after_run: Callable[[Path], Any] | None = None) -> tuple[int, dict[str, Any], Path]:
     """Draw, run and measure a campaign; return ``(exit_code, campaign.json's content, out)``.
 
-    The exit code is the run's (0 when every fault was measured and the job finished, 1 otherwise);
-    bad input raises :class:`ScenarioError` before anything starts."""
+    The exit code is the run's (0 when every fault was measured and the job finished, 1 otherwise; the error's
+    when the run stopped on one, 3 for a job out of restarts, with ``stopped`` saying why); bad input raises
+    :class:`ScenarioError` before anything starts, and an error before the run began is raised as it is."""
     loaded = load_scenario(path)
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     draws = plan_campaign(loaded, duration_s, mtbf_s, seed, kinds)
@@ -151,20 +174,50 @@ def run_campaign(path: str | Path, *, duration_s: float, mtbf_s: float, seed: in
     started = time.time()
     out = Path(out) if out else Path("reports") / f"{utc_stamp(started)}-{loaded.model.name}-campaign"
     empty_out_dir(out, "campaign")
-    plan = {"seed": seed, "duration_s": duration_s, "mtbf_s": mtbf_s, "overlap": overlap, "draws": draws}
+    warning = restart_warning(loaded, draws, duration_s, mtbf_s)
+    plan = {"seed": seed, "duration_s": duration_s, "mtbf_s": mtbf_s, "overlap": overlap, "draws": draws,
+            "warnings": [warning] if warning else []}
     (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
     if console is not None:
         console.print(f"campaign of {loaded.model.name}: seed {seed}, {len(draws)} faults drawn over {duration_s:g}s "
                       f"(MTBF {mtbf_s:g}s)")
         for i, d in enumerate(draws, 1):
             console.print(f"  fault {i}: {d['kind']} at +{d['t']:.1f}s on {_target_text(d['target'])}")
-    outcome: RunOutcome = run_scenario(scenario, out=out / "run", console=console, after_run=after_run,
-                                       gate=None if overlap else _recovered_gate)
+        if warning:
+            console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
+    raised: BaseException | None = None
+    code = ExitCode.OK
+    try:
+        outcome: RunOutcome = run_scenario(scenario, out=out / "run", console=console, after_run=after_run,
+                                           gate=None if overlap else _recovered_gate)
+        code = ExitCode(outcome.exit_code)
+    except (ChaoskitError, KeyboardInterrupt) as exc:
+        raised = exc
+        code = ExitCode(exc.exit_code) if isinstance(exc, ChaoskitError) else ExitCode.INTERRUPTED
+    if not (out / "run" / RESULT_FILE).is_file():  # stopped before the run began (the lab, the lock): nothing measured
+        if raised is not None:
+            raise raised
     summary = measure_campaign(out / "run", plan)
     summary["started_at"] = utc_iso(started)
     summary["run_dir"] = str(out / "run")
+    summary["stopped"] = _stopped(summary, plan, raised, code)
+    summary["warnings"] = plan["warnings"]
     (out / CAMPAIGN_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    return outcome.exit_code, summary, out
+    return int(code), summary, out
+
+
+def _stopped(summary: dict[str, Any], plan: dict[str, Any], raised: BaseException | None, code: int) -> dict[str, Any]:
+    """Whether the campaign ended before its draw did, and why: the run's error, its verdict and notes."""
+    injected, drawn = len(summary["faults"]), len(plan["draws"])
+    why = None
+    if raised is not None:
+        why = str(raised) if isinstance(raised, ChaoskitError) else "interrupted by Ctrl-C or SIGTERM"
+    elif summary.get("verdict") in ("aborted", "interrupted", "error"):
+        why = "; ".join(summary.get("notes") or []) or summary.get("verdict")
+    elif injected < drawn:
+        why = f"the job ended after {injected} of the {drawn} faults drawn"
+    return {"early": why is not None, "why": why, "exit_code": int(code), "faults_injected": injected,
+            "faults_drawn": drawn}
 
 
 def _recovered_gate(events: list[dict[str, Any]], injected: list[float]) -> str | None:

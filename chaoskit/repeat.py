@@ -15,7 +15,8 @@ for every sample, ``{p95: 60s}`` for that percentile. A sample that fails only a
 percentile SLO does not fail the repeat by itself.
 
 A sample that cannot run (exit 2 or 3) or is interrupted stops the repeats; the folder
-still gets its result.json with the samples so far, then the error is raised as usual.
+still gets its result.json with the samples so far and ``stopped: {early, why, after}`` (which
+sample, and its error or verdict), then the error is raised as usual.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, cons
             samples.append(_sample(sample_dir, _read(sample_dir), exc.exit_code, error=str(exc)))
             raised = exc
             break
+        except KeyboardInterrupt as exc:  # before the run's own handling began (opening the lab): stop, keep what ran
+            samples.append(_sample(sample_dir, _read(sample_dir), ExitCode.INTERRUPTED, error="interrupted by Ctrl-C or SIGTERM"))
+            raised = exc
+            break
         samples.append(_sample(sample_dir, outcome.result, outcome.exit_code))
         if outcome.exit_code in (ExitCode.INTERRUPTED, ExitCode.ABORTED):
             code = ExitCode(outcome.exit_code)
@@ -72,6 +77,7 @@ def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, cons
     result = summarize_samples(loaded.model.name, str(loaded.path), repeat, samples, loaded.model.slo.model_dump(),
                                started=started)
     result["run_dir"] = str(out)
+    result["stopped"] = _stopped(samples, repeat)
     (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     if after_all is not None:
         try:
@@ -111,6 +117,14 @@ def summarize_samples(name: str, scenario_file: str, repeat: int, samples: list[
         "distribution": dist,
         "slo": slo_result,
     }
+
+
+def _stopped(samples: list[dict[str, Any]], repeat: int) -> dict[str, Any]:
+    """Whether the repeats ended before the N asked for, and why: the last sample's error or verdict."""
+    if len(samples) >= repeat or not samples:
+        return {"early": False, "why": None, "after": len(samples)}
+    last = samples[-1]
+    return {"early": True, "why": f"{last['dir']}: {last.get('error') or last['status']}", "after": len(samples)}
 
 
 def _sample(sample_dir: Path, result: dict[str, Any] | None, exit_code: int, error: str | None = None) -> dict[str, Any]:

@@ -113,3 +113,48 @@ def test_a_short_campaign_measures_ettr_against_the_simulator(tmp_path):
     assert "ETTR measured" in page and page.count("<tr>") >= 4 and "<script" not in page
     run = json.loads((out / "run" / "result.json").read_text())
     assert len(run["per_fault"]) == 3 and run["checks"]["training_finished"]["pass"]
+
+
+def _out_of_restarts_menu(tmp_path: Path, max_restarts: int) -> Path:
+    menu = tmp_path / "kill-rank.yaml"
+    menu.write_text(
+        "name: kill-rank\ncluster: {kind: process, nodes: 2}\n"
+        "workload: {launch: reference, steps: 400, step_time: 50ms, checkpoint_every: 25, collective_timeout: 10s, "
+        f"max_restarts: {max_restarts}}}\n"
+        "faults:\n  - {kind: process.kill, target: {ranks: [1]}, signal: SIGKILL, at: {step: 60}}\n"
+        "slo: {recovery: 60s}\nsafety: {max_nodes: 1, abort_after: 5m}\n")
+    return menu
+
+
+def test_a_campaign_warns_when_the_job_would_run_out_of_restarts(tmp_path):
+    from chaoskit.campaign import restart_warning
+
+    low = load_scenario(_out_of_restarts_menu(tmp_path, 1))
+    draws = plan_campaign(low, 360, 60, 7)
+    warning = restart_warning(low, draws, 360, 60)
+    assert warning and "workload.max_restarts is 1" in warning and f"{len(draws)} fault(s)" in warning
+    assert f"max_restarts: {max(len(draws), 6)}" in warning and str(low.path) in warning
+    assert restart_warning(load_scenario(MENU), plan_campaign(load_scenario(MENU), 360, 60, 7), 360, 60) is None
+
+
+@pytest.mark.slow
+def test_a_campaign_whose_job_runs_out_of_restarts_still_writes_what_it_measured(tmp_path):
+    """The issue's case in small: torchrun gives up (max_restarts 1, the second kill), and campaign.json still
+    holds the measured recovery and why the campaign stopped; today's code exited 3 with plan.json alone."""
+    from tests.conftest import need_torch
+
+    need_torch()
+    out = tmp_path / "camp"
+    res = run_cli("campaign", _out_of_restarts_menu(tmp_path, 1), "--duration", "40s", "--mtbf", "8s", "--seed", "7",
+                  "--out", out, "--json")
+    assert "warning:" in res.stderr and "workload.max_restarts is 1" in res.stderr
+    assert res.code == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    c = json.loads((out / "campaign.json").read_text())
+    assert res.json == c
+    stopped = c["stopped"]
+    # torchrun gave up: the next fault found no process to act on, or the job ended before it
+    assert stopped["early"] and stopped["exit_code"] == 3 and ("now" in stopped["why"] or "ended" in stopped["why"]), stopped
+    assert stopped["faults_drawn"] >= 3 and 1 <= stopped["faults_injected"] < stopped["faults_drawn"]
+    first = c["faults"][0]["phases"]
+    assert first["detection_s"] is not None and first["recovery_s"] is not None  # the one recovery that happened
+    assert c["warnings"] and (out / "run" / "result.json").is_file()

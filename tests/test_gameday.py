@@ -229,3 +229,14 @@ def test_report_rebuilds_and_twenty_scenarios_stay_small(real_gameday, tmp_path:
     html = (big / "index.html").read_text()
     assert html.count('class="card"') == 20
     assert (big / "index.html").stat().st_size < 1_000_000
+
+
+def test_a_game_day_stopped_early_says_so_and_keeps_what_ran():
+    """Ctrl-C after the first of three scenarios: gameday.json says it stopped early, why, and how far it got."""
+    records = [{"index": i, "scenario": f"s{i}", "status": status, "exit_code": 0, "injected_kinds": [], "covers": [],
+                "verdict": status} for i, status in enumerate(["pass", None, None])]
+    summary = summarize("x", records, Capabilities.from_dict({}), started=0, finished=True, interrupted=True)
+    assert summary["stopped"] == {"early": True, "why": "interrupted by Ctrl-C or SIGTERM", "ran": 1, "of": 3}
+    assert summary["exit_code"] == 130 and summary["not_run"] == 2
+    done = summarize("x", [{**records[0]}], Capabilities.from_dict({}), started=0)
+    assert done["stopped"]["early"] is False and done["stopped"]["why"] is None

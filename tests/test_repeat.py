@@ -115,3 +115,24 @@ def test_kill_rank_three_times_gives_a_distribution_judged_by_percentiles(tmp_pa
     assert "Distribution over 3 of 3 samples" in page and page.count('class="sample"') >= 3 * 5
     assert "<script src" not in page and "http://" not in page.split("Content-Security-Policy")[0]
     assert math.isclose(rec["max"], max(rec["samples"]))
+
+
+def test_repeats_that_stop_early_write_what_ran_and_why(tmp_path):
+    """A sample that cannot run (its fault finds no process: exit 3) stops the repeats; result.json still says
+    what ran and why it stopped."""
+    from tests.conftest import need_torch
+
+    need_torch()
+    scenario = tmp_path / "no-target.yaml"
+    scenario.write_text(
+        "name: no-target\ncluster: {kind: process, nodes: 2}\n"
+        "workload: {launch: reference, steps: 60, step_time: 50ms, checkpoint_every: 25}\n"
+        "faults:\n  - {kind: process.kill, target: {process: 'no-such-process-here'}, at: {step: 20}}\n"
+        "safety: {max_nodes: 1, abort_after: 2m}\n")
+    out = tmp_path / "rep"
+    res = run_cli("run", scenario, "--repeat", "3", "--out", out)
+    assert res.code == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    r = json.loads((out / "result.json").read_text())
+    assert r["verdict"] == "fail" and [s["dir"] for s in r["samples"]] == ["sample-01"]
+    assert r["stopped"]["early"] and r["stopped"]["after"] == 1
+    assert r["stopped"]["why"].startswith("sample-01: ") and "no process matches" in r["stopped"]["why"]

@@ -188,6 +188,11 @@ class ClusterBackend:
         """The labs of this kind that are up."""
         return []
 
+    def lab_inventory(self) -> Inventory | None:
+        """The nodes of the lab of this kind that is up (``chaoskit audit`` reads them; nothing is connected yet),
+        or ``None`` when none is."""
+        return None
+
     # -- after a crash -------------------------------------------------------------------
 
     def rollback_inventory(self, details: dict[str, Any], nodes: list[str]) -> Inventory:

@@ -107,6 +107,15 @@ class NetnsBackend(ClusterBackend):
         lab.down()
         return [f"netns lab {lab.lab_id} down"]
 
+    def lab_inventory(self) -> Inventory | None:
+        lab = _lab_if_root()
+        if lab is None:
+            return None
+        inventory = lab.inventory()
+        for node in inventory.nodes:  # the job chaoskit starts carries its node's mark, as in open()
+            node.conn.node_scope["env"] = f"{lab.lab_id}.{node.name}"
+        return inventory
+
     def lab_status(self) -> list[LabStatus]:
         lab = _lab_if_root()
         if lab is None:

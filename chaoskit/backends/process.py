@@ -70,6 +70,10 @@ class ProcessBackend(ClusterBackend):
             return []
         return [LabStatus(self.name, lab.lab_id, f"lab {lab.lab_id}: {lab.nodes} process nodes", lab.node_status())]
 
+    def lab_inventory(self) -> Inventory | None:
+        lab = ProcessLab.load()
+        return None if lab is None else lab.inventory()
+
     def rollback_inventory(self, details: dict[str, Any], nodes: list[str]) -> Inventory:
         return ProcessLab(details.get("lab", ""), 0).inventory_of(nodes)
 

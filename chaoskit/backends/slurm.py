@@ -129,6 +129,10 @@ class SlurmBackend(ClusterBackend):
         lab.down()
         return [f"Slurm lab {lab.lab_id} down"]
 
+    def lab_inventory(self) -> Inventory | None:
+        lab = _lab_if_root()
+        return None if lab is None else _with_scheduler(load_inventory(lab.inventory_path), lab.access())
+
     def lab_status(self) -> list[LabStatus]:
         lab = _lab_if_root()
         if lab is None:

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "Check an inventory's nodes: reachable, sudo, tools, netem, clock offset, GPUs."),
     "rollback": ("chaoskit.cli.run_cmd:rollback_app",
                  "Undo what crashed runs left behind: revert their faults, stop their labs."),
+    "audit": ("chaoskit.cli.audit_cmd:audit_app",
+              "List what of chaoskit's is still on each node (faults, leases, state); --fix reverts what journals allow."),
     "catalog": ("chaoskit.cli.gameday_cmd:catalog_app",
                 "List the fault classes with their real-world weight and whether they can run here."),
     "gameday": ("chaoskit.cli.gameday_cmd:gameday_app",

@@ -48,6 +48,12 @@ def campaign(
                   + ("" if e["gap"] is None else f" (gap {e['gap'] * 100:+.1f} points; most of it: {e['explained_by']})"))
     console.print("badput: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["badput"].items()))
     console.print(f"{len(summary['faults'])} faults of {len(summary['fault_kinds'])} kinds ({', '.join(summary['fault_kinds'])}); seed {summary['seed']}")
+    from rich.markup import escape
+
+    stopped = summary["stopped"]
+    if stopped["early"]:
+        console.print(f"[red]stopped early[/red] after {stopped['faults_injected']} of {stopped['faults_drawn']} faults: "
+                      f"{escape(str(stopped['why']))}")
     console.print(f"campaign: {folder / 'campaign.json'}  report: {page}")
     return code
 

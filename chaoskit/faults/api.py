@@ -31,6 +31,7 @@ __all__ = [
     "Fault",
     "FaultContext",
     "Leases",
+    "NodeView",
     "signal_number",
 ]
 
@@ -47,6 +48,35 @@ class Leases(Protocol):
 
     def abandon(self, fault_id: str) -> None:
         """Stop renewing: the node's watchdog reverts by itself once the lease goes stale."""
+
+
+class NodeView(Protocol):
+    """One node as ``chaoskit audit`` reads it, without a journal (:mod:`chaoskit.audit`): each read is made once
+    per node and shared by every kind that asks. Nothing here changes the node."""
+
+    node: Node
+    transport: Transport
+    reachable: bool
+    """Whether the node answered; when not, every read below is empty (a kind that needs nothing of the node, such
+    as its power state read on the controller, still answers)."""
+    state_dir: str | None
+    """The node's state folder (``None`` where it cannot be read)."""
+
+    def run(self, argv: list[str]) -> str | None:
+        """The output of a read-only command on the node (once per argv), or ``None`` where it fails there."""
+
+    def ps(self) -> list[tuple[int, str, str]]:
+        """``(pid, ps state, command line)`` of every process the node shows."""
+
+    def cgroups(self) -> list[str]:
+        """The paths of every cgroup named ``chaoskit-*`` on the node."""
+
+    def state_entries(self) -> list[str]:
+        """What is in the node's state folder (relative paths, four levels deep: a lease's
+        files, ``leases/<run>/<fault>/fired``, included; a folder ends in ``/``)."""
+
+    def checkpoint_files(self, prefix: str) -> list[str]:
+        """The paths of the files and folders named ``prefix*`` in the checkpoint folders audited (links not followed)."""
 
 
 class FaultContext(Protocol):
@@ -225,6 +255,17 @@ class Fault:
     def describe(self, injection: Injection) -> str:
         """What ``injection`` did, in one line for people (a silent fault's FAIL reason)."""
         return f"{self.kind} on {', '.join(injection.targets)}"
+
+    state_prefixes: ClassVar[tuple[str, ...]] = ()
+    """The names this kind gives what it keeps in a node's state folder (``oom-``): ``audit`` names a leftover
+    there after the kind; one nobody claims is still reported, as a state file."""
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """What of this kind is still in effect on the node, found from the node alone (by the names, handles and
+        tables the kind makes, not from a journal): one line each, empty when nothing is. ``chaoskit audit``
+        asks every kind; the lines must be the same whichever kind of a family finds them (they are merged)."""
+        return []
 
     @property
     def duration(self) -> float | None:

@@ -51,7 +51,7 @@ from chaoskit.cluster.xid import MARKER, XID_MESSAGES, format_xid, normalize_pci
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import (
     COMMAND_TIMEOUT_S,
     helper_argv,
@@ -85,7 +85,9 @@ COMPUTE_MODES = {
 }
 """``nvidia-smi --query-gpu=compute_mode`` answers (lower-cased) -> the value ``nvidia-smi -c`` takes."""
 
-CRASHLOOP = helper_source(nodeside.source("crashloop"), jobscope)
+LOOP_GRACE_S = 5.0
+"""How long a crash loop that ended waits for its controller to read and remove its folder before removing it itself."""
+CRASHLOOP = helper_source(nodeside.source("crashloop"), jobscope, LOOP_GRACE_S=LOOP_GRACE_S)
 """The crash loop (:mod:`chaoskit.nodeside.crashloop`), with the job-scope rule the node's agent applies."""
 
 
@@ -319,6 +321,19 @@ class GpuFailFault(Fault):
             return None
         gone = transport.run(["cat", f"{directory}/started"], COMMAND_TIMEOUT_S).returncode != 0
         return None if gone else f"the crash loop in {directory} is still running"
+
+    state_prefixes = (LOOP_DIR,)
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """A crash loop still running (its process, by its folder on the command line) and its folders
+        (``crashloop-*``, which ``verify`` removes once the loop exited)."""
+        if view.state_dir is None:
+            return []
+        folder = f"{view.state_dir}/{LOOP_DIR}"
+        out = [f"crash loop running: pid {pid}" for pid, _, cmdline in view.ps() if folder in cmdline]
+        return out + [f"state {name} (gpu.fail's crash loop)" for name in view.state_entries()
+                      if name.startswith(LOOP_DIR) and name.count("/") == 1 and name.endswith("/")]
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -594,6 +609,20 @@ class GpuXidFault(Fault):
             return None
         state, reason, _ = node.scheduler.node_state(node.name)
         return f"node {node.name} is still {state} ({reason})" if "DRAIN" in state.split("+") and revert[-1] in reason else None
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """A Slurm drain a health check made for one of its lines (the reason names a drill's marker)."""
+        node = view.node
+        if node.scheduler is None:
+            return []
+        try:
+            state, reason, _ = node.scheduler.node_state(node.name)
+        except InfraError:
+            return []
+        if "DRAIN" in state.split("+") and re.search(r"chaoskit drill [0-9a-f]{8}", reason or ""):
+            return [f"Slurm drain for a gpu.xid line: {state} ({reason})"]
+        return []
 
 
 def _pci_by_index(transport: Transport) -> dict[int, str]:

@@ -44,7 +44,7 @@ from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import (
     COMMAND_TIMEOUT_S,
     check_state_gone,
@@ -182,6 +182,15 @@ class OomFault(Fault):
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
         return check_state_gone(transport, revert, STATE, cgroup or "")
+
+    state_prefixes = (STATE,)
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """Its cgroups (``chaoskit-oom-*``, with their ``memory.max``) and its state (``oom-*``: the cap's, the ballast)."""
+        out = [f"cgroup {path} (mem.oom's memory cap)" for path in view.cgroups()
+               if path.rsplit("/", 1)[-1].startswith(CGROUP_PREFIX)]
+        return out + [f"state {name} (mem.oom)" for name in view.state_entries() if name.startswith(STATE) and "/" not in name.rstrip("/")]
 
 
 def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:

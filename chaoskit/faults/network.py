@@ -42,7 +42,7 @@ from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.errors import InfraError, OutcomeUnknown, ScenarioError
 from chaoskit.core.limits import MAX_RATE_BITS
 from chaoskit.core.shell import check_ifname, shell_quote
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 
 __all__ = [
     "LinkDownFault",
@@ -323,6 +323,23 @@ class LinkDownFault(_NodeFault):
         flags = res.stdout.split("<", 1)[-1].split(">", 1)[0].split(",")
         return None if "UP" in flags else f"interface {dev} is still down"
 
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """The inventory's interfaces of the node (every one but ``lo`` where it names none) that are down."""
+        if not view.transport.has_own_network:
+            return []
+        named = {spec.name for spec in view.node.interfaces.values()}
+        out = []
+        for line in (view.run(["ip", "-o", "link", "show"]) or "").splitlines():
+            parts = line.split(":", 2)
+            if len(parts) < 3:
+                continue
+            dev = parts[1].strip().split("@", 1)[0]
+            flags = parts[2].split("<", 1)[-1].split(">", 1)[0].split(",")
+            if (dev in named if named else dev != "lo") and "UP" not in flags:
+                out.append(f"link {dev} is down")
+        return out
+
 
 class _QdiscFault(_NodeFault):
     tools = ("ip", "tc")
@@ -350,6 +367,19 @@ class _QdiscFault(_NodeFault):
             return f"cannot read the qdiscs of {dev}: {res.stderr.strip()}"
         left = [line for line in res.stdout.splitlines() if f" {QDISC_HANDLE} " in f"{line} "]
         return f"chaoskit qdisc still on {dev}: {left[0].strip()}" if left else None
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """Every qdisc with chaoskit's handle (``network.blackhole``, ``network.degrade``), on any interface."""
+        if not view.transport.has_own_network:
+            return []
+        out = []
+        for line in (view.run(["tc", "qdisc", "show"]) or "").splitlines():
+            words = line.split()
+            if QDISC_HANDLE in words and "dev" in words:
+                dev = words[words.index("dev") + 1] if words.index("dev") + 1 < len(words) else "?"
+                out.append(f"qdisc {QDISC_HANDLE} on {dev}: {line.strip()}")
+        return out
 
 
 class BlackholeFault(_QdiscFault):
@@ -550,6 +580,18 @@ class PartitionFault(_NodeFault):
         if res.returncode != 0:
             return f"cannot list nft tables: {res.stderr.strip()}"
         return f"nft table inet {table} is still there" if f"table inet {table}" in res.stdout.splitlines() else None
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """Every nft table named ``chaoskit_*`` (a partition's, with its chains and rules)."""
+        if not view.transport.has_own_network:
+            return []
+        out = []
+        for line in (view.run(["nft", "list", "tables"]) or "").splitlines():
+            words = line.split()
+            if len(words) == 3 and words[0] == "table" and _TABLE.fullmatch(words[2]):
+                out.append(f"nft table {words[1]} {words[2]}")
+        return out
 
 
 # -- helpers ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from chaoskit.core.durations import Duration
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.secrets import redact_argv, redact_text
 from chaoskit.core.shell import shell_quote
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 
 __all__ = ["PowerOffFault", "PowerOffSpec", "check_powered_on"]
 
@@ -148,6 +148,15 @@ class PowerOffFault(Fault):
     @classmethod
     def check_reverted(cls, transport: Any, revert: list[str], node: Node | None = None) -> str | None:
         return check_powered_on(node, BACK_ON_S) if node is not None else None
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """The node powered off, as its inventory's ``power.status`` tells (run on the controller)."""
+        power = view.node.power
+        if power is None or power.status is None:
+            return []
+        res = run_power_command(power.status, power.timeout, view.node.name)
+        return [] if res.returncode == 0 else [f"powered off (power.status exit {res.returncode})"]
 
 
 def check_powered_on(node: Node, timeout: float) -> str | None:

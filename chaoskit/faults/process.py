@@ -12,12 +12,14 @@ from chaoskit import nodeside
 from chaoskit.cluster.fanout import fan_out
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.core.durations import PositiveDuration
+from chaoskit.core.errors import InfraError
 from chaoskit.faults.api import (
     Action,
     Fault,
     FaultContext,
     FaultSpec,
     Injection,
+    NodeView,
     signal_number,
 )
 from chaoskit.faults.node_tool import journaled_python, node_python
@@ -115,6 +117,17 @@ class HangFault(Fault):
                 and all(a.isascii() and a.isdigit() for a in revert[4:])):
             return [journaled_python(revert[0], node), "-I", "-c", CONT_IF_SAME, str(int(revert[4])), str(int(revert[5]))]
         raise ValueError("not a process.hang revert chaoskit arms (SIGCONT of one pid, its start time checked)")
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """The node's job processes (its scope) that are stopped: a SIGSTOP nobody continued."""
+        if not view.reachable:
+            return []
+        try:
+            procs = view.transport.processes(node_wide=True)
+        except InfraError:
+            return []
+        return [f"pid {p.pid} is stopped (SIGSTOP): {p.cmdline[:80]}" for p in procs if p.state == "T"]
 
     def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
         out = []

@@ -17,6 +17,7 @@ command that uses it.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, ClassVar, Literal
 
@@ -29,7 +30,7 @@ from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import (
     COMMAND_TIMEOUT_S,
     check_state_gone,
@@ -204,6 +205,15 @@ class SlowFault(Fault):
         if revert[0] == "nvidia-smi":
             return None  # the reset is idempotent and ran; the driver shows no clock lock to compare with
         return check_state_gone(transport, revert, STATE, cgroup or "")
+
+    state_prefixes = (STATE,)
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """Its cgroups (``chaoskit-<token>``, with their CPU quota) and its state files (``slow-*``)."""
+        out = [f"cgroup {path} (node.slow's CPU quota)" for path in view.cgroups()
+               if re.fullmatch(r"chaoskit-[0-9a-f]{12,32}", path.rsplit("/", 1)[-1])]
+        return out + [f"state {name} (node.slow)" for name in view.state_entries() if name.startswith(STATE) and "/" not in name.rstrip("/")]
 
 
 def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.shell import shell_quote
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 
 __all__ = ["DrainFault", "DrainSpec", "RequeueFault", "RequeueSpec"]
 
@@ -162,6 +162,20 @@ class DrainFault(Fault):
         if node is None or node.scheduler is None or not revert or not OWN_REASON.fullmatch(revert[-1]):
             return None
         return _still_drained(node, revert[-1])
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """The node drained with chaoskit's own reason."""
+        node = view.node
+        if node.scheduler is None:
+            return []
+        try:
+            state, reason, _ = node.scheduler.node_state(node.name)
+        except InfraError:
+            return []
+        if "DRAIN" in state.split("+") and (reason or "").startswith(REASON):
+            return [f"Slurm drain with chaoskit's reason: {state} ({reason})"]
+        return []
 
 
 def _in_service(node: Node) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.sizes import ByteSize, format_size
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import journaled_python, node_python, undo
 
 __all__ = ["CorruptFault", "CorruptSpec", "FullFault", "FullSpec", "STORAGE_TOOL", "ASIDE_PREFIX", "FILL_PREFIX"]
@@ -149,6 +149,21 @@ class FullSpec(_StorageSpec):
 class _StorageFault(Fault):
     target_type = "node"
     lasting: ClassVar[bool] = True
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """In the checkpoint folders audited: an aside (the checkpoint beside it is still the harmed copy, or gone),
+        a fill file, a temporary file of the storage tool."""
+        out = []
+        for path in view.checkpoint_files(".chaoskit-"):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(ASIDE_PREFIX):
+                out.append(f"aside {path} (storage.corrupt: the checkpoint beside it is not restored)")
+            elif name.startswith(FILL_PREFIX):
+                out.append(f"fill file {path} (storage.full)")
+            else:
+                out.append(f"storage tool's file {path}")
+        return out
 
     @classmethod
     def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:

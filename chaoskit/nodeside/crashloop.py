@@ -6,7 +6,8 @@ The crash loop, run as ``python3 -I -c CRASHLOOP DIR DURATION_S POLL_S SCOPE_JSO
 for ``scope: node`` (every process of the job in the node's scope, agents first). It refuses
 an existing ``DIR`` and one outside chaoskit's state folder, writes ``DIR/started`` (its clock, its pid) once it watches, one line
 per kill to ``DIR/kills`` (time, pid, rank or ``None``), and ``DIR/exited`` when ``DIR/stop``
-appears or ``DURATION_S`` has passed. Only processes of the node's scope are ever
+appears or ``DURATION_S`` has passed, then removes ``DIR`` itself unless its controller did within
+``LOOP_GRACE_S`` (set in front; a controller killed mid-fault leaves nobody to). Only processes of the node's scope are ever
 touched (the scope's ``CHAOSKIT_SCOPE`` token and network namespace), and of those only the
 drilled job's (``SCOPE_JSON``'s ``job``: its run id, uid, Slurm job; its torchrun agent as the
 parent of one of its workers), by the rule the node's agent applies: :mod:`chaoskit.nodeside.jobscope`, whose
@@ -177,6 +178,13 @@ def main():
             kills.flush()
         time.sleep(poll)
     create_file(os.path.join(d, "exited"), "%f %s %d\n" % (time.time(), reason, killed))
+    kills.close()
+    # The controller's verify reads the folder and removes it; with no controller (killed, its lease's watchdog
+    # stopped this loop), nobody would: the loop removes it itself after LOOP_GRACE_S, so nothing is left behind.
+    end = time.time() + LOOP_GRACE_S
+    while time.time() < end and os.path.lexists(d):
+        time.sleep(0.1)
+    remove_tree(d)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,401 @@
+"""Nothing is ever left behind: controller deaths across every lasting kind that runs here, then ``chaoskit audit``.
+
+Deaths (``--deaths N``, drawn round-robin over the cases below with a seeded random instant each):
+
+- every lasting kind on the lab it runs on (process lab: ``process.hang``, ``node.slow``, ``mem.oom``, ``gpu.fail``'s
+  crash loop, ``storage.corrupt``, ``storage.full``; netns lab: ``network.link_down``, ``network.blackhole``,
+  ``network.degrade``, ``network.partition``, ``node.poweroff``): a real controller process arms and injects the
+  fault through the real ``RunContext`` (trusted journal, run marker, leases), and is SIGKILLed at a random instant
+  between arming and its revert;
+- ``agent-kill``: the node's agent is SIGKILLed mid-fault (the controller lives on and must still revert);
+- ``mgmt-cut``: the controller's management link to the node is cut for longer than the lease TTL;
+- ``poweroff-mid-fault``: the netns node is powered off while a NIC fault is on it, then powered on;
+- ``state-full``: the controller's state folder is a full file system, so the journal write fails.
+
+After each death it waits for the lease (its watchdog's ``fired`` file) and runs the audit until the node settles
+(``--settle``); what is still there then is residue, and ``chaoskit audit --fix`` (rollback from the trusted
+journal) is run on it. Per case it prints deaths, residue, death -> revert p50/p99/max and what needed rollback;
+the last line is ``residue N of M``.
+
+``--soak N`` instead runs N drills of the shipped scenarios (drawn with the seed) as game days, SIGKILLing the game
+day's controller in ``--kill-share`` of the drills (the game day then goes on in a new controller, after
+``chaoskit rollback``), and checks: 0 residue, every result.json valid, and the controller's fds, threads and RSS per
+drill within the stated bound (``--fd-bound``, ``--thread-bound``, ``--rss-bound-mib``: growth from the first
+drill to the last, per drill).
+
+Needs root (cgroups, network namespaces, tmpfs). Run: ``sudo .venv/bin/python bench/soak.py --deaths 30``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TTL_S = 2.0
+FAULT_S = 8.0
+"""Each fault's duration: the controller is killed at a random instant of it (arm .. revert)."""
+WORKER = "import time; time.sleep(3600)  # worker"
+
+CONTROLLER = r"""
+import json, os, sys, time
+from chaoskit.cluster.inventory_file import load_inventory
+from chaoskit.cluster.selectors import TargetSpec, resolve_nodes, resolve_processes
+from chaoskit.core.state import private_dir, state_dir
+from chaoskit.faults.registry import get_fault
+from chaoskit.lab.process import ProcessLab
+from chaoskit.runner import RunContext
+from chaoskit.safety.journal import Journal
+from chaoskit.safety.lease import LeaseManager, default_lease_root
+
+case = json.loads(sys.argv[1])
+run_id = case["run_id"]
+if case["lab"] == "process":
+    lab = ProcessLab(case["process_lab"], 2)
+    inventory, details = lab.inventory(), {"kind": "process", "lab": lab.lab_id, "ephemeral": False}
+else:
+    inventory, details = load_inventory(case["inventory"]), {"kind": "netns", "inventory": case["inventory"], "ephemeral": False}
+marker = state_dir() / "runs" / f"{run_id}.json"
+marker.parent.mkdir(parents=True, exist_ok=True)
+journal = Journal(private_dir("runs", run_id) / "journal.jsonl")
+marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": "", **details}))
+leases = LeaseManager(default_lease_root(), run_id, case["ttl"])
+ctx = RunContext(inventory, journal, leases, checkpoint_dir=case.get("checkpoint_dir"))
+cls = get_fault(case["kind"])
+spec = cls.Spec.model_validate({"kind": case["kind"], "target": case["target"], **case["fields"]})
+fault = cls(spec, "f0")
+targets = (resolve_nodes if cls.target_type == "node" else resolve_processes)(inventory, spec.target)
+print("arming %.6f" % time.time(), flush=True)
+injections = fault.inject(ctx, targets)
+print("injected %.6f" % time.time(), flush=True)
+time.sleep(max(0.0, case["duration"] - 0.5))
+for inj in injections:
+    fault.revert(ctx, inj)
+    problem = fault.verify(ctx, inj)
+    journal.record("reverted", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, verified=problem is None, problem=problem)
+    if problem is None:
+        leases.release(inj.fault_id)
+leases.close()
+journal.close()
+marker.unlink()
+print("reverted %.6f" % time.time(), flush=True)
+"""
+
+
+@dataclass
+class Case:
+    name: str
+    """The row of the table: a kind, or a kind and a death other than the controller's SIGKILL."""
+    kind: str
+    lab: str
+    fields: dict
+    target: dict
+    death: str = "controller"
+
+
+@dataclass
+class Outcome:
+    case: str
+    killed_at: float | None
+    revert_s: float | None
+    residue: list[str] = field(default_factory=list)
+    rollback: list[str] = field(default_factory=list)
+    note: str = ""
+    took_s: float = 0.0
+
+
+def cases(ckpt: str, small_fs: str) -> list[Case]:
+    rank0 = {"ranks": [0]}
+    n1 = {"nodes": ["n1"]}
+    d = {"duration": f"{FAULT_S:g}s"}
+    return [
+        Case("process.hang", "process.hang", "process", d, rank0),
+        Case("node.slow", "node.slow", "process", {**d, "cpu_share": 20}, rank0),
+        Case("mem.oom", "mem.oom", "process", {**d, "limit_mib": 64}, rank0),
+        Case("gpu.fail", "gpu.fail", "process", {**d, "mechanism": "crashloop", "scope": "device"}, rank0),
+        Case("storage.corrupt", "storage.corrupt", "process", {**d, "mode": "truncate", "pattern": "ckpt-*.pt"},
+             {"nodes": ["n0"]}),
+        Case("storage.full", "storage.full", "process", {**d, "size": "8MiB", "path": "small"}, {"nodes": ["n0"]}),
+        Case("network.link_down", "network.link_down", "netns", d, n1),
+        Case("network.blackhole", "network.blackhole", "netns", d, n1),
+        Case("network.degrade", "network.degrade", "netns", {**d, "rate": "1mbit"}, n1),
+        Case("network.partition", "network.partition", "netns", d, n1),
+        Case("node.poweroff", "node.poweroff", "netns", d, n1),
+        Case("agent-kill (blackhole)", "network.blackhole", "netns", d, n1, death="agent"),
+        Case("mgmt-cut (partition)", "network.partition", "netns", d, n1, death="mgmt"),
+        Case("poweroff-mid-fault (link_down)", "network.link_down", "netns", d, n1, death="power"),
+        Case("state-full (hang)", "process.hang", "process", d, rank0, death="state-full"),
+    ]
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.work = Path(tempfile.mkdtemp(prefix="chaoskit-soak-"))
+        self.state = self.work / "state"
+        self.state.mkdir(mode=0o700)
+        os.environ["CHAOSKIT_STATE_DIR"] = str(self.state)
+        self.ckpt = self.work / "ckpt"
+        self.small_fs = self.ckpt / "small"
+        """storage.full's own small file system, inside the checkpoint folder (it refuses to fill a larger one)."""
+        self.full_state = self.work / "full-state"
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.netns = None
+        self.process_lab = None
+        self.mounts: list[Path] = []
+
+    # -- labs -----------------------------------------------------------------------
+
+    def up(self, need_netns: bool) -> None:
+        from chaoskit.lab.process import ProcessLab
+
+        self.process_lab = ProcessLab.create(2, persistent=True)
+        self.ckpt.mkdir(mode=0o700)
+        for dest, size in ((self.small_fs, "8m"), (self.full_state, "256k")):
+            dest.mkdir(mode=0o700)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(dest)], check=True)
+            self.mounts.append(dest)
+        if need_netns:
+            from chaoskit.lab.netns import NetnsLab
+
+            self.netns = NetnsLab.create(2, directory=self.work / "netns")
+
+    def down(self) -> None:
+        for p in self.workers.values():
+            p.kill()
+            p.wait()
+        if self.process_lab is not None:
+            self.process_lab.down()
+        if self.netns is not None:
+            self.netns.down()
+        for m in self.mounts:
+            subprocess.run(["umount", str(m)], capture_output=True)
+
+    def ensure_workers(self) -> None:
+        """One fake worker per process-lab node (rank 0 on n0, rank 1 on n1): a fault that killed one gets a new one."""
+        for rank, node in enumerate(("n0", "n1")):
+            p = self.workers.get(node)
+            if p is not None and p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                continue
+            env = dict(os.environ, CHAOSKIT_SCOPE=self.process_lab.scope(node), RANK=str(rank), LOCAL_RANK="0",
+                       TORCHELASTIC_RUN_ID="soak")
+            self.workers[node] = subprocess.Popen([sys.executable, "-c", WORKER], env=env)
+        for old in self.ckpt.glob("ckpt-*.pt"):
+            old.unlink()
+        (self.ckpt / f"ckpt-{time.time_ns()}.pt").write_bytes(os.urandom(64 * 1024))
+        time.sleep(0.2)
+
+    # -- one death -------------------------------------------------------------------
+
+    def one(self, case: Case, i: int) -> Outcome:
+        if case.lab == "process":
+            self.ensure_workers()
+        run_id = f"soak-{i:04d}"
+        spec = {"run_id": run_id, "lab": case.lab, "kind": case.kind, "fields": case.fields, "target": case.target,
+                "ttl": TTL_S, "duration": FAULT_S, "checkpoint_dir": str(self.ckpt), "process_lab": self.process_lab.lab_id,
+                "inventory": str(self.netns.inventory_path) if self.netns is not None else None}
+        env = dict(os.environ)
+        if case.death == "state-full":
+            env["CHAOSKIT_STATE_DIR"] = str(self.fill_state())
+        proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, json.dumps(spec)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        armed = _wait_line(lines, "arming", 60)
+        if armed is None:
+            proc.wait(30)
+            err = proc.stderr.read()[-300:].strip().splitlines()
+            note = f"controller ended before arming: {err[-1] if err else proc.returncode}"
+            return self.settle(case, run_id, None, None, note=note)
+        delay = self.rng.uniform(0, FAULT_S - 1.0)
+        died_at = self.kill(case, proc, armed + delay, lines)
+        note = ""
+        if case.death == "state-full":  # the journal write failed: the controller must have stopped before injecting
+            err = proc.stderr.read()[-300:].strip().splitlines()
+            where = next((line.strip() for line in reversed(err) if line.strip().startswith("File ")), "")
+            note = f"controller exited {proc.returncode} before the kill: {err[-1] if err else ''} ({where})" if proc.returncode != -9 else \
+                "the controller was still running: the journal write did not fail"
+        return self.settle(case, run_id, died_at, proc, note=note)
+
+    def fill_state(self) -> Path:
+        """The controller's state folder for ``state-full``: a file system with room for the run's marker (one page)
+        and no more, so the journal's first record fails (ENOSPC) before anything is armed."""
+        for old in [*self.full_state.glob("runs/*.json"), self.full_state / "fill"]:
+            old.unlink(missing_ok=True)
+        subprocess.run(["dd", "if=/dev/zero", f"of={self.full_state}/fill", "bs=4k"], capture_output=True)
+        with open(self.full_state / "fill", "r+b") as fh:  # give back one page
+            fh.truncate(max(0, os.fstat(fh.fileno()).st_size - 4096))
+        return self.full_state
+
+    def kill(self, case: Case, proc: subprocess.Popen, when: float, lines: list[str]) -> float:
+        time.sleep(max(0.0, when - time.time()))
+        if case.death in ("controller", "state-full"):
+            proc.kill()
+            proc.wait()
+            return time.time()
+        ns = self.netns.netns("n1")
+        if case.death == "agent":
+            _wait_line(lines, "injected", 30)
+            for pid in self.netns.pids("n1"):
+                if "-I -u -c" in _cmdline(pid):
+                    os.kill(pid, signal.SIGKILL)
+            return time.time()
+        if case.death == "mgmt":
+            _wait_line(lines, "injected", 30)
+            t = time.time()
+            subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth1", "down"], check=True)
+            time.sleep(TTL_S + 2.0)
+            subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth1", "up"], check=True)
+            return t
+        if case.death == "power":
+            _wait_line(lines, "injected", 30)
+            t = time.time()
+            self.netns.power("n1", "off")
+            time.sleep(1.0)
+            self.netns.power("n1", "on")
+            return t
+        raise ValueError(case.death)
+
+    def settle(self, case: Case, run_id: str, died_at: float | None, proc: subprocess.Popen | None,
+               note: str = "") -> Outcome:
+        from chaoskit.audit import audit, fix
+
+        started = time.time()
+        if proc is not None and proc.poll() is None:
+            proc.wait(FAULT_S + 30)  # a controller that lived on reverts at the fault's end
+        target = "process" if case.lab == "process" else str(self.netns.inventory_path)
+        dirs = [str(self.ckpt), str(self.small_fs)] if case.lab == "process" else []
+        fired = _fired_at(self.state, self.work, run_id, TTL_S + FAULT_S + 10)
+        revert_s = None if fired is None or died_at is None else max(0.0, fired - died_at)
+        end = time.time() + self.args.settle
+        clean_at = None
+        while True:
+            result = audit(target, checkpoint_dirs=dirs)
+            # a dead run's journal records are bookkeeping ('chaoskit rollback' clears them below), not residue
+            mine = [f"{x.node}: {x.kind}: {x.what}" for x in result.leftovers if x.kind != "journal" and _ours(x.what)]
+            mine += [f"{n}: unreadable: {why}" for n, why in result.unreadable.items()]
+            if not mine:
+                clean_at = time.time()
+            if not mine or time.time() > end:
+                break
+            time.sleep(0.5)
+        if revert_s is None and died_at is not None and clean_at is not None:
+            revert_s = clean_at - died_at  # no watchdog fired (the controller lived on and reverted): until clean
+        out = Outcome(case.name, died_at, revert_s, mine, note=note, took_s=time.time() - started)
+        fixed = fix(target, checkpoint_dirs=dirs)  # what an operator runs after a death: chaoskit rollback
+        if mine:
+            out.rollback = [f"{f.get('kind')} on {f.get('node')}: {'ok' if f.get('ok') else f.get('problem')}"
+                            for f in fixed.fixed if f.get("kind")]
+        left = [x.what for x in fixed.leftovers if _ours(x.what)]
+        if left:
+            out.note += " still left after rollback: " + "; ".join(left)[:300]
+        return out
+
+
+def _ours(what: str) -> bool:
+    """A leftover line that is not another session's in-process order (this machine's /run/chaoskit is shared)."""
+    return "inproc/" not in what
+
+
+def _wait_line(lines: list[str], word: str, timeout: float) -> float | None:
+    end = time.time() + timeout
+    while time.time() < end:
+        for line in list(lines):
+            if line.startswith(word):
+                return float(line.split()[1])
+        time.sleep(0.02)
+    return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _fired_at(state: Path, work: Path, run_id: str, timeout: float) -> float | None:
+    """When the run's watchdog reverted (its ``fired`` file, on this machine or in a netns node's state folder)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        for path in [*state.glob(f"leases/{run_id}/*/fired"), *work.glob(f"netns/nodes/*/work/leases/{run_id}/*/fired")]:
+            try:
+                return float(path.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        if not any(state.glob(f"leases/{run_id}/*/lease")) and not any(work.glob(f"netns/nodes/*/work/leases/{run_id}/*/lease")):
+            return None  # released (the controller reverted) or never armed
+        time.sleep(0.05)
+    return None
+
+
+def report(outcomes: list[Outcome]) -> int:
+    print(f"{'case':34} {'deaths':>6} {'residue':>7} {'p50 s':>6} {'p99 s':>6} {'max s':>6}  needed rollback")
+    for name in dict.fromkeys(o.case for o in outcomes):
+        mine = [o for o in outcomes if o.case == name]
+        times = sorted(o.revert_s for o in mine if o.revert_s is not None)
+        p = (lambda q: f"{times[min(len(times) - 1, int(round(q * (len(times) - 1))))]:.2f}") if times else (lambda q: "-")
+        rolled = sum(1 for o in mine if o.rollback)
+        print(f"{name:34} {len(mine):6d} {sum(1 for o in mine if o.residue):7d} {p(0.5):>6} {p(0.99):>6} "
+              f"{(f'{times[-1]:.2f}' if times else '-'):>6}  {rolled or '-'}")
+        for o in mine:
+            for line in o.residue:
+                print(f"    residue: {line}")
+            if o.note:
+                print(f"    note: {o.note}")
+    left = sum(1 for o in outcomes if o.residue)
+    print(f"residue {left} of {len(outcomes)}")
+    return 0 if left == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--deaths", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=32)
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds the audit may take to come back clean")
+    ap.add_argument("--only", default=None, help="comma-separated cases (names as in the table)")
+    ap.add_argument("--json", type=Path, default=None, help="write every outcome here")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench/soak.py needs root (cgroups, network namespaces, tmpfs)", file=sys.stderr)
+        return 2
+    soak = Soak(args)
+    chosen = cases(str(soak.ckpt), str(soak.small_fs))
+    if args.only:
+        wanted = {w.strip() for w in args.only.split(",")}
+        chosen = [c for c in chosen if c.name in wanted or c.kind in wanted]
+    outcomes: list[Outcome] = []
+    try:
+        soak.up(need_netns=any(c.lab == "netns" for c in chosen))
+        for i in range(args.deaths):
+            case = chosen[i % len(chosen)]
+            outcomes.append(soak.one(case, i))
+    finally:
+        soak.down()
+    if args.json:
+        args.json.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+    return report(outcomes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
