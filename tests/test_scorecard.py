@@ -58,7 +58,7 @@ def test_a_pair_that_cannot_run_and_a_drill_that_never_noticed_are_cells_not_bla
     (tmp_path / "gameday" / "gameday.json").write_text(json.dumps({"scenarios": [
         {"scenario": "hang--torchrun", "dir": run.name, "verdict": "fail", "status": "fail",
          "phases": {"detection_s": None, "recovery_s": None, "lost_steps": None}}]}))
-    (run / "result.json").write_text(json.dumps({"faults": [{"t_fault": 100.0}], "ended_at": "1970-01-01T00:00:40Z",
+    (run / "result.json").write_text(json.dumps({"faults": [{"t_fault": 100.0}], "ended_at": "1970-01-01T00:02:40Z",
                                                  "phases": {"detection_s": None}}))
     cells = cells_from_gameday([("torchrun", "hang", scen, None), ("ray", "nic-down", None, "cannot run here: no NIC")],
                                tmp_path / "gameday")

@@ -99,7 +99,9 @@ class NvrxMonitor:
         self.client = RankMonitorClient()
         self.client.init_workload_monitoring()
         self.sections = set(self.client.cfg.rank_section_timeouts) & set(self.SECTIONS)
-        self.client.send_heartbeat()
+        # No heartbeat yet: the first one switches the monitor from the initial timeout (start-up: the process
+        # group, the checkpoint load) to the rank heartbeat timeout, which a slow start-up would then overrun
+        # (seen here: a restarted world killed again and again 5 s into its checkpoint load).
 
     def beat(self) -> None:
         if self.client is not None:
