@@ -77,7 +77,7 @@ h1 {{ font-size: 20px; margin: 0 0 4px; }}
 table {{ border-collapse: collapse; width: 100%; table-layout: fixed; }}
 th, td {{ border: 1px solid #bbb; padding: 8px; vertical-align: top; text-align: left; }}
 thead th {{ background: #333; color: #fff; }}
-th.fault {{ background: #f4f4f4; width: 110px; }}
+th.fault {{ background: #f4f4f4; }}
 .verdict {{ font-weight: 700; letter-spacing: .04em; }}
 .fig {{ margin: 4px 0; }} .dist {{ color: #444; font-size: 12px; }}
 .why {{ font-size: 12px; color: #333; margin: 4px 0; word-wrap: break-word; }}
@@ -87,7 +87,8 @@ ul.t {{ margin: 4px 0 0; padding-left: 16px; font-size: 11px; color: #555; }}
 <h1>Recovery stacks scorecard</h1>
 <div class="meta">rows {e(str(card.get("rows")))} · {len(faults)} faults × {len(stacks)} stacks · repeat {card.get("repeat")}
 · {e(str(card.get("started_at")))} → {e(str(card.get("ended_at")))} ({card.get("duration_s", 0) / 60:.1f} min) · {tally}</div>
-<table><thead><tr><th>fault \\ stack</th>{head}</tr></thead><tbody>
+<table><colgroup><col style="width:120px">{"<col>" * len(stacks)}</colgroup>
+<thead><tr><th>fault \\ stack</th>{head}</tr></thead><tbody>
 {"".join(rows)}
 </tbody></table>
 <p class="meta">Each cell: detection (fault → the stack noticed), recovery (fault → training resumed), lost work,
