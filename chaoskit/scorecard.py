@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import yaml
 
+from chaoskit.backends.api import ClusterHandle
 from chaoskit.core.durations import parse_duration
 from chaoskit.core.errors import ChaoskitError, ScenarioError
 from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE
@@ -62,6 +63,8 @@ class Stack:
     describe: str
     adapt: Callable[[dict[str, Any], Path], dict[str, Any]]
     """Row document, rows' folder -> this stack's scenario document; :class:`CannotRun` when it cannot."""
+    unfit: Callable[[ClusterHandle], str | None] = lambda handle: None
+    """Why the stack cannot run on the scenario's (previewed) cluster, asked of the cluster itself; ``None``: it can."""
 
 
 def _kind(doc: dict[str, Any]) -> str:
@@ -104,11 +107,7 @@ def _torchft(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     script = (folder / TORCHFT_SCRIPT).resolve()
     if not script.is_file():
         raise CannotRun(f"no torchft training job: {script} is missing")
-    kind = _kind(doc)
-    if kind != "process":
-        raise CannotRun(f"torchft_train.py's replica groups reach each other's stores at 127.0.0.1 "
-                        f"(TORCHFT_STORE_HOST), which only the process lab's nodes share, not the {kind} lab's")
-    doc["cluster"] = {"kind": kind, "nodes": 2}  # one replica group per node; a spare has no place in torchft
+    doc["cluster"] = {"kind": _kind(doc), "nodes": 2}  # one replica group per node; a spare has no place in torchft
     w = doc["workload"]
     doc["workload"] = {"launch": "command", "recovery": "torchft", "command": [str(script), "--steps", "100000",
                        "--step-time", "0.2"], "steps": 100000, "max_restarts": w.get("max_restarts", 3)}
@@ -122,6 +121,13 @@ def _torchft(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     slo.pop("lost_steps", None)  # the healed group's catch-up is counted in steps of the survivors' pace
     doc["slo"] = slo
     return doc
+
+
+def _torchft_unfit(handle: ClusterHandle) -> str | None:
+    if handle.rdzv_host == "127.0.0.1":
+        return None
+    return ("torchft_train.py's replica groups reach each other's stores at 127.0.0.1 (TORCHFT_STORE_HOST), and this "
+            f"cluster's nodes share no loopback (their rendezvous is at {handle.rdzv_host})")
 
 
 def _ray(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -150,7 +156,8 @@ def _slurm(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("torchrun", "torchelastic: the agent sees a dead worker, a hang only at the collective timeout", _torchrun),
     Stack("nvrx", "NVIDIA's ft_launcher: each rank's monitor restarts a world whose rank stopped heartbeating", _nvrx),
-    Stack("torchft", "torchft: survivors drop a dead replica group from the quorum; it heals from a peer", _torchft),
+    Stack("torchft", "torchft: survivors drop a dead replica group from the quorum; it heals from a peer", _torchft,
+          _torchft_unfit),
     Stack("ray", "Ray Train: the controller restarts the worker group from the last reported checkpoint", _ray),
     Stack("slurm", "Slurm: torchrun inside an allocation; a lost node is DOWN after SlurmdTimeout, then requeue",
           _slurm),
@@ -201,7 +208,9 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
                     doc["repeat"] = repeat
                 path = scen_dir / f"{doc['name']}.yaml"
                 path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-                check_scenario(load_scenario(path))
+                why = STACKS[stack].unfit(check_scenario(load_scenario(path)))
+                if why is not None:
+                    raise CannotRun(why)
             except CannotRun as exc:
                 planned.append((stack, fault, None, f"cannot run here: {exc}"))
                 continue
