@@ -113,3 +113,32 @@ def test_bad_nvrx_settings_are_refused_at_their_line(tmp_path, workload, message
     with pytest.raises(ScenarioError) as err:
         load_scenario(_scenario(tmp_path, workload))
     assert message in str(err.value)
+
+
+def test_ft_launcher_starts_in_place_of_torchrun_with_private_sockets(tmp_path):
+    """The agent's command line on the process lab and in the Slurm lab's batch job: ft_launcher with the
+    scenario's timeouts, its Unix sockets in a folder of the job's own (0700), never /tmp's guessable names."""
+    import dataclasses
+    import stat
+
+    from chaoskit.scenario.checks import check_scenario
+    from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob
+    from chaoskit.workloads.slurm import SlurmJob
+
+    loaded = load_scenario(_scenario(tmp_path, "{recovery: nvrx, nvrx: {heartbeat_timeout: 3s}}"))
+    job = TorchrunJob(check_scenario(loaded), loaded.model.workload, tmp_path / "run", "rid", None)
+    argv = job.agent_argv("n0")
+    assert argv[1:3] == list(NVRX_LAUNCHER) and "torch.distributed.run" not in argv
+    assert argv[argv.index("--ft-rank-heartbeat-timeout") + 1] == "3"
+    sockets = Path(job.job_env("n0")["TMPDIR"])
+    assert sockets == tmp_path / "run" / "nvrx" or sockets.name.startswith("chaoskit-nvrx-")
+    assert stat.S_IMODE(sockets.stat().st_mode) == 0o700 and len(str(sockets)) <= 60
+    path = tmp_path / "slurm.yaml"
+    path.write_text("name: s\ncluster: {kind: slurm, nodes: 2}\nworkload: {recovery: nvrx}\n"
+                    "faults: [{kind: process.kill, target: {ranks: [1]}, at: {step: 20}}]\n")
+    loaded = load_scenario(path)
+    handle = check_scenario(loaded)
+    script = SlurmJob(dataclasses.replace(handle, scheduler=handle.scheduler or object()), loaded.model.workload,
+                      tmp_path / "slurm-run", "rid").agent_script()
+    assert "TMPDIR=$(mktemp -d -t chaoskit-nvrx-XXXXXXXX) || exit 1; export TMPDIR" in script
+    assert "nvidia_resiliency_ext.fault_tolerance.launcher" in script and "--ft-rank-heartbeat-timeout 5" in script

@@ -34,7 +34,7 @@ def scorecard_cmd(
     else:
         console = env.console()
         for cell in card["cells"]:
-            figures = (f"detect {_s(cell['detection_s'])} recover {_s(cell['recovery_s'])} lost {cell['lost_steps']}"
+            figures = (f"detect {_s(cell['detection_s'])} recover {_s(cell['recovery_s'])} lost {_n(cell['lost_steps'])}"
                        if cell["verdict"] not in ("cannot run",) else "")
             console.print(f"{cell['fault']:>12} x {cell['stack']:<9} {cell['verdict']:<13} {figures}  {cell['why']}",
                           markup=False, highlight=False)
@@ -43,6 +43,10 @@ def scorecard_cmd(
 
 def _s(v) -> str:
     return "-" if v is None else f"{v:.2f}s"
+
+
+def _n(v) -> str:
+    return "-" if v is None else f"{v:g}"
 
 
 scorecard_app = command_app()
