@@ -16,14 +16,15 @@ fails its SLO. This module is pure: events in, numbers out.
 That is the ``restart`` recovery model (:func:`measure_fault`). A job that recovers without a restart is
 measured on its own terms: :data:`RECOVERY_MODELS` names each model's function, ``workload.recovery`` picks
 one, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
-drop a dead replica group from the quorum and carry on; its restarted group heals from a peer.
+drop a dead replica group from the quorum and carry on; its restarted group heals from a peer. ``nvrx``
+(:func:`measure_nvrx`): NVIDIA's ft_launcher, whose rank monitors notice a rank that stopped sending heartbeats.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault", "measure_torchft",
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault", "measure_nvrx", "measure_torchft",
            "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
@@ -307,7 +308,49 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
     }
 
 
-RECOVERY_MODELS = {"restart": measure_fault, "torchft": measure_torchft}
+NVRX_SOURCE = "nvrx"
+"""The ``source`` of the ``nvrx`` preset's events: a rank monitor's heartbeat or section timeout."""
+
+
+def measure_nvrx(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
+                 node: str | None = None) -> dict[str, Any]:
+    """Measure a job under NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext) recovering from one fault
+    (docs/architecture.md, "Recovery models"). ft_launcher restarts the world as torchrun does, so the phases
+    after detection are the restart model's; what it adds is who notices:
+
+    - detection: ``t_fault`` to the first of a rank monitor's timeout line (``detect`` from the ``nvrx`` preset:
+      "Did not get subsequent heartbeat", a section open past its timeout) and the worker's own failure (the
+      launcher's agent seeing it exit, a surviving rank's collective error), whichever came first;
+    - reallocation: to every worker of the restarted world started (ft_launcher's in-job restart, or a new
+      rendezvous round with a spare);
+    - checkpoint load, recovery, lost work: as :func:`measure_fault`.
+
+    The keys are :func:`measure_fault`'s, plus ``rank_monitor``: the rank monitors' first timeout after the fault
+    (``{ts, latency_s, rank, why, timeout_s}``), ``None`` when no monitor noticed (a rank that died is the launcher's
+    to see, not its monitor's)."""
+    timeline = sorted(events, key=lambda e: e["ts"])
+    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node)
+    phases["model"] = "nvrx"
+    monitor = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
+                    and e.get("source") == NVRX_SOURCE), None)
+    phases["rank_monitor"] = None if monitor is None else {
+        "ts": monitor["ts"], "latency_s": round(monitor["ts"] - t_fault, 4), "rank": monitor.get("rank"),
+        "why": monitor.get("why"), "timeout_s": _number(monitor.get("timeout_s")),
+        **({"section": monitor["section"]} if monitor.get("section") else {})}
+    if phases["detection_s"] is None:
+        phases["reasons"]["detection"] = ("not observed: no rank monitor timeout (the nvrx preset's 'Did not get "
+                                          "subsequent heartbeat' / section lines) and no worker failure after the fault")
+    return phases
+
+
+def _number(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+RECOVERY_MODELS = {"restart": measure_fault, "torchft": measure_torchft, "nvrx": measure_nvrx}
 PHASE_MEANINGS = {
     "restart": {"detection": "fault -> the system noticed", "reallocation": "noticed -> new world started",
                 "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
@@ -317,6 +360,10 @@ PHASE_MEANINGS = {
                 "checkpoint_load": "the restarted group's heal from a peer ('healing required' -> 'Loaded state dict.')",
                 "recovery": "fault -> the healed group's first committed step",
                 "lost_steps": "steps the survivors discarded (should_commit=False) + the healed group's catch-up"},
+    "nvrx": {"detection": "fault -> a rank monitor's heartbeat/section timeout or the worker's failure",
+             "reallocation": "noticed -> ft_launcher's restarted world started",
+             "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
+             "lost_steps": "the last step before the fault - the step restored"},
 }
 """What each phase spans under each recovery model (the reports' "what it spans" column)."""
 """``workload.recovery`` -> the function that measures a fault's recovery under that model (same signature and

@@ -464,7 +464,10 @@ class _Run:
 
     def _start(self) -> None:
         sc = self.sc
-        rules, tee = preset_rules(sc.probes.presets, torchrun=sc.probes.torchrun)
+        presets = list(sc.probes.presets)
+        if sc.workload.recovery == "nvrx" and "nvrx" not in presets:  # ft_launcher's rank monitors say who noticed
+            presets.append("nvrx")
+        rules, tee = preset_rules(presets, torchrun=sc.probes.torchrun)
         rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
         self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id)
@@ -835,7 +838,7 @@ class _Run:
             if unseen:
                 phases["unseen"] = unseen
             phases["model"] = phases_full["model"]
-            for key in ("discarded_steps", "catch_up_steps", "healed_group"):  # the torchft model's lost work, in parts
+            for key in ("discarded_steps", "catch_up_steps", "healed_group", "rank_monitor"):  # the torchft model's lost work, in parts
                 if key in phases_full:
                     phases[key] = phases_full[key]
         if silent is not None and phases.get("lost_steps") is None:

@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "List the fault classes with their real-world weight and whether they can run here."),
     "gameday": ("chaoskit.cli.gameday_cmd:gameday_app",
                 "Run scenarios in turn, score fault coverage, write JUnit and an HTML report."),
+    "scorecard": ("chaoskit.cli.scorecard_cmd:scorecard_app",
+                  "One fault list on every recovery stack (torchrun, nvrx, torchft, ray, slurm), side by side."),
     "campaign": ("chaoskit.cli.campaign_cmd:campaign_app",
                  "One long run with faults at a real rate: ETTR and its badput, against the simulator's prediction."),
     "report": ("chaoskit.cli.gameday_cmd:report_app", "Rebuild the HTML report of a run or a game day."),

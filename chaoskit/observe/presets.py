@@ -188,8 +188,33 @@ TORCHFT = Preset("torchft", (
     verbosity="the torchft.manager logger at INFO (logging.basicConfig(level=logging.INFO)); the lighthouse's "
               "RUST_LOG default (info)")
 
+# nvidia_resiliency_ext/fault_tolerance/rank_monitor_server.py (0.4.1): each rank's monitor logs through
+# RankMonitorLogger, "[%(asctime)s] [%(levelname)s] [RankMonServer{pid}@{hostname}:{rank}] %(message)s", on stderr
+# (which ft_launcher passes through); tests/data/nvrx/ holds a real recording.
+_RANK_MONITOR = r"\[RankMonServer\d+@[^\]\s]*:(?P<rank>\d+)\] "
+NVRX = Preset("nvrx", (
+    # _is_hb_timeout_elapsed: f"Did not get subsequent heartbeat. Waited {timeout:.2f} seconds."
+    LogRule.of(_RANK_MONITOR + r"Did not get subsequent heartbeat\. Waited (?P<timeout_s>[\d.]+) seconds", "detect",
+               {"source": "nvrx", "who": "NVRx rank monitor", "why": "no heartbeat within the rank heartbeat timeout"}),
+    # the same, before any: f"Did not get initial heartbeat. Waited {timeout:.2f} seconds."
+    LogRule.of(_RANK_MONITOR + r"Did not get initial heartbeat\. Waited (?P<timeout_s>[\d.]+) seconds", "detect",
+               {"source": "nvrx", "who": "NVRx rank monitor", "why": "no first heartbeat within the initial timeout"}),
+    # _is_section_timeout_elapsed: f"Section '{section}' has been open for {elapsed:.2f} seconds. Timeout is ..."
+    LogRule.of(_RANK_MONITOR + r"Section '(?P<section>[^']{1,64})' has been open for [\d.]+ seconds\. Timeout is "
+               r"(?P<timeout_s>[\d.]+) seconds", "detect",
+               {"source": "nvrx", "who": "NVRx rank monitor", "why": "a section stayed open past its timeout"}),
+    # the same: f"Was out of section for {elapsed:.2f} seconds. Timeout is {timeout:.2f} seconds."
+    LogRule.of(_RANK_MONITOR + r"Was out of section for [\d.]+ seconds\. Timeout is (?P<timeout_s>[\d.]+) seconds",
+               "detect", {"source": "nvrx", "who": "NVRx rank monitor", "why": "out of every section past its timeout"}),
+), sees=("detect",),
+    cannot_see="steps, checkpoints and worker starts (ft_launcher prints none; combine with the job's own events "
+               "or its framework's preset); a rank that exits is reported by ft_launcher's torchrun lines "
+               "(the torchrun preset), not by its rank monitor",
+    verbosity="ft_launcher's default (--ft-log-level INFO: the monitors' timeout lines are warnings)",
+    tee_prefixes=False)
+
 PRESETS: dict[str, Preset] = {p.name: p for p in (TORCHRUN, HF, LIGHTNING, TORCHTITAN, MEGATRON, DEEPSPEED,
-                                                  ACCELERATE, TORCHFT)}
+                                                  ACCELERATE, TORCHFT, NVRX)}
 PRESET_NAMES = tuple(PRESETS)
 
 

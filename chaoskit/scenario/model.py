@@ -26,6 +26,7 @@ from chaoskit.observe.presets import PRESET_NAMES
 
 __all__ = [
     "Workload",
+    "NvrxSettings",
     "LogRule",
     "Probes",
     "PrometheusRule",
@@ -39,6 +40,50 @@ __all__ = [
     "scenario_model",
     "model_for",
 ]
+
+SECTION_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+class NvrxSettings(StrictModel):
+    """NVIDIA Resiliency Extension (``nvidia-resiliency-ext``) fault tolerance: ``ft_launcher``'s rank monitors,
+    one per worker, that end and restart the workers when a rank's heartbeat or section stops coming."""
+
+    heartbeat_timeout: PositiveDuration = Field(5.0, description=(
+        "--ft-rank-heartbeat-timeout: a rank silent this long after a heartbeat is hung (NVRx's default is 45 min)."))
+    initial_heartbeat_timeout: PositiveDuration = Field(60.0, description=(
+        "--ft-initial-rank-heartbeat-timeout: the longest a rank may take to its first heartbeat (start-up, "
+        "checkpoint load; NVRx's default is 60 min)."))
+    section_timeouts: dict[str, PositiveDuration] = Field(default_factory=dict, description=(
+        "--ft-rank-section-timeouts: the longest each named section may stay open. The reference job opens "
+        "'setup' (process group and checkpoint load), 'step' (one training step) and 'checkpointing' (a save); "
+        "empty: heartbeats only."))
+    out_of_section_timeout: PositiveDuration | None = Field(None, description=(
+        "--ft-rank-out-of-section-timeout: the longest a rank may spend outside every section (with section_timeouts)."))
+    check_interval: PositiveDuration = Field(0.5, description=(
+        "--ft-workload-check-interval: how often a rank monitor checks its timeouts; a hang is seen up to this "
+        "much after its timeout (NVRx's default is 5 s)."))
+
+    @field_validator("section_timeouts")
+    @classmethod
+    def _sections(cls, v: dict[str, float]) -> dict[str, float]:
+        for name in v:
+            if not re.fullmatch(SECTION_RE, name):
+                raise ValueError(f"invalid section name {name!r}: letters, digits and _, at most 64")
+        if len(v) > 16:
+            raise ValueError("at most 16 sections")
+        return v
+
+    def launcher_args(self) -> list[str]:
+        """``ft_launcher``'s options for these settings."""
+        args = ["--ft-rank-heartbeat-timeout", f"{self.heartbeat_timeout:g}",
+                "--ft-initial-rank-heartbeat-timeout", f"{self.initial_heartbeat_timeout:g}",
+                "--ft-workload-check-interval", f"{self.check_interval:g}"]
+        if self.section_timeouts:
+            args += ["--ft-rank-section-timeouts", ",".join(f"{k}:{v:g}" for k, v in self.section_timeouts.items())]
+        if self.out_of_section_timeout is not None:
+            args += ["--ft-rank-out-of-section-timeout", f"{self.out_of_section_timeout:g}"]
+        return args
+
 
 class Workload(StrictModel):
     """The training job the drill runs against."""
@@ -101,12 +146,16 @@ class Workload(StrictModel):
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
-    recovery: Literal["restart", "torchft"] = Field("restart", description=(
+    recovery: Literal["restart", "torchft", "nvrx"] = Field("restart", description=(
         "How the job recovers, and so how it is measured (docs/architecture.md, \"Recovery models\"). restart: the "
-        "world stops, restarts and loads a checkpoint. torchft (launch: command only): every node is one torchft "
+        "world stops, restarts and loads a checkpoint. nvrx: NVIDIA's ft_launcher (nvidia-resiliency-ext) is "
+        "started in place of torchrun, with the timeouts of `nvrx`; its rank monitors restart a world whose rank "
+        "stopped sending heartbeats (the reference job sends them under it). torchft (launch: command only): every node is one torchft "
         "replica group with a torchrun of its own, chaoskit starts torchft's lighthouse on the first node and gives "
         "each group REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and TORCHFT_LIGHTHOUSE; survivors drop a dead group from the "
         "quorum and carry on, the restarted group heals from a peer."))
+    nvrx: NvrxSettings | None = Field(None, description=(
+        "recovery: nvrx only: ft_launcher's timeouts (default: a 5 s heartbeat timeout, checked every 0.5 s)."))
 
     def command_script(self, base: Path) -> Path | None:
         """The script of ``launch: command`` as torchrun will run it: a relative one is taken from ``base`` (the
@@ -195,6 +244,14 @@ class Workload(StrictModel):
         if self.recovery == "torchft" and self.launch != "command":
             raise ValueError(f"recovery: torchft is only used with launch: command (chaoskit starts each replica group "
                              f"and the lighthouse), not launch: {self.launch}")
+        if self.nvrx is not None and self.recovery != "nvrx":
+            raise ValueError("'nvrx' is only used with recovery: nvrx")
+        if self.recovery == "nvrx":
+            if self.launch not in ("reference", "uninstrumented", "command"):
+                raise ValueError(f"recovery: nvrx starts ft_launcher in place of torchrun (launch: reference, "
+                                 f"uninstrumented or command), not launch: {self.launch}")
+            if self.nvrx is None:
+                self.nvrx = NvrxSettings()
         if self.launch == "attach" and "wait" not in self.model_fields_set:
             self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self

@@ -7,6 +7,10 @@ log probes with the moment it arrived.
 With ``workload.recovery: torchft`` every node is one torchft replica group: its agent is a torchrun world
 of its own (its own rendezvous and restarts; a shared world would restart the survivors when the dead
 group's agent rejoins), and torchft's lighthouse runs beside the first node's agent.
+
+With ``workload.recovery: nvrx`` each node's agent is NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext, a
+torchrun with a rank monitor per worker) in place of torchrun, with the timeouts of ``workload.nvrx``; its
+sockets go in a private folder of the job's (``TMPDIR``), not under guessable names in ``/tmp``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.lines import terminal_lines
 from chaoskit.workloads.root_cause import RootCause
 
-__all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available"]
+__all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available", "NVRX_LAUNCHER"]
+
+NVRX_LAUNCHER = ("-c", "import sys; from nvidia_resiliency_ext.fault_tolerance.launcher import main; sys.exit(main())")
+"""``ft_launcher`` run by the job's Python (its console script's entry point), so that a node's own Python is used."""
+_SOCKET_DIR_MAX = 60
+"""The longest folder ``ft_launcher``'s Unix sockets may go in: it adds up to ~45 characters of its own
+(``_ft_launcher<pid>_rmon<n>.socket``), and a socket path is at most 107 bytes."""
 
 LineSink = Callable[[str, str, float], None]
 
@@ -102,6 +112,9 @@ class TorchrunJob:
         self.node_env: dict[str, dict[str, str]] = {}
         """Variables for one node's processes on top of :meth:`job_env`'s (the in-process channel: :meth:`use_inproc`)."""
 
+        self.nvrx = workload.recovery == "nvrx"
+        self._nvrx_tmp: Path | None = None
+
     def use_inproc(self, folders: dict[str, str], sdc_every: int | None = None, final_checksum: bool = False) -> None:
         """Load chaoskit's bootstrap into the job's Python processes (its folder first on ``PYTHONPATH``), with the
         in-process channel's folder on each node (``folders``: node -> ``<state folder>/inproc``), the SDC probe's
@@ -142,8 +155,11 @@ class TorchrunJob:
         if self.torchft:  # a replica group: a world of its own, its rendezvous on the node's own loopback
             world = ["--nnodes", "1:1", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", f"{self.run_id}-{node}",
                      "--rdzv-conf", "is_host=true"]
+        launcher = ["-m", "torch.distributed.run"]
+        if self.nvrx:  # ft_launcher takes torchrun's options and its own --ft-* ones
+            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args()]
         return [
-            self.cluster.python or sys.executable, "-m", "torch.distributed.run",
+            self.cluster.python or sys.executable, *launcher,
             "--nproc-per-node", str(w.nproc_per_node), "--rdzv-backend", "c10d", *world,
             "--max-restarts", str(w.max_restarts), "--monitor-interval", "0.1",
             # torchrun's own files (each attempt's error files) stay with the run, not in /tmp/torchelastic_*
@@ -176,12 +192,32 @@ class TorchrunJob:
         }
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)
+        if self.nvrx:
+            # ft_launcher makes its sockets in tempfile.gettempdir() under names from its pid (guessable in /tmp)
+            env["TMPDIR"] = str(self.nvrx_socket_dir())
         if self.torchft:  # what torchft's Manager reads (torchft/manager.py) to join the lighthouse's quorum
             env.update({"REPLICA_GROUP_ID": str(self.cluster.job_nodes.index(node)) if node in self.cluster.job_nodes
                         else str(self.cluster.agent_nodes.index(node)),
                         "NUM_REPLICA_GROUPS": str(len(self.cluster.job_nodes)),
                         "TORCHFT_LIGHTHOUSE": f"http://{self.cluster.rdzv_host}:{self.lighthouse_port}"})
         return env
+
+    def nvrx_socket_dir(self) -> Path:
+        """The private folder (0700) ``ft_launcher`` keeps its sockets in: the job's own ``nvrx/`` when its path is
+        short enough for a Unix socket, else a fresh one from :func:`tempfile.mkdtemp` (a random name)."""
+        if self._nvrx_tmp is None:
+            import tempfile
+
+            mine = self.job_dir / "nvrx"
+            if len(str(mine)) <= _SOCKET_DIR_MAX:
+                mine.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if mine.is_symlink() or not mine.is_dir() or mine.stat().st_uid != os.geteuid():
+                    raise InfraError(f"{mine} is not a folder of this user's: refusing to put ft_launcher's sockets there")
+                mine.chmod(0o700)
+                self._nvrx_tmp = mine
+            else:
+                self._nvrx_tmp = Path(tempfile.mkdtemp(prefix="chaoskit-nvrx-"))
+        return self._nvrx_tmp
 
     def lighthouse_argv(self) -> list[str]:
         """torchft's lighthouse (the ``torchft_lighthouse`` console script beside the job's Python): a quorum as
@@ -312,3 +348,7 @@ class TorchrunJob:
                 pass
         for t in self._readers:
             t.join(timeout=2)
+        if self._nvrx_tmp is not None and self._nvrx_tmp.name.startswith("chaoskit-nvrx-"):
+            import shutil
+
+            shutil.rmtree(self._nvrx_tmp, ignore_errors=True)

@@ -11,6 +11,10 @@ resumes from the newest one it can load: one that is truncated, corrupt or gone
 is reported and the next older one is tried (the "fallback"); with none left the
 job starts from step 0, and says so. A save that fails (a full disk) is reported
 and training goes on: the previous checkpoints are still there.
+
+Under NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext; it sets ``FT_RANK_MONITOR_IPC_SOCKET``) every rank sends its
+rank monitor a heartbeat each step, and, where the launcher was given section timeouts, opens the sections it
+names: ``setup`` (process group and checkpoint load), ``step``, ``checkpointing`` (:class:`NvrxMonitor`).
 """
 
 from __future__ import annotations
@@ -79,6 +83,43 @@ class _PrintSave:
             print(f"[rank {self.rank}] saved snapshot at step {self.step}", flush=True)
 
 
+class NvrxMonitor:
+    """The rank's link to its NVRx rank monitor: heartbeats, and the sections the launcher has timeouts for.
+    Does nothing outside ``ft_launcher``; ``nvidia_resiliency_ext`` is imported only under it."""
+
+    SECTIONS = ("setup", "step", "checkpointing")
+
+    def __init__(self) -> None:
+        self.client = None
+        self.sections: set[str] = set()
+        if not os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"):
+            return
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+        self.client = RankMonitorClient()
+        self.client.init_workload_monitoring()
+        self.sections = set(self.client.cfg.rank_section_timeouts) & set(self.SECTIONS)
+        # No heartbeat yet: the first one switches the monitor from the initial timeout (start-up: the process
+        # group, the checkpoint load) to the rank heartbeat timeout, which a slow start-up would then overrun
+        # (seen here: a restarted world killed again and again 5 s into its checkpoint load).
+
+    def beat(self) -> None:
+        if self.client is not None:
+            self.client.send_heartbeat()
+
+    def open(self, section: str) -> None:
+        if section in self.sections:
+            self.client.start_section(section)
+
+    def close(self, section: str) -> None:
+        if section in self.sections:
+            self.client.end_section(section)
+
+    def shutdown(self) -> None:
+        if self.client is not None:
+            self.client.shutdown_workload_monitoring()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=400)
@@ -124,6 +165,8 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
     env = os.environ
     rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
     hooks.worker_start(rank, world, int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+    nvrx = NvrxMonitor()
+    nvrx.open("setup")
 
     import torch
     import torch.distributed as dist
@@ -168,8 +211,11 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
             start = 0
             hooks.load_failed(rank, path, exc, candidates[n + 1] if n + 1 < len(candidates) else None)
     ddp = DDP(model)
+    nvrx.close("setup")
+    nvrx.beat()
     gen = torch.Generator().manual_seed(1000 + rank)
     for step in range(start + 1, args.steps + 1):
+        nvrx.open("step")
         t0 = time.monotonic()
         x = torch.randn(16, 32, generator=gen).to(device)
         y = x.sum(dim=1, keepdim=True)
@@ -187,8 +233,13 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
         if rest > 0:
             time.sleep(rest)
         hooks.step(rank, step, loss.item())
+        nvrx.close("step")
+        nvrx.beat()
         if rank == 0 and step % args.checkpoint_every == 0:
+            nvrx.open("checkpointing")
             _save(args.checkpoint_dir, step, model, opt, hooks, rank)
+            nvrx.close("checkpointing")
+    nvrx.shutdown()
     dist.destroy_process_group()
     if rank == 0:
         print(f"[rank {rank}] training finished at step {args.steps}", flush=True)

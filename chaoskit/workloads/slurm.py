@@ -29,7 +29,7 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, node_list
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.observe.probes import FileLogProbe
-from chaoskit.workloads.launch import TorchrunJob, free_port, job_dir
+from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
 
 __all__ = ["SlurmJob"]
 
@@ -124,8 +124,11 @@ class SlurmJob:
         script = TorchrunJob(self.cluster, w, self.run_dir, self.run_id, self.events_path).script_argv()
         iface = self.cluster.scheduler_options.get("local_addr_interface")
         python = self.cluster.python or sys.executable
+        launcher = ["-m", "torch.distributed.run"]
+        if w.recovery == "nvrx":  # ft_launcher in place of torchrun (workloads/launch.py), its sockets in the job's folder
+            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args()]
         argv = [
-            python, "-m", "torch.distributed.run", "--nnodes", f"{n}:{n}", "--nproc-per-node", str(w.nproc_per_node),
+            python, *launcher, "--nnodes", f"{n}:{n}", "--nproc-per-node", str(w.nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-id", self.run_id, "--max-restarts", str(w.max_restarts),
             "--monitor-interval", "0.1",
         ]
@@ -138,6 +141,8 @@ class SlurmJob:
             'echo "chaoskit: agent on $SLURMD_NODENAME, job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}"',
             'is_host=false; [ "$SLURM_NODEID" = 0 ] && is_host=true',
         ]
+        if w.recovery == "nvrx":  # a private folder per node for ft_launcher's Unix sockets, not /tmp's guessable names
+            lines.append('TMPDIR=$(mktemp -d -t chaoskit-nvrx-XXXXXXXX) || exit 1; export TMPDIR')
         extra = ""
         if iface:
             lines.append(f"local_addr=$(ip -o -4 addr show dev {shlex.quote(iface)} | awk '{{print $4}}' | cut -d/ -f1)")

@@ -1,0 +1,397 @@
+"""The recovery stacks side by side: one fault list run on every stack (``chaoskit scorecard``).
+
+A row is a plain scenario file in a folder (``examples/scorecard/``): one fault, on the lab it needs, written for
+plain torchrun. A column is a recovery stack (:data:`STACKS`): torchrun (torchelastic restarts the world), nvrx
+(NVIDIA's ft_launcher with rank heartbeats), torchft (per-step fault tolerance), ray (Ray Train), slurm (the job
+under Slurm's requeue). :func:`run_scorecard` turns each row into one scenario per stack (``<out>/scenarios/``;
+:meth:`Stack.adapt` says why a pair cannot run, which becomes its cell), runs them all as one game day
+(``<out>/gameday/``: the labs shared between drills, ``repeat`` honoured) and reads each drill's files back into
+one cell per (stack, fault):
+
+``{stack, fault, detection_s, recovery_s, lost_steps, verdict, why, timeouts, warnings, dir}`` and, repeated,
+``p50``/``p95`` per phase. ``verdict`` is ``pass``/``fail`` (the row's SLOs), ``not detected`` ("not detected
+within X": the stack never noticed while the run watched), ``cannot run`` ("cannot run here: why") or ``error``;
+no cell is blank. ``timeouts`` are the stack's settings behind the numbers (collective timeout, NVRx heartbeat
+timeout, torchft's timeouts, Slurm's SlurmdTimeout), ``warnings`` the ones left at a default that makes
+detection take minutes.
+
+It writes ``scorecard.json``, ``index.html`` (:mod:`chaoskit.report.scorecard`) and ``metrics.prom``
+(OpenMetrics with a ``stack`` label).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from chaoskit.backends.api import ClusterHandle
+from chaoskit.core.durations import parse_duration
+from chaoskit.core.errors import ChaoskitError, ScenarioError
+from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE
+from chaoskit.core.limits import MAX_REPEAT
+from chaoskit.gameday import run_gameday
+from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metrics
+from chaoskit.scenario import load_scenario, scenario_files
+from chaoskit.scenario.checks import check_scenario
+
+__all__ = ["STACKS", "Stack", "CannotRun", "SCORECARD_FILE", "run_scorecard", "cells_from_gameday", "adapt_row"]
+
+SCORECARD_FILE = "scorecard.json"
+LONG_DETECTION_S = 120.0
+"""A timeout at or above this makes a hang (or a dead node) take minutes to notice: the cell warns."""
+NVRX_DEFAULT_HEARTBEAT_S = 45 * 60.0
+"""nvidia-resiliency-ext's own ``rank_heartbeat_timeout`` (fault_tolerance/config.py) when a job sets none."""
+TORCHFT_SCRIPT = Path("..") / "frameworks" / "torchft_train.py"
+"""The torchft column's job, relative to the rows' folder (examples/frameworks/torchft_train.py beside
+examples/scorecard/); a folder without it gets "cannot run here" in that column."""
+
+
+class CannotRun(Exception):
+    """A (stack, fault) pair that cannot run here; the message is the cell's why."""
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    describe: str
+    adapt: Callable[[dict[str, Any], Path], dict[str, Any]]
+    """Row document, rows' folder -> this stack's scenario document; :class:`CannotRun` when it cannot."""
+    unfit: Callable[[ClusterHandle], str | None] = lambda handle: None
+    """Why the stack cannot run on the scenario's (previewed) cluster, asked of the cluster itself; ``None``: it can."""
+
+
+def _kind(doc: dict[str, Any]) -> str:
+    cluster = doc.get("cluster", "lab")
+    return cluster.get("kind", "process") if isinstance(cluster, dict) else "process"
+
+
+def _network_faults(doc: dict[str, Any]) -> list[str]:
+    return [f["kind"] for f in doc.get("faults", []) if str(f.get("kind", "")).startswith("network.")]
+
+
+def _ranks_to_nodes(doc: dict[str, Any], process: str | None = None) -> None:
+    """``target: {ranks: [r]}`` as the node of rank r, for stacks where a rank is no torchrun rank (one worker per
+    node: node n<r>)."""
+    for fault in doc.get("faults", []):
+        target = fault.get("target") or {}
+        if "ranks" in target:
+            ranks = target.pop("ranks")
+            target.setdefault("nodes", [f"n{r}" for r in ranks])
+        if process is not None and str(fault.get("kind", "")).startswith("process."):
+            target["process"] = process
+        fault["target"] = target
+
+
+def _torchrun(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    doc["workload"]["recovery"] = "restart"
+    return doc
+
+
+def _nvrx(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    w = doc["workload"]
+    if w.get("launch", "reference") not in ("reference", "uninstrumented", "command"):
+        raise CannotRun(f"ft_launcher replaces torchrun; launch: {w['launch']} has none")
+    w["recovery"] = "nvrx"
+    w.setdefault("nvrx", {"heartbeat_timeout": "5s", "initial_heartbeat_timeout": "60s"})
+    return doc
+
+
+def _torchft(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    script = (folder / TORCHFT_SCRIPT).resolve()
+    if not script.is_file():
+        raise CannotRun(f"no torchft training job: {script} is missing")
+    doc["cluster"] = {"kind": _kind(doc), "nodes": 2}  # one replica group per node; a spare has no place in torchft
+    w = doc["workload"]
+    doc["workload"] = {"launch": "command", "recovery": "torchft", "command": [str(script), "--steps", "100000",
+                       "--step-time", "0.2"], "steps": 100000, "max_restarts": w.get("max_restarts", 3)}
+    doc["probes"] = {"presets": ["torchrun", "torchft"]}
+    doc["steady_state"] = {"steps": 10, "timeout": "4m"}
+    _ranks_to_nodes(doc)
+    for fault in doc.get("faults", []):
+        if isinstance(fault.get("at"), dict) and "step" in fault["at"]:
+            fault["at"] = {"step": 20}  # torchft's steps are 0.2 s: the row's step would be minutes in
+    slo = doc.get("slo") or {}
+    slo.pop("lost_steps", None)  # the healed group's catch-up is counted in steps of the survivors' pace
+    doc["slo"] = slo
+    return doc
+
+
+def _torchft_unfit(handle: ClusterHandle) -> str | None:
+    if handle.rdzv_host == "127.0.0.1":
+        return None
+    return ("torchft_train.py's replica groups reach each other's stores at 127.0.0.1 (TORCHFT_STORE_HOST), and this "
+            f"cluster's nodes share no loopback (their rendezvous is at {handle.rdzv_host})")
+
+
+def _ray(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    net = _network_faults(doc)
+    if net:
+        raise CannotRun(f"{', '.join(net)}: the Ray lab's nodes are process groups on this machine's network, "
+                        "with no NIC of their own")
+    w = doc["workload"]
+    doc["cluster"] = {"kind": "ray", "nodes": 3}
+    doc["workload"] = {"launch": "ray-train", **{k: w[k] for k in ("steps", "step_time", "checkpoint_every",
+                                                                    "collective_timeout", "max_restarts") if k in w}}
+    _ranks_to_nodes(doc, process="RayTrainWorker")
+    return doc
+
+
+def _slurm(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    doc["cluster"] = {"kind": "slurm", "nodes": 2, "spare": 1}
+    doc["workload"]["recovery"] = "restart"
+    for fault in doc.get("faults", []):
+        target = fault.get("target") or {}
+        if target.get("nodes"):  # the Slurm lab's nodes are n0..n2; a row's n1 is a job node there too
+            target["nodes"] = [n for n in target["nodes"] if n in ("n0", "n1")] or ["n1"]
+    return doc
+
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    Stack("torchrun", "torchelastic: the agent sees a dead worker, a hang only at the collective timeout", _torchrun),
+    Stack("nvrx", "NVIDIA's ft_launcher: each rank's monitor restarts a world whose rank stopped heartbeating", _nvrx),
+    Stack("torchft", "torchft: survivors drop a dead replica group from the quorum; it heals from a peer", _torchft,
+          _torchft_unfit),
+    Stack("ray", "Ray Train: the controller restarts the worker group from the last reported checkpoint", _ray),
+    Stack("slurm", "Slurm: torchrun inside an allocation; a lost node is DOWN after SlurmdTimeout, then requeue",
+          _slurm),
+)}
+
+
+def adapt_row(row: Path, stack: str) -> dict[str, Any]:
+    """The scenario document of ``row`` on ``stack`` (named ``<fault>--<stack>``); :class:`CannotRun` with why."""
+    doc = yaml.safe_load(Path(row).read_text(encoding="utf-8"))
+    doc = copy.deepcopy(doc)
+    fault = doc["name"]
+    doc["name"] = f"{fault}--{stack}"
+    doc.setdefault("workload", {})
+    doc.pop("repeat", None)
+    doc.pop("covers", None)
+    return STACKS[stack].adapt(doc, Path(row).resolve().parent)
+
+
+def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out: Path | None = None,
+                  console=None, capabilities=None) -> dict[str, Any]:
+    """Run every row of ``folder`` on every stack of ``stacks``; write ``scorecard.json``, ``index.html`` and
+    ``metrics.prom`` in ``out`` and return the scorecard. :class:`ScenarioError` for an unknown stack, no rows,
+    a row that does not load (file:line:col) or an ``out`` that already holds a scorecard."""
+    unknown = [s for s in stacks if s not in STACKS]
+    if unknown or not stacks:
+        raise ScenarioError(f"unknown stack {', '.join(unknown) or '(none)'}; known: {', '.join(STACKS)}",
+                            hint="--stacks torchrun,nvrx,torchft,ray,slurm")
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise ScenarioError(f"--repeat {repeat}: expected 1..{MAX_REPEAT}")
+    rows = scenario_files([folder])
+    if not rows:
+        raise ScenarioError(f"no scenario files in {folder}", hint="a folder of row scenarios, e.g. examples/scorecard/")
+    for row in rows:
+        load_scenario(row)  # a broken row is the user's to fix, at its line
+    started = time.time()
+    out = Path(out) if out else Path("reports") / f"scorecard-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}"
+    if (out / SCORECARD_FILE).exists():
+        raise ScenarioError(f"{out} already holds a scorecard", hint="choose another --out, or remove that folder")
+    scen_dir = out / "scenarios"
+    scen_dir.mkdir(parents=True, exist_ok=True)
+    planned: list[tuple[str, str, Path | None, str | None]] = []  # stack, fault, file, why not
+    for row in rows:
+        fault = load_scenario(row).model.name
+        for stack in stacks:
+            try:
+                doc = adapt_row(row, stack)
+                if repeat > 1:
+                    doc["repeat"] = repeat
+                path = scen_dir / f"{doc['name']}.yaml"
+                path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+                why = STACKS[stack].unfit(check_scenario(load_scenario(path)))
+                if why is not None:
+                    raise CannotRun(why)
+            except CannotRun as exc:
+                planned.append((stack, fault, None, f"cannot run here: {exc}"))
+                continue
+            except ChaoskitError as exc:  # the stack's lab or job cannot take this fault (validate's words)
+                planned.append((stack, fault, None, f"cannot run here: {exc.message}"))
+                continue
+            planned.append((stack, fault, path, None))
+    runnable = [p[2] for p in planned if p[2] is not None]
+    gameday_dir = out / "gameday"
+    if runnable:
+        run_gameday(runnable, out=gameday_dir, console=console, capabilities=capabilities)
+    card = {
+        "kind": "chaoskit.scorecard",
+        "rows": str(folder),
+        "stacks": stacks,
+        "faults": list(dict.fromkeys(p[1] for p in planned)),
+        "repeat": repeat,
+        "started_at": _iso(started),
+        "ended_at": _iso(time.time()),
+        "duration_s": round(time.time() - started, 3),
+        "cells": cells_from_gameday(planned, gameday_dir),
+    }
+    (out / SCORECARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    _attach_to_gameday(gameday_dir, card)
+    write_scorecard_html(out, card)
+    write_scorecard_metrics(out, card)
+    return card
+
+
+def cells_from_gameday(planned: list[tuple[str, str, Path | None, str | None]], gameday_dir: Path) -> list[dict[str, Any]]:
+    """One cell per planned pair, from the game day's records and each drill's ``result.json``."""
+    records = {}
+    if (gameday_dir / GAMEDAY_FILE).is_file():
+        for r in json.loads((gameday_dir / GAMEDAY_FILE).read_text(encoding="utf-8")).get("scenarios", []):
+            records[r.get("scenario")] = r
+    cells = []
+    for stack, fault, path, why_not in planned:
+        if path is None:
+            cells.append(_blank(stack, fault, "cannot run", why_not or "cannot run here"))
+            continue
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        record = records.get(doc["name"])
+        if record is None:
+            cells.append(_blank(stack, fault, "error", "not run: the game day ended before it"))
+            continue
+        cells.append(_cell(stack, fault, doc, record, gameday_dir / record["dir"]))
+    return cells
+
+
+def _blank(stack: str, fault: str, verdict: str, why: str) -> dict[str, Any]:
+    return {"stack": stack, "fault": fault, "detection_s": None, "recovery_s": None, "lost_steps": None,
+            "verdict": verdict, "why": why, "timeouts": {}, "warnings": [], "dir": None}
+
+
+def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    result = _read(run_dir / RESULT_FILE) or {}
+    samples = [_read(run_dir / s["dir"] / RESULT_FILE) or {} for s in result.get("samples") or []] \
+        if result.get("kind") == "chaoskit.repeat" else [result]
+    phases = record.get("phases") or {}
+    timeouts, warnings = stack_timeouts(stack, doc, samples[0] if samples else {})
+    cell = {"stack": stack, "fault": fault, "detection_s": phases.get("detection_s"),
+            "recovery_s": phases.get("recovery_s"), "lost_steps": phases.get("lost_steps"),
+            "detected_by": phases.get("detected_by") if "detected_by" in phases else _first(samples, "detected_by"),
+            "verdict": record.get("verdict") or record.get("status") or "error", "why": "",
+            "timeouts": timeouts, "warnings": warnings, "dir": str(run_dir)}
+    if result.get("kind") == "chaoskit.repeat":
+        dist = result.get("distribution") or {}
+        for key in ("detection_s", "recovery_s", "lost_steps"):
+            d = dist.get(key) or {}
+            cell[key] = d.get("p50")
+            cell.setdefault("p50", {})[key] = d.get("p50")
+            cell.setdefault("p95", {})[key] = d.get("p95")
+        cell["samples"] = result.get("completed")
+    error = record.get("error") or {}
+    if record.get("status") == "error" and not result.get("faults") and not result.get("samples"):
+        message = error.get("message") or "the drill did not run"
+        return {**cell, "verdict": "cannot run", "why": f"cannot run here: {message}"}
+    if cell["detection_s"] is None:
+        watched = _watched_s(samples)
+        cell["verdict"] = "not detected"
+        cell["why"] = (f"not detected within {watched:.0f}s (the run watched that long after the fault)"
+                       if watched is not None else "not detected: the fault was not injected")
+        return cell
+    who = cell.get("detected_by") or "?"
+    if cell["recovery_s"] is None:
+        reason = ((phases.get("reasons") or {}).get("recovery") or _first_reason(samples, "recovery")
+                  or "training did not resume")
+        cell["why"] = f"detected by {who}; not recovered: {reason}"
+    else:
+        failed = [name for name, s in (record.get("slo") or {}).items() if isinstance(s, dict) and s.get("pass") is False]
+        cell["why"] = f"detected by {who}" + (f"; SLO missed: {', '.join(failed)}" if failed else "")
+    return cell
+
+
+def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The stack's settings behind a cell's numbers, as configured, and a warning for each left at a default that
+    makes detection take minutes."""
+    w = doc.get("workload") or {}
+    timeouts: dict[str, str] = {}
+    warnings: list[str] = []
+    collective = _seconds(w.get("collective_timeout", 30))
+    timeouts["collective timeout"] = f"{collective:g}s"
+    if "collective_timeout" not in w:
+        timeouts["collective timeout"] += " (chaoskit's default; torch's own is 30 min, NCCL's watchdog 10 min)"
+    if collective >= LONG_DETECTION_S:
+        warnings.append(f"collective timeout {collective:g}s: a hang is noticed only after {collective / 60:.0f} min")
+    if stack == "nvrx":
+        n = w.get("nvrx") or {}
+        hb = _seconds(n.get("heartbeat_timeout", NVRX_DEFAULT_HEARTBEAT_S))
+        timeouts["NVRx heartbeat timeout"] = f"{hb:g}s"
+        timeouts["NVRx initial heartbeat timeout"] = f"{_seconds(n.get('initial_heartbeat_timeout', 60)):g}s"
+        timeouts["NVRx check interval"] = f"{_seconds(n.get('check_interval', 0.5)):g}s"
+        if n.get("section_timeouts"):
+            timeouts["NVRx section timeouts"] = ", ".join(f"{k} {_seconds(v):g}s" for k, v in n["section_timeouts"].items())
+        if hb >= LONG_DETECTION_S:
+            warnings.append(f"NVRx heartbeat timeout {hb:g}s (nvidia-resiliency-ext's default is 45 min): a hang "
+                            f"takes {hb / 60:.0f} min to notice")
+    if stack == "torchft":
+        timeouts["torchft timeout"] = "10s (torchft_train.py --timeout: a collective, a heal)"
+        timeouts["torchft lighthouse heartbeat timeout"] = "5s (torchft's default)"
+        timeouts["torchft quorum timeout"] = "60s (torchft's Manager default)"
+    if stack == "ray":
+        timeouts["Ray health check"] = "1s x 3 failures (the Ray lab's RAY_health_check_*; Ray's default 3s x 5)"
+    if stack == "slurm":
+        slurm = ((result.get("cluster") or {}).get("slurm") or {})
+        settings = slurm.get("settings") if isinstance(slurm.get("settings"), dict) else slurm
+        value = settings.get("slurmd_timeout") if isinstance(settings, dict) else None
+        sd = _seconds(value) if value is not None else None
+        timeouts["SlurmdTimeout"] = f"{sd:g}s" if sd is not None else "the Slurm lab's (see its result.json)"
+        if sd is not None and sd >= LONG_DETECTION_S:
+            warnings.append(f"SlurmdTimeout {sd:g}s (Slurm's default 300 s): a dead node is DOWN only after it")
+    return timeouts, warnings
+
+
+def _attach_to_gameday(gameday_dir: Path, card: dict[str, Any]) -> None:
+    """The scorecard is part of the game day's JSON too (``gameday.json``'s ``scorecard``)."""
+    path = gameday_dir / GAMEDAY_FILE
+    if path.is_file():
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["scorecard"] = {k: card[k] for k in ("stacks", "faults", "repeat", "cells")}
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
+def _seconds(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) else float(parse_duration(v))
+
+
+def _watched_s(samples: list[dict[str, Any]]) -> float | None:
+    spans = []
+    for s in samples:
+        faults = s.get("faults") or []
+        end = _ts(s.get("ended_at"))
+        if faults and faults[0].get("t_fault") and end:
+            spans.append(end - faults[0]["t_fault"])
+    return min(spans) if spans else None
+
+
+def _first(samples: list[dict[str, Any]], key: str) -> Any:
+    return next(((s.get("phases") or {}).get(key) for s in samples if (s.get("phases") or {}).get(key)), None)
+
+
+def _first_reason(samples: list[dict[str, Any]], phase: str) -> str | None:
+    return next((((s.get("phases") or {}).get("reasons") or {}).get(phase) for s in samples
+                 if ((s.get("phases") or {}).get("reasons") or {}).get(phase)), None)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _ts(iso: Any) -> float | None:
+    try:
+        return _dt.datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

@@ -1,0 +1,144 @@
+"""The NVRx recovery model (``measure.measure_nvrx``) and the ``nvrx`` preset, on ft_launcher's real output.
+
+tests/data/nvrx/hang-rank1.log is what a real ``ft_launcher`` (nvidia-resiliency-ext 0.4.1, torch 2.13.0 CPU,
+gloo) printed on this machine (2026-12-02), run by hand the way ``workload.recovery: nvrx`` runs it:
+``--ft-rank-heartbeat-timeout 5 --ft-initial-rank-heartbeat-timeout 60 --ft-workload-check-interval 0.5
+--nproc-per-node 2 ... -m chaoskit.workloads.plain_train --steps 200`` (the job sending a heartbeat a step), its
+rank 1 SIGSTOPped after step 60 (tests/data/nvrx/fault.txt: the moment). Each line carries the Unix time it
+arrived at, as chaoskit's launcher stamps it; NVML's tracebacks (no GPU here) are left out, every line kept
+is verbatim.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaoskit.core.errors import ScenarioError
+from chaoskit.measure import RECOVERY_MODELS, measure_fault, measure_nvrx
+from chaoskit.observe.events import EVENT_KINDS, EventBus
+from chaoskit.observe.presets import PRESETS, preset_rules
+from chaoskit.observe.probes import LogRegexProbe, LogRule
+from chaoskit.scenario import load_scenario
+
+DATA = Path(__file__).parent / "data" / "nvrx"
+T_FAULT = float((DATA / "fault.txt").read_text().split()[-1])
+# the uninstrumented job's own prints (scenarios/kill-uninstrumented.yaml's rules)
+JOB_RULES = [
+    LogRule.of(r"\[rank (?P<rank>\d+)\] worker started pid=(?P<pid>\d+) restart=(?P<restart_count>\d+)", "worker.start"),
+    LogRule.of(r"\[rank (?P<rank>\d+)\] process group ready", "rendezvous.done"),
+    LogRule.of(r"\[rank (?P<rank>\d+)\] Resuming training from snapshot at step (?P<step>\d+)", "ckpt.load.end"),
+    LogRule.of(r"\[rank (?P<rank>\d+)\] step (?P<step>\d+) loss", "step"),
+]
+
+
+def _recorded_timeline() -> list[dict]:
+    bus = EventBus()
+    rules, _ = preset_rules(["torchrun", "nvrx"])
+    probe = LogRegexProbe(bus, rules + JOB_RULES)
+    for line in (DATA / "hang-rank1.log").read_text().splitlines():
+        ts, _, text = line.partition(" ")
+        probe.feed("n0", text, ts=float(ts))
+    return bus.snapshot()
+
+
+def test_the_nvrx_preset_reads_the_rank_monitors_real_lines():
+    events = _recorded_timeline()
+    monitors = [e for e in events if e.get("source") == "nvrx"]
+    assert [(e["kind"], e["rank"], e["timeout_s"]) for e in monitors] == [("detect", 0, "5.00"), ("detect", 1, "5.00")]
+    assert all(e["who"] == "NVRx rank monitor" and "heartbeat" in e["why"] for e in monitors)
+    assert set(PRESETS["nvrx"].sees) <= set(EVENT_KINDS)
+    # ft_launcher's agent reports the worker its monitor killed in torchrun's words
+    exits = [e for e in events if e["kind"] == "worker.exit"]
+    assert [(e["exitcode"], e["local_rank"]) for e in exits] == [(-9, 0)]
+
+
+def test_a_hung_rank_measured_with_the_nvrx_model():
+    events = _recorded_timeline()
+    phases = measure_nvrx(events, T_FAULT)
+    assert phases["model"] == "nvrx" and RECOVERY_MODELS["nvrx"] is measure_nvrx
+    # rank 0's monitor, 5 s after the last heartbeat before the hang (it blocked in the all-reduce with rank 1)
+    assert phases["detected_by"].startswith("NVRx rank monitor on n0/rank0")
+    assert 5.0 <= phases["detection_s"] <= 6.0, phases["detection_s"]
+    assert phases["rank_monitor"]["rank"] == 0 and phases["rank_monitor"]["timeout_s"] == 5.0
+    # the restarted world: both workers started again (restart=1), then loaded step 50 and trained on
+    assert 0 < phases["reallocation_s"] < 2.0
+    assert phases["restored_step"] == 50 and phases["last_step_before"] >= 60
+    assert phases["lost_steps"] == phases["last_step_before"] - 50
+    assert phases["checkpoint_load_s"] > 0 and phases["recovery_s"] > phases["detection_s"] + phases["reallocation_s"]
+    assert not phases["reasons"]
+
+
+def test_without_the_rank_monitors_lines_the_hang_is_seen_only_when_the_launcher_kills_a_worker():
+    """The restart model on the same output, the nvrx preset left out: detection is then the worker's exit (the
+    monitor's kill), a few ms later, and nobody is named a rank monitor."""
+    events = [e for e in _recorded_timeline() if e.get("source") != "nvrx"]
+    plain, nvrx = measure_fault(events, T_FAULT), measure_nvrx(events, T_FAULT)
+    assert plain["detected_by"] == nvrx["detected_by"] and plain["detected_by"].startswith("torchrun agent")
+    assert nvrx["rank_monitor"] is None and nvrx["detection_s"] == plain["detection_s"]
+
+
+def test_nothing_noticed_is_not_observed_with_a_reason():
+    events = [e for e in _recorded_timeline() if e["ts"] <= T_FAULT]
+    phases = measure_nvrx(events, T_FAULT)
+    assert phases["detection_s"] is None and "rank monitor" in phases["reasons"]["detection"]
+
+
+def _scenario(tmp_path: Path, workload: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\ncluster: lab\nworkload: {workload}\n"
+                    "faults: [{kind: process.hang, target: {ranks: [1]}, duration: 10s, at: {step: 20}}]\n")
+    return path
+
+
+def test_nvrx_settings_become_ft_launcher_options(tmp_path):
+    sc = load_scenario(_scenario(tmp_path, "{recovery: nvrx, nvrx: {heartbeat_timeout: 3s, section_timeouts: "
+                                           "{step: 2s, checkpointing: 30s}, out_of_section_timeout: 1m}}")).model
+    assert sc.workload.nvrx.launcher_args() == [
+        "--ft-rank-heartbeat-timeout", "3", "--ft-initial-rank-heartbeat-timeout", "60",
+        "--ft-workload-check-interval", "0.5", "--ft-rank-section-timeouts", "step:2,checkpointing:30",
+        "--ft-rank-out-of-section-timeout", "60"]
+    default = load_scenario(_scenario(tmp_path, "{recovery: nvrx}")).model
+    assert default.workload.nvrx.heartbeat_timeout == 5.0
+
+
+@pytest.mark.parametrize("workload, message", [
+    ("{nvrx: {heartbeat_timeout: 3s}}", "'nvrx' is only used with recovery: nvrx"),
+    ("{recovery: nvrx, launch: ray-train}", "not launch: ray-train"),
+    ("{recovery: nvrx, nvrx: {section_timeouts: {'a;b': 2s}}}", "invalid section name"),
+    ("{recovery: nvrx, nvrx: {heartbeat_timeout: 0s}}", "s.yaml:3"),
+])
+def test_bad_nvrx_settings_are_refused_at_their_line(tmp_path, workload, message):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(_scenario(tmp_path, workload))
+    assert message in str(err.value)
+
+
+def test_ft_launcher_starts_in_place_of_torchrun_with_private_sockets(tmp_path):
+    """The agent's command line on the process lab and in the Slurm lab's batch job: ft_launcher with the
+    scenario's timeouts, its Unix sockets in a folder of the job's own (0700), never /tmp's guessable names."""
+    import dataclasses
+    import stat
+
+    from chaoskit.scenario.checks import check_scenario
+    from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob
+    from chaoskit.workloads.slurm import SlurmJob
+
+    loaded = load_scenario(_scenario(tmp_path, "{recovery: nvrx, nvrx: {heartbeat_timeout: 3s}}"))
+    job = TorchrunJob(check_scenario(loaded), loaded.model.workload, tmp_path / "run", "rid", None)
+    argv = job.agent_argv("n0")
+    assert argv[1:3] == list(NVRX_LAUNCHER) and "torch.distributed.run" not in argv
+    assert argv[argv.index("--ft-rank-heartbeat-timeout") + 1] == "3"
+    sockets = Path(job.job_env("n0")["TMPDIR"])
+    assert sockets == tmp_path / "run" / "nvrx" or sockets.name.startswith("chaoskit-nvrx-")
+    assert stat.S_IMODE(sockets.stat().st_mode) == 0o700 and len(str(sockets)) <= 60
+    path = tmp_path / "slurm.yaml"
+    path.write_text("name: s\ncluster: {kind: slurm, nodes: 2}\nworkload: {recovery: nvrx}\n"
+                    "faults: [{kind: process.kill, target: {ranks: [1]}, at: {step: 20}}]\n")
+    loaded = load_scenario(path)
+    handle = check_scenario(loaded)
+    script = SlurmJob(dataclasses.replace(handle, scheduler=handle.scheduler or object()), loaded.model.workload,
+                      tmp_path / "slurm-run", "rid").agent_script()
+    assert "TMPDIR=$(mktemp -d -t chaoskit-nvrx-XXXXXXXX) || exit 1; export TMPDIR" in script
+    assert "nvidia_resiliency_ext.fault_tolerance.launcher" in script and "--ft-rank-heartbeat-timeout 5" in script

@@ -1,0 +1,116 @@
+"""``chaoskit scorecard``: the rows of a folder on every stack, one cell per (stack, fault), never blank.
+
+The end-to-end test is a small scorecard run as a user would: the CLI in-process, 2 stacks (torchrun, nvrx) x 2
+faults (SIGKILL, SIGSTOP hang) from examples/scorecard/, real torchrun and ft_launcher jobs on the process lab. It
+is also the live NVRx drill: the hang is noticed within the heartbeat timeout + 1 s, and under torchrun at the
+collective timeout (or the cell says "not detected within").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chaoskit.report.scorecard import render_scorecard_html, scorecard_metrics
+from chaoskit.scorecard import CannotRun, adapt_row, cells_from_gameday, stack_timeouts
+from tests.conftest import ROOT, need, need_torch, run_cli
+
+ROWS = ROOT / "examples" / "scorecard"
+
+
+def test_every_stack_adapts_every_row_or_says_why_not():
+    for row in sorted(ROWS.glob("*.yaml")):
+        for stack in ("torchrun", "nvrx", "torchft", "ray", "slurm"):
+            try:
+                doc = adapt_row(row, stack)
+            except CannotRun as exc:
+                assert str(exc), (row, stack)
+                continue
+            assert doc["name"] == f"{row.stem}--{stack}"
+    hang = adapt_row(ROWS / "hang.yaml", "nvrx")
+    assert hang["workload"]["recovery"] == "nvrx" and hang["workload"]["nvrx"]["heartbeat_timeout"] == "5s"
+    ray = adapt_row(ROWS / "kill.yaml", "ray")
+    assert ray["workload"]["launch"] == "ray-train"
+    assert ray["faults"][0]["target"] == {"nodes": ["n1"], "process": "RayTrainWorker"}
+    with pytest.raises(CannotRun, match="no NIC of their own"):
+        adapt_row(ROWS / "nic-down.yaml", "ray")
+
+
+def test_timeouts_behind_a_cell_and_a_warning_for_defaults_that_take_minutes():
+    timeouts, warnings = stack_timeouts("nvrx", {"workload": {"recovery": "nvrx", "nvrx": {}}}, {})
+    assert timeouts["NVRx heartbeat timeout"] == "2700s" and timeouts["collective timeout"].startswith("30s")
+    assert any("45 min" in w for w in warnings)
+    timeouts, warnings = stack_timeouts("torchrun", {"workload": {"collective_timeout": "30m"}}, {})
+    assert timeouts["collective timeout"] == "1800s" and warnings == ["collective timeout 1800s: a hang is noticed only after 30 min"]
+    timeouts, warnings = stack_timeouts("slurm", {"workload": {}}, {"cluster": {"slurm": {"slurmd_timeout": 300}}})
+    assert timeouts["SlurmdTimeout"] == "300s" and any("SlurmdTimeout" in w for w in warnings)
+
+
+def test_a_pair_that_cannot_run_and_a_drill_that_never_noticed_are_cells_not_blanks(tmp_path):
+    scen = tmp_path / "hang--torchrun.yaml"
+    scen.write_text(yaml.safe_dump({"name": "hang--torchrun", "workload": {"collective_timeout": "60s"}}))
+    run = tmp_path / "gameday" / "01-hang--torchrun"
+    run.mkdir(parents=True)
+    (tmp_path / "gameday" / "gameday.json").write_text(json.dumps({"scenarios": [
+        {"scenario": "hang--torchrun", "dir": run.name, "verdict": "fail", "status": "fail",
+         "phases": {"detection_s": None, "recovery_s": None, "lost_steps": None}}]}))
+    (run / "result.json").write_text(json.dumps({"faults": [{"t_fault": 100.0}], "ended_at": "1970-01-01T00:02:40Z",
+                                                 "phases": {"detection_s": None}}))
+    cells = cells_from_gameday([("torchrun", "hang", scen, None), ("ray", "nic-down", None, "cannot run here: no NIC")],
+                               tmp_path / "gameday")
+    assert cells[0]["verdict"] == "not detected" and cells[0]["why"].startswith("not detected within 60s")
+    assert cells[0]["timeouts"]["collective timeout"] == "60s"
+    assert cells[1]["verdict"] == "cannot run" and cells[1]["why"] == "cannot run here: no NIC"
+    card = {"stacks": ["torchrun", "ray"], "faults": ["hang", "nic-down"], "cells": cells, "duration_s": 1}
+    page = render_scorecard_html(card)
+    assert "NOT DETECTED" in page and "cannot run here: no NIC" in page and "<script" not in page
+    text = scorecard_metrics(card).decode()
+    assert 'chaoskit_scorecard_cell{fault="nic-down",stack="ray",verdict="cannot run"} 1.0' in text
+    assert "chaoskit_scorecard_detection_seconds{" not in text  # not measured: no sample, never zero
+
+
+def test_unknown_stack_is_bad_input(tmp_path):
+    r = run_cli("scorecard", ROWS, "--stacks", "torchrun,kubeflow", "--out", tmp_path / "sc")
+    assert r.code == 2 and "unknown stack kubeflow" in r.stderr
+    assert not (tmp_path / "sc").exists()
+
+
+def test_a_small_scorecard_end_to_end(tmp_path):
+    need_torch()
+    import importlib.util
+
+    need(importlib.util.find_spec("nvidia_resiliency_ext") is not None, "nvidia-resiliency-ext (chaoskit[frameworks])")
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    for name in ("kill.yaml", "hang.yaml"):
+        shutil.copy(ROWS / name, rows / name)
+    out = tmp_path / "card"
+    r = run_cli("scorecard", rows, "--stacks", "torchrun,nvrx", "--out", out, "--json")
+    assert r.code == 0, r.stderr[-3000:]
+    card = json.loads((out / "scorecard.json").read_text())
+    assert card == r.json
+    cells = {(c["stack"], c["fault"]): c for c in card["cells"]}
+    assert set(cells) == {(s, f) for s in ("torchrun", "nvrx") for f in ("kill", "hang")}
+    assert all(c["verdict"] and c["why"] for c in card["cells"])
+    nvrx = cells[("nvrx", "hang")]
+    assert nvrx["detection_s"] is not None and nvrx["detection_s"] <= 5.0 + 1.0, nvrx
+    assert nvrx["detected_by"].startswith("NVRx rank monitor") and nvrx["timeouts"]["NVRx heartbeat timeout"] == "5s"
+    torchrun = cells[("torchrun", "hang")]
+    assert torchrun["timeouts"]["collective timeout"] == "10s"
+    if torchrun["detection_s"] is not None:  # a survivor's all-reduce timed out: at the collective timeout
+        assert 10.0 <= torchrun["detection_s"] <= 10.0 + 5.0, torchrun
+        assert torchrun["detection_s"] > nvrx["detection_s"]
+    else:
+        assert torchrun["why"].startswith("not detected within")
+    for stack in ("torchrun", "nvrx"):
+        kill = cells[(stack, "kill")]
+        assert kill["verdict"] == "pass" and kill["detection_s"] < 5.0 and kill["lost_steps"] is not None, kill
+    page = (out / "index.html").read_text()
+    assert "NVRx heartbeat timeout: 5s" in page and "<script" not in page
+    metrics = (out / "metrics.prom").read_text()
+    assert 'chaoskit_scorecard_detection_seconds{fault="hang",stack="nvrx"}' in metrics
+    assert json.loads((out / "gameday" / "gameday.json").read_text())["scorecard"]["cells"] == card["cells"]
