@@ -598,6 +598,8 @@ class _Run:
             self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=getattr(t, "pid", None))
         injections = fault.inject(self.ctx, targets)
         for inj in injections:
+            if self.kmsg_probe is not None and inj.detail.get("cgroup"):  # mem.oom's: its kills are this run's
+                self.kmsg_probe.claim_cgroup(str(inj.detail["cgroup"]))
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
             self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets,
                                         source="chaoskit", **_mechanism(inj)))

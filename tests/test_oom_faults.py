@@ -149,7 +149,8 @@ def test_lease_removes_the_cgroup_when_the_controller_is_killed(holder_lab, tmp_
 
 def test_kmsg_probe_reports_only_the_nodes_kills(tmp_path):
     """Against a plain file standing in for /dev/kmsg (records as the kernel writes them): a kill of a node's
-    process, one in a mem.oom cgroup of the node, another job's and the ballast's."""
+    process, one in a mem.oom cgroup of the node, another job's, the ballast's, and one in a cgroup named like the
+    node's that another drill on the same kernel made (it once became a drill's detection)."""
     from chaoskit.cluster.inventory import Node
     from chaoskit.cluster.transports.local import LocalTransport
 
@@ -163,6 +164,7 @@ def test_kmsg_probe_reports_only_the_nodes_kills(tmp_path):
         bus = EventBus()
         probe = KmsgProbe.for_nodes(bus, nodes, path=str(kmsg))
         assert probe is not None and worker.pid in probe.known["n0"]
+        probe.claim_cgroup("/x/chaoskit-oom-n1-abc")  # this run's mem.oom made it; chaoskit-oom-n1-other is another drill's
         probe.start()
         with kmsg.open("a") as fh:
             fh.write(f"4,2,2,-;Memory cgroup out of memory: Killed process {worker.pid} (python) total-vm:1kB\n"
@@ -172,7 +174,9 @@ def test_kmsg_probe_reports_only_the_nodes_kills(tmp_path):
                      "3,5,5,-;Out of memory: Killed process 999998 (someone-else) total-vm:1kB\n"
                      "6,6,6,-;oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/x/chaoskit-oom-n1-abc,task_memcg=/x/chaoskit-oom-n1-abc,"
                      f"task={BALLAST_NAME},pid=999997,uid=0\n"
-                     f"3,7,7,-;Memory cgroup out of memory: Killed process 999997 ({BALLAST_NAME}) total-vm:1kB\n")
+                     f"3,7,7,-;Memory cgroup out of memory: Killed process 999997 ({BALLAST_NAME}) total-vm:1kB\n"
+                     "6,8,8,-;oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/y/chaoskit-oom-n1-other,task_memcg=/y/chaoskit-oom-n1-other,task=python,pid=999996,uid=0\n"
+                     "3,9,9,-;Memory cgroup out of memory: Killed process 999996 (python) total-vm:1kB\n")
         assert wait_until(lambda: len(bus.events) >= 2, 5)
         time.sleep(0.3)
         probe.stop()

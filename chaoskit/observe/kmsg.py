@@ -157,6 +157,10 @@ class KmsgProbe(threading.Thread):
         self.known: dict[str, dict[int, int | None]] = {}
         """node -> pid -> rank, of the nodes' processes (refreshed)."""
         self.memcg: dict[tuple[str, int], str] = {}
+        self.own_cgroups: set[str] = set()
+        """The leaves of the memory cgroups this run's ``mem.oom`` made (:meth:`claim_cgroup`): a kill of a pid no
+        table knows is the run's only in one of them (another drill on the same kernel makes cgroups named alike)."""
+        self._claims = threading.Lock()
         self.kills = 0
         self.xids = 0
         self.unattributed = 0
@@ -311,9 +315,16 @@ class KmsgProbe(threading.Thread):
             return self.workers(node) or {}
         return self.known.get(node, {})
 
+    def claim_cgroup(self, cgroup: str) -> None:
+        """A memory cgroup this run made (its path, or its leaf): the kills in it are this run's nodes'."""
+        with self._claims:
+            self.own_cgroups.add(cgroup.rstrip("/").rsplit("/", 1)[-1])
+
     def _node_of_cgroup(self, memcg: str, nodes: list[str]) -> str | None:
         leaf = memcg.rsplit("/", 1)[-1]
-        if not leaf.startswith(CGROUP_PREFIX):
+        with self._claims:  # not _lock: this runs under it (_records)
+            ours = leaf in self.own_cgroups
+        if not leaf.startswith(CGROUP_PREFIX) or not ours:
             return None
         for node in sorted(nodes, key=len, reverse=True):  # n1-a before n1
             if leaf.startswith(f"{CGROUP_PREFIX}{node}-"):
