@@ -294,7 +294,7 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
         cell["why"] = (f"not detected within {watched:.0f}s (the run watched that long after the fault)"
                        if watched is not None else "not detected: the fault was not injected")
         return cell
-    who = cell.get("detected_by") or "?"
+    who = (cell.get("detected_by") or "?") + _bound(cell["detection_s"], cell.get("detected_by") or "", doc)
     if cell["recovery_s"] is None:
         reason = ((phases.get("reasons") or {}).get("recovery") or _first_reason(samples, "recovery")
                   or "training did not resume")
@@ -303,6 +303,18 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
         failed = [name for name, s in (record.get("slo") or {}).items() if isinstance(s, dict) and s.get("pass") is False]
         cell["why"] = f"detected by {who}" + (f"; SLO missed: {', '.join(failed)}" if failed else "")
     return cell
+
+
+def _bound(detection_s: float, who: str, doc: dict[str, Any]) -> str:
+    """Which configured timeout the detection came at, where one did: the number is then the setting's."""
+    w = doc.get("workload") or {}
+    if who.startswith("NVRx rank monitor"):
+        hb = _seconds((w.get("nvrx") or {}).get("heartbeat_timeout", NVRX_DEFAULT_HEARTBEAT_S))
+        return f", at its heartbeat timeout ({hb:g}s)"
+    collective = _seconds(w.get("collective_timeout", 30))
+    if "collective" in who and abs(detection_s - collective) <= max(1.0, 0.2 * collective):
+        return f", at the collective timeout ({collective:g}s)"
+    return ""
 
 
 def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> tuple[dict[str, str], list[str]]:

@@ -99,11 +99,13 @@ def test_a_small_scorecard_end_to_end(tmp_path):
     nvrx = cells[("nvrx", "hang")]
     assert nvrx["detection_s"] is not None and nvrx["detection_s"] <= 5.0 + 1.0, nvrx
     assert nvrx["detected_by"].startswith("NVRx rank monitor") and nvrx["timeouts"]["NVRx heartbeat timeout"] == "5s"
+    assert "at its heartbeat timeout (5s)" in nvrx["why"]
     torchrun = cells[("torchrun", "hang")]
     assert torchrun["timeouts"]["collective timeout"] == "10s"
     if torchrun["detection_s"] is not None:  # a survivor's all-reduce timed out: at the collective timeout
         assert 10.0 <= torchrun["detection_s"] <= 10.0 + 5.0, torchrun
         assert torchrun["detection_s"] > nvrx["detection_s"]
+        assert "at the collective timeout (10s)" in torchrun["why"]
     else:
         assert torchrun["why"].startswith("not detected within")
     for stack in ("torchrun", "nvrx"):
