@@ -354,3 +354,36 @@ def test_slow_share_lengthens_one_ranks_steps_for_its_duration(tmp_path):
         return gaps[len(gaps) // 2]
     before, during = median_interval(t_fire - 1.5, t_fire), median_interval(t_fire + 0.2, t_fire + 1.8)
     assert 1.6 * before < during < 3 * before
+
+
+def test_the_silent_watch_finds_disagreeing_replicas_and_a_bad_loss():
+    """What the bus sees: checksums per rank and step (the odd rank out named), a NaN loss, a spike; a new world
+    starts the comparison over; final checksums are never a detection."""
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.sdc import SilentWatch
+
+    bus = EventBus()
+    watch = SilentWatch(bus)
+    watch.start()
+    t = 1000.0
+    for step in range(1, 30):
+        for rank in range(3):
+            bus.publish({"ts": t + step, "kind": "step", "rank": rank, "step": step, "loss": 1.0 + 0.01 * (step % 3)})
+    for rank, value in ((0, 5), (1, 5), (2, 5)):
+        bus.publish({"ts": t + 30, "kind": "sdc.checksum", "rank": rank, "step": 30, "sum": str(value)})
+    assert watch.detected is None
+    bus.publish({"ts": t + 31, "kind": "worker.start", "rank": 2})
+    for rank, value in ((0, 7), (1, 7 + 2 ** 10), (2, 7)):
+        bus.publish({"ts": t + 40, "kind": "sdc.checksum", "rank": rank, "step": 40, "sum": str(value)})
+    kinds = [e for e in bus.snapshot() if e["kind"] == "sdc.detected"]
+    assert len(kinds) == 1 and kinds[0]["ranks"] == [1] and kinds[0]["step"] == 40
+    bus.publish({"ts": t + 41, "kind": "step", "rank": 0, "step": 41, "loss": float("nan")})
+    bus.publish({"ts": t + 41, "kind": "step", "rank": 1, "step": 41, "loss": 50.0})
+    bus.publish({"ts": t + 42, "kind": "step", "rank": 0, "step": 42, "loss": float("nan")})  # once per rank
+    anomalies = [e for e in bus.snapshot() if e["kind"] == "loss.anomaly"]
+    assert [(e["rank"], e["step"]) for e in anomalies] == [(0, 41), (1, 41)]
+    assert "nan" in anomalies[0]["why"] and "sigma" in anomalies[1]["why"]
+    assert watch.disagree_at_end is None
+    for rank, value in ((0, 9), (1, 9 + 4), (2, 9)):
+        bus.publish({"ts": t + 50, "kind": "sdc.checksum", "rank": rank, "step": 50, "sum": str(value), "final": True})
+    assert watch.disagree_at_end is True and len([e for e in bus.snapshot() if e["kind"] == "sdc.detected"]) == 1
