@@ -387,3 +387,24 @@ def test_the_silent_watch_finds_disagreeing_replicas_and_a_bad_loss():
     for rank, value in ((0, 9), (1, 9 + 4), (2, 9)):
         bus.publish({"ts": t + 50, "kind": "sdc.checksum", "rank": rank, "step": 50, "sum": str(value), "final": True})
     assert watch.disagree_at_end is True and len([e for e in bus.snapshot() if e["kind"] == "sdc.detected"]) == 1
+
+
+def test_rollback_rebuilds_only_the_revert_an_inproc_fault_arms():
+    """``chaoskit rollback`` runs a journaled revert only in the exact shape the fault arms: its own helper's
+    ``end`` of one pid, in this node's own channel folder; anything else is refused."""
+    from types import SimpleNamespace
+
+    from chaoskit.faults.inproc import InprocHangFault
+
+    node = SimpleNamespace(conn=SimpleNamespace(state_dir="/run/chaoskit"), ssh=None)
+    fault = InprocHangFault(InprocHangFault.Spec(kind="inproc.hang", duration=5), "f0")
+    armed = fault.revert_argv(sys.executable, "/run/chaoskit/inproc", 4242, 987654, "f0.0")
+    assert InprocHangFault.journaled_revert(armed, node) == armed
+    for bad in ([*armed[:5], "/tmp/inproc", *armed[6:]],                   # another folder
+                [*armed[:3], armed[3] + "\nimport os", *armed[4:]],        # another helper
+                [*armed[:6], "4242; rm -rf /", *armed[7:]],                # not a pid
+                [*armed[:8], "../x", *armed[9:]],                          # not an order id
+                ["/tmp/python", *armed[1:]],                               # a Python chaoskit does not run
+                armed[:-1]):
+        with pytest.raises(ValueError):
+            InprocHangFault.journaled_revert(bad, node)
