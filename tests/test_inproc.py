@@ -408,3 +408,29 @@ def test_rollback_rebuilds_only_the_revert_an_inproc_fault_arms():
                 armed[:-1]):
         with pytest.raises(ValueError):
             InprocHangFault.journaled_revert(bad, node)
+
+
+def test_a_process_without_the_channel_fails_the_fault_within_the_check_in_bound(tmp_path, monkeypatch):
+    """A live process that never answers (no bootstrap, no SDK): the fault fails with why, within CHECKIN_S, and
+    its order is taken back. (The context is the minimum a non-lasting fault uses: the node's real transport.)"""
+    from types import SimpleNamespace
+
+    from chaoskit.cluster.transports.local import LocalTransport
+    from chaoskit.core.errors import InfraError
+    from chaoskit.faults import inproc as faults_inproc
+
+    monkeypatch.setattr(faults_inproc, "CHECKIN_S", 2.0)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        transport = LocalTransport("n1")
+        ctx = SimpleNamespace(transport=lambda node: transport, leases=None)
+        target = SimpleNamespace(node="n1", pid=proc.pid, rank=1, start_time=None, label=lambda: "n1/rank1")
+        fault = faults_inproc.InprocNanFault(faults_inproc.InprocNanFault.Spec(kind="inproc.nan"), "f0")
+        t0 = time.monotonic()
+        with pytest.raises(InfraError, match="did not answer within 2s: it has no chaoskit channel"):
+            fault.inject(ctx, [target])
+        assert time.monotonic() - t0 < 10
+        assert not Path(inproc.order_path(f"{transport.state_dir}/inproc", proc.pid)).exists()
+    finally:
+        proc.kill()
+        proc.wait()

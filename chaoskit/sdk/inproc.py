@@ -626,6 +626,8 @@ def _bitflip(order: dict[str, Any], optimizer, grad: bool) -> None:
     import torch
 
     params = order["params"]
+    if params["name"] is not None and not _modules:
+        return  # armed between this step's forward and its update: the model's names come with the next forward
     named = _named(optimizer)
     rng = random.Random(params["seed"] if params["seed"] is not None else 0)
     if params["name"] is not None:
