@@ -170,9 +170,14 @@ def test_refused_files_in_the_channel_folder_do_nothing_but_log(tmp_path, capfd)
     assert inproc._armed is None  # nothing was ever armed
 
 
-def _job(tmp_path: Path, steps: int, pause: float, folder: str | None, **extra: str) -> subprocess.Popen[str]:
+JOB_DATA = JOB.replace("for step in range(1, int(sys.argv[1]) + 1):\n    x = torch.randn(4, 8)",
+                       "data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4 * int(sys.argv[1]), 8)), batch_size=4)\n"
+                       "for step, (x,) in enumerate(data, 1):")
+
+
+def _job(tmp_path: Path, steps: int, pause: float, folder: str | None, script_text: str = JOB, **extra: str) -> subprocess.Popen[str]:
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(script_text)
     env = dict(os.environ, **extra, RANK="1", CHAOSKIT_EVENTS=str(tmp_path / f"events-{bool(folder)}.jsonl"),
                PYTHONPATH=os.pathsep.join([str(BOOT), str(ROOT)]))
     env.pop("CHAOSKIT_INPROC_DIR", None)
@@ -310,10 +315,10 @@ def test_the_lease_kills_a_process_that_misses_the_end_of_its_hang(tmp_path, sto
         proc.wait(timeout=10)
 
 
-def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 200) -> tuple[dict, list[dict]]:
+def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 200, script: str = JOB) -> tuple[dict, list[dict]]:
     """One live job given one order once it trains; its status once ended, and its events."""
     folder = _folder(tmp_path)
-    proc = _job(tmp_path, steps, 0.02, folder)
+    proc = _job(tmp_path, steps, 0.02, folder, script)
     events = tmp_path / "events-True.jsonl"
     try:
         deadline = time.time() + 60
@@ -434,3 +439,18 @@ def test_a_process_without_the_channel_fails_the_fault_within_the_check_in_bound
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_hang_in_the_data_loader_holds_the_next_batch_while_the_heartbeat_goes_on(tmp_path):
+    """inproc.hang where: data, in a job that reads its batches from a DataLoader: no step for the hang's
+    duration, heartbeats all along, then training goes on to its end."""
+    need_torch()
+    assert "DataLoader" in JOB_DATA
+    status, events = _drive(tmp_path, "inproc.hang", {"where": "data", "duration": 1.5}, script=JOB_DATA)
+    assert status["status"] == "ended"
+    t_fire = status["t_fire"]
+    steps = [e["ts"] for e in events if e["kind"] == "step"]
+    beats = [e["ts"] for e in events if e["kind"] == "heartbeat"]
+    assert not [t for t in steps if t_fire + 0.1 < t < t_fire + 1.4]
+    assert len([t for t in beats if t_fire < t < t_fire + 1.5]) >= 10
+    assert max(e["step"] for e in events if e["kind"] == "step") == 200
