@@ -454,3 +454,44 @@ def test_a_hang_in_the_data_loader_holds_the_next_batch_while_the_heartbeat_goes
     assert not [t for t in steps if t_fire + 0.1 < t < t_fire + 1.4]
     assert len([t for t in beats if t_fire < t < t_fire + 1.5]) >= 10
     assert max(e["step"] for e in events if e["kind"] == "step") == 200
+
+
+def test_a_revert_that_kills_a_process_which_missed_its_end_says_so_in_the_journal(tmp_path):
+    """The runner's revert of a lasting in-process fault (the same helper the lease runs): the hung process,
+    SIGSTOPped so that it cannot end its hang, is killed, and the journal records ``lease.kill`` with why."""
+    from types import SimpleNamespace
+
+    from chaoskit.cluster.transports.local import LocalTransport
+    from chaoskit.faults.api import Injection
+    from chaoskit.faults.inproc import InprocHangFault
+    from chaoskit.safety.journal import Journal
+
+    need_torch()
+    transport = LocalTransport("n1")
+    folder = f"{transport.state_dir}/inproc"
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    proc = _job(tmp_path, 400, 0.05, folder)
+    journal = Journal(tmp_path / "journal.jsonl")
+    try:
+        events = tmp_path / "events-True.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (events.exists() and '"kind":"step"' in events.read_text()):
+            time.sleep(0.05)
+        order = json.dumps({"v": 1, "id": "f0.0", "kind": "inproc.hang", "pid": proc.pid,
+                            "params": {"where": "step", "duration": 1}})
+        assert _helper("order", folder, str(proc.pid), order, "f0.0", "10", "30")["status"] == "fired"
+        os.kill(proc.pid, signal.SIGSTOP)
+        fault = InprocHangFault(InprocHangFault.Spec(kind="inproc.hang", duration=1), "f0")
+        inj = Injection("f0.0", "inproc.hang", "n1", ["n1/rank1"], time.time(),
+                        {"pid": proc.pid, "start_time": int(_start_time(proc.pid)), "folder": folder})
+        ctx = SimpleNamespace(transport=lambda node: transport, leases=None, journal=journal)
+        fault.revert(ctx, inj)
+        assert inj.detail["killed"] and proc.wait(timeout=10) == -signal.SIGKILL
+        assert fault.verify(ctx, inj) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        journal.close()
+    [entry] = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    assert entry["action"] == "lease.kill" and entry["pid"] == proc.pid and "missed the end of inproc.hang" in entry["why"]
