@@ -144,6 +144,10 @@ def _ray(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def _slurm(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    inproc = sorted({f.get("kind") for f in doc.get("faults", []) if str(f.get("kind", "")).startswith("inproc.")})
+    if inproc:
+        raise CannotRun(f"{', '.join(inproc)}: a Slurm batch job has no chaoskit bootstrap on its path yet, so the "
+                        "in-process channel does not reach its ranks (docs/inprocess.md)")
     doc["cluster"] = {"kind": "slurm", "nodes": 2, "spare": 1}
     doc["workload"]["recovery"] = "restart"
     for fault in doc.get("faults", []):

@@ -170,9 +170,14 @@ def test_refused_files_in_the_channel_folder_do_nothing_but_log(tmp_path, capfd)
     assert inproc._armed is None  # nothing was ever armed
 
 
-def _job(tmp_path: Path, steps: int, pause: float, folder: str | None, **extra: str) -> subprocess.Popen[str]:
+JOB_DATA = JOB.replace("for step in range(1, int(sys.argv[1]) + 1):\n    x = torch.randn(4, 8)",
+                       "data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4 * int(sys.argv[1]), 8)), batch_size=4)\n"
+                       "for step, (x,) in enumerate(data, 1):")
+
+
+def _job(tmp_path: Path, steps: int, pause: float, folder: str | None, script_text: str = JOB, **extra: str) -> subprocess.Popen[str]:
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(script_text)
     env = dict(os.environ, **extra, RANK="1", CHAOSKIT_EVENTS=str(tmp_path / f"events-{bool(folder)}.jsonl"),
                PYTHONPATH=os.pathsep.join([str(BOOT), str(ROOT)]))
     env.pop("CHAOSKIT_INPROC_DIR", None)
@@ -310,10 +315,10 @@ def test_the_lease_kills_a_process_that_misses_the_end_of_its_hang(tmp_path, sto
         proc.wait(timeout=10)
 
 
-def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 200) -> tuple[dict, list[dict]]:
+def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 200, script: str = JOB) -> tuple[dict, list[dict]]:
     """One live job given one order once it trains; its status once ended, and its events."""
     folder = _folder(tmp_path)
-    proc = _job(tmp_path, steps, 0.02, folder)
+    proc = _job(tmp_path, steps, 0.02, folder, script)
     events = tmp_path / "events-True.jsonl"
     try:
         deadline = time.time() + 60
@@ -354,3 +359,139 @@ def test_slow_share_lengthens_one_ranks_steps_for_its_duration(tmp_path):
         return gaps[len(gaps) // 2]
     before, during = median_interval(t_fire - 1.5, t_fire), median_interval(t_fire + 0.2, t_fire + 1.8)
     assert 1.6 * before < during < 3 * before
+
+
+def test_the_silent_watch_finds_disagreeing_replicas_and_a_bad_loss():
+    """What the bus sees: checksums per rank and step (the odd rank out named), a NaN loss, a spike; a new world
+    starts the comparison over; final checksums are never a detection."""
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.sdc import SilentWatch
+
+    bus = EventBus()
+    watch = SilentWatch(bus)
+    watch.start()
+    t = 1000.0
+    for step in range(1, 30):
+        for rank in range(3):
+            bus.publish({"ts": t + step, "kind": "step", "rank": rank, "step": step, "loss": 1.0 + 0.01 * (step % 3)})
+    for rank, value in ((0, 5), (1, 5), (2, 5)):
+        bus.publish({"ts": t + 30, "kind": "sdc.checksum", "rank": rank, "step": 30, "sum": str(value)})
+    assert watch.detected is None
+    bus.publish({"ts": t + 31, "kind": "worker.start", "rank": 2})
+    for rank, value in ((0, 7), (1, 7 + 2 ** 10), (2, 7)):
+        bus.publish({"ts": t + 40, "kind": "sdc.checksum", "rank": rank, "step": 40, "sum": str(value)})
+    kinds = [e for e in bus.snapshot() if e["kind"] == "sdc.detected"]
+    assert len(kinds) == 1 and kinds[0]["ranks"] == [1] and kinds[0]["step"] == 40
+    bus.publish({"ts": t + 41, "kind": "step", "rank": 0, "step": 41, "loss": float("nan")})
+    bus.publish({"ts": t + 41, "kind": "step", "rank": 1, "step": 41, "loss": 50.0})
+    bus.publish({"ts": t + 42, "kind": "step", "rank": 0, "step": 42, "loss": float("nan")})  # once per rank
+    anomalies = [e for e in bus.snapshot() if e["kind"] == "loss.anomaly"]
+    assert [(e["rank"], e["step"]) for e in anomalies] == [(0, 41), (1, 41)]
+    assert "nan" in anomalies[0]["why"] and "sigma" in anomalies[1]["why"]
+    assert watch.disagree_at_end is None
+    for rank, value in ((0, 9), (1, 9 + 4), (2, 9)):
+        bus.publish({"ts": t + 50, "kind": "sdc.checksum", "rank": rank, "step": 50, "sum": str(value), "final": True})
+    assert watch.disagree_at_end is True and len([e for e in bus.snapshot() if e["kind"] == "sdc.detected"]) == 1
+
+
+def test_rollback_rebuilds_only_the_revert_an_inproc_fault_arms():
+    """``chaoskit rollback`` runs a journaled revert only in the exact shape the fault arms: its own helper's
+    ``end`` of one pid, in this node's own channel folder; anything else is refused."""
+    from types import SimpleNamespace
+
+    from chaoskit.faults.inproc import InprocHangFault
+
+    node = SimpleNamespace(conn=SimpleNamespace(state_dir="/run/chaoskit"), ssh=None)
+    fault = InprocHangFault(InprocHangFault.Spec(kind="inproc.hang", duration=5), "f0")
+    armed = fault.revert_argv(sys.executable, "/run/chaoskit/inproc", 4242, 987654, "f0.0")
+    assert InprocHangFault.journaled_revert(armed, node) == armed
+    for bad in ([*armed[:5], "/tmp/inproc", *armed[6:]],                   # another folder
+                [*armed[:3], armed[3] + "\nimport os", *armed[4:]],        # another helper
+                [*armed[:6], "4242; rm -rf /", *armed[7:]],                # not a pid
+                [*armed[:8], "../x", *armed[9:]],                          # not an order id
+                ["/tmp/python", *armed[1:]],                               # a Python chaoskit does not run
+                armed[:-1]):
+        with pytest.raises(ValueError):
+            InprocHangFault.journaled_revert(bad, node)
+
+
+def test_a_process_without_the_channel_fails_the_fault_within_the_check_in_bound(tmp_path, monkeypatch):
+    """A live process that never answers (no bootstrap, no SDK): the fault fails with why, within CHECKIN_S, and
+    its order is taken back. (The context is the minimum a non-lasting fault uses: the node's real transport.)"""
+    from types import SimpleNamespace
+
+    from chaoskit.cluster.transports.local import LocalTransport
+    from chaoskit.core.errors import InfraError
+    from chaoskit.faults import inproc as faults_inproc
+
+    monkeypatch.setattr(faults_inproc, "CHECKIN_S", 2.0)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        transport = LocalTransport("n1")
+        ctx = SimpleNamespace(transport=lambda node: transport, leases=None)
+        target = SimpleNamespace(node="n1", pid=proc.pid, rank=1, start_time=None, label=lambda: "n1/rank1")
+        fault = faults_inproc.InprocNanFault(faults_inproc.InprocNanFault.Spec(kind="inproc.nan"), "f0")
+        t0 = time.monotonic()
+        with pytest.raises(InfraError, match="did not answer within 2s: it has no chaoskit channel"):
+            fault.inject(ctx, [target])
+        assert time.monotonic() - t0 < 10
+        assert not Path(inproc.order_path(f"{transport.state_dir}/inproc", proc.pid)).exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_hang_in_the_data_loader_holds_the_next_batch_while_the_heartbeat_goes_on(tmp_path):
+    """inproc.hang where: data, in a job that reads its batches from a DataLoader: no step for the hang's
+    duration, heartbeats all along, then training goes on to its end."""
+    need_torch()
+    assert "DataLoader" in JOB_DATA
+    status, events = _drive(tmp_path, "inproc.hang", {"where": "data", "duration": 1.5}, script=JOB_DATA)
+    assert status["status"] == "ended"
+    t_fire = status["t_fire"]
+    steps = [e["ts"] for e in events if e["kind"] == "step"]
+    beats = [e["ts"] for e in events if e["kind"] == "heartbeat"]
+    assert not [t for t in steps if t_fire + 0.1 < t < t_fire + 1.4]
+    assert len([t for t in beats if t_fire < t < t_fire + 1.5]) >= 10
+    assert max(e["step"] for e in events if e["kind"] == "step") == 200
+
+
+def test_a_revert_that_kills_a_process_which_missed_its_end_says_so_in_the_journal(tmp_path):
+    """The runner's revert of a lasting in-process fault (the same helper the lease runs): the hung process,
+    SIGSTOPped so that it cannot end its hang, is killed, and the journal records ``lease.kill`` with why."""
+    from types import SimpleNamespace
+
+    from chaoskit.cluster.transports.local import LocalTransport
+    from chaoskit.faults.api import Injection
+    from chaoskit.faults.inproc import InprocHangFault
+    from chaoskit.safety.journal import Journal
+
+    need_torch()
+    transport = LocalTransport("n1")
+    folder = f"{transport.state_dir}/inproc"
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    proc = _job(tmp_path, 400, 0.05, folder)
+    journal = Journal(tmp_path / "journal.jsonl")
+    try:
+        events = tmp_path / "events-True.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (events.exists() and '"kind":"step"' in events.read_text()):
+            time.sleep(0.05)
+        order = json.dumps({"v": 1, "id": "f0.0", "kind": "inproc.hang", "pid": proc.pid,
+                            "params": {"where": "step", "duration": 1}})
+        assert _helper("order", folder, str(proc.pid), order, "f0.0", "10", "30")["status"] == "fired"
+        os.kill(proc.pid, signal.SIGSTOP)
+        fault = InprocHangFault(InprocHangFault.Spec(kind="inproc.hang", duration=1), "f0")
+        inj = Injection("f0.0", "inproc.hang", "n1", ["n1/rank1"], time.time(),
+                        {"pid": proc.pid, "start_time": int(_start_time(proc.pid)), "folder": folder})
+        ctx = SimpleNamespace(transport=lambda node: transport, leases=None, journal=journal)
+        fault.revert(ctx, inj)
+        assert inj.detail["killed"] and proc.wait(timeout=10) == -signal.SIGKILL
+        assert fault.verify(ctx, inj) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        journal.close()
+    [entry] = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    assert entry["action"] == "lease.kill" and entry["pid"] == proc.pid and "missed the end of inproc.hang" in entry["why"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCENARIOS, need_torch, run_cli
+from tests.conftest import ROOT, SCENARIOS, need, need_torch, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_live_hang_keeps_the_rank_heartbeating_and_peers_detect_it_at_the_collec
     res, r = drill(SCENARIOS / "inproc-hang.yaml", tmp_path)
     assert res.code == 0, res.stderr
     timeout = r["workload"]["collective_timeout"]
-    assert abs(r["phases"]["detection_s"] - timeout) <= 0.25 * timeout
+    assert abs(r["phases"]["detection_s"] - timeout) <= 0.25 * timeout, (r["phases"]["detected_by"], r["phases"]["detections"])
     assert r["phases"]["recovery_s"] is not None and r["checks"]["faults_reverted"]["pass"]
     timeline = events(tmp_path)
     t_fault = r["faults"][0]["t_fault"]
@@ -82,3 +82,18 @@ def test_cuda_error_in_the_step_is_a_crash_torchrun_restarts(tmp_path):
     injected = [e for e in events(tmp_path) if e["kind"] == "fault.injected"]
     assert injected[0]["error"] == "CUDA error: an illegal memory access was encountered"
     assert "an illegal memory access was encountered" in "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
+
+
+def test_sdc_bitflip_in_a_hugging_face_trainer_job_is_found_through_its_callback_job(tmp_path, monkeypatch):
+    """The same silent fault in a small Trainer job (launch: command, chaoskit's callback): the bootstrap's checksum
+    probe, counting the Trainer's steps from the callback, finds the replicas disagreeing."""
+    import importlib.util
+
+    need(importlib.util.find_spec("transformers") is not None, "transformers (pip install 'chaoskit[frameworks]')")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res, r = drill(ROOT / "examples" / "frameworks" / "hf-sdc-bitflip.yaml", tmp_path)
+    assert res.code == 0, res.stderr[-3000:]
+    s = r["silent"]
+    assert s["detected"] and "checksum probe" in s["detected_by"] and 0 <= s["corrupt_steps"] <= 5
+    assert r["faults"][0]["targets"] == ["n1/rank1"]
+    assert any(c["corrupt"] for c in s["checkpoints"]) and any(not c["corrupt"] for c in s["checkpoints"])

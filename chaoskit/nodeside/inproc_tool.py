@@ -1,5 +1,5 @@
 """inproc.*'s node side: write a process's fault order into the node's in-process channel folder, wait for
-its answer, take the order back, and end a process that missed its fault's end.
+its answer and its firing, take the order back, and end a process that missed its fault's end.
 
 ``python3 -I -c HELPER order|wait|clear|end FOLDER PID ...``, in the node's state folder only (nodefs in front).
 """
@@ -40,28 +40,36 @@ def _take_back(folder, pid, status=False):
 
 def main():
     op, folder, pid = sys.argv[1], _folder(sys.argv[2]), int(sys.argv[3])
-    if op == "order":
+    def _wait(oid, timeout, wanted):
+        end = time.time() + timeout
+        while True:
+            st = _status(folder, pid)
+            if isinstance(st, dict) and (st.get("status") == "refused" or st.get("id") == oid and st.get("status") in wanted):
+                return st
+            if not os.path.exists("/proc/%d" % pid):
+                return {"status": "gone"}
+            if time.time() >= end:
+                return {"status": "timeout", "last": st}
+            time.sleep(0.02)
+
+    if op == "order":  # ORDER [ID CHECKIN_S FIRE_S]: write it; then wait for its answer, and for it to fire
         try:
             os.unlink("%s/status-%d.json" % (folder, pid))
         except FileNotFoundError:
             pass
         write_file("%s/order-%d.json" % (folder, pid), sys.argv[4])
-        print(json.dumps({"ok": True}))
+        if len(sys.argv) == 5:
+            print(json.dumps({"ok": True}))
+        else:
+            oid, checkin, fire = sys.argv[5], float(sys.argv[6]), float(sys.argv[7])
+            st = _wait(oid, checkin, ("armed", "fired", "ended"))
+            if st.get("status") == "armed":
+                st = _wait(oid, fire, ("fired", "ended"))
+                if st.get("status") == "timeout":
+                    st["status"] = "unfired"
+            print(json.dumps(st))
     elif op == "wait":
-        oid, timeout, wanted = sys.argv[4], float(sys.argv[5]), sys.argv[6].split(",")
-        end = time.time() + timeout
-        while True:
-            st = _status(folder, pid)
-            if isinstance(st, dict) and (st.get("status") == "refused" or st.get("id") == oid and st.get("status") in wanted):
-                print(json.dumps(st))
-                break
-            if not os.path.exists("/proc/%d" % pid):
-                print(json.dumps({"status": "gone"}))
-                break
-            if time.time() >= end:
-                print(json.dumps({"status": "timeout", "last": st}))
-                break
-            time.sleep(0.05)
+        print(json.dumps(_wait(sys.argv[4], float(sys.argv[5]), sys.argv[6].split(","))))
     elif op == "clear":
         _take_back(folder, pid, status=True)
         print(json.dumps({"ok": True}))

@@ -129,7 +129,8 @@ def silent_summary(events: list[Event], t_fault: float, fault_step: int | None, 
     timeline = sorted(events, key=lambda e: e["ts"])
     after = [e for e in timeline if e["ts"] >= t_fault]
     detect = next((e for e in after if e.get("kind") in ("sdc.detected", "loss.anomaly", "detect", "worker.exit")), None)
-    saves = [e for e in timeline if e.get("kind") == "ckpt.save.end" and isinstance(e.get("step"), int)]
+    saves = list({e["step"]: e for e in reversed(timeline)  # one per step: every rank of a Trainer reports its save
+                  if e.get("kind") == "ckpt.save.end" and isinstance(e.get("step"), int)}.values())[::-1]
     start = fault_step if fault_step is not None else None
     checkpoints = [{"step": e["step"], "ts": e["ts"],
                     "corrupt": start is not None and e["step"] >= start and e["ts"] >= t_fault} for e in saves]

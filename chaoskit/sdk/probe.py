@@ -140,8 +140,9 @@ def checkpoint_load(step: int | None = None, **fields: Any) -> Iterator[dict[str
 
 def _start_inproc() -> None:
     """Take chaoskit's in-process fault orders (:mod:`chaoskit.sdk.inproc`) in a job chaoskit did not start
-    (an attached job); a job it starts has them from its bootstrap already. A no-op without ``$CHAOSKIT_EVENTS``."""
-    if enabled() or os.environ.get("CHAOSKIT_INPROC_DIR"):
+    (an attached job); a job it starts has them from its bootstrap already. Only in a torchrun worker (``RANK``)
+    or where chaoskit's variables are set; the watcher costs one failing ``lstat`` every 0.05 s."""
+    if enabled() or os.environ.get("CHAOSKIT_INPROC_DIR") or os.environ.get("RANK", "").isdigit():
         inproc.start()
 
 
