@@ -43,7 +43,10 @@ def ssh_roots(policy_roots: list[str] | None, inventory_dir: Path) -> list[str]:
 
 def inside(path: str, roots: list[str]) -> bool:
     """Whether ``path`` (its links resolved: where it really is) lies inside one of ``roots``."""
-    real = os.path.realpath(path)
+    try:
+        real = os.path.realpath(path)
+    except (ValueError, OSError):  # a NUL byte, a loop: nowhere inside
+        return False
     for root in roots:
         r = os.path.realpath(root).rstrip("/") or "/"
         if real == r or real.startswith(r.rstrip("/") + "/"):
@@ -90,6 +93,9 @@ def config_problems(path: str, roots: list[str], _depth: int = 0, _seen: set[str
             except ValueError:
                 patterns = value.split()
             for pattern in patterns:
+                if any(ord(c) < 0x20 or c == "\x7f" for c in pattern):
+                    problems.append((path, number, col, f"Include {pattern!r} is not a path"))
+                    continue
                 full = os.path.expanduser(pattern)
                 if not full.startswith("/"):  # OpenSSH: relative to ~/.ssh for a user's config
                     full = os.path.join(os.path.expanduser("~/.ssh"), full)
