@@ -47,7 +47,7 @@ from chaoskit.cluster.transports.api import JobScope, ProcInfo
 from chaoskit.core.errors import InfraError
 from chaoskit.core.patterns import bounded_search, compile_pattern
 
-__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "why_not", "operator_uids", "user_uid",
+__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "why_not", "operator_uids", "policy_refuses", "user_uid",
            "describe_job", "describe_job_dict", "AGENT_MARKS", "CONFIRM_S"]
 
 LineSink = Callable[[str, str, float], None]
@@ -242,18 +242,7 @@ class AttachedJob:
         return getattr(policy, "jobs", None)
 
     def _policy_refuses(self, job: dict[str, Any]) -> list[str]:
-        """The site policy's ``jobs.users``: the job's uid must be one of theirs on its nodes."""
-        rule = self._jobs_rule()
-        if rule is None or rule.users is None:
-            return []
-        uid = job["scope"].uid
-        node = job["nodes"][0]
-        allowed = {int(u) if u.isdigit() else user_uid(self.cluster.inventory, node, u, self._policy_uids.setdefault(u, {}))
-                   for u in rule.users}
-        if uid is None or uid not in allowed:
-            return [f"uid {uid if uid is not None else '?'} is not one of the site policy's jobs.users "
-                    f"({', '.join(rule.users)})"]
-        return []
+        return policy_refuses(job, self._jobs_rule(), self.cluster.inventory, self._policy_uids)
 
     def _named(self) -> bool:
         """Whether the operator named the job (then its uid need not be theirs)."""
@@ -411,6 +400,18 @@ def why_not(job: dict[str, Any], nodes: list[str], named: bool, own_uids: Callab
             reasons.append(f"uid {scope.uid if scope.uid is not None else '?'} is not one chaoskit acts as on "
                            f"{', '.join(strangers)} (name the job with workload.user or workload.run_id)")
     return reasons
+
+
+def policy_refuses(job: dict[str, Any], rule: Any, inventory: Any, cache: dict[str, dict[str, int | None]]) -> list[str]:
+    """Why the site policy's ``jobs.users`` (``rule``: a :class:`~chaoskit.cluster.policy.JobsRule` or ``None``) does
+    not allow ``job``: its uid must be one of theirs on its node. ``cache``: user -> node -> uid."""
+    if rule is None or rule.users is None:
+        return []
+    uid, node = job["scope"].uid, job["nodes"][0]
+    allowed = {int(u) if u.isdigit() else user_uid(inventory, node, u, cache.setdefault(u, {})) for u in rule.users}
+    if uid is None or uid not in allowed:
+        return [f"uid {uid if uid is not None else '?'} is not one of the site policy's jobs.users ({', '.join(rule.users)})"]
+    return []
 
 
 def operator_uids(conn: Any) -> set[int]:
