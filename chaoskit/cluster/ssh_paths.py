@@ -8,7 +8,8 @@ writes them as the operator (root in CI). So:
 - an OpenSSH client config may not run anything: ``Match exec``, ``ProxyCommand``, ``LocalCommand``
   and ``KnownHostsCommand`` are refused at their line, and so is an ``Include`` of a file outside
   the roots (the included files are checked the same way), :func:`config_problems`. paramiko runs
-  ``Match exec`` through ``invoke`` while it answers a lookup, before any host key is checked;
+  ``Match exec`` through ``invoke`` while it answers a lookup, before any host key is checked. (The
+  operator's own ``~/.ssh/config``, read when the inventory names no config, is theirs: not checked);
 - trust on first use appends to a known_hosts file inside the roots only, never through a link,
   never creating a folder, and only to a regular file the operator owns (:func:`append_known_host`).
 
