@@ -37,7 +37,7 @@ from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import load_scenario
 from chaoskit.workloads.attach import (describe_job, describe_job_dict, job_picked, jobs_matching, operator_uids,
-                                      user_uid, why_not)
+                                      policy_refuses, user_uid, why_not)
 
 __all__ = ["NodeHealth", "Diagnosis", "diagnose", "clock_offset", "job_scope", "TOOLS"]
 
@@ -154,8 +154,12 @@ def job_scope(sc: Any, inventory: Inventory, nodes: list[Node]) -> dict[str, Any
     job_nodes = ([n.name for n in inventory.nodes][: getattr(sc.cluster, "nodes", None)] if w.slurm_job is None
                  else sorted({n for j in jobs for n in j["nodes"]}))
     selected = [j for j in jobs if job_picked(j, w.run_id, w.user, lambda n, u: user_uid(inventory, n, u, uids))]
+    rule = getattr(inventory.policy, "jobs", None)
+    policy_uids: dict[str, dict[str, int | None]] = {}
     for j in jobs:
         j["why_not"] = why_not(j, job_nodes, named, own_uids) if j in selected else ["not the one workload names"]
+        if j in selected and not j["why_not"]:
+            j["why_not"] = policy_refuses(j, rule, inventory, policy_uids)
     picked = [j for j in selected if not j["why_not"]]
     out: dict[str, Any] = {"jobs": [{**describe_job_dict(j), "not_taken": j["why_not"]} for j in jobs],
                            "chosen": None, "problem": None, "outside": []}

@@ -158,3 +158,19 @@ def test_the_login_users_uid_counts_as_the_operators():
     looks(job)
     assert job.scope is not None
     assert ["id", "-u", "--", "alice"] in nodes["n0"].asked and ["id", "-u"] in nodes["n0"].asked
+
+
+def test_the_site_policys_jobs_users_bound_whose_job_is_chosen():
+    """A policy with jobs: {users: [alice]}: the operator's own job (uid 0) is not alice's, so it is not chosen, and
+    naming it does not help; a Slurm job of another account is refused before anything is injected."""
+    from chaoskit.cluster.policy import JobsRule, SitePolicy
+
+    nodes, job = handle(run_id="ours")
+    job.cluster.inventory.policy = SitePolicy(jobs=JobsRule(users=["1001"]))
+    our_job(nodes)
+    looks(job)
+    assert job.scope is None and "is not one of the site policy's jobs.users (1001)" in job.diagnosis()
+    rule = JobsRule(accounts=["ml"], partitions=["gpu"])
+    assert rule.refuses_slurm({"UserId": "bob(1002)", "Account": "ml", "Partition": "gpu"}) is None
+    assert "account physics" in rule.refuses_slurm({"UserId": "bob(1002)", "Account": "physics", "Partition": "gpu"})
+    assert "user bob(1002)" in JobsRule(users=["alice"]).refuses_slurm({"UserId": "bob(1002)"})

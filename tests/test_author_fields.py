@@ -270,3 +270,15 @@ def test_a_ray_address_the_policy_does_not_name_is_refused(drill):
     assert res.code == 2 and f"{inv}:3:" in res.stderr and "not '10.9.9.9:6379'" in res.stderr, res.stderr
     _write(inv, inv.read_text().replace("10.9.9.9", "127.0.0.1"))
     assert run_cli("validate", inv).code == 0
+
+
+def test_other_power_tools_password_flags_are_redacted():
+    """``-p`` is a password for racadm, redfishtool, ilorest (not only sshpass), and curl's ``-u user:password``; ssh's
+    ``-p`` stays a port."""
+    from chaoskit.core.secrets import redact_argv, redact_text
+
+    assert redact_argv(["racadm", "-r", "bmc", "-u", "root", "-p", "calvin", "serveraction", "powerdown"])[6] == "***"
+    assert redact_argv(["/usr/bin/redfishtool", "-u", "admin", "-psecret", "Systems", "reset"])[3] == "-p***"
+    assert redact_argv(["curl", "-u", "admin:pdu-pass", "https://pdu/outlet/3/off"])[2] == "admin:***"
+    assert redact_argv(["ssh", "-p", "2222", "host"]) == ["ssh", "-p", "2222", "host"]
+    assert "calvin" not in redact_text("power command failed: racadm -r bmc -p calvin serveraction powerdown")

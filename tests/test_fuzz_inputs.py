@@ -202,3 +202,65 @@ def test_compose_files_pulled_in_by_a_scenario(workdir: Path, edits, pick: int, 
     sc.write_text("name: fuzz\ncluster: {kind: docker, nodes: 2, compose: compose.yml}\n"
                   "faults:\n  - kind: process.kill\n    target: {ranks: [0]}\n")
     _check(sc, what="compose")
+
+
+# -- issue 31: ssh configs an inventory names, and the SDK's event lines ---------------------------------
+
+SSH_LINES = st.sampled_from([
+    "Host *", "Host 10.0.0.11", "  Port 22", "  User root", "  HostName 10.0.0.12", "  IdentityFile ~/.ssh/id_x",
+    "Match exec \"touch {m}\"", "Match host * exec 'touch {m}'", "Match !exec \"touch {m}\"", "match EXEC touch{m}",
+    "  ProxyCommand touch {m}", "  proxycommand=touch {m}", "ProxyCommand = sh -c 'touch {m}'", "  LocalCommand touch {m}",
+    "  PermitLocalCommand yes", "KnownHostsCommand /bin/touch {m}", "Include {m}.inc", "Include /etc/ssh/ssh_config",
+    "Include ~/../../etc/passwd", "Include *", "  ProxyJump bastion", "  ProxyCommand none", "Match all", "#  ProxyCommand x",
+])
+
+
+@settings(PROFILE)
+@given(lines=st.lists(SSH_LINES | st.text(max_size=40), max_size=12), edits=st.none() | EDITS)
+def test_ssh_configs_never_run_a_command(workdir: Path, lines: list[str], edits):
+    """Whatever the inventory's ssh config says: validate answers 0 or 2, and neither it nor the transport's read of
+    the config before connecting (where paramiko would run Match exec) runs anything."""
+    from chaoskit.cluster.transports.ssh import SSHTransport
+    from chaoskit.core.errors import ChaoskitError
+
+    marker = workdir / "ran"
+    text = "\n".join(line.replace("{m}", str(marker)) for line in lines).encode()
+    config = workdir / "ssh_config"
+    config.write_bytes(_mutate(text, edits) if edits else text)
+    (workdir / "known_hosts").write_text("")
+    inv = dict(INVENTORY, ssh={**INVENTORY["ssh"], "config": "./ssh_config"})
+    f = workdir / "ssh-inventory.yaml"
+    f.write_text(_dump(inv))
+    _check(f, what="ssh config")
+    try:
+        SSHTransport("gpu01", "10.0.0.11", ssh_config=config, ssh_roots=[str(workdir)]).route()
+    except ChaoskitError:
+        pass
+    assert not marker.exists()
+
+
+JSON_LINES = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200).map(lambda b: b.decode("utf-8", "replace")),
+    TREES.map(lambda t: __import__("json").dumps(t, default=str)),
+    st.fixed_dictionaries({"ts": SCALARS, "kind": SCALARS, "step": SCALARS}).map(lambda d: __import__("json").dumps(d, default=str)),
+    st.integers(1, 3000).map(lambda n: "[" * n + "]" * n),
+    st.integers(1, 6000).map(lambda n: '{"ts": 1, "kind": "step", "step": ' + "9" * n + "}"),
+)
+
+
+@settings(PROFILE)
+@given(line=JSON_LINES)
+def test_sdk_event_lines_are_data(line: str):
+    """Any line of the SDK's event file is an event (a finite ts, a kind, whole-number fields) or a reason, never an
+    exception."""
+    import math
+
+    from chaoskit.observe.probes import NUMERIC_FIELDS, sdk_event
+
+    event, why = sdk_event(line)
+    FIGURES["examples"] += 1
+    if event is not None:
+        assert why is None and isinstance(event["ts"], (int, float)) and math.isfinite(event["ts"])
+        assert isinstance(event["kind"], str) and all(isinstance(event.get(k), int) or event.get(k) is None
+                                                      for k in NUMERIC_FIELDS)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 
 from chaoskit.observe.events import EventBus, read_events
 from chaoskit.observe.probes import SdkLogProbe, sdk_event

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,9 @@ def ray_lab(tmp_path_factory):
 
     lab = ProcessLab.create(3)
     ray_lab = RayLab.start(lab)
+    temp = Path(ray_lab.temp_dir).parent  # Ray's files in a 0700 folder of the lab's own, not the shared /tmp/ray
+    assert temp.name.startswith(f"ckray-{lab.lab_id}-") and (temp.stat().st_mode & 0o777) == 0o700
+    assert any(p.name.startswith("session_") for p in Path(ray_lab.temp_dir).iterdir())
     try:
         yield ray_lab
     finally:
@@ -45,6 +49,7 @@ def ray_lab(tmp_path_factory):
         ray_lab.down()
         left = [pid for pid in tree if (info := proc_info(pid)) is not None and info.state != "Z"]
         assert left == [], f"Ray processes left behind: {left}"
+        assert not temp.exists()
 
 
 @pytest.fixture

@@ -345,16 +345,19 @@ def test_a_hang_on_the_node_is_continued_by_its_lease_with_the_start_time_checke
 
 
 def test_kill_rank_1_signals_only_the_drilled_job(shared, tmp_path):
-    ours = shared.our_worker("n1", 1)
-    sc = _attach_scenario(shared, tmp_path, f", run_id: {OUR_RUN_ID}",
+    """The issue's experiment, end to end: only ``process:`` set, chaoskit started right after our workers were all
+    killed (their agents are replacing them: for a while the decoy is the only match on the nodes). The drill must
+    attach to ours and kill our rank 1, never the decoy. (Before the fix it chose the decoy and SIGKILLed it.)"""
+    sc = _attach_scenario(shared, tmp_path, "",
                           "  - {kind: process.kill, target: {process: 'plain_train\\.py', ranks: [1]}, at: {after: 1s}}\n")
     out = tmp_path / "run"
+    assert _kill_our_workers(shared)
     res = run_cli("run", sc, "--out", out)
     result = json.loads((out / "result.json").read_text())
     assert res.code == 0, res.stdout + res.stderr + json.dumps(result["notes"])
     records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     injects = [r for r in records if r["action"] == "inject"]
-    assert len(injects) == 1 and injects[0]["pid"] == ours and injects[0]["target"] == "n1/rank1", injects
+    assert len(injects) == 1 and injects[0]["pid"] != shared.decoy.pid and injects[0]["target"] == "n1/rank1", injects
     assert [f["targets"] for f in result["faults"]] == [["n1/rank1"]]
     assert shared.decoy_alive()
     assert result["attached"]["scope"]["run_id"] == OUR_RUN_ID

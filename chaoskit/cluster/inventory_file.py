@@ -105,6 +105,7 @@ def _transport(name: str, address: str, ssh: SshSettings, base: Path, bastions: 
         become=ssh.become,
         jump=jump,
         ssh_config=config,
+        config_named=ssh.config is not None,
         explicit=ssh.model_fields_set & {"user", "port", "key", "jump"},
         bastions=bastions,
         python=ssh.python,

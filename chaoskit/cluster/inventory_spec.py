@@ -336,10 +336,7 @@ def _ssh_path_errors(loaded: LoadedInventory) -> list[ScenarioError]:
             if not top and field not in ssh.model_fields_set:
                 continue
             dotted = ".".join(map(str, at + (field,)))
-            if field == "config" and value is None and top:
-                default = Path("~/.ssh/config").expanduser()  # what a node reads when the inventory names none
-                path, where = (str(default), loaded.source.at(at)) if default.is_file() else (None, None)
-            elif value is None or (field == "config" and value == "none"):
+            if value is None or (field == "config" and value == "none"):  # the operator's own ~/.ssh/config: theirs
                 continue
             else:
                 full = Path(value).expanduser()

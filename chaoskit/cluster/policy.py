@@ -52,7 +52,7 @@ from chaoskit.core.models import StrictModel
 from chaoskit.core.shell import check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
-__all__ = ["SitePolicy", "SITE_POLICY_FILE", "SITE_POLICY_ENV", "load_policy_file", "site_policy", "narrowest",
+__all__ = ["SitePolicy", "JobsRule", "SITE_POLICY_FILE", "SITE_POLICY_ENV", "load_policy_file", "site_policy", "narrowest",
            "validate_policy", "under_roots", "policy_file_problem", "origin", "with_origin"]
 
 SITE_POLICY_FILE = Path("/etc/chaoskit/policy.yaml")
@@ -61,6 +61,34 @@ SITE_POLICY_ENV = "CHAOSKIT_SITE_POLICY"
 """A second policy file, root's, that narrows :data:`SITE_POLICY_FILE`'s (never replaces it)."""
 
 _KIND_PATTERN = r"^[a-z0-9_.*?\[\]-]{1,64}$"
+
+
+class JobsRule(StrictModel):
+    """Whose jobs a drill may attach to (each list unset: any)."""
+
+    users: list[str] | None = Field(None, description="User names (or uids) whose jobs may be drilled.")
+    accounts: list[str] | None = Field(None, description="Slurm accounts whose jobs may be drilled.")
+    partitions: list[str] | None = Field(None, description="Slurm partitions whose jobs may be drilled.")
+
+    @field_validator("users", "accounts", "partitions")
+    @classmethod
+    def _names(cls, v: list[str] | None) -> list[str] | None:
+        for name in v or []:
+            if not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}", name):
+                raise ValueError(f"invalid name {name!r}")
+        return v
+
+    def refuses_slurm(self, fields: dict[str, str]) -> str | None:
+        """Why the Slurm job whose ``scontrol`` fields these are may not be drilled, or ``None``."""
+        user = (fields.get("UserId") or "").split("(")[0]
+        uid = (fields.get("UserId") or "").partition("(")[2].rstrip(")")
+        if self.users is not None and user not in self.users and uid not in self.users:
+            return f"its user {fields.get('UserId') or '?'} is not one of the site policy's jobs.users ({', '.join(self.users)})"
+        for key, allowed in (("Account", self.accounts), ("Partition", self.partitions)):
+            if allowed is not None and fields.get(key) not in allowed:
+                return (f"its {key.lower()} {fields.get(key) or '?'} is not one of the site policy's "
+                        f"jobs.{key.lower()}s ({', '.join(allowed)})")
+        return None
 
 
 class SitePolicy(StrictModel):
@@ -86,6 +114,9 @@ class SitePolicy(StrictModel):
         "default any program only root can change."))
     ray_addresses: list[str] | None = Field(None, description=(
         "The Ray clusters (HOST:PORT, or auto) an inventory's ray: may join as a driver; default any."))
+    jobs: JobsRule | None = Field(None, description=(
+        "Whose jobs launch: attach may drill: users (checked against the job's uid on the node), Slurm accounts and "
+        "partitions (checked against Slurm's record of workload.slurm_job); default anyone's."))
     _origin: list[str] = PrivateAttr(default_factory=list)
     """Where it was read: each file (or inventory's inline policy) that narrowed it, widest first."""
 
@@ -121,6 +152,13 @@ class SitePolicy(StrictModel):
         if self.faults is not None and not any(fnmatch.fnmatchcase(kind, p) for p in self.faults):
             return f"the site policy does not allow {kind} on this cluster (allowed: {', '.join(self.faults) or 'none'})"
         return None
+
+
+def _jobs(a: "JobsRule | None", b: "JobsRule | None", both: Any) -> "JobsRule | None":
+    if a is None or b is None:
+        return b if a is None else a
+    return JobsRule(users=both(a.users, b.users), accounts=both(a.accounts, b.accounts),
+                    partitions=both(a.partitions, b.partitions))
 
 
 def under_roots(path: str, roots: list[str]) -> bool:
@@ -272,5 +310,6 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
                       python=pythons(site.python, own.python), max_nodes=min(caps) if caps else None,
                       ssh_roots=roots(site.ssh_roots, own.ssh_roots),
                       power_programs=pythons(site.power_programs, own.power_programs),
-                      ray_addresses=pythons(site.ray_addresses, own.ray_addresses))
+                      ray_addresses=pythons(site.ray_addresses, own.ray_addresses),
+                      jobs=_jobs(site.jobs, own.jobs, pythons))
     return with_origin(both, site._origin + own._origin)

@@ -8,7 +8,8 @@ writes them as the operator (root in CI). So:
 - an OpenSSH client config may not run anything: ``Match exec``, ``ProxyCommand``, ``LocalCommand``
   and ``KnownHostsCommand`` are refused at their line, and so is an ``Include`` of a file outside
   the roots (the included files are checked the same way), :func:`config_problems`. paramiko runs
-  ``Match exec`` through ``invoke`` while it answers a lookup, before any host key is checked;
+  ``Match exec`` through ``invoke`` while it answers a lookup, before any host key is checked. (The
+  operator's own ``~/.ssh/config``, read when the inventory names no config, is theirs: not checked);
 - trust on first use appends to a known_hosts file inside the roots only, never through a link,
   never creating a folder, and only to a regular file the operator owns (:func:`append_known_host`).
 
@@ -43,7 +44,10 @@ def ssh_roots(policy_roots: list[str] | None, inventory_dir: Path) -> list[str]:
 
 def inside(path: str, roots: list[str]) -> bool:
     """Whether ``path`` (its links resolved: where it really is) lies inside one of ``roots``."""
-    real = os.path.realpath(path)
+    try:
+        real = os.path.realpath(path)
+    except (ValueError, OSError):  # a NUL byte, a loop: nowhere inside
+        return False
     for root in roots:
         r = os.path.realpath(root).rstrip("/") or "/"
         if real == r or real.startswith(r.rstrip("/") + "/"):
@@ -90,6 +94,9 @@ def config_problems(path: str, roots: list[str], _depth: int = 0, _seen: set[str
             except ValueError:
                 patterns = value.split()
             for pattern in patterns:
+                if any(ord(c) < 0x20 or c == "\x7f" for c in pattern):
+                    problems.append((path, number, col, f"Include {pattern!r} is not a path"))
+                    continue
                 full = os.path.expanduser(pattern)
                 if not full.startswith("/"):  # OpenSSH: relative to ~/.ssh for a user's config
                     full = os.path.join(os.path.expanduser("~/.ssh"), full)

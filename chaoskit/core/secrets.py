@@ -4,8 +4,10 @@ Power commands (``ipmitool -P <password>``, ``--password=...``, ``IPMI_PASSWORD=
 run as given, but every copy written down (the journal, result.json, events, error messages,
 the report) shows ``***`` in place of the secret. Options that take a secret as the next
 argument: ``-P`` (ipmitool, mysql-style), ``--password``/``--passwd``/``--pass``/``--token``/
-``--secret`` and, for ``sshpass`` only, ``-p`` (elsewhere ``-p`` is mostly a port). A
-``KEY=value`` argument whose key says password, passwd, secret or token is redacted too.
+``--secret`` and, for the tools where it is a password (:data:`P_IS_PASSWORD`: ``sshpass``, ``racadm``,
+``redfishtool``, ``ilorest``...), ``-p`` (elsewhere ``-p`` is mostly a port); ``-u``/``--user`` of curl and wget
+(``user:password``: the part after the colon). A ``KEY=value`` argument whose key says password, passwd, secret
+or token is redacted too.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ _LONG_WITH_VALUE = re.compile(r"^(--(?:password|passwd|pass|token|secret|api-key
 _KEY_VALUE = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$", re.DOTALL)
 _SECRET_KEY = re.compile(r"password|passwd|secret|token|apikey|api_key", re.IGNORECASE)
 _GLUED_P = re.compile(r"^-P(.+)$")
+P_IS_PASSWORD = frozenset({"sshpass", "racadm", "redfishtool", "ilorest", "ipmiutil", "rfpower", "onecli"})
+"""Power tools whose ``-p`` is a password, not a port."""
+_USER_PASS = frozenset({"curl", "wget"})
 # In free text (an error message quoting a command line): the same shapes, separated by blanks.
 _TEXT = re.compile(
-    r"(?P<opt>(?<![\w-])(?:-P|--password|--passwd|--pass|--token|--secret|--api-key|--apikey)|(?<=sshpass )-p)"
+    r"(?P<opt>(?<![\w-])(?:-P|--password|--passwd|--pass|--token|--secret|--api-key|--apikey)|(?<=sshpass )-p|(?<=racadm )-p|(?<=redfishtool )-p|(?<=ilorest )-p)"
     r"(?P<sep>[ =]*)(?P<val>'[^']*'|\"[^\"]*\"|\S+)"
     r"|(?P<key>(?<![\w.-])[A-Za-z0-9_.-]+)=(?P<kval>'[^']*'|\"[^\"]*\"|\S+)",
     re.IGNORECASE,
@@ -37,7 +42,7 @@ _TEXT = re.compile(
 def redact_argv(argv: list[Any]) -> list[str]:
     """``argv`` with every password-like value replaced by ``***`` (the command as it may be written down)."""
     out: list[str] = []
-    secret_next = False
+    secret_next = user_next = False
     program = os.path.basename(str(argv[0])) if argv else ""
     for raw in argv:
         arg = str(raw)
@@ -45,13 +50,24 @@ def redact_argv(argv: list[Any]) -> list[str]:
             out.append(REDACTED)
             secret_next = False
             continue
-        if arg in _NEXT_IS_SECRET or (arg == "-p" and program == "sshpass"):
+        if arg in _NEXT_IS_SECRET or (arg == "-p" and program in P_IS_PASSWORD):
             out.append(arg)
             secret_next = True
+            continue
+        if user_next:
+            user, colon, _ = arg.partition(":")
+            out.append(f"{user}:{REDACTED}" if colon else arg)
+            user_next = False
+            continue
+        if arg in ("-u", "--user") and program in _USER_PASS:
+            out.append(arg)
+            user_next = True
             continue
         m = _LONG_WITH_VALUE.match(arg) or _KEY_VALUE.match(arg)
         if m and (m.re is _LONG_WITH_VALUE or _SECRET_KEY.search(m.group(1))):
             out.append(f"{m.group(1)}={REDACTED}")
+        elif arg.startswith("-p") and len(arg) > 2 and program in P_IS_PASSWORD:
+            out.append(f"-p{REDACTED}")
         elif _GLUED_P.match(arg) and program.startswith("ipmitool"):
             out.append(f"-P{REDACTED}")
         else:

@@ -27,8 +27,10 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +89,9 @@ class RayLab:
     num_cpus: int = 2
     object_store_bytes: int = 80 * 1024 * 1024
     persistent: bool = False
+    temp_dir: str | None = None
+    """Ray's ``--temp-dir``: ``r`` in a 0700 folder of a random name made for this lab (Ray makes its own temp folder
+    0777; the default ``/tmp/ray`` is shared by every user of the machine). Short: Ray's socket paths live in it."""
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -95,7 +100,9 @@ class RayLab:
               persistent: bool = False, timeout: float = 90.0) -> "RayLab":
         """Start the head and one Ray node per lab node; return once every node is alive in Ray's table."""
         port = _free_port()
-        ray_lab = cls(lab, f"127.0.0.1:{port}", num_cpus, object_store_mb * 1024 * 1024, persistent)
+        # mkdtemp: 0700, a name nobody could guess (the lab's id in it, so a crashed run's rollback finds it)
+        temp = os.path.join(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{lab.lab_id}-"), "r")
+        ray_lab = cls(lab, f"127.0.0.1:{port}", num_cpus, object_store_mb * 1024 * 1024, persistent, temp)
         try:
             ray_lab._ray_start(HEAD_NODE, ["--head", f"--port={port}", "--num-cpus=0",
                                            "--include-dashboard=false", "--disable-usage-stats",
@@ -110,7 +117,7 @@ class RayLab:
             path = ray_lab_state_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"lab_id": lab.lab_id, "address": ray_lab.address, "num_cpus": num_cpus,
-                                        "object_store_mb": object_store_mb}))
+                                        "object_store_mb": object_store_mb, "temp_dir": temp}))
         return ray_lab
 
     @classmethod
@@ -123,7 +130,8 @@ class RayLab:
         data = json.loads(path.read_text())
         if data.get("lab_id") != lab.lab_id:
             return None
-        return cls(lab, data["address"], int(data["num_cpus"]), int(data["object_store_mb"]) * 1024 * 1024, True)
+        return cls(lab, data["address"], int(data["num_cpus"]), int(data["object_store_mb"]) * 1024 * 1024, True,
+                   data.get("temp_dir"))
 
     def start_node(self, node: str, wait: bool = True, timeout: float = 60.0) -> None:
         """``ray start`` one lab node (again, after a power-off) with the node's scope and resource."""
@@ -153,6 +161,8 @@ class RayLab:
         n = _stop_scopes({self.lab.scope(node) for node in [HEAD_NODE, "ray-driver", *self.lab.node_names()]})
         if self.persistent:
             ray_lab_state_path().unlink(missing_ok=True)
+        if self.temp_dir is not None:  # the lab's own folder (mkdtemp's, 0700): Ray's files with it
+            _remove_temp(os.path.dirname(self.temp_dir), self.lab.lab_id)
         return n
 
     # -- what runs use ---------------------------------------------------------------------
@@ -171,7 +181,8 @@ class RayLab:
         """The inventory's power command for a lab node (run on the controller)."""
         return [sys.executable, "-m", "chaoskit.lab.ray", "power", action, "--lab", self.lab.lab_id,
                 "--nodes", str(self.lab.nodes), "--address", self.address, "--num-cpus", str(self.num_cpus),
-                "--object-store-mb", str(self.object_store_bytes // (1024 * 1024)), node]
+                "--object-store-mb", str(self.object_store_bytes // (1024 * 1024)),
+                *(["--temp-dir", self.temp_dir] if self.temp_dir else []), node]
 
     def power(self, node: str, action: str) -> bool:
         """off: kill the node's raylet and every process of the node; on: ``ray start`` it again; return whether it is on."""
@@ -212,7 +223,7 @@ class RayLab:
                 return
             if time.time() > deadline:
                 raise InfraError(f"Ray nodes {', '.join(missing)} not alive within {timeout:g}s",
-                                 hint="see the logs under /tmp/ray/session_latest/logs")
+                                 hint=f"see the logs under {self.temp_dir or '/tmp/ray'}/session_latest/logs")
             time.sleep(0.2)
 
     # -- internals -------------------------------------------------------------------------
@@ -221,7 +232,7 @@ class RayLab:
         env = {**os.environ, **HEALTH_ENV, LocalTransport.SCOPE_ENV: self.lab.scope(node)}
         env.pop("RAY_ADDRESS", None)
         argv = [_ray_cli(), "start", "--node-ip-address=127.0.0.1", f"--object-store-memory={self.object_store_bytes}",
-                "--include-log-monitor=false", *args]
+                "--include-log-monitor=false", *([f"--temp-dir={self.temp_dir}"] if self.temp_dir else []), *args]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
@@ -252,9 +263,30 @@ def scope_pids(scopes: set[str] | None = None, prefix: str | None = None) -> lis
     return sorted(members)
 
 
+TEMP_PREFIX = "ckray-"
+"""Ray's temp folder of a lab: ``<system temp>/ckray-<lab id>-<random>/r``."""
+
+
+def _remove_temp(folder: str, lab_id: str) -> None:
+    """``folder`` removed when it is a lab temp folder of ``lab_id`` that this user made (a folder, not a link)."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return
+    if (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and os.path.basename(folder).startswith(f"{TEMP_PREFIX}{lab_id}-")):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def stop_lab_processes(lab_id: str) -> int:
-    """Stop every process of a lab, Ray's renamed ones included (``chaoskit rollback`` after a crash)."""
-    return _stop_scopes(set(), prefix=f"{lab_id}.")
+    """Stop every process of a lab, Ray's renamed ones included (``chaoskit rollback`` after a crash), and remove the
+    lab's Ray temp folder."""
+    n = _stop_scopes(set(), prefix=f"{lab_id}.")
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        if name.startswith(f"{TEMP_PREFIX}{lab_id}-"):
+            _remove_temp(os.path.join(base, name), lab_id)
+    return n
 
 
 def _stop_scopes(scopes: set[str], grace: float = 3.0, prefix: str | None = None) -> int:
@@ -304,9 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     p_power.add_argument("--address", required=True)
     p_power.add_argument("--num-cpus", type=int, default=2)
     p_power.add_argument("--object-store-mb", type=int, default=80)
+    p_power.add_argument("--temp-dir")
     p_power.add_argument("node")
     args = parser.parse_args(argv)
-    lab = RayLab(ProcessLab(args.lab, args.nodes), args.address, args.num_cpus, args.object_store_mb * 1024 * 1024)
+    lab = RayLab(ProcessLab(args.lab, args.nodes), args.address, args.num_cpus, args.object_store_mb * 1024 * 1024,
+                 temp_dir=args.temp_dir)
     if args.node not in lab.lab.node_names():
         print(f"error: {args.node} is not a node of lab {args.lab}", file=sys.stderr)
         return 2

@@ -47,7 +47,7 @@ from chaoskit.cluster.transports.api import JobScope, ProcInfo
 from chaoskit.core.errors import InfraError
 from chaoskit.core.patterns import bounded_search, compile_pattern
 
-__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "why_not", "operator_uids", "user_uid",
+__all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "why_not", "operator_uids", "policy_refuses", "user_uid",
            "describe_job", "describe_job_dict", "AGENT_MARKS", "CONFIRM_S"]
 
 LineSink = Callable[[str, str, float], None]
@@ -91,6 +91,8 @@ class AttachedJob:
         """node -> the uids the operator acts as there (:func:`operator_uids`)."""
         self.looks = 0
         """Looks at the nodes before the job was chosen."""
+        self._policy_uids: dict[str, dict[str, int | None]] = {}
+        """user -> node -> uid, for the site policy's jobs.users."""
         self._lock = threading.Lock()
         self.watch: Any = None
         """The run's process watcher (:meth:`use_watch`): where a node's ``watch`` stream is live, its table is
@@ -121,9 +123,15 @@ class AttachedJob:
         :class:`InfraError` when ``slurm_job`` names a job Slurm does not know (nothing was touched)."""
         if self.slurm_job is not None:
             assert self.cluster.scheduler is not None
-            if self.cluster.scheduler.job(self.slurm_job) is None:
+            fields = self.cluster.scheduler.job(self.slurm_job)
+            if fields is None:
                 raise InfraError(f"workload.slurm_job: Slurm knows no job {self.slurm_job}; nothing was injected",
                                  hint="squeue shows the queued and running jobs (a finished one is forgotten after MinJobAge)")
+            rule = self._jobs_rule()
+            problem = rule.refuses_slurm(fields) if rule is not None else None
+            if problem:
+                raise InfraError(f"workload.slurm_job: Slurm job {self.slurm_job} may not be drilled here: {problem}; "
+                                 "nothing was injected")
             self.cluster.scheduler_jobs.add(self.slurm_job)
         self.scan()
 
@@ -204,6 +212,8 @@ class AttachedJob:
         now = time.monotonic()
         for j in jobs:
             j["why_not"] = [] if not self._picked(j) else why_not(j, nodes, self._named(), self._own_uids)
+            if self._picked(j) and not j["why_not"]:
+                j["why_not"] = self._policy_refuses(j)
         self._seen = jobs
         plausible = [j for j in jobs if self._picked(j) and not j["why_not"]]
         if len(plausible) > 1:
@@ -226,6 +236,13 @@ class AttachedJob:
         self.scope = chosen["scope"]
         self.others = [self._describe_dict(j) for j in jobs if j is not chosen]
         self.cluster.scope_job(self.scope)
+
+    def _jobs_rule(self) -> Any:
+        policy = getattr(self.cluster.inventory, "policy", None)
+        return getattr(policy, "jobs", None)
+
+    def _policy_refuses(self, job: dict[str, Any]) -> list[str]:
+        return policy_refuses(job, self._jobs_rule(), self.cluster.inventory, self._policy_uids)
 
     def _named(self) -> bool:
         """Whether the operator named the job (then its uid need not be theirs)."""
@@ -383,6 +400,18 @@ def why_not(job: dict[str, Any], nodes: list[str], named: bool, own_uids: Callab
             reasons.append(f"uid {scope.uid if scope.uid is not None else '?'} is not one chaoskit acts as on "
                            f"{', '.join(strangers)} (name the job with workload.user or workload.run_id)")
     return reasons
+
+
+def policy_refuses(job: dict[str, Any], rule: Any, inventory: Any, cache: dict[str, dict[str, int | None]]) -> list[str]:
+    """Why the site policy's ``jobs.users`` (``rule``: a :class:`~chaoskit.cluster.policy.JobsRule` or ``None``) does
+    not allow ``job``: its uid must be one of theirs on its node. ``cache``: user -> node -> uid."""
+    if rule is None or rule.users is None:
+        return []
+    uid, node = job["scope"].uid, job["nodes"][0]
+    allowed = {int(u) if u.isdigit() else user_uid(inventory, node, u, cache.setdefault(u, {})) for u in rule.users}
+    if uid is None or uid not in allowed:
+        return [f"uid {uid if uid is not None else '?'} is not one of the site policy's jobs.users ({', '.join(rule.users)})"]
+    return []
 
 
 def operator_uids(conn: Any) -> set[int]:

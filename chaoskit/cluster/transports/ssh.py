@@ -209,8 +209,12 @@ class SSHTransport:
         use_agent: bool = True,
         vet_python: bool = False,
         ssh_roots: list[str] | None = None,
+        config_named: bool = True,
     ) -> None:
         self.node = node
+        self.config_named = config_named
+        """Whether the inventory named ``ssh_config`` (an author's file, checked) rather than it being the operator's
+        own ``~/.ssh/config``."""
         self.ssh_roots = ssh_roots
         """Where this machine's SSH files may lie (:mod:`~chaoskit.cluster.ssh_paths`; ``None``: not checked): the
         config is checked again right before it is read, its IdentityFile, and trust on first use's known_hosts."""
@@ -343,14 +347,14 @@ class SSHTransport:
             if not os.path.exists(path):
                 raise InfraError(f"ssh config {path} of {self.label} does not exist",
                                  hint="point ssh.config at an OpenSSH client config, or set ssh.config: none")
-            if self.ssh_roots is not None:  # again: the file may have changed since the inventory was validated
+            if self.ssh_roots is not None and self.config_named:  # again: it may have changed since validation
                 problems = config_problems(path, self.ssh_roots)
                 if problems:
                     file, line, col, message = problems[0]
                     raise InfraError(f"{file}:{line}:{col}: {message} (ssh config of {self.label}); nothing connected")
             entry = host_config(path, self.address)
-            if (self.ssh_roots is not None and "identityfile" in entry and "key" not in self.explicit
-                    and not inside(entry["identityfile"], self.ssh_roots)):
+            if (self.ssh_roots is not None and self.config_named and "identityfile" in entry
+                    and "key" not in self.explicit and not inside(entry["identityfile"], self.ssh_roots)):
                 raise InfraError(f"ssh config {path}: IdentityFile {entry['identityfile']} of {self.label} is outside "
                                  f"the allowed roots ({', '.join(self.ssh_roots)}); nothing connected")
             alias = self.address
@@ -380,6 +384,7 @@ class SSHTransport:
                     known_hosts=self.known_hosts, trust_on_first_use=self.trust_on_first_use, jump=via,
                     ssh_config=self.ssh_config, explicit=explicit, bastions=bastions, role="bastion",
                     connect_timeout=self.connect_timeout, use_agent=False, ssh_roots=self.ssh_roots,
+                    config_named=self.config_named,
                 )
 
             jump = bastions.get(key, make)
