@@ -1,9 +1,10 @@
 """``chaoskit scorecard``: the rows of a folder on every stack, one cell per (stack, fault), never blank.
 
 The end-to-end test is a small scorecard run as a user would: the CLI in-process, 2 stacks (torchrun, nvrx) x 2
-faults (SIGKILL, SIGSTOP hang) from examples/scorecard/, real torchrun and ft_launcher jobs on the process lab. It
-is also the live NVRx drill: the hang is noticed within the heartbeat timeout + 1 s, and under torchrun at the
-collective timeout (or the cell says "not detected within").
+faults (SIGKILL, and the live hang: rank 1's training thread held from inside the process while its other threads
+run on) from examples/scorecard/, real torchrun and ft_launcher jobs on the process lab. It is also the live NVRx
+drill: the hang is noticed within the heartbeat timeout + 1 s, and under torchrun at the collective timeout (or the
+cell says "not detected within"). The SIGSTOP hang under NVRx is scenarios/nvrx-hang-rank.yaml.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def test_a_small_scorecard_end_to_end(tmp_path):
     need(importlib.util.find_spec("nvidia_resiliency_ext") is not None, "nvidia-resiliency-ext (chaoskit[frameworks])")
     rows = tmp_path / "rows"
     rows.mkdir()
-    for name in ("kill.yaml", "hang.yaml"):
+    for name in ("kill.yaml", "live-hang.yaml"):
         shutil.copy(ROWS / name, rows / name)
     out = tmp_path / "card"
     r = run_cli("scorecard", rows, "--stacks", "torchrun,nvrx", "--out", out, "--json")
@@ -94,13 +95,13 @@ def test_a_small_scorecard_end_to_end(tmp_path):
     card = json.loads((out / "scorecard.json").read_text())
     assert card == r.json
     cells = {(c["stack"], c["fault"]): c for c in card["cells"]}
-    assert set(cells) == {(s, f) for s in ("torchrun", "nvrx") for f in ("kill", "hang")}
+    assert set(cells) == {(s, f) for s in ("torchrun", "nvrx") for f in ("kill", "live-hang")}
     assert all(c["verdict"] and c["why"] for c in card["cells"])
-    nvrx = cells[("nvrx", "hang")]
+    nvrx = cells[("nvrx", "live-hang")]
     assert nvrx["detection_s"] is not None and nvrx["detection_s"] <= 5.0 + 1.0, nvrx
     assert nvrx["detected_by"].startswith("NVRx rank monitor") and nvrx["timeouts"]["NVRx heartbeat timeout"] == "5s"
     assert "at its heartbeat timeout (5s)" in nvrx["why"]
-    torchrun = cells[("torchrun", "hang")]
+    torchrun = cells[("torchrun", "live-hang")]
     assert torchrun["timeouts"]["collective timeout"] == "10s"
     if torchrun["detection_s"] is not None:  # a survivor's all-reduce timed out: at the collective timeout
         assert 10.0 <= torchrun["detection_s"] <= 10.0 + 5.0, torchrun
@@ -114,5 +115,5 @@ def test_a_small_scorecard_end_to_end(tmp_path):
     page = (out / "index.html").read_text()
     assert "NVRx heartbeat timeout: 5s" in page and "<script" not in page
     metrics = (out / "metrics.prom").read_text()
-    assert 'chaoskit_scorecard_detection_seconds{fault="hang",stack="nvrx"}' in metrics
+    assert 'chaoskit_scorecard_detection_seconds{fault="live-hang",stack="nvrx"}' in metrics
     assert json.loads((out / "gameday" / "gameday.json").read_text())["scorecard"]["cells"] == card["cells"]
