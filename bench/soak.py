@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TTL_S = 2.0
-FAULT_S = 8.0
+FAULT_S = 5.0
 """Each fault's duration: the controller is killed at a random instant of it (arm .. revert)."""
 WORKER = "import time; time.sleep(3600)  # worker"
 
