@@ -509,8 +509,9 @@ def soak_report(soak: Soak, drills: list[Drill], args: argparse.Namespace) -> in
     results = len(list(soak.work.glob("gameday-*/*/result.json")))
     growth = {}
     for what in ("fds", "threads", "rss_mib"):
-        per_controller = [_slope([(d.index, getattr(d, what)) for d in drills if d.controller == c and getattr(d, what) is not None])
-                          for c in {d.controller for d in drills}]
+        points = [[(d.index, getattr(d, what)) for d in drills if d.controller == c and getattr(d, what) is not None]
+                  for c in {d.controller for d in drills}]
+        per_controller = [_slope(p) for p in points if len(p) >= 2]
         growth[what] = max(per_controller, default=0.0)
     bounds = {"fds": args.fd_bound, "threads": args.thread_bound, "rss_mib": args.rss_bound_mib}
     residue = sum(1 for d in drills if d.residue)
