@@ -182,7 +182,8 @@ def audit(target: str, *, checkpoint_dirs: list[str] | None = None) -> AuditResu
     dirs = [_checked_dir(d) for d in checkpoint_dirs or []]
     try:
         live = _live_runs()
-        found: list[Leftover] = [Leftover(CONTROLLER, p, "lab") for p in lab_problems]
+        # while a run of this controller is live, the lab's job and its nodes' states are that run's
+        found: list[Leftover] = [] if live else [Leftover(CONTROLLER, p, "lab") for p in lab_problems]
         found += _controller_leftovers(live)
         reads = fan_out({n.name: (lambda n=n: _read_node(n, dirs, live)) for n in inventory.nodes})
         unreadable = {}
