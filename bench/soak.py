@@ -83,7 +83,16 @@ injections = fault.inject(ctx, targets)
 print("injected %.6f" % time.time(), flush=True)
 time.sleep(max(0.0, case["duration"] - 0.5))
 for inj in injections:
-    fault.revert(ctx, inj)
+    end = time.time() + case["ttl"] + 20  # a node powered off and on again answers once its sshd is back (as the runner)
+    while True:
+        try:
+            fault.revert(ctx, inj)
+            break
+        except Exception:
+            if time.time() > end:
+                raise
+            inventory[inj.node].conn.close()
+            time.sleep(0.5)
     problem = fault.verify(ctx, inj)
     journal.record("reverted", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, verified=problem is None, problem=problem)
     if problem is None:
@@ -233,7 +242,7 @@ class Soak:
             err = proc.stderr.read()[-300:].strip().splitlines()
             where = next((line.strip() for line in reversed(err) if line.strip().startswith("File ")), "")
             note = f"controller exited {proc.returncode} before the kill: {err[-1] if err else ''} ({where})" if proc.returncode != -9 else \
-                "the controller was still running: the journal write did not fail"
+                "the kill came before the controller's first journal write"
         return self.settle(case, run_id, died_at, proc, note=note)
 
     def fill_state(self) -> Path:
