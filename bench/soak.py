@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -193,6 +194,8 @@ class Soak:
             self.netns.down()
         for m in self.mounts:
             subprocess.run(["umount", str(m)], capture_output=True)
+        if not any(os.path.ismount(m) for m in self.mounts):
+            shutil.rmtree(self.work, ignore_errors=True)
 
     def ensure_workers(self) -> None:
         """One fake worker per process-lab node (rank 0 on n0, rank 1 on n1): a fault that killed one gets a new one."""
