@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TTL_S = 2.0
-FAULT_S = 8.0
+FAULT_S = 5.0
 """Each fault's duration: the controller is killed at a random instant of it (arm .. revert)."""
 WORKER = "import time; time.sleep(3600)  # worker"
 
@@ -83,7 +84,16 @@ injections = fault.inject(ctx, targets)
 print("injected %.6f" % time.time(), flush=True)
 time.sleep(max(0.0, case["duration"] - 0.5))
 for inj in injections:
-    fault.revert(ctx, inj)
+    end = time.time() + case["ttl"] + 20  # a node powered off and on again answers once its sshd is back (as the runner)
+    while True:
+        try:
+            fault.revert(ctx, inj)
+            break
+        except Exception:
+            if time.time() > end:
+                raise
+            inventory[inj.node].conn.close()
+            time.sleep(0.5)
     problem = fault.verify(ctx, inj)
     journal.record("reverted", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, verified=problem is None, problem=problem)
     if problem is None:
@@ -184,6 +194,8 @@ class Soak:
             self.netns.down()
         for m in self.mounts:
             subprocess.run(["umount", str(m)], capture_output=True)
+        if not any(os.path.ismount(m) for m in self.mounts):
+            shutil.rmtree(self.work, ignore_errors=True)
 
     def ensure_workers(self) -> None:
         """One fake worker per process-lab node (rank 0 on n0, rank 1 on n1): a fault that killed one gets a new one."""
@@ -233,7 +245,7 @@ class Soak:
             err = proc.stderr.read()[-300:].strip().splitlines()
             where = next((line.strip() for line in reversed(err) if line.strip().startswith("File ")), "")
             note = f"controller exited {proc.returncode} before the kill: {err[-1] if err else ''} ({where})" if proc.returncode != -9 else \
-                "the controller was still running: the journal write did not fail"
+                "the kill came before the controller's first journal write"
         return self.settle(case, run_id, died_at, proc, note=note)
 
     def fill_state(self) -> Path:
@@ -368,6 +380,162 @@ def report(outcomes: list[Outcome]) -> int:
     return 0 if left == 0 else 1
 
 
+SOAK_SCENARIOS = ("ckpt-corrupt", "ckpt-disk-full", "gpu-xid-cuda-error", "hang-rank", "kill-rank", "kill-uninstrumented",
+                  "oom-rank", "straggler")
+"""The shipped scenarios that run on the process lab, which a game day shares between them."""
+LASTING = ("ckpt-corrupt", "ckpt-disk-full", "hang-rank", "oom-rank", "straggler", "gpu-xid-cuda-error")
+"""Those with a lasting fault: the controller is killed between its arming and its revert."""
+
+
+@dataclass
+class Drill:
+    index: int
+    scenario: str
+    status: str | None = None
+    fds: int | None = None
+    threads: int | None = None
+    rss_mib: float | None = None
+    controller: int = 0
+    """Which controller process ran it (a new one after each kill)."""
+    killed: bool = False
+    residue: list[str] = field(default_factory=list)
+
+
+def soak_drills(soak: Soak, n: int, kill_share: float) -> list[Drill]:
+    """``n`` drills of the shipped process-lab scenarios (drawn with the seed) as game days in one controller
+    process each; the controller is SIGKILLed in ``kill_share`` of the drills (those with a lasting fault), after
+    which ``chaoskit rollback`` runs, the audit must come back clean, and a new game day runs the rest."""
+    from chaoskit.audit import audit
+
+    rng = soak.rng
+    names = [rng.choice(SOAK_SCENARIOS) for _ in range(n)]
+    lasting = [i for i, name in enumerate(names) if name in LASTING]
+    kills = set(rng.sample(lasting, min(len(lasting), max(1, round(n * kill_share))))) if kill_share > 0 else set()
+    drills = [Drill(i, name) for i, name in enumerate(names)]
+    env = dict(os.environ, CHAOSKIT_STATE_DIR=str(soak.state))
+    start, controller = 0, 0
+    while start < n:
+        out = soak.work / f"gameday-{controller}"
+        files = [str(ROOT / "scenarios" / f"{name}.yaml") for name in names[start:]]
+        proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "gameday", *files, "--out", str(out)], cwd=ROOT,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        done = 0
+        killed_at = None
+        while proc.poll() is None:
+            records = _records(out)
+            finished = [r for r in records if r.get("status") is not None]
+            while done < len(finished):  # a drill ended: the controller's figures now
+                d = drills[start + done]
+                d.status, d.controller = finished[done]["status"], controller
+                d.fds, d.threads, d.rss_mib = _figures(proc.pid)
+                done += 1
+            current = start + done
+            if current in kills and killed_at is None and _armed(soak.state):
+                time.sleep(rng.uniform(0.0, 2.0))
+                proc.kill()
+                killed_at = current
+                break
+            time.sleep(0.2)
+        proc.wait()
+        if killed_at is None:
+            for r, d in zip([r for r in _records(out) if r.get("status") is not None][done:], drills[start + done:]):
+                d.status, d.controller = r["status"], controller
+            break
+        d = drills[killed_at]
+        d.killed, d.status, d.controller = True, "killed", controller
+        subprocess.run([sys.executable, "-m", "chaoskit", "rollback"], cwd=ROOT, env=env, capture_output=True, timeout=120)
+        end = time.time() + soak.args.settle
+        while True:
+            left = [f"{x.node}: {x.kind}: {x.what}" for x in audit("process").leftovers if _ours(x.what)] \
+                if _lab_up(env) else []
+            if not left or time.time() > end:
+                break
+            time.sleep(0.5)
+        d.residue = left
+        start, controller = killed_at + 1, controller + 1
+    subprocess.run([sys.executable, "-m", "chaoskit", "lab", "down"], cwd=ROOT, env=env, capture_output=True, timeout=120)
+    return drills
+
+
+def _lab_up(env: dict[str, str]) -> bool:
+    from chaoskit.lab.process import ProcessLab
+
+    return ProcessLab.load() is not None
+
+
+def _records(out: Path) -> list[dict]:
+    try:
+        return json.loads((out / "gameday.json").read_text()).get("scenarios") or []
+    except (OSError, ValueError):
+        return []
+
+
+def _armed(state: Path) -> bool:
+    """A live run's trusted journal holds an armed fault not yet reverted."""
+    for journal in state.glob("runs/*/journal.jsonl"):
+        try:
+            lines = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            continue
+        armed = {e.get("fault_id") for e in lines if e.get("action") == "armed"}
+        if armed - {e.get("fault_id") for e in lines if e.get("action") == "reverted"}:
+            return True
+    return False
+
+
+def _figures(pid: int) -> tuple[int | None, int | None, float | None]:
+    """The controller's open fds, threads and RSS (MiB)."""
+    try:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        return fds, int(status["Threads"]), round(int(status["VmRSS"].split()[0]) / 1024, 1)
+    except (OSError, KeyError, ValueError):
+        return None, None, None
+
+
+def _slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares growth per drill."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+
+
+def soak_report(soak: Soak, drills: list[Drill], args: argparse.Namespace) -> int:
+    print(f"{'drill':>5} {'scenario':20} {'status':11} {'ctl':>3} {'fds':>4} {'thr':>4} {'RSS MiB':>8}")
+    for d in drills:
+        print(f"{d.index + 1:5d} {d.scenario:20} {str(d.status):11} {d.controller:3d} {d.fds if d.fds is not None else '-':>4} "
+              f"{d.threads if d.threads is not None else '-':>4} {d.rss_mib if d.rss_mib is not None else '-':>8}")
+        for line in d.residue:
+            print(f"      residue: {line}")
+    invalid = []
+    for result in sorted(soak.work.glob("gameday-*/*/result.json")):
+        try:
+            data = json.loads(result.read_text())
+            if not isinstance(data, dict) or not {"verdict", "faults", "phases"} <= data.keys():
+                invalid.append(str(result))
+        except (OSError, ValueError):
+            invalid.append(str(result))
+    results = len(list(soak.work.glob("gameday-*/*/result.json")))
+    growth = {}
+    for what in ("fds", "threads", "rss_mib"):
+        points = [[(d.index, getattr(d, what)) for d in drills if d.controller == c and getattr(d, what) is not None]
+                  for c in {d.controller for d in drills}]
+        per_controller = [_slope(p) for p in points if len(p) >= 2]
+        growth[what] = max(per_controller, default=0.0)
+    bounds = {"fds": args.fd_bound, "threads": args.thread_bound, "rss_mib": args.rss_bound_mib}
+    residue = sum(1 for d in drills if d.residue)
+    ok = residue == 0 and not invalid and all(growth[k] <= bounds[k] for k in bounds)
+    print(f"result.json: {results} valid of {results + 0}" if not invalid else f"result.json invalid: {', '.join(invalid)}")
+    print("growth per drill (least squares, the worst controller): " + ", ".join(
+        f"{k} {growth[k]:+.3f} (bound {bounds[k]:g})" for k in bounds))
+    print(f"soak: {len(drills)} drills, {sum(d.killed for d in drills)} controller kills, residue {residue}, "
+          f"{'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deaths", type=int, default=30)
@@ -375,11 +543,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=10.0, help="seconds the audit may take to come back clean")
     ap.add_argument("--only", default=None, help="comma-separated cases (names as in the table)")
     ap.add_argument("--json", type=Path, default=None, help="write every outcome here")
+    ap.add_argument("--soak", type=int, default=0, help="instead of deaths: N drills of the shipped scenarios as game days")
+    ap.add_argument("--kill-share", type=float, default=0.1, help="--soak: share of drills whose controller is killed")
+    ap.add_argument("--fd-bound", type=float, default=0.5, help="--soak: most open fds the controller may gain per drill")
+    ap.add_argument("--thread-bound", type=float, default=0.5, help="--soak: most threads it may gain per drill")
+    ap.add_argument("--rss-bound-mib", type=float, default=4.0, help="--soak: most RSS (MiB) it may gain per drill")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench/soak.py needs root (cgroups, network namespaces, tmpfs)", file=sys.stderr)
         return 2
     soak = Soak(args)
+    if args.soak:
+        try:
+            drills = soak_drills(soak, args.soak, args.kill_share)
+        finally:
+            soak.down()
+        if args.json:
+            args.json.write_text(json.dumps([d.__dict__ for d in drills], indent=2))
+        return soak_report(soak, drills, args)
     chosen = cases(str(soak.ckpt), str(soak.small_fs))
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}

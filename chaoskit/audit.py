@@ -182,7 +182,8 @@ def audit(target: str, *, checkpoint_dirs: list[str] | None = None) -> AuditResu
     dirs = [_checked_dir(d) for d in checkpoint_dirs or []]
     try:
         live = _live_runs()
-        found: list[Leftover] = [Leftover(CONTROLLER, p, "lab") for p in lab_problems]
+        # while a run of this controller is live, the lab's job and its nodes' states are that run's
+        found: list[Leftover] = [] if live else [Leftover(CONTROLLER, p, "lab") for p in lab_problems]
         found += _controller_leftovers(live)
         reads = fan_out({n.name: (lambda n=n: _read_node(n, dirs, live)) for n in inventory.nodes})
         unreadable = {}
@@ -228,7 +229,8 @@ def _read_node(node: Node, checkpoint_dirs: list[str], live: set[str]) -> tuple[
     entries = view.state_entries()
     for rel in entries:  # files nobody claims (an in-process fault's orders): a folder, empty, holds nothing
         top = rel.split("/", 1)[0]
-        if rel.endswith("/") or KNOWN_STATE.fullmatch(rel) or any(top.startswith(p) for p in claimed):
+        if rel.endswith("/") or KNOWN_STATE.fullmatch(rel) or any(
+                top == p[:-1] if p.endswith("/") else top.startswith(p) for p in claimed):  # "inproc/": that folder
             continue
         out.append(Leftover(node.name, f"state {rel} in {view.state_dir}", "state"))
     out += _node_leases(view, entries, live)

@@ -44,7 +44,7 @@ def recover(run: CrashedRun) -> Recovered:
                 if run.journal.exists() else [])
     done = Recovered(run, outcomes, None)
     if done.ok:
-        done.lab = backend(run.info.get("kind", "process")).crash_teardown(run.info)
+        done.lab = backend(run.info.get("kind", "process")).crash_teardown({**run.info, "run_id": run.run_id})
         run.marker.unlink(missing_ok=True)
         if run.run_id not in ("", ".", ".."):
             shutil.rmtree(run.journal.parent, ignore_errors=True)

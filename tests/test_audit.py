@@ -90,6 +90,15 @@ def test_a_process_lab_with_one_leftover_of_each_kind_names_each(process_lab, tm
         for name in (f"oom-{token}.json", f"slow-{token}.json", f"inproc-{token}.json"):
             (Path(node_state) / name).write_text("{}")
             planted.append(Path(node_state) / name)
+        # inproc.*: an order its fault's end never took back (the channel folder is chaoskit's own, 0700).
+        channel = Path(node_state) / "inproc"
+        made_channel = not channel.exists()
+        channel.mkdir(mode=0o700, exist_ok=True)
+        order = channel / f"order-{job.pid}.json"
+        order.write_text("{}")
+        planted.append(order)
+        if made_channel:
+            planted.append(channel)
         # gpu.fail: a crash loop's folder, and its loop still running (its folder on the command line).
         loop = Path(node_state) / f"crashloop-{token}"
         loop.mkdir()
@@ -125,6 +134,8 @@ def test_a_process_lab_with_one_leftover_of_each_kind_names_each(process_lab, tm
         assert _has(report, "n0", "gpu.fail", f"state crashloop-{token}/"), lines
         assert _has(report, "n0", "gpu.fail", f"crash loop running: pid {procs[-1].pid}"), lines
         assert _has(report, "n0", "state", f"state inproc-{token}.json"), lines  # nobody's: still named
+        orders = [x for x in report["leftovers"] if f"inproc/order-{job.pid}.json" in x["what"]]
+        assert len(orders) == 1 and orders[0]["kind"].startswith("inproc.") and "order" in orders[0]["what"], lines
         assert _has(report, "n0", "storage.corrupt", f".chaoskit-aside-{token}"), lines
         assert _has(report, "n0", "storage.corrupt", f".chaoskit-fill-{token}"), lines
         assert _has(report, "controller", "lease", "lease deadrun/f1.0 of a run that is gone"), lines
@@ -195,3 +206,30 @@ def test_a_netns_lab_with_one_leftover_of_each_kind_names_each(netns_lab, tmp_pa
                 path.rmdir()
         (work / f"inproc-{token}.json").unlink(missing_ok=True)
     assert wait_until(lambda: _audit(inventory)[0] == 0, 20), _lines(_audit(inventory)[1])
+
+
+def test_rollback_of_a_dead_run_on_a_lab_that_stays_up_stops_the_runs_job(process_lab, _private_state):
+    """A game day's shared lab (or 'lab up') outlives a controller SIGKILLed mid-drill: the dead run's torchrun
+    agents and workers went on running there, and the audit named them (found by bench/soak.py --soak). Rollback
+    stops the job of the run it recovers; the lab itself stays up for the next run."""
+    job = subprocess.Popen(["sleep", "300"], env={**os.environ, "CHAOSKIT_SCOPE": process_lab.scope("n1"),
+                                                  "TORCHELASTIC_RUN_ID": "deadrun"})
+    other = subprocess.Popen(["sleep", "300"], env={**os.environ, "CHAOSKIT_SCOPE": process_lab.scope("n1"),
+                                                    "TORCHELASTIC_RUN_ID": "attached-job"})
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        runs = _private_state / "runs"
+        runs.mkdir(mode=0o700, exist_ok=True)
+        (runs / "deadrun.json").write_text(json.dumps({"pid": dead.pid, "run_dir": "", "kind": "process",
+                                                       "lab": process_lab.lab_id, "ephemeral": False}))
+        res = run_cli("rollback")
+        assert res.code == 0, res.stdout + res.stderr
+        assert "1 job process(es) of the dead run stopped" in res.stdout, res.stdout
+        assert wait_until(lambda: job.poll() is not None, 10)
+        assert other.poll() is None  # another job in the lab (an attached one) is not the dead run's to stop
+        assert process_lab.load() is not None  # the lab is still up
+    finally:
+        for p in (job, other):
+            p.kill()
+            p.wait()

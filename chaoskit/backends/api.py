@@ -201,5 +201,6 @@ class ClusterBackend:
         raise NotImplementedError
 
     def crash_teardown(self, details: dict[str, Any]) -> str | None:
-        """Remove the cluster a crashed run made for itself (``details["ephemeral"]``); say what was done, or ``None``."""
+        """Remove the cluster a crashed run made for itself (``details["ephemeral"]``), or on one that stays up stop
+        the job the run started (``details["run_id"]``); say what was done, or ``None``."""
         return None

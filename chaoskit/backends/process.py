@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +19,7 @@ from chaoskit.backends.api import (
 )
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.lab.checkpoint_fs import TmpfsCheckpoints
+from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.lab.process import ProcessLab
 
 __all__ = ["ProcessBackend", "ProcessSpec"]
@@ -78,8 +82,43 @@ class ProcessBackend(ClusterBackend):
         return ProcessLab(details.get("lab", ""), 0).inventory_of(nodes)
 
     def crash_teardown(self, details: dict[str, Any]) -> str | None:
+        lab = ProcessLab(details.get("lab", ""), 0)
         if not details.get("ephemeral"):
-            return None
-        n = ProcessLab(details.get("lab", ""), 0).kill_all()
+            # A lab that stays up ('lab up', a game day's shared one): the job the dead run started (torchrun with
+            # its run id as --rdzv-id, its workers with it as TORCHELASTIC_RUN_ID) would run on there for good.
+            # Only that job: an attached job, or anything else in the lab, is not the run's to stop.
+            n = _stop_run_job(lab, str(details.get("run_id") or "")) if details.get("lab") else 0
+            return f"process lab {details.get('lab')}: {n} job process(es) of the dead run stopped" if n else None
+        n = lab.kill_all()
         return f"process lab {details.get('lab')}: {n} process(es) stopped" if n else None
 
+
+
+def _stop_run_job(lab: ProcessLab, run_id: str, grace: float = 5.0) -> int:
+    """SIGCONT, SIGTERM, then SIGKILL after ``grace`` the processes of ``lab`` that are the job run ``run_id`` started;
+    return how many there were."""
+    if not run_id:
+        return 0
+    prefix = lab.lab_id + "."
+
+    def job() -> list[int]:
+        out = []
+        for p in read_proc():
+            if not p.env.get(LocalTransport.SCOPE_ENV, "").startswith(prefix) or p.state == "Z":
+                continue
+            rid = p.env.get("TORCHELASTIC_RUN_ID", "")
+            if rid == run_id or rid.startswith(run_id + "-") or f"--rdzv-id {run_id}" in p.cmdline:
+                out.append(p.pid)
+        return out
+
+    found = job()
+    for sig, wait in ((signal.SIGCONT, 0.0), (signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        for pid in job():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.time() + wait
+        while time.time() < end and job():
+            time.sleep(0.05)
+    return len(found)

@@ -258,7 +258,8 @@ class Fault:
 
     state_prefixes: ClassVar[tuple[str, ...]] = ()
     """The names this kind gives what it keeps in a node's state folder (``oom-``): ``audit`` names a leftover
-    there after the kind; one nobody claims is still reported, as a state file."""
+    there after the kind; one nobody claims is still reported, as a state file. A prefix ending in ``/`` is that
+    folder exactly (``inproc/``)."""
 
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:

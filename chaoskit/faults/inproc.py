@@ -21,6 +21,7 @@ of one element of a parameter or gradient: silent), ``inproc.slow`` (a share of 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any, ClassVar, Literal
 
@@ -32,7 +33,7 @@ from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection
+from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import journaled_python, node_python
 from chaoskit.sdk.inproc import CUDA_ERRORS, ID_RE, NAME_RE
 
@@ -161,6 +162,14 @@ class _InprocFault(Fault):
     """What every ``inproc.*`` kind does the same way; a kind names its spec and whether it lasts."""
 
     target_type: ClassVar[Literal["process"]] = "process"
+    state_prefixes = ("inproc/",)  # the channel folder itself (a file inproc-x.json is nobody's)
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """An order or an answer still in the node's channel folder (``inproc/order-PID.json``, ``status-PID.json``):
+        a fault's end takes both back, so one left is a fault whose controller died before its end."""
+        return [f"state {name} (an in-process fault's {'order' if '/order-' in name else 'answer'})"
+                for name in view.state_entries() if re.fullmatch(r"inproc/(order|status)-[0-9]+\.json", name)]
 
     def check_job(self, workload: Any) -> tuple[str, str] | None:
         launch = getattr(workload, "launch", None)
