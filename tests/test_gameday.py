@@ -22,7 +22,7 @@ from tests.conftest import SCENARIOS, need_torch, run_cli
 # kill-uninstrumented would claim software.crash again; its drill is tests/test_drills.py's (CI minutes)
 CLAIMS = {"kill-rank": "software.crash", "hang-rank": "software.hang"}
 WEIGHT = {"software.crash": 54 + 2, "software.hang": 7}
-CATALOG_SIZE, INTERRUPTIONS = 16, 419
+CATALOG_SIZE, INTERRUPTIONS = 17, 419  # 17 classes since silent data corruption became its own (weight 6)
 
 
 # -- without a training job -------------------------------------------------------------
