@@ -111,6 +111,29 @@ def wait_exec(proc, timeout: float = 10.0) -> None:
     raise AssertionError(f"{proc.args!r} did not finish its exec within {timeout}s")
 
 
+@pytest.fixture()
+def listener():
+    """A loopback TCP port nobody answers on: what connects to it waits in the backlog (:func:`anyone_connected` tells)."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    yield sock
+    sock.close()
+
+
+def anyone_connected(sock) -> bool:
+    """Whether anything connected to a :func:`listener` socket since the last look."""
+    try:
+        conn, _ = sock.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
 @pytest.fixture(autouse=True)
 def _private_state(tmp_path_factory, monkeypatch):
     """Each test gets its own chaoskit state dir (locks, leases, labs)."""

@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import need, need_root_tool, run_cli
+from tests.conftest import anyone_connected, need, need_root_tool, run_cli
 
 AUTHOR = "ckauthor31s"
 
@@ -55,23 +54,7 @@ def drill(home, tmp_path):
     _sh("rm", "-rf", str(folder), str(marker), check=False)
 
 
-@pytest.fixture()
-def listener():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    yield sock
-    sock.close()
 
-
-def _connected(sock: socket.socket) -> bool:
-    try:
-        conn, _ = sock.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
 
 
 def _write(path: Path, text: str) -> Path:
@@ -121,7 +104,7 @@ def test_an_ssh_config_that_runs_a_command_is_refused_at_its_line(case, drill, l
         res = run_cli(*argv)
         assert res.code == 2, (argv, res.stdout + res.stderr)
         assert f"{config}:{line}:" in res.stderr and says in res.stderr, res.stderr
-    assert not marker.exists() and not _connected(listener) and not (folder / "run").exists()
+    assert not marker.exists() and not anyone_connected(listener) and not (folder / "run").exists()
 
 
 def test_an_included_config_is_checked_too_and_one_inside_the_roots_is_fine(drill, listener):
@@ -167,7 +150,7 @@ def test_ssh_files_outside_the_allowed_roots_are_refused_at_their_line(field, dr
     res = run_cli("validate", _scenario(folder))
     assert res.code == 2 and f"{inv}:2:" in res.stderr and f"ssh.{field}: {target} is outside the allowed roots" in res.stderr, \
         res.stderr
-    assert not (victim / "authorized_keys").exists() and not _connected(listener)
+    assert not (victim / "authorized_keys").exists() and not anyone_connected(listener)
 
 
 def test_a_policys_ssh_roots_keep_keys_to_them(drill, listener, tmp_path):
@@ -238,7 +221,7 @@ def test_an_authors_slurm_commands_and_config_are_refused(drill, listener):
     _write(scenario, scenario.read_text().replace(f"bin: {bin_dir}", f"conf: {conf}"))
     res = run_cli("validate", scenario)
     assert res.code == 2 and "cluster.slurm.conf:" in res.stderr and "someone other than root" in res.stderr, res.stderr
-    assert not marker.exists() and not _connected(listener)
+    assert not marker.exists() and not anyone_connected(listener)
 
 
 def test_an_authors_power_command_is_refused_at_its_line_and_never_runs(drill, listener):

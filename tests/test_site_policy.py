@@ -8,13 +8,12 @@ does try to connect there.
 from __future__ import annotations
 
 import os
-import socket
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import anyone_connected, run_cli
 
 pytest_plugins = ["tests.netns_fixtures"]
 
@@ -56,24 +55,7 @@ OUTSIDE = [
 ]
 
 
-@pytest.fixture()
-def listener():
-    """A loopback TCP port nobody answers on: what connects to it waits in the backlog."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    yield sock
-    sock.close()
 
-
-def _connected(sock: socket.socket) -> bool:
-    try:
-        conn, _ = sock.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
 
 
 def _inventory(folder: Path, port: int, policy: str = "policy:\n" + POLICY) -> Path:
@@ -106,7 +88,7 @@ def test_a_scenario_outside_the_policy_is_refused_at_its_line(case, tmp_path: Pa
     assert res.code == 2, res.stderr
     assert res.stderr.startswith(f"error: {scenario}:{where}: "), res.stderr
     assert not (tmp_path / "run").exists()
-    assert not _connected(listener), "a refused scenario must not connect to any node"
+    assert not anyone_connected(listener), "a refused scenario must not connect to any node"
 
 
 def test_a_scenario_inside_the_policy_validates_and_run_connects(tmp_path: Path, listener):
@@ -118,7 +100,7 @@ def test_a_scenario_inside_the_policy_validates_and_run_connects(tmp_path: Path,
     assert res.code == 0, res.stderr
     res = run_cli("run", scenario, "--out", tmp_path / "run")
     assert res.code == 3, res.stderr  # nobody speaks SSH on the port
-    assert _connected(listener)
+    assert anyone_connected(listener)
 
 
 def test_inventory_python_outside_the_policy_is_refused_at_its_line(tmp_path: Path, listener):
@@ -171,7 +153,7 @@ def test_a_policy_file_others_can_write_is_refused(how: str, tmp_path: Path, lis
         assert f"{inventory}:3:9: " in line, res.stderr  # the inventory's policy: line
     res = run_cli("run", scenario, "--out", tmp_path / "run")
     assert res.code == 2 and "policy file" in res.stderr, res.stderr
-    assert not _connected(listener)
+    assert not anyone_connected(listener)
 
 
 # -- the agent's Python, checked on the node (the netns lab's sshd) -------------------------------------------
@@ -275,7 +257,7 @@ def test_this_machines_policy_binds_an_inventory_with_none_of_its_own(machine_po
         _inventory(tmp_path, listener.getsockname()[1], policy=policy)
         res = run_cli("run", scenario, "--out", tmp_path / "run")
         assert res.code == 2 and f"{scenario}:9:11: faults.0.kind: the site policy does not allow gpu.fail" in res.stderr, res.stderr
-        assert not (tmp_path / "run").exists() and not _connected(listener)
+        assert not (tmp_path / "run").exists() and not anyone_connected(listener)
     # the control: inside both, validate passes
     _inventory(tmp_path, listener.getsockname()[1], policy="policy: {faults: [process.kill], log_roots: [/var/log/train]}\n")
     scenario.write_text(GOOD.replace("checkpoint_dir: /scratch/ckpt/job1", "checkpoint_dir: /scratch/job1"))
@@ -289,7 +271,7 @@ def test_this_machines_policy_owned_by_someone_else_refuses_every_inventory(mach
     scenario.write_text(GOOD)
     res = run_cli("validate", scenario)
     assert res.code == 2 and f"this machine's site policy {machine_policy} is owned by uid 65534, not root" in res.stderr, res.stderr
-    assert not _connected(listener)
+    assert not anyone_connected(listener)
 
 
 def test_the_narrowest_of_two_policies_allows_what_both_allow():
@@ -361,7 +343,7 @@ def test_an_authors_own_permissive_inventory_is_bound_by_the_machines_policy(aut
     res = run_cli("validate", scenario)
     assert res.code == 2 and f"{scenario}:9:11: faults.0.kind: the site policy does not allow gpu.fail" in res.stderr, res.stderr
     res = run_cli("run", scenario, "--out", author / "run")
-    assert res.code == 2 and not (author / "run").exists() and not _connected(listener), res.stderr
+    assert res.code == 2 and not (author / "run").exists() and not anyone_connected(listener), res.stderr
     fine = _as_author(author / "fine.yaml", GOOD.replace("/var/log/train/n1.log", "/var/log/n1.log"))
     res = run_cli("validate", fine)
     assert res.code == 0, res.stderr
@@ -379,7 +361,7 @@ def test_a_policy_the_author_owns_named_by_the_environment_refuses_every_run(aut
     scenario.write_text(GOOD)
     res = run_cli("validate", scenario)
     assert res.code == 2 and f"this machine's site policy {mine} is owned by uid" in res.stderr, res.stderr
-    assert not _connected(listener)
+    assert not anyone_connected(listener)
 
 
 def test_a_policy_named_by_the_environment_only_narrows_the_system_ones(tmp_path, monkeypatch):
