@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -430,8 +431,10 @@ def test_the_crash_loop_kills_only_the_drilled_jobs_workers(tmp_path):
         time.sleep(0.3)  # several polls
         assert theirs.poll() is None
         (loop_dir / "stop").touch()
-        loop.wait(timeout=10)
+        assert wait_until((loop_dir / "exited").exists, 10)
         assert (loop_dir / "kills").read_text().count("\n") == 2
+        shutil.rmtree(loop_dir)  # what the controller's verify does; else the loop removes it after its grace
+        loop.wait(timeout=10)
     finally:
         for p in (ours, theirs, again, loop):
             if p is not None and p.poll() is None:
