@@ -556,11 +556,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.soak:
         try:
             drills = soak_drills(soak, args.soak, args.kill_share)
+            if args.json:
+                args.json.write_text(json.dumps([d.__dict__ for d in drills], indent=2))
+            return soak_report(soak, drills, args)  # before down(): it reads the drills' result.json in soak.work
         finally:
             soak.down()
-        if args.json:
-            args.json.write_text(json.dumps([d.__dict__ for d in drills], indent=2))
-        return soak_report(soak, drills, args)
     chosen = cases(str(soak.ckpt), str(soak.small_fs))
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}
