@@ -1,6 +1,6 @@
 """Wall time of a full scorecard, beside the drills' own time measured in the same run.
 
-    python bench/bench_scorecard.py [--stacks torchrun,nvrx,torchft,ray,slurm] [--repeat 1] [--out DIR]
+    python bench/bench_scorecard.py [--stacks torchrun,nvrx,nvrx-inprocess,torchft,ray,slurm] [--repeat 1] [--out DIR]
 
 Runs ``chaoskit scorecard examples/scorecard/`` (every row on every stack; the netns rows need root) and prints
 its wall time against the target (25 min), the sum of the drills' own durations (the game day's per-scenario
@@ -24,7 +24,7 @@ TARGET_S = 25 * 60
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stacks", default="torchrun,nvrx,torchft,ray,slurm")
+    ap.add_argument("--stacks", default="torchrun,nvrx,nvrx-inprocess,torchft,ray,slurm")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--rows", default=str(ROOT / "examples" / "scorecard"))
     ap.add_argument("--out", default=None)

@@ -18,13 +18,15 @@ measured on its own terms: :data:`RECOVERY_MODELS` names each model's function, 
 one, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
 drop a dead replica group from the quorum and carry on; its restarted group heals from a peer. ``nvrx``
 (:func:`measure_nvrx`): NVIDIA's ft_launcher, whose rank monitors notice a rank that stopped sending heartbeats.
+``nvrx-inprocess`` (:func:`measure_nvrx_inprocess`): NVRx's in-process restart, which reruns the loop in the same
+processes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault", "measure_nvrx", "measure_torchft",
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
            "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
@@ -343,6 +345,61 @@ def measure_nvrx(events: Iterable[Event], t_fault: float, t_fault_uncertainty: f
     return phases
 
 
+NVRX_INPROCESS_SOURCE = "nvrx-inprocess"
+"""The ``source`` of the ``nvrx-inprocess`` preset's events: the in-process Wrapper's own lines."""
+
+
+def measure_nvrx_inprocess(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
+                           node: str | None = None) -> dict[str, Any]:
+    """Measure a job under NVRx's in-process restart (``nvidia_resiliency_ext.inprocess.Wrapper``) recovering from
+    one fault (docs/architecture.md, "Recovery models"). The Wrapper reruns the training loop in the same
+    processes, so the phases are the restart model's with the loop's restart in place of new workers:
+
+    - detection: ``t_fault`` to the first of the Wrapper's lines (``detect`` from the ``nvrx-inprocess`` preset:
+      the loop raised in a rank, or the iteration was interrupted: a soft timeout, a dead peer) and any other
+      failure seen (a peer's collective error), whichever came first;
+    - reallocation: to every rank's loop started again (``worker.start`` with the Wrapper's iteration as its
+      ``restart_count``);
+    - checkpoint load, recovery, lost work: as :func:`measure_fault`.
+
+    The keys are :func:`measure_fault`'s, plus ``wrapper``: the Wrapper's first interruption after the fault
+    (``{ts, latency_s, rank, interruption, ranks, interruptions}``: the first, the ranks it names, all of them as
+    the Wrapper wrote them; ``None`` when it logged none), and ``in_process``: whether every
+    rank's restarted loop ran in a process that was already a worker before the fault (``True``: no process was
+    replaced; ``False``: torchrun had to restart some; ``None``: no restart seen, or starts without pids), and
+    ``world_size``: ``{before, after}`` the restart (the Wrapper goes on without ranks it finds unresponsive: a
+    dead node's; ``None`` where the starts do not say)."""
+    timeline = sorted(events, key=lambda e: e["ts"])
+    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node)
+    phases["model"] = "nvrx-inprocess"
+    stop = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
+                 and e.get("source") == NVRX_INPROCESS_SOURCE and e.get("interruption")), None)
+    phases["wrapper"] = None if stop is None else {
+        "ts": stop["ts"], "latency_s": round(stop["ts"] - t_fault, 4), "rank": stop.get("rank"),
+        "interruption": stop.get("interruption"), "ranks": _rank_list(stop.get("ranks")),
+        "interruptions": stop.get("interruptions")}
+    before = {e.get("pid") for e in timeline if e["ts"] <= t_fault and e.get("kind") == "worker.start"}
+    t_realloc = phases.get("t_realloc")
+    restarted = [e for e in timeline if e.get("kind") == "worker.start" and t_realloc is not None
+                 and t_fault < e["ts"] <= t_realloc]
+    pids = [e.get("pid") for e in restarted]
+    phases["in_process"] = (None if not restarted or None in pids or None in before
+                            else all(pid in before for pid in pids))
+    worlds = [e["world_size"] for e in timeline if e["ts"] <= t_fault and e.get("kind") == "worker.start"
+              and isinstance(e.get("world_size"), int)]
+    after = [e["world_size"] for e in restarted if isinstance(e.get("world_size"), int)]
+    phases["world_size"] = {"before": max(worlds), "after": min(after)} if worlds and after else None
+    if phases["detection_s"] is None:
+        phases["reasons"]["detection"] = ("not observed: no line of the in-process Wrapper (the nvrx-inprocess "
+                                          "preset's fn_ex / term_ex) and no worker failure after the fault")
+    return phases
+
+
+def _rank_list(v: Any) -> list[int]:
+    """``"0, 1"`` (or ``1``: a log rule reads a lone number as one) as ``[0, 1]``."""
+    return sorted({int(r) for r in str(v).replace(" ", "").split(",") if r.isdigit()}) if v is not None else []
+
+
 def _number(v: Any) -> float | None:
     try:
         return float(v) if v is not None else None
@@ -350,7 +407,8 @@ def _number(v: Any) -> float | None:
         return None
 
 
-RECOVERY_MODELS = {"restart": measure_fault, "torchft": measure_torchft, "nvrx": measure_nvrx}
+RECOVERY_MODELS = {"restart": measure_fault, "torchft": measure_torchft, "nvrx": measure_nvrx,
+                   "nvrx-inprocess": measure_nvrx_inprocess}
 PHASE_MEANINGS = {
     "restart": {"detection": "fault -> the system noticed", "reallocation": "noticed -> new world started",
                 "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
@@ -364,6 +422,11 @@ PHASE_MEANINGS = {
              "reallocation": "noticed -> ft_launcher's restarted world started",
              "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
              "lost_steps": "the last step before the fault - the step restored"},
+    "nvrx-inprocess": {"detection": "fault -> the in-process Wrapper's first line (a rank raised, or the iteration "
+                                    "was interrupted) or another failure",
+                       "reallocation": "noticed -> every rank's loop started again in its process",
+                       "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
+                       "lost_steps": "the last step before the fault - the step restored"},
 }
 """What each phase spans under each recovery model (the reports' "what it spans" column)."""
 """``workload.recovery`` -> the function that measures a fault's recovery under that model (same signature and

@@ -467,6 +467,8 @@ class _Run:
         presets = list(sc.probes.presets)
         if sc.workload.recovery == "nvrx" and "nvrx" not in presets:  # ft_launcher's rank monitors say who noticed
             presets.append("nvrx")
+        if sc.workload.recovery == "nvrx-inprocess" and "nvrx-inprocess" not in presets:  # the Wrapper's own lines
+            presets.append("nvrx-inprocess")
         rules, tee = preset_rules(presets, torchrun=sc.probes.torchrun)
         rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
         self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
@@ -639,6 +641,8 @@ class _Run:
         felt = [inj for fault, inj in self.injections if not fault.primes] or [inj for _, inj in self.injections]
         t_fault = felt[0].t_fault if felt else time.time()
         announced: set[str] = set()
+        realloc_label = ("every rank's loop started again" if sc.workload.recovery == "nvrx-inprocess"
+                         else "new world started")
         while True:
             self._check_abort()
             self._revert_due()
@@ -646,7 +650,7 @@ class _Run:
                 m = {"t_resumed": None}  # all said: a long job (a campaign) need not be measured ten times a second
             else:
                 m = self.measure(self.bus.snapshot(), t_fault, node=felt[0].node if felt else None)  # progress lines only; result.json measures with clocks
-            for key, label in () if len(announced) == 4 else (("t_detect", "detected"), ("t_realloc", "new world started"), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
+            for key, label in () if len(announced) == 4 else (("t_detect", "detected"), ("t_realloc", realloc_label), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
                 if m[key] is not None and key not in announced:
                     announced.add(key)
                     # the job's own words (an exception's text, "[.../pair.cc:537] Connection closed") are not markup
@@ -840,7 +844,9 @@ class _Run:
             if unseen:
                 phases["unseen"] = unseen
             phases["model"] = phases_full["model"]
-            for key in ("discarded_steps", "catch_up_steps", "healed_group", "rank_monitor"):  # the torchft model's lost work, in parts
+            # the torchft model's lost work, in parts; who in NVRx noticed; whether the in-process restart kept every process
+            for key in ("discarded_steps", "catch_up_steps", "healed_group", "rank_monitor", "wrapper", "in_process",
+                        "world_size"):
                 if key in phases_full:
                     phases[key] = phases_full[key]
         if silent is not None and phases.get("lost_steps") is None:

@@ -2,8 +2,8 @@
 
 A row is a plain scenario file in a folder (``examples/scorecard/``): one fault, on the lab it needs, written for
 plain torchrun. A column is a recovery stack (:data:`STACKS`): torchrun (torchelastic restarts the world), nvrx
-(NVIDIA's ft_launcher with rank heartbeats), torchft (per-step fault tolerance), ray (Ray Train), slurm (the job
-under Slurm's requeue). :func:`run_scorecard` turns each row into one scenario per stack (``<out>/scenarios/``;
+(NVIDIA's ft_launcher with rank heartbeats), nvrx-inprocess (NVIDIA's in-process restart), torchft (per-step fault
+tolerance), ray (Ray Train), slurm (the job under Slurm's requeue). :func:`run_scorecard` turns each row into one scenario per stack (``<out>/scenarios/``;
 :meth:`Stack.adapt` says why a pair cannot run, which becomes its cell), runs them all as one game day
 (``<out>/gameday/``: the labs shared between drills, ``repeat`` honoured) and reads each drill's files back into
 one cell per (stack, fault):
@@ -48,6 +48,8 @@ LONG_DETECTION_S = 120.0
 """A timeout at or above this makes a hang (or a dead node) take minutes to notice: the cell warns."""
 NVRX_DEFAULT_HEARTBEAT_S = 45 * 60.0
 """nvidia-resiliency-ext's own ``rank_heartbeat_timeout`` (fault_tolerance/config.py) when a job sets none."""
+NVRX_INPROCESS_DEFAULT_SOFT_S = 5.0
+"""chaoskit's default soft timeout for the in-process Wrapper (``workload.nvrx_inprocess``; NVRx's own is 60 s)."""
 TORCHFT_SCRIPT = Path("..") / "frameworks" / "torchft_train.py"
 """The torchft column's job, relative to the rows' folder (examples/frameworks/torchft_train.py beside
 examples/scorecard/); a folder without it gets "cannot run here" in that column."""
@@ -100,6 +102,18 @@ def _nvrx(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
         raise CannotRun(f"ft_launcher replaces torchrun; launch: {w['launch']} has none")
     w["recovery"] = "nvrx"
     w.setdefault("nvrx", {"heartbeat_timeout": "5s", "initial_heartbeat_timeout": "60s"})
+    return doc
+
+
+def _nvrx_inprocess(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    w = doc["workload"]
+    if w.get("launch", "reference") not in ("reference", "uninstrumented"):
+        raise CannotRun(f"the in-process Wrapper wraps the reference job's training loop; launch: {w['launch']} is "
+                        "a job of its own")
+    w["recovery"] = "nvrx-inprocess"
+    collective = _seconds(w.get("collective_timeout", 30))  # the hard timeout must outlast it (gloo has no abort)
+    w.setdefault("nvrx_inprocess", {"soft_timeout": "5s", "hard_timeout": f"{max(30.0, 2 * collective):g}s",
+                                    "heartbeat_timeout": "5s"})
     return doc
 
 
@@ -160,6 +174,8 @@ def _slurm(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("torchrun", "torchelastic: the agent sees a dead worker, a hang only at the collective timeout", _torchrun),
     Stack("nvrx", "NVIDIA's ft_launcher: each rank's monitor restarts a world whose rank stopped heartbeating", _nvrx),
+    Stack("nvrx-inprocess", "NVIDIA's in-process restart: the Wrapper reruns every rank's loop in its own process",
+          _nvrx_inprocess),
     Stack("torchft", "torchft: survivors drop a dead replica group from the quorum; it heals from a peer", _torchft,
           _torchft_unfit),
     Stack("ray", "Ray Train: the controller restarts the worker group from the last reported checkpoint", _ray),
@@ -188,7 +204,7 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
     unknown = [s for s in stacks if s not in STACKS]
     if unknown or not stacks:
         raise ScenarioError(f"unknown stack {', '.join(unknown) or '(none)'}; known: {', '.join(STACKS)}",
-                            hint="--stacks torchrun,nvrx,torchft,ray,slurm")
+                            hint="--stacks torchrun,nvrx,nvrx-inprocess,torchft,ray,slurm")
     if not 1 <= repeat <= MAX_REPEAT:
         raise ScenarioError(f"--repeat {repeat}: expected 1..{MAX_REPEAT}")
     rows = scenario_files([folder])
@@ -306,6 +322,9 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
     else:
         failed = [name for name, s in (record.get("slo") or {}).items() if isinstance(s, dict) and s.get("pass") is False]
         cell["why"] = f"detected by {who}" + (f"; SLO missed: {', '.join(failed)}" if failed else "")
+    world = ((samples[0] if samples else {}).get("phases") or {}).get("world_size")
+    if world and world.get("after", 0) < world.get("before", 0):  # the in-process Wrapper dropped unresponsive ranks
+        cell["why"] += f"; went on with {world['after']} of {world['before']} ranks"
     return cell
 
 
@@ -315,6 +334,10 @@ def _bound(detection_s: float, who: str, doc: dict[str, Any]) -> str:
     if who.startswith("NVRx rank monitor"):
         hb = _seconds((w.get("nvrx") or {}).get("heartbeat_timeout", NVRX_DEFAULT_HEARTBEAT_S))
         return f", at its heartbeat timeout ({hb:g}s)"
+    if who.startswith("NVRx in-process Wrapper"):
+        soft = _seconds((w.get("nvrx_inprocess") or {}).get("soft_timeout", NVRX_INPROCESS_DEFAULT_SOFT_S))
+        if abs(detection_s - soft) <= max(1.0, 0.2 * soft):
+            return f", at its soft timeout ({soft:g}s)"
     collective = _seconds(w.get("collective_timeout", 30))
     if "collective" in who and abs(detection_s - collective) <= max(1.0, 0.2 * collective):
         return f", at the collective timeout ({collective:g}s)"
@@ -344,6 +367,14 @@ def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> t
         if hb >= LONG_DETECTION_S:
             warnings.append(f"NVRx heartbeat timeout {hb:g}s (nvidia-resiliency-ext's default is 45 min): a hang "
                             f"takes {hb / 60:.0f} min to notice")
+    if stack == "nvrx-inprocess":
+        n = w.get("nvrx_inprocess") or {}
+        soft = _seconds(n.get("soft_timeout", NVRX_INPROCESS_DEFAULT_SOFT_S))
+        timeouts["NVRx in-process soft timeout"] = f"{soft:g}s"
+        timeouts["NVRx in-process hard timeout"] = f"{_seconds(n.get('hard_timeout', 60)):g}s"
+        timeouts["NVRx in-process heartbeat timeout"] = f"{_seconds(n.get('heartbeat_timeout', 5)):g}s"
+        if soft >= LONG_DETECTION_S:
+            warnings.append(f"NVRx in-process soft timeout {soft:g}s: a hung rank takes {soft / 60:.0f} min to notice")
     if stack == "torchft":
         timeouts["torchft timeout"] = "10s (torchft_train.py --timeout: a collective, a heal)"
         timeouts["torchft lighthouse heartbeat timeout"] = "5s (torchft's default)"

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit.cluster.fanout import NoAnswer, fan_out
 from chaoskit.cluster.inventory import Inventory, Node
-from chaoskit.cluster.transports.api import ProcInfo
+from chaoskit.cluster.transports.api import ProcInfo, rank_processes
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT, MAX_PID
 from chaoskit.core.models import NAME_RE, StrictModel, check_regex
@@ -167,6 +167,7 @@ def resolve_processes(inventory: Inventory, spec: TargetSpec, *, deadline: float
 
     def matches(node: Node, procs: list[ProcInfo]) -> list[ProcessTarget]:
         out = []
+        ranks = {p.pid for p in rank_processes(procs)}  # a rank's children (they inherit RANK) are not the rank
         for proc in procs:
             if proc.state == "Z":
                 continue
@@ -174,7 +175,7 @@ def resolve_processes(inventory: Inventory, spec: TargetSpec, *, deadline: float
                 continue
             if pattern is not None and not bounded_search(pattern, proc.cmdline, "target.process"):
                 continue
-            if spec.pid is None and pattern is None and not proc.is_worker:
+            if spec.pid is None and pattern is None and proc.pid not in ranks:
                 continue
             if spec.ranks is not None and proc.rank not in spec.ranks:
                 continue

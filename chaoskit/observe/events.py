@@ -39,6 +39,8 @@ EVENT_KINDS = (
     # Silent faults (chaoskit.observe.sdc): each rank's parameter checksum (probes.sdc), replicas that disagree,
     # a loss gone NaN/Inf or far off its recent steps.
     "sdc.checksum", "sdc.detected", "loss.anomaly",
+    # NVRx's in-process restart (the nvrx-inprocess preset): a rank passed its health check and reruns its loop.
+    "inprocess.restart",
 )
 """Event kinds the measurement understands (log rules may map lines to these)."""
 

@@ -213,8 +213,33 @@ NVRX = Preset("nvrx", (
     verbosity="ft_launcher's default (--ft-log-level INFO: the monitors' timeout lines are warnings)",
     tee_prefixes=False)
 
+# nvidia_resiliency_ext/inprocess/wrap.py (0.4.1): CallWrapper.__call__ logs through utils.log_exc,
+# f"{rank=} {name}: {format_exc(exc)}", where the root logger has a StreamHandler; the reference job's
+# train_inprocess prefixes them "[nvrx-inprocess] LEVEL LOGGER: ". tests/data/nvrx-inprocess/ holds a real recording.
+_WRAPPER = r"\[nvrx-inprocess\] [A-Z]+ nvidia_resiliency_ext\.inprocess\.wrap: rank=(?P<rank>\d+) "
+NVRX_INPROCESS = Preset("nvrx-inprocess", (
+    # fn_ex: the wrapped loop raised in this rank (log.error): the first to know of an exception
+    LogRule.of(_WRAPPER + r"fn_ex: (?P<error>.{1,300})", "detect",
+               {"source": "nvrx-inprocess", "who": "NVRx in-process Wrapper",
+                "why": "the wrapped training loop raised"}),
+    # term_ex: the iteration is over, for every rank, and why (log.warning): RankShouldRestart('Interruption.X on
+    # ranks={...}'); an exception, a soft timeout (no ping), a dead or silent peer
+    # (several at once: "Interruption.EXCEPTION on ranks={0}, Interruption.SOFT_TIMEOUT on ranks={0}")
+    LogRule.of(_WRAPPER + r"term_ex: RankShouldRestart\('(?P<interruptions>Interruption\.(?P<interruption>[A-Z_]{1,40}) "
+               r"on ranks=\{(?P<ranks>[\d, ]{0,200})\}[^']{0,400})'\)", "detect",
+               {"source": "nvrx-inprocess", "who": "NVRx in-process Wrapper",
+                "why": "the Wrapper interrupted the iteration"}),
+    # restart_ex: the rank passed its health check and restarts its loop (log.info)
+    LogRule.of(_WRAPPER + r"restart_ex: ", "inprocess.restart", {"source": "nvrx-inprocess"}),
+), sees=("detect", "inprocess.restart"),
+    cannot_see="steps, checkpoints and the loop's restarts (the Wrapper prints none; the reference job's own "
+               "events give them, restart_count being the Wrapper's iteration); a rank its monitor process killed "
+               "(hard timeout) is torchrun's to report",
+    verbosity="the nvidia_resiliency_ext logger at INFO and a StreamHandler on the root logger (without one the "
+              "Wrapper warns 'logging not initialized, logs are disabled' and prints nothing)")
+
 PRESETS: dict[str, Preset] = {p.name: p for p in (TORCHRUN, HF, LIGHTNING, TORCHTITAN, MEGATRON, DEEPSPEED,
-                                                  ACCELERATE, TORCHFT, NVRX)}
+                                                  ACCELERATE, TORCHFT, NVRX, NVRX_INPROCESS)}
 PRESET_NAMES = tuple(PRESETS)
 
 

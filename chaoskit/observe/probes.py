@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import regex
 
 from chaoskit.cluster.clock import ClockedTransport
-from chaoskit.cluster.transports.api import FileFollower, ProcessStreamer, StreamUnsupported
+from chaoskit.cluster.transports.api import FileFollower, ProcessStreamer, StreamUnsupported, rank_processes
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
 from chaoskit.core.lines import LineCutter, strip_ansi
@@ -563,7 +563,7 @@ class ProcessWatcher(threading.Thread):
         except Exception:  # noqa: BLE001 - no answer is no news: the node's workers stay unknown, not gone
             return
         ts = time.time()
-        alive = {p.pid: (p.start_time, p.rank, p.state) for p in procs if p.is_worker and p.state != "Z"}
+        alive = {p.pid: (p.start_time, p.rank, p.state) for p in rank_processes(procs) if p.state != "Z"}
         with self._lock:
             self._heard(nw)
             for pid in [p for p in nw.workers if p not in alive]:

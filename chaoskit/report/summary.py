@@ -85,6 +85,18 @@ def render_result(console, result: dict[str, Any]) -> None:
     for d in phases.get("detections") or []:
         console.print(f"  detection source {escape(d['source'])}: {d['kind']} on {d.get('node') or '?'} "
                       f"+{d['latency_s']:.2f}s after the fault" + (f" ({d['behind_s']:.2f}s after the first)" if d["behind_s"] else ""))
+    wrapper = phases.get("wrapper")
+    if wrapper:
+        console.print(f"  NVRx in-process Wrapper: {escape(str(wrapper.get('interruption')))} on ranks "
+                      f"{escape(str(wrapper.get('ranks')))} +{wrapper['latency_s']:.2f}s after the fault")
+    if phases.get("in_process") is not None:
+        console.print("restarted in-process: every rank's loop ran again in the process it had before the fault"
+                      if phases["in_process"] else
+                      "[yellow]not in-process:[/yellow] some rank's loop restarted in a new process (torchrun restarted it)")
+    world = phases.get("world_size")
+    if world and world["after"] < world["before"]:
+        console.print(f"[yellow]went on with {world['after']} of {world['before']} ranks:[/yellow] the in-process "
+                      "Wrapper dropped the ranks it found unresponsive")
     for step in phases.get("reallocation_steps") or []:
         console.print(f"  reallocation step {step['step']}: {step['seconds']:.2f}s  [dim](bounded by {escape(step['bound_by'])})[/dim]")
     for name, check in (result.get("checks") or {}).items():

@@ -27,6 +27,7 @@ from chaoskit.observe.presets import PRESET_NAMES
 __all__ = [
     "Workload",
     "NvrxSettings",
+    "NvrxInprocessSettings",
     "LogRule",
     "Probes",
     "PrometheusRule",
@@ -83,6 +84,27 @@ class NvrxSettings(StrictModel):
         if self.out_of_section_timeout is not None:
             args += ["--ft-rank-out-of-section-timeout", f"{self.out_of_section_timeout:g}"]
         return args
+
+
+class NvrxInprocessSettings(StrictModel):
+    """NVIDIA Resiliency Extension's in-process restart (``nvidia_resiliency_ext.inprocess.Wrapper``): the reference
+    job's training loop runs inside the Wrapper, which reruns it in the same processes when a rank raises, stops
+    making progress or dies."""
+
+    soft_timeout: PositiveDuration = Field(5.0, description=(
+        "A rank that has not pinged (one ping a step) for this long is hung: every rank restarts its loop "
+        "(the Wrapper's default is 60 s)."))
+    hard_timeout: PositiveDuration = Field(60.0, description=(
+        "A rank still silent this long is killed by its monitor process (the Wrapper's default is 90 s). Must be "
+        "longer than the collective timeout: on gloo a rank blocked in a collective is freed only by that timeout."))
+    heartbeat_timeout: PositiveDuration = Field(5.0, description=(
+        "A peer whose monitor process stopped heartbeating this long (a dead process) is gone: the others restart "
+        "(the Wrapper's default is 30 s)."))
+
+    def job_args(self) -> list[str]:
+        """The reference job's options for these settings."""
+        return ["--nvrx-inprocess", "--nvrx-soft-timeout", f"{self.soft_timeout:g}",
+                "--nvrx-hard-timeout", f"{self.hard_timeout:g}", "--nvrx-heartbeat-timeout", f"{self.heartbeat_timeout:g}"]
 
 
 class Workload(StrictModel):
@@ -146,16 +168,20 @@ class Workload(StrictModel):
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
-    recovery: Literal["restart", "torchft", "nvrx"] = Field("restart", description=(
+    recovery: Literal["restart", "torchft", "nvrx", "nvrx-inprocess"] = Field("restart", description=(
         "How the job recovers, and so how it is measured (docs/architecture.md, \"Recovery models\"). restart: the "
         "world stops, restarts and loads a checkpoint. nvrx: NVIDIA's ft_launcher (nvidia-resiliency-ext) is "
         "started in place of torchrun, with the timeouts of `nvrx`; its rank monitors restart a world whose rank "
-        "stopped sending heartbeats (the reference job sends them under it). torchft (launch: command only): every node is one torchft "
+        "stopped sending heartbeats (the reference job sends them under it). nvrx-inprocess (launch: reference or "
+        "uninstrumented): the job's loop runs under NVRx's in-process restart (inprocess.Wrapper, the timeouts of "
+        "`nvrx_inprocess`), which reruns it in the same processes from the newest checkpoint. torchft (launch: command only): every node is one torchft "
         "replica group with a torchrun of its own, chaoskit starts torchft's lighthouse on the first node and gives "
         "each group REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and TORCHFT_LIGHTHOUSE; survivors drop a dead group from the "
         "quorum and carry on, the restarted group heals from a peer."))
     nvrx: NvrxSettings | None = Field(None, description=(
         "recovery: nvrx only: ft_launcher's timeouts (default: a 5 s heartbeat timeout, checked every 0.5 s)."))
+    nvrx_inprocess: NvrxInprocessSettings | None = Field(None, description=(
+        "recovery: nvrx-inprocess only: the Wrapper's timeouts (default: 5 s soft, 60 s hard, 5 s heartbeat)."))
 
     def command_script(self, base: Path) -> Path | None:
         """The script of ``launch: command`` as torchrun will run it: a relative one is taken from ``base`` (the
@@ -252,6 +278,20 @@ class Workload(StrictModel):
                                  f"uninstrumented or command), not launch: {self.launch}")
             if self.nvrx is None:
                 self.nvrx = NvrxSettings()
+        if self.nvrx_inprocess is not None and self.recovery != "nvrx-inprocess":
+            raise ValueError("'nvrx_inprocess' is only used with recovery: nvrx-inprocess")
+        if self.recovery == "nvrx-inprocess":
+            if self.launch not in ("reference", "uninstrumented"):
+                raise ValueError(f"recovery: nvrx-inprocess runs the reference job's loop under NVRx's inprocess.Wrapper "
+                                 f"(launch: reference or uninstrumented), not launch: {self.launch}; a job of your own "
+                                 "that wraps itself is measured with recovery: restart and the nvrx-inprocess preset")
+            if self.nvrx_inprocess is None:
+                self.nvrx_inprocess = NvrxInprocessSettings()
+            if self.collective_timeout >= self.nvrx_inprocess.hard_timeout:
+                raise ValueError(f"collective_timeout ({self.collective_timeout:g}s) must be shorter than "
+                                 f"nvrx_inprocess.hard_timeout ({self.nvrx_inprocess.hard_timeout:g}s): on gloo a rank "
+                                 "blocked in a collective is freed only by its timeout, and the Wrapper kills a rank "
+                                 "silent for hard_timeout")
         if self.launch == "attach" and "wait" not in self.model_fields_set:
             self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
         return self

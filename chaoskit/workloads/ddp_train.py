@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from chaoskit.sdk import probe
-from chaoskit.workloads.plain_train import Hooks, error_line, parse_args, train
+from chaoskit.workloads.plain_train import Hooks, error_line, parse_args, train, train_inprocess
 
 
 HEARTBEAT_S = 1.0
@@ -17,12 +17,17 @@ HEARTBEAT_S = 1.0
 
 
 class SdkHooks(Hooks):
-    def worker_start(self, rank: int, world: int, restart: int) -> None:
-        probe.worker_start()
+    def __init__(self) -> None:
+        self.heartbeat = None
+
+    def worker_start(self, rank: int, world: int, restart: int, iteration: int | None = None) -> None:
+        probe.worker_start(**({} if iteration is None else {"iteration": iteration}))  # NVRx's in-process restart
         # a thread of its own, as real jobs' watchdogs are: it beats on while the training thread is held
-        # (inproc.hang), and stops with the whole process (SIGSTOP, inproc.gil)
-        probe.start_heartbeat(HEARTBEAT_S)
-        super().worker_start(rank, world, restart)
+        # (inproc.hang), and stops with the whole process (SIGSTOP, inproc.gil); one per process, however
+        # often the loop restarts inside it
+        if self.heartbeat is None:
+            self.heartbeat = probe.start_heartbeat(HEARTBEAT_S)
+        super().worker_start(rank, world, restart, iteration)
 
     def rendezvous_done(self, rank: int, world: int) -> None:
         probe.rendezvous_done(world)
@@ -51,7 +56,8 @@ class SdkHooks(Hooks):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return train(parse_args(argv), SdkHooks())
+    args = parse_args(argv)
+    return (train_inprocess if args.nvrx_inprocess else train)(args, SdkHooks())
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ group's agent rejoins), and torchft's lighthouse runs beside the first node's ag
 With ``workload.recovery: nvrx`` each node's agent is NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext, a
 torchrun with a rank monitor per worker) in place of torchrun, with the timeouts of ``workload.nvrx``; its
 sockets go in a private folder of the job's (``TMPDIR``), not under guessable names in ``/tmp``.
+
+With ``workload.recovery: nvrx-inprocess`` the agents are torchrun's and the reference job runs its loop under
+NVRx's ``inprocess.Wrapper`` (``--nvrx-inprocess``, :func:`chaoskit.workloads.plain_train.train_inprocess`), its own
+store at a port picked here (``CHAOSKIT_NVRX_STORE_PORT``).
 """
 
 from __future__ import annotations
@@ -114,6 +118,9 @@ class TorchrunJob:
 
         self.nvrx = workload.recovery == "nvrx"
         self._nvrx_tmp: Path | None = None
+        self.nvrx_inprocess = workload.recovery == "nvrx-inprocess"
+        self.inprocess_store_port = free_port() if self.nvrx_inprocess else None
+        """The job's own store under NVRx's in-process restart (the Wrapper's is at MASTER_PORT)."""
 
     def use_inproc(self, folders: dict[str, str], sdc_every: int | None = None, final_checksum: bool = False) -> None:
         """Load chaoskit's bootstrap into the job's Python processes (its folder first on ``PYTHONPATH``), with the
@@ -138,6 +145,8 @@ class TorchrunJob:
         ]
         if w.step_compute:
             args += ["--step-compute", f"{w.step_compute:g}"]
+        if self.nvrx_inprocess:
+            args += w.nvrx_inprocess.job_args()
         if w.launch == "reference":
             return ["-m", "chaoskit.workloads.ddp_train", *args]
         if w.launch == "uninstrumented":
@@ -192,6 +201,11 @@ class TorchrunJob:
         }
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)
+        if self.nvrx_inprocess:
+            env["CHAOSKIT_NVRX_STORE_PORT"] = str(self.inprocess_store_port)
+            # the Wrapper's store waits warn from c10d's C++ twice a second per rank ("waitForInput ... timed out
+            # after 500ms"), every one of them expected
+            env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
         if self.nvrx:
             # ft_launcher makes its sockets in tempfile.gettempdir() under names from its pid (guessable in /tmp)
             env["TMPDIR"] = str(self.nvrx_socket_dir())

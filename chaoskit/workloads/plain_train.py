@@ -15,6 +15,11 @@ and training goes on: the previous checkpoints are still there.
 Under NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext; it sets ``FT_RANK_MONITOR_IPC_SOCKET``) every rank sends its
 rank monitor a heartbeat each step, and, where the launcher was given section timeouts, opens the sections it
 names: ``setup`` (process group and checkpoint load), ``step``, ``checkpointing`` (:class:`NvrxMonitor`).
+
+With ``--nvrx-inprocess`` the training loop runs under NVRx's in-process restart
+(``nvidia_resiliency_ext.inprocess.Wrapper``, :func:`train_inprocess`): an exception in any rank, a rank whose
+steps stop (its ``ping`` each step goes stale past the soft timeout) or a rank that dies makes every surviving
+rank abandon its process group and run the loop again, in the same process, from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ KEEP = 3
 class Hooks:
     """Where the job reports progress. The default prints; the SDK version emits events."""
 
-    def worker_start(self, rank: int, world: int, restart: int) -> None:
-        print(f"[rank {rank}] worker started pid={os.getpid()} restart={restart} world_size={world}", flush=True)
+    def worker_start(self, rank: int, world: int, restart: int, iteration: int | None = None) -> None:
+        """``restart``: torchrun's restart count; ``iteration``: the in-process restart's (``None`` without one)."""
+        again = "" if iteration is None else f" iteration={iteration}"
+        print(f"[rank {rank}] worker started pid={os.getpid()} restart={restart} world_size={world}{again}", flush=True)
 
     def rendezvous_done(self, rank: int, world: int) -> None:
         print(f"[rank {rank}] process group ready world_size={world}", flush=True)
@@ -120,6 +127,47 @@ class NvrxMonitor:
             self.client.shutdown_workload_monitoring()
 
 
+class Session:
+    """How one run of the training loop meets what launched it. Under torchrun: no in-process iteration, a process
+    group from its environment (``env://``), and a collective that fails ends the worker."""
+
+    in_process = False
+
+    def iteration(self) -> int | None:
+        return None
+
+    def init_group(self, backend: str, timeout: datetime.timedelta) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group(backend, timeout=timeout)
+
+    def ping(self) -> None:
+        """A step was made (the in-process restart's progress watchdog)."""
+
+
+class InprocessSession(Session):
+    """One iteration of NVRx's in-process restart (:func:`train_inprocess`): the Wrapper's iteration, each iteration's process group lives under a prefix of its own in the job's store (the previous one's keys
+    would collide), every step pings the progress watchdog, and a failed collective is raised to the Wrapper."""
+
+    in_process = True
+
+    def __init__(self, call_wrapper, store) -> None:
+        self.call_wrapper, self.store = call_wrapper, store
+
+    def iteration(self) -> int:
+        return int(self.call_wrapper.iteration)
+
+    def init_group(self, backend: str, timeout: datetime.timedelta) -> None:
+        import torch.distributed as dist
+
+        env = os.environ  # the Wrapper sets RANK and WORLD_SIZE for each iteration
+        dist.init_process_group(backend, store=dist.PrefixStore(f"chaoskit-iteration-{self.iteration()}", self.store),
+                                rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), timeout=timeout)
+
+    def ping(self) -> None:
+        self.call_wrapper.ping()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=400)
@@ -130,6 +178,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=os.environ.get("CHAOSKIT_CKPT_DIR", "checkpoints"))
     p.add_argument("--collective-timeout", type=float, default=30.0, help="seconds (torch's default is 30 min)")
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--nvrx-inprocess", action="store_true",
+                   help="run the loop under NVRx's in-process restart (nvidia_resiliency_ext.inprocess.Wrapper)")
+    p.add_argument("--nvrx-soft-timeout", type=float, default=5.0,
+                   help="in-process: seconds without a step (the ping) before the ranks restart")
+    p.add_argument("--nvrx-hard-timeout", type=float, default=15.0,
+                   help="in-process: seconds without a step before the rank's monitor process kills it")
+    p.add_argument("--nvrx-heartbeat-timeout", type=float, default=5.0,
+                   help="in-process: seconds without a peer's heartbeat (a dead rank) before the others restart")
     return p.parse_args(argv)
 
 
@@ -161,10 +217,11 @@ def compute(cpu_s: float) -> None:
             x += i * i
 
 
-def train(args: argparse.Namespace, hooks: Hooks) -> int:
+def train(args: argparse.Namespace, hooks: Hooks, session: Session | None = None) -> int:
     env = os.environ
+    session = session or Session()
     rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
-    hooks.worker_start(rank, world, int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+    hooks.worker_start(rank, world, int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0), session.iteration())
     nvrx = NvrxMonitor()
     nvrx.open("setup")
 
@@ -178,7 +235,7 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
     device = torch.device(f"cuda:{int(env.get('LOCAL_RANK', '0'))}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
+    session.init_group(backend, datetime.timedelta(seconds=args.collective_timeout))
     hooks.rendezvous_done(rank, world)
 
     torch.manual_seed(0)
@@ -223,8 +280,10 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             opt.zero_grad()
             loss.backward()  # the gradient all-reduce: where a dead or hung peer is noticed
-        except Exception as exc:  # noqa: BLE001 - any collective failure ends this worker
+        except Exception as exc:  # noqa: BLE001 - any collective failure ends this worker (or its iteration)
             hooks.collective_error(rank, exc)
+            if session.in_process:
+                raise
             return 1
         opt.step()
         if args.step_compute > 0:
@@ -233,6 +292,7 @@ def train(args: argparse.Namespace, hooks: Hooks) -> int:
         if rest > 0:
             time.sleep(rest)
         hooks.step(rank, step, loss.item())
+        session.ping()
         nvrx.close("step")
         nvrx.beat()
         if rank == 0 and step % args.checkpoint_every == 0:
@@ -274,8 +334,49 @@ def _save(folder, step, model, opt, hooks, rank) -> None:
             pass
 
 
+def train_inprocess(args: argparse.Namespace, hooks: Hooks) -> int:
+    """:func:`train` under NVRx's in-process restart. The Wrapper's own store is at ``MASTER_PORT`` (rank 0 hosts
+    it); the job's process groups use a store of their own at ``$CHAOSKIT_NVRX_STORE_PORT`` (chaoskit picks a free
+    one; else ``MASTER_PORT + 1``). The Wrapper's log lines (its ``nvidia_resiliency_ext`` loggers, at INFO) go to
+    stderr prefixed ``[nvrx-inprocess]``: what the ``nvrx-inprocess`` preset reads."""
+    import logging
+
+    import torch.distributed as dist
+    from nvidia_resiliency_ext import inprocess
+
+    env = os.environ
+    # The Wrapper logs only where the root logger has a StreamHandler (inprocess.utils.Logging): one here, for its
+    # lines alone (the job logs nothing else through logging)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[nvrx-inprocess] %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger("nvidia_resiliency_ext").setLevel(logging.INFO)
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env.get("CHAOSKIT_NVRX_STORE_PORT") or int(env["MASTER_PORT"]) + 1),
+                          int(env["WORLD_SIZE"]), is_master=int(env["RANK"]) == 0, multi_tenant=True,
+                          wait_for_workers=True, timeout=datetime.timedelta(seconds=300))
+    s = datetime.timedelta(seconds=1)
+
+    def loop(call_wrapper=None) -> int:
+        return train(args, hooks, InprocessSession(call_wrapper, store))
+
+    # the Wrapper passes its CallWrapper to the argument annotated so, and reads the annotation as a class (this
+    # module's annotations are strings)
+    loop.__annotations__["call_wrapper"] = inprocess.CallWrapper
+
+    wrapped = inprocess.Wrapper(
+        soft_timeout=args.nvrx_soft_timeout * s, hard_timeout=args.nvrx_hard_timeout * s,
+        heartbeat_timeout=args.nvrx_heartbeat_timeout * s, heartbeat_interval=min(1.0, args.nvrx_heartbeat_timeout / 4) * s,
+        # the monitor process checks its timeouts only when no message came within its interval, and the watchdog
+        # sends one each of its own: a watchdog as frequent as the check would starve it (no soft timeout, ever)
+        monitor_thread_interval=0.5 * s, monitor_process_interval=0.25 * s, progress_watchdog_interval=1 * s,
+        barrier_timeout=max(60.0, 4 * args.nvrx_hard_timeout) * s, completion_timeout=max(60.0, 4 * args.nvrx_hard_timeout) * s,
+        health_check=None)(loop)
+    return wrapped()
+
+
 def main(argv: list[str] | None = None) -> int:
-    return train(parse_args(argv), Hooks())
+    args = parse_args(argv)
+    return (train_inprocess if args.nvrx_inprocess else train)(args, Hooks())
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ after being validated by the fault that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+import math
 import threading
 from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 from chaoskit.core.errors import InfraError
 
 __all__ = [
-    "ProcInfo", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
+    "ProcInfo", "rank_processes", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
     "KmsgBatch", "KernelLogFollower", "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env", "ProcessStreamer", "WatchMessage",
     "StreamUnsupported", "GpuEventStreamer", "NvmlBatch",
 ]
@@ -79,6 +80,28 @@ class ProcInfo:
     def is_worker(self) -> bool:
         """A training worker started by a torchrun agent."""
         return "TORCHELASTIC_RUN_ID" in self.env and self.rank is not None
+
+
+def rank_processes(procs: list[ProcInfo]) -> list[ProcInfo]:
+    """The workers of one node's process table that are ranks. A worker's helpers inherit its environment, ``RANK``
+    and torchrun's marks included: a DataLoader worker (its child), the monitor process of NVRx's in-process
+    Wrapper (a daemon: it leaves its parent). Each starts after the rank that made it, so of the workers of one
+    rank, run and restart the rank is the first started (then the lowest pid); the others are left out: a fault
+    on "rank 1" is on its training process."""
+    first: dict[tuple[Any, ...], ProcInfo] = {}
+    for p in procs:
+        if not p.is_worker or p.state == "Z":
+            continue
+        key = (p.rank, p.run_id, p.env.get("TORCHELASTIC_RESTART_COUNT"))
+        held = first.get(key)
+        if held is None or _started(p) < _started(held):
+            first[key] = p
+    ranks = {id(p) for p in first.values()}
+    return [p for p in procs if id(p) in ranks]
+
+
+def _started(p: ProcInfo) -> tuple[float, int]:
+    return (p.start_time if p.start_time is not None else math.inf, p.pid)
 
 
 @dataclass(frozen=True)
