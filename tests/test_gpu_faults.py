@@ -241,6 +241,11 @@ def test_scope_node_kills_the_whole_job_on_the_node_agents_included(lab_procs, t
 
 # -- the NVIDIA mechanism, against a stand-in ---------------------------------------------
 
+def _start_time(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2:].split()[19])
+
+
 FAKE_NVIDIA_SMI = textwrap.dedent("""\
     #!/bin/sh
     # Recording stand-in for nvidia-smi (tests only): argv to $FAKE_NVSMI/calls, state in $FAKE_NVSMI.
@@ -281,14 +286,25 @@ def test_nvidia_prohibits_the_device_kills_our_contexts_and_restores_the_mode(la
     lab, procs, outsider, _ = lab_procs
     (fake_nvidia_smi / "apps").write_text(f"{procs[1].pid}\n{outsider.pid}\n")
     ctx, journal, leases = _ctx(lab, tmp_path)
+    transport, sent, started = ctx.transport("n1"), [], _start_time(procs[1].pid)
+    real_signal = transport.signal
+
+    def signal_recorded(pid, signum, start_time=None):  # the real transport's signal, its arguments kept
+        sent.append((pid, signum, start_time))
+        return real_signal(pid, signum, start_time)
+
+    transport.signal = signal_recorded
     fault = GpuFailFault(GpuFailSpec(kind="gpu.fail", target=TargetSpec(ranks=[1]), duration=60), "f0")
     [inj] = fault.inject(ctx, resolve_processes(ctx.inventory, fault.spec.target))
+    del transport.signal
     assert inj.detail["mechanism"] == "nvidia" and inj.detail["fidelity"] == "real"
     assert inj.detail["device"] == 0 and inj.detail["restore_mode"] == "EXCLUSIVE_PROCESS"
     assert inj.targets == ["n1/rank1:gpu0"]
     assert _died_within(procs[1], 5) is not None
     assert outsider.poll() is None and procs[0].poll() is None  # another job's context is not ours to end
     assert inj.detail["killed"] == [procs[1].pid] and inj.detail["not_ours"] == [outsider.pid]
+    # the kill named the process by its start time too (a pid reused since nvidia-smi listed it is refused)
+    assert sent == [(procs[1].pid, signal.SIGKILL, started)], sent
     assert (fake_nvidia_smi / "mode").read_text().strip() == "Prohibited"
     entries = read_journal(tmp_path / "journal.jsonl")
     assert entries[0]["revert"] == ["nvidia-smi", "-i", "0", "-c", "EXCLUSIVE_PROCESS"]

@@ -238,17 +238,19 @@ class GpuFailFault(Fault):
         ts = res.finished_at or time.time()
         apps = transport.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader", "-i", dev], COMMAND_TIMEOUT_S)
         killed, skipped = [], []
-        for word in apps.stdout.split() if apps.returncode == 0 else []:
-            if not word.isdigit():
+        pids = [int(w) for w in (apps.stdout.split() if apps.returncode == 0 else []) if w.isdigit()]
+        # the job's processes on the node, with their start times: a context of another job on a shared node is
+        # not ours to end, and a pid that names another process by the time of the signal is refused
+        ours = {p.pid: p for p in transport.processes()} if pids else {}
+        for pid in pids:
+            proc = ours.get(pid)
+            if proc is None or proc.state == "Z":
+                skipped.append(pid)
                 continue
-            pid = int(word)
-            if transport.in_scope(pid):  # a context of another job on a shared node is not ours to end
-                try:
-                    transport.signal(pid, signal.SIGKILL)
-                    killed.append(pid)
-                except InfraError:
-                    skipped.append(pid)
-            else:
+            try:
+                transport.signal(pid, signal.SIGKILL, proc.start_time)
+                killed.append(pid)
+            except InfraError:
                 skipped.append(pid)
         detail = {"mechanism": "nvidia", "fidelity": "real", "scope": self.spec.scope, "device": int(dev), "restore_mode": mode,
                   "revert": revert, "killed": killed, "not_ours": skipped}
