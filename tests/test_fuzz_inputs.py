@@ -71,8 +71,40 @@ SHIPPED = sorted([*SCENARIOS.glob("*.yaml"), ROOT / "examples" / "campaign.yaml"
 COMPOSE = ROOT / "docker-compose.yml"
 
 
+# Where a validate could write by mistake: the project tree, the home folder, chaoskit's state folder (each file's
+# mtime and size), and the shared temp folders (their entries). The inputs' own folder is the only place to write.
+PRUNE = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "build", ".pyenv", ".cache", ".cargo",
+         ".rustup", ".npm", ".m2", ".claude"}
+SHARED_TMP = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+BEFORE: dict[str, Any] = {}
+
+
+def _files(root: Path, depth: int) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in PRUNE and not d.endswith(".egg-info")
+                   and Path(folder, d).relative_to(root).parts.__len__() < depth]
+        for name in names:
+            try:
+                st_ = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            out[os.path.join(folder, name)] = (st_.st_mtime_ns, st_.st_size)
+    return out
+
+
+def _written_places() -> dict[str, Any]:
+    from chaoskit.core.state import state_dir
+
+    files = {**_files(ROOT, 99), **_files(Path.home(), 3), **_files(state_dir(), 99)}
+    tmp = {str(d / n) for d in SHARED_TMP if d.is_dir() for n in os.listdir(d)
+           if not n.startswith(("pytest-of-", "bash_jobs", "bash_tool"))}
+    return {"files": files, "tmp": tmp}
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
+    BEFORE.update(_written_places())
     d = tmp_path_factory.mktemp("fuzz")
     inventory = d / "warm-inventory.yaml"
     inventory.write_text(_dump(INVENTORY))
@@ -83,7 +115,8 @@ def workdir(tmp_path_factory) -> Path:
         sys.__stdout__.write(
             f"\nfuzz figures: {FIGURES['examples']} inputs, exit codes {FIGURES['codes']}, "
             f"internal errors {FIGURES['internal']}, slowest {FIGURES['max_s'] * 1000:.0f} ms ({FIGURES['slowest']}), "
-            f"peak RSS of the whole run {rss_mb:.0f} MiB\n")
+            f"peak RSS of the whole run {rss_mb:.0f} MiB, files written outside the inputs' folder "
+            f"{FIGURES.get('outside', '?')}\n")
 
 
 def _check(*args: Any, what: str) -> None:
@@ -264,3 +297,13 @@ def test_sdk_event_lines_are_data(line: str):
         assert why is None and isinstance(event["ts"], (int, float)) and math.isfinite(event["ts"])
         assert isinstance(event["kind"], str) and all(isinstance(event.get(k), int) or event.get(k) is None
                                                       for k in NUMERIC_FIELDS)
+
+
+def test_nothing_was_written_outside_the_inputs_folder(workdir: Path):
+    """After every input above (this runs last in the module): no file of the project tree, the home folder or
+    chaoskit's state folder was made or changed, and nothing new was left in /tmp, /var/tmp or /dev/shm."""
+    after = _written_places()
+    changed = sorted(p for p, v in after["files"].items() if BEFORE["files"].get(p) != v)
+    left = sorted(after["tmp"] - BEFORE["tmp"])
+    FIGURES["outside"] = len(changed) + len(left)
+    assert not changed and not left, (changed + left)[:20]
