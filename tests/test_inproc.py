@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -495,3 +496,30 @@ def test_a_revert_that_kills_a_process_which_missed_its_end_says_so_in_the_journ
         journal.close()
     [entry] = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
     assert entry["action"] == "lease.kill" and entry["pid"] == proc.pid and "missed the end of inproc.hang" in entry["why"]
+
+
+def test_a_hold_interrupted_by_an_exception_says_it_ended(monkeypatch):
+    """NVRx's in-process Wrapper restarts a hung loop by raising RankShouldRestart into the training thread
+    (PyThreadState_SetAsyncExc, done here the same way). The hold is then over: its status must say "ended", or
+    the node's lease kills the process that just recovered (seen on the scorecard's live-hang row)."""
+    import ctypes
+
+    ended: list[str] = []
+    monkeypatch.setattr(inproc, "_ended", lambda order, why="its end came": ended.append(why))
+    raised: list[BaseException] = []
+    started = threading.Event()
+
+    def held() -> None:
+        started.set()
+        try:
+            inproc._hold({"id": "o1", "params": {"duration": None}})
+        except KeyboardInterrupt as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=held)
+    t.start()
+    assert started.wait(5)
+    time.sleep(0.2)
+    assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt)) == 1
+    t.join(5)
+    assert not t.is_alive() and raised and ended == ["interrupted by KeyboardInterrupt"]

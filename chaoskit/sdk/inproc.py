@@ -493,11 +493,18 @@ def _ended(order: dict[str, Any], why: str = "its end came") -> None:
 
 
 def _hold(order: dict[str, Any]) -> None:
-    """Block this (the training) thread for the order's duration, or for good; every other thread runs on."""
+    """Block this (the training) thread for the order's duration, or for good; every other thread runs on. An
+    exception raised into the held thread (NVRx's in-process Wrapper restarting the loop: ``RankShouldRestart``,
+    a ``KeyboardInterrupt``) ends the hold: the fault is over, and its status says so and why, so that the node's
+    lease does not kill a process that recovered."""
     duration = order["params"].get("duration")
     end = None if duration is None else time.monotonic() + duration
-    while end is None or time.monotonic() < end:
-        time.sleep(0.05 if end is None else min(0.05, max(0.0, end - time.monotonic())))
+    try:
+        while end is None or time.monotonic() < end:
+            time.sleep(0.05 if end is None else min(0.05, max(0.0, end - time.monotonic())))
+    except BaseException as exc:
+        _ended(order, f"interrupted by {type(exc).__name__}")
+        raise
     _ended(order)
 
 
