@@ -59,7 +59,7 @@ from chaoskit.observe.probes import (
     RemoteLogProbe,
     SdkLogProbe,
 )
-from chaoskit.safety.journal import Journal
+from chaoskit.safety.journal import Journal, argv_digest
 from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
@@ -113,7 +113,7 @@ class RunContext:
 
         ``on="controller"``: the revert runs on this machine (power, docker network), and so does the watchdog."""
         self.journal.record("armed", fault_id=fault_id, kind=kind, node=transport.node, target=target, revert=revert,
-                            duration_s=duration, on=on)
+                            duration_s=duration, on=on, private={"revert_sha256": argv_digest(revert)})
         self.leases.arm(transport, fault_id, revert, duration)
 
 

@@ -83,8 +83,10 @@ def test_the_trusted_journal_is_private_and_the_run_folder_keeps_a_copy(crashed)
     trusted = state_dir() / "runs" / run_id / "journal.jsonl"
     assert stat.S_IMODE(os.stat(trusted.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(trusted).st_mode) == 0o600
-    assert read_journal(trusted) == read_journal(run_dir / "journal.jsonl")
-    assert [e["action"] for e in read_journal(trusted)] == ["armed"]
+    # the copy is the journal less its private fields (the armed command's digest)
+    private = [{k: v for k, v in e.items() if k != "revert_sha256"} for e in read_journal(trusted)]
+    assert private == read_journal(run_dir / "journal.jsonl")
+    assert [e["action"] for e in read_journal(trusted)] == ["armed"] and "revert_sha256" in read_journal(trusted)[0]
 
 
 def test_a_tampered_run_folder_journal_runs_nothing_and_the_real_fault_is_still_rolled_back(crashed, tmp_path):
@@ -158,7 +160,8 @@ esac
 """
 
 
-def test_power_passwords_are_redacted_and_rollback_rebuilds_power_on_from_the_inventory(tmp_path):
+def _powered_off_by_a_dead_run(tmp_path):
+    """n0 powered off through the stand-in BMC by a run whose controller then died: what rollback finds."""
     bmc = tmp_path / "bmc"
     bmc.write_text(BMC)
     bmc.chmod(0o755)
@@ -180,14 +183,43 @@ def test_power_passwords_are_redacted_and_rollback_rebuilds_power_on_from_the_in
     journal.close()
     _controller_dies(leases)
     assert (tmp_path / "power").read_text() == "off\n"
+    return inventory, state, run_dir, leases
+
+
+def test_power_passwords_are_redacted_and_rollback_rebuilds_power_on_from_the_inventory(tmp_path):
+    inventory, state, run_dir, leases = _powered_off_by_a_dead_run(tmp_path)
     for path in (state / "journal.jsonl", run_dir / "journal.jsonl"):
         text = path.read_text()
         assert "s3cret-pw" not in text and '"-P", "***"' in text, text
+    # the armed command's digest is in the private journal only
+    assert "revert_sha256" in (state / "journal.jsonl").read_text()
+    assert "revert_sha256" not in (run_dir / "journal.jsonl").read_text()
     [outcome] = rollback_journal(state / "journal.jsonl", inventory, run_id="r-power", copy=run_dir / "journal.jsonl")
     assert outcome.ok, outcome.problem
     assert (tmp_path / "power").read_text() == "on\n"  # the inventory's power.on, password and all, ran
     assert "s3cret-pw" not in json.dumps(outcome.__dict__)
     assert "s3cret-pw" not in (run_dir / "journal.jsonl").read_text()
+    leases.close()
+
+
+def test_a_power_on_changed_in_the_inventory_since_the_fault_is_not_run_at_rollback(tmp_path):
+    """The revert is rebuilt from the inventory as it reads at rollback (the journal's copy is redacted): an
+    inventory whose power.on was changed since the fault (another program, other arguments) is refused, and
+    nothing runs; the node stays off for a person to look at."""
+    inventory, state, run_dir, leases = _powered_off_by_a_dead_run(tmp_path)
+    canary = tmp_path / "ran"
+    other = tmp_path / "other-power-on"
+    other.write_text(f"#!/bin/sh\ntouch {canary}\n")
+    other.chmod(0o755)
+    node = inventory["n0"]
+    changed = PowerCommands(off=node.power.off, on=[str(other), "on"], status=node.power.status)
+    edited = Inventory("bmc-lab", [Node("n0", "127.0.0.1", "local", {}, 0, LocalTransport("n0"), power=changed)])
+    [outcome] = rollback_journal(state / "journal.jsonl", edited, run_id="r-power", copy=run_dir / "journal.jsonl")
+    assert not outcome.ok and "not the command armed at the fault" in outcome.problem, outcome.problem
+    assert not canary.exists() and (tmp_path / "power").read_text() == "off\n"
+    # the inventory as it was armed still rolls it back
+    [outcome] = rollback_journal(state / "journal.jsonl", inventory, run_id="r-power", copy=run_dir / "journal.jsonl")
+    assert outcome.ok and (tmp_path / "power").read_text() == "on\n"
     leases.close()
 
 

@@ -242,6 +242,10 @@ class Fault:
         The default trusts the revert, which is idempotent, once it ran."""
         return None
 
+    revert_from_inventory: ClassVar[bool] = False
+    """The revert is rebuilt from the inventory at rollback (its journaled copy is redacted): rollback runs it only
+    when it is the command armed at the fault (``revert_sha256`` in the private journal)."""
+
     @classmethod
     def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
         """The revert ``chaoskit rollback`` runs for this kind, rebuilt from the trusted journal's ``revert``

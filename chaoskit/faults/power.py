@@ -59,6 +59,7 @@ class PowerOffFault(Fault):
     Spec = PowerOffSpec
     target_type = "node"
     revert_runs_on = "controller"
+    revert_from_inventory = True
 
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         super().__init__(spec, fault_id)

@@ -11,6 +11,7 @@ for people to read. Password-like arguments are redacted in both
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -21,7 +22,7 @@ from typing import Any
 
 from chaoskit.core.secrets import redact_value
 
-__all__ = ["Journal", "read_journal", "unreverted"]
+__all__ = ["Journal", "argv_digest", "read_journal", "unreverted"]
 
 
 class Journal:
@@ -35,12 +36,14 @@ class Journal:
         self._copy = None if copy is None else _open_copy(Path(copy), flags)
         self._lock = threading.Lock()
 
-    def record(self, action: str, **fields: Any) -> dict[str, Any]:
-        """Append one record (safe from several threads: a fault's fan-out arms its nodes at once)."""
+    def record(self, action: str, private: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+        """Append one record (safe from several threads: a fault's fan-out arms its nodes at once). ``private``
+        fields go to this journal only (0600, in chaoskit's 0700 state), never to the run folder's copy."""
         entry = redact_value({"ts": time.time(), "action": action, **fields})
         line = (json.dumps(entry, default=str) + "\n").encode()
+        own = line if not private else (json.dumps({**entry, **private}, default=str) + "\n").encode()
         with self._lock:
-            os.write(self._fd, line)
+            os.write(self._fd, own)
             os.fsync(self._fd)
             if self._copy is not None:
                 os.write(self._copy, line)
@@ -50,6 +53,12 @@ class Journal:
         os.close(self._fd)
         if self._copy is not None:
             os.close(self._copy)
+
+
+def argv_digest(argv: list[str]) -> str:
+    """The SHA-256 of an argv as armed, before any redaction: what ``rollback`` compares a revert rebuilt from the
+    inventory with (kept in the private journal only: it is of the command with its password)."""
+    return hashlib.sha256(json.dumps([str(a) for a in argv]).encode()).hexdigest()
 
 
 def _open_copy(path: Path, flags: int) -> int | None:

@@ -16,7 +16,8 @@ state (``<state>/runs/<run id>/journal.jsonl``), never the copy in the run folde
 other people may read and whoever owns that folder may rewrite. A journal that anyone but
 this user could have written is refused whole; a record of a kind chaoskit does not know
 is not run; a kind whose revert the inventory knows (a power-on command) rebuilds it from
-there (:meth:`~chaoskit.faults.api.Fault.journaled_revert`).
+there (:meth:`~chaoskit.faults.api.Fault.journaled_revert`), and runs it only when it is the very command armed
+at the fault (its SHA-256, kept in the private journal alone: an inventory changed since is refused).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from chaoskit.core.secrets import redact_argv
 from chaoskit.core.state import state_dir
 from chaoskit.faults.api import Fault
 from chaoskit.faults.registry import fault_kinds
-from chaoskit.safety.journal import Journal, read_journal, unreverted
+from chaoskit.safety.journal import Journal, argv_digest, read_journal, unreverted
 from chaoskit.safety.lease import default_lease_root
 
 __all__ = ["RollbackOutcome", "CrashedRun", "find_crashed_runs", "journal_problem", "rollback_journal"]
@@ -127,6 +128,12 @@ def rollback_journal(
                     revert = cls.journaled_revert(revert, inventory[node])
                 except (ValueError, InfraError) as exc:  # not its shape; or the node's state folder unknown
                     outcome.problem = str(exc)
+                    continue
+                armed = entry.get("revert_sha256")
+                if cls.revert_from_inventory and armed is not None and argv_digest(revert) != armed:
+                    outcome.problem = (f"the inventory's revert for {kind} on {node} ({' '.join(redact_argv(revert))}) is "
+                                       "not the command armed at the fault: the inventory changed since; not run "
+                                       "(undo it by hand)")
                     continue
             if not revert:
                 outcome.problem = "the journal has no revert command for it"
