@@ -498,14 +498,15 @@ def test_a_revert_that_kills_a_process_which_missed_its_end_says_so_in_the_journ
     assert entry["action"] == "lease.kill" and entry["pid"] == proc.pid and "missed the end of inproc.hang" in entry["why"]
 
 
-def test_a_hold_interrupted_by_an_exception_says_it_ended(monkeypatch):
+def test_a_hold_interrupted_by_an_exception_says_it_ended(monkeypatch, tmp_path):
     """NVRx's in-process Wrapper restarts a hung loop by raising RankShouldRestart into the training thread
     (PyThreadState_SetAsyncExc, done here the same way). The hold is then over: its status must say "ended", or
     the node's lease kills the process that just recovered (seen on the scorecard's live-hang row)."""
     import ctypes
 
-    ended: list[str] = []
-    monkeypatch.setattr(inproc, "_ended", lambda order, why="its end came": ended.append(why))
+    folder = tmp_path / "inproc"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(inproc, "_folder", str(folder))  # the channel's folder, as start() sets it
     raised: list[BaseException] = []
     started = threading.Event()
 
@@ -522,4 +523,6 @@ def test_a_hold_interrupted_by_an_exception_says_it_ended(monkeypatch):
     time.sleep(0.2)
     assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt)) == 1
     t.join(5)
-    assert not t.is_alive() and raised and ended == ["interrupted by KeyboardInterrupt"]
+    status = json.loads(Path(inproc.status_path(str(folder), os.getpid())).read_text())
+    assert not t.is_alive() and raised
+    assert status["id"] == "o1" and status["status"] == "ended" and status["why"] == "interrupted by KeyboardInterrupt"
