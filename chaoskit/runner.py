@@ -37,7 +37,7 @@ from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.transports.ssh import parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
-from chaoskit.core.files import make_run_dir
+from chaoskit.core.files import copy_regular, make_folder_for, make_run_dir
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
 from chaoskit.core.state import private_dir, state_dir
@@ -67,7 +67,7 @@ from chaoskit.scenario.checks import check_scenario, world_size
 from chaoskit.workloads.attach import AttachedJob
 from chaoskit.workloads.launch import TorchrunJob, checkpoint_dir, job_dir, torch_available
 from chaoskit.workloads.ray_train import RayTrainJob
-from chaoskit.workloads.slurm import SlurmJob
+from chaoskit.workloads.slurm import SlurmJob, job_owner
 
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
 
@@ -291,6 +291,8 @@ class _Run:
         self.clocks: dict[str, ClockOffset] = {}
         self.threads: list[Probe] = []
         self.job_dir: Path | None = None
+        self.job_owner = job_owner(self.sc.workload, loaded.path.parent) if cluster.scheduler is not None else None
+        """The user an author's batch script runs as (chaoskit as root submits it as that user), or ``None``."""
         self.t_baseline: float | None = None
         self._checkpoint_fs: tuple[str, list[str]] | None = None
         self.stop_watcher: StopWatcher | None = None
@@ -412,7 +414,7 @@ class _Run:
             return w.checkpoint_dir
         if w.launch == "ray-train":
             return None
-        return str(checkpoint_dir(self.cluster, self.run_dir, self.run_id))
+        return str(checkpoint_dir(self.cluster, self.run_dir, self.run_id, owned=self.job_owner is not None))
 
     def _mount_checkpoint_fs(self) -> None:
         """``workload.checkpoint_fs``: the job's own small file system on its checkpoint folder, its removal
@@ -472,12 +474,19 @@ class _Run:
         rules, tee = preset_rules(presets, torchrun=sc.probes.torchrun)
         rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
         self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
-        self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id)
-        self.job_dir.mkdir(parents=True, exist_ok=True)
+        owner = self.job_owner
+        self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None)
         events_path = (self.job_dir / "sdk-events.jsonl"
                        if sc.probes.sdk and sc.workload.launch not in ("uninstrumented", "attach") else None)
+        if owner is not None:  # the job's user's folder: made new, its files made in it, then given to them
+            self.job_dir.parent.mkdir(parents=True, exist_ok=True)
+            make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=("checkpoints",),
+                            files=("sdk-events.jsonl",) if events_path is not None else ())
+        else:
+            self.job_dir.mkdir(parents=True, exist_ok=True)
         if events_path is not None:
-            events_path.touch()
+            if owner is None:
+                events_path.touch()
             self.sdk_probe = SdkLogProbe(self.bus, events_path)
             self.threads.append(self.sdk_probe)
         for lf in sc.probes.log_files:
@@ -726,13 +735,13 @@ class _Run:
             self.cluster.teardown()
 
     def _collect_job_dir(self) -> None:
-        """With a shared job folder (docker lab): keep the SDK's events with the run, drop the checkpoints."""
+        """With a job folder of its own (docker lab's shared one, the job user's ``RUN.job``): keep the SDK's events
+        with the run, drop the checkpoints."""
         job_dir = self.job_dir
         if job_dir is None or job_dir == self.run_dir:
             return
-        events = job_dir / "sdk-events.jsonl"
-        if events.exists():
-            shutil.copy2(events, self.run_dir / "sdk-events.jsonl")
+        # the folder may be the job's user's: read as data (never through a link, never a FIFO), removed by fd
+        copy_regular(job_dir / "sdk-events.jsonl", self.run_dir / "sdk-events.jsonl")
         shutil.rmtree(job_dir, ignore_errors=True)
 
     def _wait(self, predicate, timeout: float, what: str, quiet: bool = False) -> bool:
@@ -781,6 +790,7 @@ class _Run:
         sdk_probe = getattr(self, "sdk_probe", None)
         for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
                         + (sdk_probe.errors if sdk_probe is not None else [])
+                        + [e for t in self.threads if isinstance(t, FileLogProbe) for e in t.errors]
                         + list(getattr(self.job, "line_errors", None) or [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)

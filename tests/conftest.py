@@ -64,6 +64,48 @@ def need_root_tool(tool: str) -> None:
     need(shutil.which(tool) is not None, f"{tool} (apt-get install ...)")
 
 
+JOB_USER = "ckjobuser"
+"""The user jobs run as when their author's batch script is submitted (never root): made here with ``useradd``."""
+
+
+@pytest.fixture(scope="session")
+def job_user():
+    """A user of its own for the jobs an author submits (``launch: sbatch`` runs as the script's user), made
+    with ``useradd`` and removed at the end: ``pwd`` entry."""
+    import pwd
+    import subprocess
+
+    need_root_tool("useradd")
+    subprocess.run(["userdel", "--remove", "--force", JOB_USER], capture_output=True)
+    made = subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", JOB_USER], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    try:
+        yield pwd.getpwnam(JOB_USER)
+    finally:
+        subprocess.run(["userdel", "--remove", "--force", JOB_USER], capture_output=True)
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""A Python any user can run (this one may live in root's home): what a job of the job user's runs."""
+
+
+@pytest.fixture
+def job_user_folders(job_user):
+    """``(base, own)``: ``base`` a folder of root's that anyone may pass through (a run folder and its job's own
+    folder go there), ``own`` a folder in it of the job user's (its batch script, its output)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ck-job-user-"))
+    base.chmod(0o755)
+    own = base / "own"
+    own.mkdir(mode=0o755)
+    os.chown(own, job_user.pw_uid, job_user.pw_gid)
+    try:
+        yield base, own
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def proc_state(pid: int) -> str | None:
     """One-letter state of a process (R, S, T when stopped, Z), ``None`` once it is gone."""
     from chaoskit.cluster.transports.local import proc_info

@@ -194,3 +194,54 @@ def test_a_run_folder_name_taken_by_another_user_gets_a_random_suffix_and_theirs
     os.symlink(planter / ".profile", made / "events.jsonl")
     with pytest.raises(OSError):
         open_append(made / "events.jsonl")
+
+
+class _Lines:
+    """What a :class:`FileLogProbe` hands its lines to (the runner's regex probe), kept."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def feed(self, node: str, line: str, *rest) -> None:
+        self.lines.append(line)
+
+
+def test_the_controller_reads_a_jobs_files_only_when_regular_and_never_through_its_users_links(planter, tmp_path):
+    """On the controller too (a Slurm job's output, the SDK's events in the job user's own folder): the job's user
+    plants a FIFO, a link to a device, a link to a file only root may read and a folder link; each is refused with
+    its reason, never opened (a FIFO would block the follower for good), and nothing of root's file is read.
+    A regular file of theirs is followed; a copy (the SDK's events kept with the run) never goes through a link."""
+    from chaoskit.core.files import NotRegularFile, copy_regular, open_regular
+    from chaoskit.observe.probes import FileLogProbe
+
+    own = planter / "job"
+    _as_user("mkdir", str(own))
+    secret = tmp_path / "secret"
+    secret.write_text("root-only line\n")
+    secret.chmod(0o600)
+    _as_user("mkfifo", str(own / "fifo.log"))
+    _as_user("ln", "-s", "/dev/zero", str(own / "device.log"))
+    _as_user("ln", "-s", str(secret), str(own / "secret.log"))
+    _as_user("ln", "-s", str(tmp_path), str(own / "elsewhere"))
+    _as_user("sh", "-c", f"echo 'step 3' > {own / 'out.log'}")
+    cases = {"fifo.log": "is a FIFO", "device.log": f"is a link of uid {pwd.getpwnam(USER).pw_uid}'s",
+             "secret.log": "is a link of uid", "elsewhere/secret": "elsewhere is a link of uid"}
+    for name, says in cases.items():
+        with pytest.raises(NotRegularFile, match=says):
+            open_regular(own / name)
+    followers = {name: FileLogProbe(_Lines(), "n0", own / name, interval=0.02) for name in [*cases, "out.log"]}
+    for f in followers.values():
+        f.start()
+    try:
+        assert wait_until(lambda: followers["out.log"].probe.lines == ["step 3"], 10), followers["out.log"].probe.lines
+        assert wait_until(lambda: all(followers[n].errors for n in cases), 10), {n: f.errors for n, f in followers.items()}
+        for name, says in cases.items():
+            assert says in followers[name].errors[0] and followers[name].probe.lines == [], (name, followers[name].errors)
+    finally:
+        started = time.monotonic()
+        for f in followers.values():
+            f.stop()
+        assert time.monotonic() - started < 5 and not any(f.is_alive() for f in followers.values())  # none blocked
+    kept = tmp_path / "kept"
+    assert not copy_regular(own / "secret.log", kept) and not kept.exists()
+    assert copy_regular(own / "out.log", kept) and kept.read_text() == "step 3\n"

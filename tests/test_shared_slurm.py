@@ -15,14 +15,13 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from chaoskit.cluster.slurm import NODE_FREE_TEXT, job_ids, node_reason, parse_jobs, parse_show
-from tests.conftest import run_cli, wait_until
+from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until
 from tests.test_slurm import require_slurm
 
 USER = "ckhostile4"
@@ -168,7 +167,7 @@ def test_another_user_s_job_fields_cannot_pass_for_slurm_s(shared_lab, tmp_path)
         access.run("scancel", theirs, check=False)
 
 
-def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, tmp_path):
+def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, job_user, job_user_folders):
     """Through the CLI, as a site runs it: ``launch: sbatch`` of a user's script on n0, where the other user's job runs
     too; ``slurm.requeue`` on n0 requeues ours only. Then, with the fault alone: a node that runs only the other
     user's job is an error, and nothing is requeued."""
@@ -176,12 +175,13 @@ def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, tmp_pa
     access = lab.access()
     theirs = hostile_job(lab, "n0")
     theirs_n1 = hostile_job(lab, "n1")
-    folder = Path(tempfile.mkdtemp(prefix="ck-ours-", dir=tmp_path))
+    base, folder = job_user_folders  # our job's own user's folder: its script, its output
     log = folder / "train.log"
     (folder / "train.sbatch").write_text(
         f"#!/bin/bash\n#SBATCH -N1 -w n0 --oversubscribe --requeue -o {log} -J ours\nexport RANK=0 LOCAL_RANK=0\n"
-        f"exec {sys.executable} -u -c 'import time\nfor i in range(100000): print(f\"step {{i}}\", flush=True); "
+        f"exec {SYSTEM_PYTHON} -u -c 'import time\nfor i in range(100000): print(f\"step {{i}}\", flush=True); "
         "time.sleep(0.2)' chaoskit_fake_train\n")
+    os.chown(folder / "train.sbatch", job_user.pw_uid, job_user.pw_gid)  # submitted as its owner, never as root
     sc = folder / "s.yaml"
     sc.write_text(f"name: shared-requeue\ncluster: {{inventory: {lab.inventory_path}, scheduler: slurm, "
                   f"slurm: {{conf: {lab.conf_path}}}}}\n"
@@ -191,19 +191,20 @@ def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, tmp_pa
                   "steady_state: {steps: 2, timeout: 60s}\nsafety: {max_nodes: 1, abort_after: 3m}\n")
     try:
         assert wait_until(lambda: running(lab, theirs) and running(lab, theirs_n1), 30)
-        res = run_cli("run", sc, "--out", folder / "run", "--json")
+        res = run_cli("run", sc, "--out", base / "run", "--json")
         r = res.json
         assert r is not None, res.stderr
         ours = r["slurm"]["job_id"]
         assert ours and ours not in (theirs, theirs_n1)
         assert r["slurm"]["restarts"] >= 1, r["slurm"]
-        injected = [e for e in (folder / "run" / "journal.jsonl").read_text().splitlines() if '"injected"' in e]
+        assert r["slurm"]["user"] == job_user.pw_name and access.job(ours)["UserId"] == str(job_user.pw_uid)
+        injected = [e for e in (base / "run" / "journal.jsonl").read_text().splitlines() if '"injected"' in e]
         assert len(injected) == 1 and f"n0/job{ours}" in injected[0], injected
         for job in (theirs, theirs_n1):  # the other user's jobs: never requeued, still running as they were
             f = access.job(job)
             assert f["Restarts"] == "0" and f["JobState"] == "RUNNING", f
         assert access.job(theirs)["NodeList"] == "n0"
-        events = (folder / "run" / "events.jsonl").read_text()
+        events = (base / "run" / "events.jsonl").read_text()
         assert f'"job": "{theirs}"' not in events  # nor on the timeline
 
         # the fault alone: n1 runs only the other user's job

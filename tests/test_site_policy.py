@@ -287,6 +287,10 @@ def test_the_narrowest_of_two_policies_allows_what_both_allow():
         assert both.allows_kind(kind) is not None, kind
     assert both.log_roots == ["/var/log/train"] and both.python == ["/usr/bin/python3"] and both.max_nodes == 8
     assert narrowest(site, None) is site and narrowest(site, SitePolicy()).faults == site.faults
+    site = SitePolicy(launches=["reference", "attach", "command"], script_roots=["/srv/gameday"])
+    own = SitePolicy(launches=["command", "sbatch"], script_roots=["/srv/gameday/team-a", "/home"])
+    both = narrowest(site, own)
+    assert both.launches == ["command"] and both.script_roots == ["/srv/gameday/team-a"]
 
 
 # -- the attack as a second, unprivileged author (issue 31) ------------------------------------------------
@@ -395,3 +399,75 @@ def test_the_machines_policy_binds_a_lab_scenario_too(machine_policy, tmp_path):
                                                      "{kind: process.kill, target: {ranks: [1]},"))
     res = run_cli("validate", scenario)
     assert res.code == 0 and f"site policy {machine_policy}" in " ".join(res.stdout.split()), res.stdout + res.stderr
+
+
+def _lab_policy(machine_policy: Path, text: str) -> None:
+    machine_policy.write_text("faults: [process.*, network.*]\n" + text)
+
+
+def test_the_machines_policy_bounds_an_authors_program_on_a_lab(machine_policy, tmp_path):
+    """A lab runs the author's ``workload.command`` as root too: ``launches`` can leave it out, and ``script_roots``
+    says where its script may come from (links resolved, so a link inside the roots to a script outside is no way
+    round it); each refusal at its line, before anything starts."""
+    reviewed, elsewhere = tmp_path / "reviewed", tmp_path / "elsewhere"
+    reviewed.mkdir()
+    elsewhere.mkdir()
+    (reviewed / "train.py").write_text("print('ok')\n")
+    (elsewhere / "evil.py").write_text("print('evil')\n")
+    (reviewed / "link.py").symlink_to(elsewhere / "evil.py")
+    scenario = reviewed / "lab.yaml"
+
+    def lab(workload: str) -> Path:
+        scenario.write_text(f"name: lab-drill\ncluster: {{kind: process, nodes: 2}}\nworkload: {workload}\nfaults:\n"
+                            "  - {kind: process.kill, target: {ranks: [1]}, at: {after: 1s}}\n")
+        return scenario
+
+    _lab_policy(machine_policy, "launches: [reference, uninstrumented]\n")
+    res = run_cli("validate", lab("{launch: command, command: [train.py]}"))
+    assert res.code == 2 and f"{scenario}:3:" in res.stderr and "allows no launch: command" in res.stderr, res.stderr
+    assert run_cli("validate", lab("{steps: 50}")).code == 0  # the reference job: chaoskit's own program
+    _lab_policy(machine_policy, f"script_roots: [{reviewed}]\n")
+    assert run_cli("validate", lab("{launch: command, command: [train.py]}")).code == 0
+    for command, says in (([str(elsewhere / "evil.py")], "outside the site policy's script_roots"),
+                          (["link.py"], "outside the site policy's script_roots"),
+                          (["-m", "evil"], "runs a module, which the site policy's script_roots")):
+        res = run_cli("validate", lab(f"{{launch: command, command: [{', '.join(command)}]}}"))
+        assert res.code == 2 and f"{scenario}:3:" in res.stderr and says in res.stderr, (command, res.stderr)
+    res = run_cli("run", lab(f"{{launch: command, command: [{elsewhere / 'evil.py'}]}}"), "--out", tmp_path / "run")
+    assert res.code == 2 and not (tmp_path / "run").exists(), res.stderr
+
+
+def test_the_machines_policy_bounds_a_docker_labs_compose_file(machine_policy, tmp_path):
+    """A compose file says what the engine runs, as root (images, mounts, privileges): it too must lie in the
+    policy's script_roots."""
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text("services:\n  n0:\n    image: chaoskit-node\n    labels: {io.chaoskit.role: worker}\n"
+                       "  n1:\n    image: chaoskit-node\n    labels: {io.chaoskit.role: worker}\n")
+    scenario = tmp_path / "d.yaml"
+    scenario.write_text("name: d\ncluster: {kind: docker, nodes: 2, compose: docker-compose.yml}\nworkload: {steps: 50}\n"
+                        "faults:\n  - {kind: process.kill, target: {ranks: [1]}, at: {after: 1s}}\n")
+    _lab_policy(machine_policy, "script_roots: [/srv/gameday]\n")
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and f"{scenario}:2:" in res.stderr and "cluster.compose" in res.stderr \
+        and "outside the site policy's script_roots" in res.stderr, res.stderr
+    _lab_policy(machine_policy, f"script_roots: [{tmp_path}]\n")
+    res = run_cli("validate", scenario)
+    assert res.code == 0, res.stderr
+
+
+def test_the_machines_policy_says_whom_a_batch_script_may_be_submitted_as(machine_policy, tmp_path):
+    """``jobs.users`` bounds ``launch: sbatch`` too: a script submitted as a user outside it is refused at
+    ``workload.user``; the launch itself can be left out with ``launches``."""
+    (tmp_path / "train.sbatch").write_text("#!/bin/bash\nsrun true\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\ncluster: {kind: slurm, nodes: 2}\nworkload:\n  launch: sbatch\n  user: nobody\n"
+                        "  script: train.sbatch\nfaults:\n  - {kind: process.kill, target: {ranks: [1]}, at: {after: 1s}}\n")
+    _lab_policy(machine_policy, "jobs: {users: [alice]}\n")
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and f"{scenario}:5:" in res.stderr and "submitted as nobody" in res.stderr \
+        and "jobs.users (alice)" in res.stderr, res.stderr
+    _lab_policy(machine_policy, "jobs: {users: [nobody]}\n")
+    assert run_cli("validate", scenario).code == 0
+    _lab_policy(machine_policy, "launches: [reference, attach]\n")
+    res = run_cli("validate", scenario)
+    assert res.code == 2 and f"{scenario}:4:" in res.stderr and "allows no launch: sbatch" in res.stderr, res.stderr

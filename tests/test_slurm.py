@@ -7,6 +7,7 @@ Tests that need root and Slurm's daemons skip outside CI and fail in CI (``requi
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -187,7 +188,17 @@ def test_sbatch_without_a_script_or_with_a_missing_one_is_a_positioned_error(tmp
     assert "t.yaml:5" in res.stderr and "no batch script" in res.stderr and "nothing was submitted" in res.stderr
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "train.sbatch").write_text("#!/bin/bash\nsrun true\n")
+    # an author's batch script runs as its user, never as root: this one is root's, and names no user
+    res = run_cli("validate", tmp_path / "t.yaml")
+    assert res.code == 2 and "t.yaml:4" in res.stderr and "never submits a batch script as root" in res.stderr, res.stderr
+    for user, why in (("root", "never submits a batch script as root"), ("nosuch-user", "no user nosuch-user")):
+        res = run_cli("validate", write(tmp_path, SBATCH % f"  user: {user}\n  script: jobs/train.sbatch", "u.yaml"))
+        assert res.code == 2 and "u.yaml:5" in res.stderr and why in res.stderr, res.stderr
+    assert run_cli("validate", write(tmp_path, SBATCH % "  user: nobody\n  script: jobs/train.sbatch", "u.yaml")).code == 0
+    os.chown(tmp_path / "jobs" / "train.sbatch", pwd.getpwnam("nobody").pw_uid, -1)  # by default: the script's owner
     assert run_cli("validate", tmp_path / "t.yaml").code == 0
+    dry = run_cli("run", "--dry-run", tmp_path / "t.yaml")
+    assert dry.code == 0 and "runuser -u nobody -- " in dry.stdout, dry.stdout
     res = run_cli("validate", write(tmp_path, SBATCH.replace("kind: slurm, ", "") % "  script: jobs/train.sbatch", "p.yaml"))
     assert res.code == 2 and "kind: slurm" in res.stderr
 

@@ -11,15 +11,17 @@ Tests that need root and Slurm's daemons skip outside CI and fail in CI (``requi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, wait_until
+from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until
 from tests.test_slurm import events_of, require_slurm
 
 TTL_S = 2.0
@@ -59,7 +61,7 @@ def test_an_inventory_with_slurm_validates_and_refuses_what_it_cannot_do(tmp_pat
     inv = write(tmp_path, "inv.yaml", INVENTORY)
     conf = write(tmp_path, "slurm.conf", "ClusterName=site\n")
     (tmp_path / "train.sbatch").write_text("#!/bin/bash\nsrun true\n")
-    sbatch = "  launch: sbatch\n  script: train.sbatch\n"
+    sbatch = "  launch: sbatch\n  user: nobody\n  script: train.sbatch\n"  # a root's script names its user
     ok = run_cli("validate", scenario(tmp_path, inv, conf, sbatch, DRAIN_N0, STEP_RULES))
     assert ok.code == 0, ok.stderr
     # slurm.conf named but missing: the scenario's cluster: line
@@ -160,12 +162,14 @@ def site_slurm(tmp_path_factory):
     require_slurm()
     from chaoskit.lab.slurm import SlurmLab
 
-    lab = SlurmLab.create(2, 0, {"requeue_hold": 5.0, "sched_interval": 2.0},
-                          directory=tmp_path_factory.mktemp("site") / "slurm")
+    root = Path(tempfile.mkdtemp(prefix="ck-site-slurm-"))
+    root.chmod(0o711)  # a job's own user reaches slurm.conf and munge's socket, nothing else
+    lab = SlurmLab.create(2, 0, {"requeue_hold": 5.0, "sched_interval": 2.0}, directory=root / "slurm")
     try:
         yield lab
     finally:
         lab.down()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def submit(lab, folder: Path, script: str) -> str:
@@ -174,10 +178,10 @@ def submit(lab, folder: Path, script: str) -> str:
     return res.stdout.strip().split(";")[0]
 
 
-def fake_train(log: Path, node: str) -> str:
+def fake_train(log: Path, node: str, python: str = sys.executable) -> str:
     """A job on ``node`` whose one process looks like a torchrun worker (RANK in its environment) and logs steps."""
     return (f"#!/bin/bash\n#SBATCH -N1 -w {node} -o {log} -J fake-train\nexport RANK=0 LOCAL_RANK=0\n"
-            f"exec {sys.executable} -u -c 'import time\nfor i in range(100000): print(f\"step {{i}}\", flush=True); "
+            f"exec {python} -u -c 'import time\nfor i in range(100000): print(f\"step {{i}}\", flush=True); "
             f"time.sleep(0.2)' chaoskit_fake_train\n")
 
 
@@ -226,17 +230,20 @@ def test_a_slurm_job_that_is_not_there_is_exit_3_with_nothing_injected(site_slur
     assert not journal.exists() or '"injected"' not in journal.read_text()
 
 
-def test_a_drain_is_resumed_by_its_lease_when_chaoskit_is_sigkilled(site_slurm, tmp_path):
-    """A user's batch script through ``launch: sbatch`` on the site's Slurm; chaoskit dies (SIGKILL, no revert
-    of its own) while n0 is drained; the watchdog armed on the controller resumes n0 once the lease goes stale."""
+def test_a_drain_is_resumed_by_its_lease_when_chaoskit_is_sigkilled(site_slurm, job_user, job_user_folders):
+    """A user's batch script through ``launch: sbatch`` on the site's Slurm, submitted as the script's owner (a
+    user of its own, never root); chaoskit dies (SIGKILL, no revert of its own) while n0 is drained; the watchdog
+    armed on the controller resumes n0 once the lease goes stale."""
     lab = site_slurm
-    log = tmp_path / "train.log"
-    write(tmp_path, "train.sbatch", fake_train(log, "n0"))
-    sc = scenario(tmp_path, lab.inventory_path, lab.conf_path, "  launch: sbatch\n  script: train.sbatch\n",
+    base, own = job_user_folders
+    log = own / "train.log"
+    script = write(own, "train.sbatch", fake_train(log, "n0", SYSTEM_PYTHON))
+    os.chown(script, job_user.pw_uid, job_user.pw_gid)
+    sc = scenario(own, lab.inventory_path, lab.conf_path, "  launch: sbatch\n  script: train.sbatch\n",
                   "  - {kind: slurm.drain, target: {nodes: [n0]}, duration: 5m, at: {step: 3}}\n",
                   STEP_RULES + "steady_state: {steps: 2, timeout: 60s}\n"
                   f"safety: {{max_nodes: 1, abort_after: 10m, lease_ttl: {TTL_S:g}s}}\n")
-    out = tmp_path / "run"
+    out = base / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(sc), "--out", str(out)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -249,6 +256,9 @@ def test_a_drain_is_resumed_by_its_lease_when_chaoskit_is_sigkilled(site_slurm, 
         injected = wait_until(lambda: journal.exists() and '"injected"' in journal.read_text(), 90, interval=0.2)
         assert injected, proc.stderr.read() if proc.poll() is not None else "no injection within 90s"
         assert drained(), lab.access().nodes()["n0"]
+        (job,) = lab.access().run("squeue", "-h", "-n", "fake-train", "-o", "%i").stdout.split()
+        assert lab.access().job(job)["UserId"] == str(job_user.pw_uid)  # the script's user's job, not root's
+        assert (base / "run.job").stat().st_uid == job_user.pw_uid and (base / "run").stat().st_uid == 0
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         killed = time.time()

@@ -97,6 +97,9 @@ class ClusterHandle:
     (``sbatch``) instead of starting torchrun agents itself."""
     scheduler_jobs: set[str] = field(default_factory=set)
     """The scheduler's jobs this run submitted or attached to (a shared cluster's probe follows only these)."""
+    author_files: dict[str, Path] = field(default_factory=dict)
+    """Files of the scenario's author that the cluster itself runs, by the ``cluster:`` field that names them
+    (docker: ``compose``, its services' images and mounts): the site policy's ``script_roots`` bound them."""
     scheduler_options: dict[str, str] = field(default_factory=dict)
     """What a generated batch script needs to know of this cluster: ``partition``, ``local_addr_interface``
     (the NIC whose address a torchrun agent advertises)."""

@@ -84,6 +84,7 @@ class DockerBackend(ClusterBackend):
             agent_args=lambda node: ["--local-addr", f"<address of {node}>"],
             python=NODE_PYTHON, shared_dir=project.shared_dir(),
             launch_wrap=lambda node, argv, env, cwd: ["docker", "exec", "-i", "-w", str(cwd), f"{project.name}-{node}-1", *argv],
+            author_files={"compose": Path(project.path)},
         )
 
     def open(self, spec: DockerSpec, base: Path) -> ClusterHandle:

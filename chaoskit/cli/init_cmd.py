@@ -9,6 +9,7 @@ with the framework's log preset and SLOs to edit, plus any file the scenario nam
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -131,6 +132,11 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
             "  launch: sbatch                       # your batch script, submitted unmodified (sbatch --requeue ...)",
             "  script: train.sbatch                 # EDIT: your batch script (relative to this file)",
         ]
+        if os.geteuid() == 0:  # root's starter script: say whom it runs as (never root; default: the script's owner)
+            user = os.environ.get("SUDO_USER") or "nobody"
+            named = f"  user: {user if user != 'root' else 'nobody'}"
+            lines.append(named + " " * max(1, 39 - len(named)) + "# EDIT: the user the job runs as; chaoskit as root "
+                         "submits it as them, never as root")
         extras["train.sbatch"] = _SBATCH
     named = f"  presets: [{', '.join(presets)}]"
     lines += ["probes:", named + " " * max(1, 39 - len(named)) + f"# {framework}'s own log lines; sees: {', '.join(preset.sees)}",

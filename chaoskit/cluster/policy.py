@@ -13,6 +13,8 @@ first) at its own line, before anything connects. Example::
       checkpoint_roots: [/scratch/ckpt]                   # workload.checkpoint_dir must lie under one
       python: [/usr/bin/python3]                          # the only ssh.python the agent may run
       max_nodes: 2                                        # safety.max_nodes and each fault's targets
+      launches: [reference, attach]                       # no author's program runs (not command, not sbatch)
+      script_roots: [/srv/gameday]                        # workload.command / script, compose files: inside one
 
 A policy file is refused when anyone but its owner can write it, when its folder is
 writable by anyone but its owner, or when it is a symbolic link: a policy that a
@@ -42,7 +44,7 @@ import posixpath
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
@@ -61,6 +63,7 @@ SITE_POLICY_ENV = "CHAOSKIT_SITE_POLICY"
 """A second policy file, root's, that narrows :data:`SITE_POLICY_FILE`'s (never replaces it)."""
 
 _KIND_PATTERN = r"^[a-z0-9_.*?\[\]-]{1,64}$"
+Launch = Literal["reference", "uninstrumented", "command", "ray-train", "attach", "sbatch"]
 
 
 class JobsRule(StrictModel):
@@ -116,7 +119,14 @@ class SitePolicy(StrictModel):
         "The Ray clusters (HOST:PORT, or auto) an inventory's ray: may join as a driver; default any."))
     jobs: JobsRule | None = Field(None, description=(
         "Whose jobs launch: attach may drill: users (checked against the job's uid on the node), Slurm accounts and "
-        "partitions (checked against Slurm's record of workload.slurm_job); default anyone's."))
+        "partitions (checked against Slurm's record of workload.slurm_job); default anyone's. users also bounds "
+        "whom launch: sbatch submits a batch script as."))
+    launches: list[Launch] | None = Field(None, description=(
+        "The workload launches a drill may use (reference, uninstrumented, command, ray-train, attach, sbatch); "
+        "default any. Leave out command and sbatch to run no program an author wrote (on a lab too)."))
+    script_roots: list[str] | None = Field(None, description=(
+        "Absolute folders on this machine: workload.command's script, workload.script (launch: sbatch) and a "
+        "docker lab's compose file must lie inside one, links resolved; default anywhere."))
     _origin: list[str] = PrivateAttr(default_factory=list)
     """Where it was read: each file (or inventory's inline policy) that narrowed it, widest first."""
 
@@ -136,7 +146,7 @@ class SitePolicy(StrictModel):
                 raise ValueError(f"{address!r} is neither auto nor HOST:PORT")
         return v
 
-    @field_validator("log_roots", "checkpoint_roots", "python", "ssh_roots", "power_programs")
+    @field_validator("log_roots", "checkpoint_roots", "python", "ssh_roots", "power_programs", "script_roots")
     @classmethod
     def _absolute(cls, v: list[str] | None) -> list[str] | None:
         for path in v or []:
@@ -280,7 +290,8 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
     """What both policies allow: this machine's (``site``) narrowed by an inventory's own (``own``).
 
     Kinds: the patterns of each that the other's patterns allow (exact for names and simple patterns such
-    as ``network.*``); roots: the folders inside a root of both; Pythons: those both name; ``max_nodes``:
+    as ``network.*``); roots: the folders inside a root of both; Pythons, programs, addresses, launches and
+    users: those both name; ``max_nodes``:
     the smaller; ``slurm``: only if both allow it. An empty list allows nothing."""
     if own is None:
         return site
@@ -311,5 +322,7 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
                       ssh_roots=roots(site.ssh_roots, own.ssh_roots),
                       power_programs=pythons(site.power_programs, own.power_programs),
                       ray_addresses=pythons(site.ray_addresses, own.ray_addresses),
-                      jobs=_jobs(site.jobs, own.jobs, pythons))
+                      jobs=_jobs(site.jobs, own.jobs, pythons),
+                      launches=pythons(site.launches, own.launches),  # type: ignore[arg-type]
+                      script_roots=roots(site.script_roots, own.script_roots))
     return with_origin(both, site._origin + own._origin)

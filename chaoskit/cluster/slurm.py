@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from typing import Any
 from chaoskit.core.errors import InfraError
 
 __all__ = ["SlurmAccess", "parse_show", "parse_jobs", "job_ids", "node_reason", "node_list", "JOB_DONE_STATES", "JOB_FIELDS",
-           "NODE_FREE_TEXT", "USER_JOB_FIELDS"]
+           "NODE_FREE_TEXT", "USER_JOB_FIELDS", "SubmitUser", "SubmitRefused", "submit_user"]
 
 JOB_DONE_STATES = frozenset({
     "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
@@ -44,6 +45,66 @@ JOB_DONE_STATES = frozenset({
 """Job states after which a job does not run again by itself (NODE_FAIL is not one: a ``--requeue`` job comes back)."""
 
 _KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
+
+
+@dataclass(frozen=True)
+class SubmitUser:
+    """Whom ``launch: sbatch`` submits an author's batch script as, when chaoskit runs as root."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    groups: tuple[int, ...]
+
+    def env(self) -> dict[str, str]:
+        """The submission's own environment, the user's (sbatch passes it on to the job): none of root's."""
+        return {"USER": self.name, "LOGNAME": self.name, "HOME": self.home,
+                "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8")}
+
+
+class SubmitRefused(Exception):
+    """Why a batch script may not be submitted as asked; ``field``: the ``workload`` field to point at."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def submit_user(user: str | None, script: str | os.PathLike[str]) -> SubmitUser | None:
+    """Whom ``launch: sbatch`` submits ``script`` as: the author's batch script runs as its own user, never as
+    root. ``None``: chaoskit does not run as root, and submits as itself (Slurm runs the job as that user).
+    As root: ``user`` (a name or a uid, ``workload.user``), else the script's owner; root itself, or a user this
+    machine does not know, is :class:`SubmitRefused`. A script that is not there is the caller's to say."""
+    euid = os.geteuid()
+    wanted = None
+    if user is not None:
+        try:
+            wanted = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        except KeyError:
+            raise SubmitRefused("user", f"no user {user} on this machine to submit the batch script as") from None
+    if euid != 0:
+        if wanted is not None and wanted.pw_uid != euid:
+            raise SubmitRefused("user", f"chaoskit runs as uid {euid} and submits the batch script as itself; only "
+                                        f"root submits it as another user ({user})")
+        return None
+    if wanted is None:
+        try:
+            owner = os.stat(script).st_uid
+        except FileNotFoundError:
+            return None
+        if owner == 0:
+            raise SubmitRefused("user", "launch: sbatch never submits a batch script as root, and this one is root's: "
+                                        "set workload.user to the user the job runs as")
+        try:
+            wanted = pwd.getpwuid(owner)
+        except KeyError:
+            raise SubmitRefused("script", f"the batch script's owner (uid {owner}) is no user on this machine: set "
+                                          "workload.user to the user the job runs as") from None
+    if wanted.pw_uid == 0:
+        raise SubmitRefused("user", "launch: sbatch never submits a batch script as root: name the user the job runs as")
+    groups = tuple(os.getgrouplist(wanted.pw_name, wanted.pw_gid))
+    return SubmitUser(wanted.pw_name, wanted.pw_uid, wanted.pw_gid, wanted.pw_dir, groups)
 
 NODE_FREE_TEXT = frozenset({"Reason", "Comment", "Extra"})
 """Fields of ``scontrol show node`` that hold text as someone typed it (spaces, ``Key=``): an administrator's
@@ -170,11 +231,20 @@ class SlurmAccess:
         return {"SLURM_CONF": self.conf} if self.conf else {}
 
     def run(self, tool: str, *args: str, check: bool = True, timeout: float | None = None,
-            cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+            cwd: str | None = None, env: dict[str, str] | None = None,
+            as_user: SubmitUser | None = None) -> subprocess.CompletedProcess[str]:
+        """``tool`` on the controller; ``as_user``: as that user (uid, gid, groups), with only their own
+        environment and ``env`` (none of this process's), from ``/`` (the child changes folder before it drops
+        root, so never into one of theirs)."""
         argv = self.argv(tool, *args)
+        ids: dict[str, Any] = {}
+        base = os.environ
+        if as_user is not None:
+            ids = {"user": as_user.uid, "group": as_user.gid, "extra_groups": list(as_user.groups)}
+            base, cwd = as_user.env(), "/"
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout or self.timeout, cwd=cwd,
-                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                                 stdin=subprocess.DEVNULL, env={**base, **(env or {})}, **ids)
         except FileNotFoundError:
             raise InfraError(f"{tool}: not found on the controller", hint="apt-get install slurm-client") from None
         except subprocess.TimeoutExpired:

@@ -34,6 +34,7 @@ import regex
 from chaoskit.cluster.clock import ClockedTransport
 from chaoskit.cluster.transports.api import FileFollower, ProcessStreamer, StreamUnsupported, rank_processes
 from chaoskit.core.errors import InfraError
+from chaoskit.core.files import NotRegularFile, open_regular
 from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
 from chaoskit.core.lines import LineCutter, strip_ansi
 from chaoskit.observe.events import EventBus, make_event
@@ -151,6 +152,11 @@ class _Tailer(threading.Thread):
         super().__init__(daemon=True, name=f"chaoskit-tail-{path.name}")
         self.path, self.interval = path, interval
         self.stop_event = threading.Event()
+        self.refused: str | None = None
+        """Why the file was not read, the last time it was not (a FIFO, a device, a link swapped in: see
+        :func:`~chaoskit.core.files.open_regular`); ``None`` once it reads again."""
+        self.seen_refusal: str | None = None
+        """The first refusal of the file (what the run's notes say)."""
 
     CHUNK = 1 << 20
 
@@ -161,7 +167,7 @@ class _Tailer(threading.Thread):
         pos, inode, cutter = 0, None, LineCutter()
         while not self.stop_event.is_set():
             try:
-                with open(self.path, "rb") as fh:
+                with open_regular(self.path) as fh:
                     st = os.fstat(fh.fileno())
                     if st.st_ino != inode or st.st_size < pos:
                         if inode is not None:
@@ -169,8 +175,12 @@ class _Tailer(threading.Thread):
                         inode = st.st_ino
                     fh.seek(pos)
                     chunk = fh.read(self.CHUNK)
+                self.refused = None
             except FileNotFoundError:
                 chunk = b""
+            except NotRegularFile as exc:  # job output is the job's: never a FIFO that blocks, a device that acts
+                self.refused, chunk = str(exc), b""
+                self.seen_refusal = self.seen_refusal or self.refused
             if chunk:
                 pos += len(chunk)
                 for raw in cutter.feed(chunk):
@@ -179,7 +189,7 @@ class _Tailer(threading.Thread):
                 self.stop_event.wait(self.interval)
         # drain what is left after stop
         try:
-            with open(self.path, "rb") as fh:
+            with open_regular(self.path) as fh:
                 fh.seek(pos)
                 while chunk := fh.read(self.CHUNK):
                     for raw in cutter.feed(chunk):
@@ -190,6 +200,8 @@ class _Tailer(threading.Thread):
                 yield rest.decode(errors="replace")
         except FileNotFoundError:
             pass
+        except NotRegularFile as exc:
+            self.seen_refusal = self.seen_refusal or str(exc)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -279,11 +291,13 @@ class SdkLogProbe(_Tailer):
 
     @property
     def errors(self) -> list[str]:
-        """What the run's notes say of the dropped lines: once, with their count and the first one's reason."""
+        """What the run's notes say of the dropped lines (once, with their count and the first one's reason) and
+        of a file that was refused."""
+        out = [f"probes.sdk: {self.seen_refusal}"] if self.seen_refusal else []
         if not self.bad:
-            return []
-        return [f"probes.sdk: {self.bad} line(s) of {self.path.name} were no event and were dropped "
-                f"(the first: {self.first_bad})"]
+            return out
+        return [*out, f"probes.sdk: {self.bad} line(s) of {self.path.name} were no event and were dropped "
+                      f"(the first: {self.first_bad})"]
 
 
 class FileLogProbe(_Tailer):
@@ -296,6 +310,11 @@ class FileLogProbe(_Tailer):
     def run(self) -> None:
         for line in self.lines():
             self.probe.feed(self.node, line)
+
+    @property
+    def errors(self) -> list[str]:
+        """A file that was refused (not a regular file), for the run's notes."""
+        return [f"log file on {self.node}: {self.seen_refusal}"] if self.seen_refusal else []
 
 
 class RemoteLogProbe(threading.Thread):

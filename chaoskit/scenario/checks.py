@@ -8,12 +8,16 @@ Each error points at the scenario's line.
 
 from __future__ import annotations
 
+import os
+import pwd
+from pathlib import Path
 from typing import Any
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.backends.registry import CLUSTERS, backend
 from chaoskit.cluster.policy import SitePolicy, site_policy, under_roots
 from chaoskit.cluster.selectors import check_static, select_nodes
+from chaoskit.cluster.slurm import SubmitRefused, submit_user
 from chaoskit.core.errors import ScenarioError
 from chaoskit.coverage import resolve_covers
 from chaoskit.faults.registry import get_fault
@@ -100,6 +104,56 @@ def _policy_checks(loaded: LoadedScenario, cluster: ClusterHandle, policy: SiteP
     if policy.checkpoint_roots is not None and ckpt is not None and not under_roots(ckpt, policy.checkpoint_roots):
         raise loaded.error(f"workload.checkpoint_dir: {ckpt} is outside the site policy's checkpoint_roots "
                            f"({', '.join(policy.checkpoint_roots)})", "workload", "checkpoint_dir")
+    w = sc.workload
+    if policy.launches is not None and w.launch not in policy.launches:
+        raise loaded.error(f"workload.launch: the site policy allows no launch: {w.launch} on this cluster (allowed: "
+                           f"{', '.join(policy.launches) or 'none'})", "workload", "launch")
+    if policy.script_roots is not None:
+        _script_roots(loaded, cluster, policy.script_roots)
+    users = policy.jobs.users if policy.jobs is not None else None
+    if users is not None and w.launch == "sbatch" and cluster.scheduler is not None:
+        owner = _submit_user(loaded)
+        name, uid = (owner.name, str(owner.uid)) if owner is not None else (_me(), str(os.geteuid()))
+        if name not in users and uid not in users:
+            raise loaded.error(f"workload.user: the batch script would be submitted as {name} (uid {uid}), who is not "
+                               f"one of the site policy's jobs.users ({', '.join(users)})", "workload", "user")
+
+
+def _me() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _script_roots(loaded: LoadedScenario, cluster: ClusterHandle, roots: list[str]) -> None:
+    """Every program of the author's that the drill runs (``workload.command``'s script, ``workload.script``, the
+    cluster's own files such as a compose file) lies, links resolved, inside the site policy's ``script_roots``."""
+    w, base = loaded.model.workload, loaded.path.parent
+    files: list[tuple[tuple[Any, ...], Path]] = [(("cluster", field), path) for field, path in cluster.author_files.items()]
+    if w.launch == "command" and w.command:
+        script = w.command_script(base)
+        if script is None:
+            raise loaded.error(f"workload.command: {w.command[0]} runs a module, which the site policy's script_roots "
+                               f"({', '.join(roots)}) cannot bound: name the script's file", "workload", "command", 0)
+        files.append((("workload", "command", 0), script))
+    if w.script is not None:
+        files.append((("workload", "script"), base / w.script))
+    for where, path in files:
+        real = os.path.realpath(path)
+        if not under_roots(real, roots):
+            raise loaded.error(f"{'.'.join(str(p) for p in where)}: {path} is outside the site policy's script_roots "
+                               f"({', '.join(roots)}); a drill runs an author's program only from there", *where)
+
+
+def _submit_user(loaded: LoadedScenario):
+    """Whom the batch script would be submitted as (``None``: as chaoskit), or the refusal at its line."""
+    w = loaded.model.workload
+    script = loaded.path.parent / w.script
+    try:
+        return submit_user(w.user, script)
+    except SubmitRefused as exc:
+        raise loaded.error(f"workload.{exc.field}: {exc.message}; nothing was submitted", "workload", exc.field) from None
 
 
 def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
@@ -155,6 +209,8 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
     if sc.workload.script is not None and not (loaded.path.parent / sc.workload.script).is_file():
         raise loaded.error(f"workload.script: no batch script {loaded.path.parent / sc.workload.script}; nothing was submitted",
                            "workload", "script")
+    if sc.workload.launch == "sbatch" and cluster.scheduler is not None:
+        _submit_user(loaded)  # an author's batch script runs as its user, never as root
     script = sc.workload.command_script(loaded.path.parent)
     if script is not None and cluster.launch_wrap is None and not script.is_file():
         # the nodes start the job from this machine's files (a relative script always is one of them)

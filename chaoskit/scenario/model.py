@@ -139,8 +139,9 @@ class Workload(StrictModel):
         "launch: attach only: the torchrun run id (--rdzv-id, TORCHELASTIC_RUN_ID in its workers' environment) of "
         "the job to drill, when more than one job on the nodes matches `process`."))
     user: str | None = Field(None, description=(
-        "launch: attach only: the user (name or uid) whose job to drill, when more than one job on the nodes "
-        "matches `process`."))
+        "launch: attach: the user (name or uid) whose job to drill, when more than one job on the nodes matches "
+        "`process`. launch: sbatch: the user the batch script is submitted as (default: the script's owner); "
+        "chaoskit run as root submits it as that user, never as root."))
     steps: int = Field(400, ge=1, le=MAX_COUNT, description=(
         "Training steps to run; the job finished when it reached them. launch: command: the job finishes when its "
         "script ends with exit 0, and must reach `steps` only where the scenario sets it."))
@@ -257,10 +258,12 @@ class Workload(StrictModel):
             raise ValueError("launch: sbatch needs 'script: FILE' (the batch script to submit)")
         if self.launch != "sbatch" and self.script:
             raise ValueError("'script' is only used with launch: sbatch")
-        for name in ("run_id", "user"):
-            if self.launch != "attach" and getattr(self, name) is not None:
-                raise ValueError(f"'{name}' is only used with launch: attach (it picks the job to drill among those "
-                                 "that match `process`)")
+        if self.launch != "attach" and self.run_id is not None:
+            raise ValueError("'run_id' is only used with launch: attach (it picks the job to drill among those "
+                             "that match `process`)")
+        if self.launch not in ("attach", "sbatch") and self.user is not None:
+            raise ValueError("'user' is only used with launch: attach (it picks the job to drill among those that "
+                             "match `process`) and launch: sbatch (the user the batch script is submitted as)")
         if self.launch != "attach" and self.slurm_job is not None:
             raise ValueError("'slurm_job' is only used with launch: attach (a job already queued or running in Slurm)")
         if self.step_compute is not None and self.launch not in ("reference", "uninstrumented"):

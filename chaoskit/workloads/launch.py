@@ -52,16 +52,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def job_dir(cluster: ClusterHandle, run_dir: Path, run_id: str) -> Path:
+def job_dir(cluster: ClusterHandle, run_dir: Path, run_id: str, owned: bool = False) -> Path:
     """Where the job's own files go (checkpoints, the SDK's events): the cluster's shared folder
-    when its nodes are not this machine, else the run directory."""
+    when its nodes are not this machine, else the run directory. ``owned``: the job runs as another user than
+    chaoskit (an author's batch script, submitted as its user): then the folder is the job's own, never the run
+    folder, whose files are chaoskit's (beside it on this machine: ``RUN.job``)."""
     shared = cluster.shared_dir
-    return Path(shared) / run_id if shared is not None else Path(run_dir)
+    if shared is not None:
+        return Path(shared) / run_id
+    run_dir = Path(run_dir)
+    return run_dir.with_name(run_dir.name + ".job") if owned else run_dir
 
 
-def checkpoint_dir(cluster: ClusterHandle, run_dir: Path, run_id: str) -> Path:
+def checkpoint_dir(cluster: ClusterHandle, run_dir: Path, run_id: str, owned: bool = False) -> Path:
     """The folder the job keeps its checkpoints in (``CHAOSKIT_CKPT_DIR``, ``--checkpoint-dir``)."""
-    return job_dir(cluster, Path(run_dir).resolve(), run_id) / "checkpoints"
+    return job_dir(cluster, Path(run_dir).resolve(), run_id, owned) / "checkpoints"
 
 
 def _processes(scope) -> list:

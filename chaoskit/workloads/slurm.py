@@ -25,17 +25,35 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaoskit.backends.api import ClusterHandle
-from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, node_list
+from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, SubmitUser, node_list, submit_user
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.observe.probes import FileLogProbe
 from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
 
-__all__ = ["SlurmJob"]
+__all__ = ["SlurmJob", "job_owner", "batch_script_path"]
 
 LineSink = Callable[[str, str, float], None]
 POLL_S = 0.5
 STOP_WAIT_S = 20.0
+
+
+def batch_script_path(workload: Any, base: Path) -> Path:
+    """``workload.script`` as a path: relative ones from ``base`` (the scenario's folder)."""
+    path = Path(workload.script).expanduser()
+    return path if path.is_absolute() else (Path(base) / path).resolve()
+
+
+def job_owner(workload: Any, base: Path) -> SubmitUser | None:
+    """Whom an author's batch script (``launch: sbatch``) is submitted as, when not as chaoskit itself
+    (:func:`~chaoskit.cluster.slurm.submit_user`); ``None`` for every other launch (chaoskit's own batch script
+    of the reference job runs as chaoskit). :class:`ScenarioError` where it may not be submitted."""
+    if workload.launch != "sbatch":
+        return None
+    try:
+        return submit_user(workload.user, batch_script_path(workload, base))
+    except SubmitRefused as exc:
+        raise ScenarioError(f"workload.{exc.field}: {exc.message}; nothing was submitted") from None
 
 
 class SlurmJob:
@@ -50,7 +68,9 @@ class SlurmJob:
         self.base = Path(base) if base is not None else Path.cwd()
         self.access: SlurmAccess = cluster.scheduler
         self.events_path, self.on_line = events_path, on_line
-        self.job_dir = job_dir(cluster, self.run_dir, run_id)
+        self.owner: SubmitUser | None = job_owner(workload, self.base)
+        """The user an author's batch script is submitted as (chaoskit runs as root), or ``None``: as chaoskit."""
+        self.job_dir = job_dir(cluster, self.run_dir, run_id, owned=self.owner is not None)
         self.ckpt_dir = self.job_dir / "checkpoints"
         self.slurm_dir = self.run_dir / "slurm"
         self.log_dir = self.run_dir / "logs"
@@ -72,8 +92,7 @@ class SlurmJob:
     def script_path(self) -> Path:
         if self.generated:
             return self.slurm_dir / "job.sbatch"
-        path = Path(self.workload.script).expanduser()
-        return path if path.is_absolute() else (self.base / path).resolve()
+        return batch_script_path(self.workload, self.base)
 
     def sbatch_args(self) -> list[str]:
         """``sbatch``'s arguments: the script is never edited; where it runs (and, generated, its output) is said here."""
@@ -84,14 +103,18 @@ class SlurmJob:
 
     def commands(self) -> dict[str, list[str]]:
         """What ``--dry-run`` shows: the submission, on the controller."""
-        return {"controller": self.access.argv("sbatch", *self.sbatch_args())}
+        argv = self.access.argv("sbatch", *self.sbatch_args())
+        if self.owner is not None:  # what runuser would say: the submission is the script's user's
+            argv = ["runuser", "-u", self.owner.name, "--", *argv]
+        return {"controller": argv}
 
     def describe(self) -> str:
         if self.generated:
             n = len(self.cluster.job_nodes)
             return (f"a generated batch script (sbatch --nodes {n} --requeue; srun starts one torchrun agent per node, "
                     "rendezvous on the allocation's first node)")
-        return f"the batch script {self.workload.script}, submitted unmodified"
+        who = f" as {self.owner.name}" if self.owner is not None else ""
+        return f"the batch script {self.workload.script}, submitted unmodified{who}"
 
     def batch_script(self) -> str:
         w = self.workload
@@ -171,7 +194,8 @@ class SlurmJob:
 
     def start(self, nodes: list[str] | None = None) -> None:
         """Submit the job (nothing else: Slurm starts it when it allocates the nodes)."""
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if self.owner is None:  # else the job's own folder, made for its user before the run's probes started
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         script = self.script_path()
         if self.generated:
@@ -180,8 +204,10 @@ class SlurmJob:
             (self.slurm_dir / "agent.sh").write_text(self.agent_script())
         elif not script.is_file():
             raise ScenarioError(f"workload.script: no batch script {script}; nothing was submitted")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        res = self.access.run("sbatch", *self.sbatch_args(), check=False, env={**env, **self.job_env()}, timeout=30)
+        # the author's script as its own user, with none of chaoskit's environment; chaoskit's own script as chaoskit
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} if self.owner is None else {}
+        res = self.access.run("sbatch", *self.sbatch_args(), check=False, env={**env, **self.job_env()}, timeout=30,
+                              as_user=self.owner)
         if res.returncode != 0:
             raise InfraError(f"sbatch refused the job (exit {res.returncode}): {(res.stderr or res.stdout).strip()}",
                              hint=f"the script: {script}")
@@ -250,10 +276,16 @@ class SlurmJob:
         f = self.fields
         return {
             "job_id": self.job_id, "script": str(self.script_path()), "generated": self.generated,
+            "user": self.owner.name if self.owner is not None else None,
             "submitted_at": self.submitted_at, "state": f.get("JobState"), "restarts": int(f.get("Restarts") or 0),
             "nodes": node_list(f.get("NodeList")), "outputs": self.outputs,
             "node_logs": sorted(str(p) for p in self.log_dir.glob("*.log")) if self.generated else [],
         }
+
+    @property
+    def line_errors(self) -> list[str]:
+        """Output files that were refused (a FIFO, a device, a link swapped in), for the run's notes."""
+        return [e for f in self.followers for e in f.errors]
 
     def returncodes(self) -> dict[str, int | None]:
         code = self.fields.get("ExitCode", "")
