@@ -10,7 +10,9 @@ Deaths (``--deaths N``, drawn round-robin over the cases below with a seeded ran
 - ``agent-kill``: the node's agent is SIGKILLed mid-fault (the controller lives on and must still revert);
 - ``mgmt-cut``: the controller's management link to the node is cut for longer than the lease TTL;
 - ``poweroff-mid-fault``: the netns node is powered off while a NIC fault is on it, then powered on;
-- ``state-full``: the controller's state folder is a full file system, so the journal write fails.
+- ``state-full``: the controller's state folder is a full file system, so the journal write fails;
+- ``slurm.drain`` on a Slurm lab's node, seen as a site's (its inventory, through its slurm.conf): the drain's lease
+  is armed on this machine, whose watchdog resumes the node.
 
 After each death it waits for the lease (its watchdog's ``fired`` file) and runs the audit until the node settles
 (``--settle``); what is still there then is residue, and ``chaoskit audit --fix`` (rollback from the trusted
@@ -67,6 +69,11 @@ run_id = case["run_id"]
 if case["lab"] == "process":
     lab = ProcessLab(case["process_lab"], 2)
     inventory, details = lab.inventory(), {"kind": "process", "lab": lab.lab_id, "ephemeral": False}
+elif case["lab"] == "slurm":  # the Slurm lab's nodes as a site's: its inventory, through its slurm.conf
+    from chaoskit.backends.registry import backend
+    details = {"kind": "slurm", "inventory": case["slurm_inventory"], "slurm": {"conf": case["slurm_conf"]},
+               "ephemeral": False}
+    inventory = backend("slurm").rollback_inventory(details, [])
 else:
     inventory, details = load_inventory(case["inventory"]), {"kind": "netns", "inventory": case["inventory"], "ephemeral": False}
 marker = state_dir() / "runs" / f"{run_id}.json"
@@ -148,6 +155,7 @@ def cases(ckpt: str, small_fs: str) -> list[Case]:
         Case("mgmt-cut (partition)", "network.partition", "netns", d, n1, death="mgmt"),
         Case("poweroff-mid-fault (link_down)", "network.link_down", "netns", d, n1, death="power"),
         Case("state-full (hang)", "process.hang", "process", d, rank0, death="state-full"),
+        Case("slurm.drain", "slurm.drain", "slurm", d, {"nodes": ["n0"]}),
     ]
 
 
@@ -165,12 +173,13 @@ class Soak:
         self.full_state = self.work / "full-state"
         self.workers: dict[str, subprocess.Popen] = {}
         self.netns = None
+        self.slurm = None
         self.process_lab = None
         self.mounts: list[Path] = []
 
     # -- labs -----------------------------------------------------------------------
 
-    def up(self, need_netns: bool) -> None:
+    def up(self, need_netns: bool, need_slurm: bool = False) -> None:
         from chaoskit.lab.process import ProcessLab
 
         self.process_lab = ProcessLab.create(2, persistent=True)
@@ -183,6 +192,10 @@ class Soak:
             from chaoskit.lab.netns import NetnsLab
 
             self.netns = NetnsLab.create(2, directory=self.work / "netns")
+        if need_slurm:
+            from chaoskit.lab.slurm import SlurmLab
+
+            self.slurm = SlurmLab.create(2, 0, {"sched_interval": 2.0}, directory=self.work / "slurm")
 
     def down(self) -> None:
         for p in self.workers.values():
@@ -192,6 +205,8 @@ class Soak:
             self.process_lab.down()
         if self.netns is not None:
             self.netns.down()
+        if self.slurm is not None:
+            self.slurm.down()
         for m in self.mounts:
             subprocess.run(["umount", str(m)], capture_output=True)
         if not any(os.path.ismount(m) for m in self.mounts):
@@ -223,7 +238,9 @@ class Soak:
         run_id = f"soak-{i:04d}"
         spec = {"run_id": run_id, "lab": case.lab, "kind": case.kind, "fields": case.fields, "target": case.target,
                 "ttl": TTL_S, "duration": FAULT_S, "checkpoint_dir": str(self.ckpt), "process_lab": self.process_lab.lab_id,
-                "inventory": str(self.netns.inventory_path) if self.netns is not None else None}
+                "inventory": str(self.netns.inventory_path) if self.netns is not None else None,
+                "slurm_inventory": str(self.slurm.inventory_path) if self.slurm is not None else None,
+                "slurm_conf": str(self.slurm.conf_path) if self.slurm is not None else None}
         env = dict(os.environ)
         if case.death == "state-full":
             env["CHAOSKIT_STATE_DIR"] = str(self.fill_state())
@@ -294,14 +311,16 @@ class Soak:
         started = time.time()
         if proc is not None and proc.poll() is None:
             proc.wait(FAULT_S + 30)  # a controller that lived on reverts at the fault's end
-        target = "process" if case.lab == "process" else str(self.netns.inventory_path)
+        target = {"process": "process", "netns": str(self.netns.inventory_path) if self.netns else "",
+                  "slurm": str(self.slurm.inventory_path) if self.slurm else ""}[case.lab]
+        conf = str(self.slurm.conf_path) if case.lab == "slurm" else None
         dirs = [str(self.ckpt), str(self.small_fs)] if case.lab == "process" else []
         fired = _fired_at(self.state, self.work, run_id, TTL_S + FAULT_S + 10)
         revert_s = None if fired is None or died_at is None else max(0.0, fired - died_at)
         end = time.time() + self.args.settle
         clean_at = None
         while True:
-            result = audit(target, checkpoint_dirs=dirs)
+            result = audit(target, checkpoint_dirs=dirs, slurm_conf=conf)
             # a dead run's journal records are bookkeeping ('chaoskit rollback' clears them below), not residue
             mine = [f"{x.node}: {x.kind}: {x.what}" for x in result.leftovers if x.kind != "journal" and _ours(x.what)]
             mine += [f"{n}: unreadable: {why}" for n, why in result.unreadable.items()]
@@ -313,7 +332,7 @@ class Soak:
         if revert_s is None and died_at is not None and clean_at is not None:
             revert_s = clean_at - died_at  # no watchdog fired (the controller lived on and reverted): until clean
         out = Outcome(case.name, died_at, revert_s, mine, note=note, took_s=time.time() - started)
-        fixed = fix(target, checkpoint_dirs=dirs)  # what an operator runs after a death: chaoskit rollback
+        fixed = fix(target, checkpoint_dirs=dirs, slurm_conf=conf)  # what an operator runs after a death: chaoskit rollback
         if mine:
             out.rollback = [f"{f.get('kind')} on {f.get('node')}: {'ok' if f.get('ok') else f.get('problem')}"
                             for f in fixed.fixed if f.get("kind")]
@@ -567,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [c for c in chosen if c.name in wanted or c.kind in wanted]
     outcomes: list[Outcome] = []
     try:
-        soak.up(need_netns=any(c.lab == "netns" for c in chosen))
+        soak.up(need_netns=any(c.lab == "netns" for c in chosen), need_slurm=any(c.lab == "slurm" for c in chosen))
         for i in range(args.deaths):
             case = chosen[i % len(chosen)]
             outcomes.append(soak.one(case, i))

@@ -158,9 +158,10 @@ class NodeRead:
         return sorted(set(out))
 
 
-def audit_inventory(target: str) -> tuple[str, Inventory, list[str]]:
+def audit_inventory(target: str, slurm_conf: str | None = None) -> tuple[str, Inventory, list[str]]:
     """The nodes ``target`` names: a lab kind (``process``, ``netns``, ``slurm``: the lab of that kind that is up) or
-    an inventory file; and what the lab itself says is wrong with them."""
+    an inventory file (``slurm_conf``: its nodes are Slurm's, through that ``slurm.conf``, as a scenario's
+    ``scheduler: slurm`` says); and what the lab itself says is wrong with them."""
     if target in CLUSTERS.names():
         back = backend(target)
         inventory = back.lab_inventory()
@@ -172,13 +173,17 @@ def audit_inventory(target: str) -> tuple[str, Inventory, list[str]]:
     path = Path(target)
     if not path.is_file():
         raise ScenarioError(f"{target}: neither a lab kind ({', '.join(CLUSTERS.names())}) nor an inventory file")
+    if slurm_conf is not None:  # the nodes as Slurm knows them: its drains are read too
+        if not Path(slurm_conf).is_file():
+            raise ScenarioError(f"--slurm-conf {slurm_conf}: no such file")
+        return str(path), backend("slurm").rollback_inventory({"inventory": str(path), "slurm": {"conf": slurm_conf}}, []), []
     return str(path), load_inventory(path), []
 
 
-def audit(target: str, *, checkpoint_dirs: list[str] | None = None) -> AuditResult:
+def audit(target: str, *, checkpoint_dirs: list[str] | None = None, slurm_conf: str | None = None) -> AuditResult:
     """Everything of chaoskit's still on ``target``'s nodes (see the module docstring); changes nothing."""
     t0 = time.time()
-    name, inventory, lab_problems = audit_inventory(target)
+    name, inventory, lab_problems = audit_inventory(target, slurm_conf)
     dirs = [_checked_dir(d) for d in checkpoint_dirs or []]
     try:
         live = _live_runs()
@@ -200,14 +205,14 @@ def audit(target: str, *, checkpoint_dirs: list[str] | None = None) -> AuditResu
     return AuditResult(name, inventory.names(), _merged(found), unreadable, sorted(live), took_s=time.time() - t0)
 
 
-def fix(target: str, *, checkpoint_dirs: list[str] | None = None) -> AuditResult:
+def fix(target: str, *, checkpoint_dirs: list[str] | None = None, slurm_conf: str | None = None) -> AuditResult:
     """Revert what the dead runs' trusted journals show armed (``chaoskit rollback``), then audit again."""
     fixed = []
     for done in map(recover, find_crashed_runs()):
         fixed += [{"run": done.run.run_id, **_outcome(o)} for o in done.faults]
         if done.lab:
             fixed.append({"run": done.run.run_id, "lab": done.lab, "ok": True})
-    result = audit(target, checkpoint_dirs=checkpoint_dirs)
+    result = audit(target, checkpoint_dirs=checkpoint_dirs, slurm_conf=slurm_conf)
     result.fixed = fixed
     return result
 

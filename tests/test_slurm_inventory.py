@@ -272,3 +272,31 @@ def test_a_drain_is_resumed_by_its_lease_when_chaoskit_is_sigkilled(site_slurm, 
         if jobs:
             cancel(lab, *jobs)
         lab.access().run("scontrol", "update", "nodename=n0", "state=resume", check=False)
+
+
+def test_audit_of_a_site_inventory_through_its_slurm_conf_names_a_drain_left_with_chaoskits_reason(site_slurm, tmp_path):
+    """``chaoskit audit INVENTORY --slurm-conf CONF``: a node left drained with chaoskit's reason is residue (exit 1,
+    named); the same node drained by an administrator's reason is theirs, not chaoskit's; resumed, it is gone."""
+    import json
+
+    lab = site_slurm
+    access = lab.access()
+
+    def drains() -> list[str]:
+        res = run_cli("audit", lab.inventory_path, "--slurm-conf", lab.conf_path, "--json")
+        assert res.code in (0, 1), res.stderr
+        return [f"{x['node']}: {x['what']}" for x in json.loads(res.stdout)["leftovers"] if x["kind"] == "slurm.drain"]
+
+    try:
+        access.run("scontrol", "update", "nodename=n0", "state=drain", "reason=chaoskit slurm.drain 0123abcd")
+        found = drains()
+        assert len(found) == 1 and found[0].startswith("n0: Slurm drain with chaoskit's reason"), found
+        res = run_cli("audit", lab.inventory_path, "--slurm-conf", lab.conf_path)
+        assert res.code == 1 and "chaoskit slurm.drain 0123abcd" in res.stdout, res.stdout
+        access.run("scontrol", "update", "nodename=n0", "state=drain", "reason=disk replaced by ops")
+        assert drains() == []
+    finally:
+        access.run("scontrol", "update", "nodename=n0", "state=resume", check=False)
+    assert drains() == []
+    res = run_cli("audit", lab.inventory_path, "--slurm-conf", tmp_path / "nope.conf")
+    assert res.code == 2 and "--slurm-conf" in res.stderr and "no such file" in res.stderr

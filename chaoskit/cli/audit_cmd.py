@@ -25,13 +25,17 @@ def audit_command(
         "First revert what the trusted journals of dead runs show armed (as 'chaoskit rollback' does), then audit.")),
     checkpoint_dir: Optional[list[Path]] = typer.Option(None, "--checkpoint-dir", help=(
         "Also look here (on every node) for storage faults' asides and fill files; repeatable.")),
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", help=(
+        "The inventory's nodes are Slurm's, through this slurm.conf (a scenario's scheduler: slurm): Slurm drains "
+        "with chaoskit's reason are looked for too.")),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> int:
     """List everything of chaoskit's still present on each node: qdiscs, nft tables, links down, cgroups, stopped
     processes, asides and fill files, Slurm drains, nodes powered off, crash loops, leases and watchdogs of dead
     runs, state files. Changes nothing unless --fix."""
     dirs = [str(d) for d in checkpoint_dir or []]
-    result = fix(target, checkpoint_dirs=dirs) if fix_it else audit(target, checkpoint_dirs=dirs)
+    conf = str(slurm_conf) if slurm_conf is not None else None
+    result = (fix if fix_it else audit)(target, checkpoint_dirs=dirs, slurm_conf=conf)
     if as_json:
         print_json(result.as_dict())
     else:
