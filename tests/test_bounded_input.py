@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.transports.agent_script import BOOT
-from chaoskit.cluster.transports.ssh import agent_program
+from chaoskit.cluster.transports.channel import agent_program
 from chaoskit.core.limits import MAX_LINE_BYTES
 from chaoskit.core.lines import LineCutter, terminal_lines
 from chaoskit.observe.events import EventBus

@@ -196,7 +196,7 @@ def test_a_non_root_agent_keeps_its_state_in_its_own_home(hostile, tmp_path):
     """The agent started as an unprivileged user (here the hostile one itself, over its own login) makes
     ~/.local/state/chaoskit 0700; and refuses that folder once it is writable by others."""
     from chaoskit.cluster.transports.agent_script import BOOT
-    from chaoskit.cluster.transports.ssh import agent_program
+    from chaoskit.cluster.transports.channel import agent_program
 
     program = agent_program(None)
 

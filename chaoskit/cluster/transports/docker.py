@@ -1,7 +1,7 @@
 """The docker transport: a node is a container, reached through the docker engine.
 
 It is the SSH transport's contract (see :mod:`.ssh`) over a different channel:
-the on-node agent runs in a ``docker exec`` session whose stdin and stdout are
+the on-node agent (:mod:`.channel`) runs in a ``docker exec`` session whose stdin and stdout are
 the engine's hijacked exec socket, so the same JSON requests, deadlines, leases
 and fallbacks apply. The control path never crosses the container's network:
 a fault that takes the container's NIC down cannot cut chaoskit off (the same
@@ -24,13 +24,8 @@ import threading
 import time
 from typing import Any
 
-from chaoskit.cluster.transports.ssh import (
-    GRACE_S,
-    SSHTransport,
-    _AgentChannel,
-    _AgentGone,
-    _boot_code,
-)
+from chaoskit.cluster.transports.channel import AgentChannel, AgentGone, boot_argv
+from chaoskit.cluster.transports.ssh import GRACE_S, SSHTransport
 from chaoskit.core.errors import InfraError
 
 __all__ = ["DockerTransport", "docker_client", "network_argv", "networks_of", "power_argv"]
@@ -93,13 +88,12 @@ class DockerTransport(SSHTransport):
     def _open_client(self) -> Any:
         return docker_client(self.connect_timeout).api
 
-    def _start_agent(self) -> _AgentChannel:
-        argv = [self.python, "-I", "-u", "-c", _boot_code()]
+    def _start_agent(self) -> AgentChannel:
         try:
-            chan = _ExecChannel.open(self._client, self.container, argv)
+            chan = _ExecChannel.open(self._client, self.container, boot_argv(self.python))
         except InfraError as exc:
-            raise _AgentGone(str(exc)) from None
-        return self._checked_agent(_AgentChannel.over(chan, self.connect_timeout, self.node, self.program))
+            raise AgentGone(str(exc)) from None
+        return self._checked_agent(AgentChannel.over(chan, self.connect_timeout, self.node, self.program))
 
     def _exec(self, command: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         """One ``docker exec`` of a shell command line (already quoted) with a client-side deadline."""
@@ -124,7 +118,7 @@ class DockerTransport(SSHTransport):
 
 
 class _ExecChannel:
-    """What :class:`~.ssh._AgentChannel` needs of a paramiko channel, over one docker exec.
+    """What :class:`~.channel.AgentChannel` needs of a paramiko channel, over one docker exec.
 
     With no TTY the engine multiplexes the process's stdout and stderr on the
     socket in frames (8-byte header: stream, 3 zero bytes, big-endian length);
