@@ -20,7 +20,7 @@ Contract:
   prompts). When sudo wants a password the first agent start fails with
   :class:`SudoError` naming the node and the user: no restarts, no hang.
 - **Fast path**: the first command starts :mod:`.agent_script` over one exec
-  channel; later commands travel over that channel as JSON lines with request
+  channel (:class:`~.channel.AgentChannel`); later commands travel over that channel as JSON lines with request
   ids, deadlines and exit codes (~0.2 ms round trip instead of ~100 ms for a new
   SSH session). If the agent dies it is restarted; after repeated failures the
   transport falls back to one SSH exec per command.
@@ -48,7 +48,7 @@ Contract:
   validated by the fault that built them; control characters are refused here
   as a last line of defence.
 
-paramiko is imported when a transport connects, not at import time.
+Many nodes at once: :mod:`chaoskit.cluster.fanout`. paramiko is imported when a transport connects, not at import time.
 """
 
 from __future__ import annotations
