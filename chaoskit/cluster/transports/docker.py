@@ -58,24 +58,15 @@ def power_argv(container: str, action: str) -> list[str]:
 class DockerTransport(SSHTransport):
     """Run commands in one container through the docker engine (the SSH transport's contract)."""
 
-    def __init__(
-        self,
-        node: str,
-        container: str,
-        *,
-        python: str = DEFAULT_PYTHON,
-        workdir: str | None = None,
-        process_scope: str = "all",
-        scope_token: str | None = None,
-        connect_timeout: float = 10.0,
-        command_timeout: float = 30.0,
-        use_agent: bool = True,
-    ) -> None:
-        super().__init__(
-            node, container, user="root", become="none", python=python, workdir=workdir,
-            process_scope=process_scope, scope_token=scope_token, connect_timeout=connect_timeout,
-            command_timeout=command_timeout, use_agent=use_agent,
-        )
+    AGENT_SETTINGS = frozenset({"workdir", "process_scope", "scope_token", "connect_timeout", "command_timeout", "use_agent"})
+    """The :class:`SSHTransport` settings a container node takes (the rest are about SSH: user, keys, host keys,
+    bastions); they mean what they mean there."""
+
+    def __init__(self, node: str, container: str, *, python: str = DEFAULT_PYTHON, **settings: Any) -> None:
+        unknown = set(settings) - self.AGENT_SETTINGS
+        if unknown:
+            raise TypeError(f"DockerTransport takes no {', '.join(sorted(unknown))} (only {', '.join(sorted(self.AGENT_SETTINGS))})")
+        super().__init__(node, container, user="root", become="none", python=python, **settings)
         self.container = container
 
     def __repr__(self) -> str:
