@@ -28,7 +28,7 @@ from chaoskit.cluster.transports.channel import AgentChannel, AgentGone, boot_ar
 from chaoskit.cluster.transports.ssh import GRACE_S, SSHTransport
 from chaoskit.core.errors import InfraError
 
-__all__ = ["DockerTransport", "docker_client", "network_argv", "networks_of", "power_argv"]
+__all__ = ["DockerTransport", "devices_by_address", "docker_client", "network_argv", "networks_of", "power_argv"]
 
 DEFAULT_PYTHON = "python3"
 
@@ -262,13 +262,13 @@ def networks_of(container: str) -> dict[str, dict[str, Any]]:
     except docker.errors.NotFound:
         raise InfraError(f"container {container} does not exist") from None
     nets = c.attrs["NetworkSettings"]["Networks"] or {}
-    devices = _devices_by_address(c)
+    devices = devices_by_address(c)
     return {name: {"ip": n.get("IPAddress") or "", "aliases": [a for a in n.get("Aliases") or [] if a != c.id[:12]],
                    "device": devices.get(n.get("IPAddress") or "", "")}
             for name, n in nets.items()}
 
 
-def _devices_by_address(c: Any) -> dict[str, str]:
+def devices_by_address(c: Any) -> dict[str, str]:
     """IPv4 address -> device name inside the container (``ip -o -4 addr``)."""
     code, out = c.exec_run(["ip", "-o", "-4", "addr", "show"])
     found = {}
