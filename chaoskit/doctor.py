@@ -31,7 +31,8 @@ from chaoskit.cluster.kernel import netem_available
 from chaoskit.cluster.policy import origin
 from chaoskit.cluster.selectors import select_nodes
 from chaoskit.cluster.transports.api import ProcInfo, Transport
-from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError, parallel
+from chaoskit.cluster.fanout import fan_out
+from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError
 from chaoskit.core.errors import InfraError
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.faults.registry import get_fault
@@ -109,7 +110,7 @@ def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None
     inventory = load_inventory(inventory_path)
     scope = None
     try:
-        found = parallel({n.name: (lambda n=n: check_node(n)) for n in inventory.nodes}, max_workers)
+        found = fan_out({n.name: (lambda n=n: check_node(n)) for n in inventory.nodes}, max_workers=max_workers)
         if loaded is not None and loaded.model.workload.launch == "attach":
             reached = [n for n in inventory.nodes if not isinstance(found[n.name], BaseException) and found[n.name].reachable]
             scope = job_scope(loaded.model, inventory, reached)

@@ -35,7 +35,7 @@ from chaoskit.cluster.selectors import (
 )
 from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
-from chaoskit.cluster.transports.ssh import parallel
+from chaoskit.cluster.fanout import fan_out as parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.files import copy_regular, make_folder_for, make_run_dir
 from chaoskit.core.patterns import bounded_search, compile_pattern

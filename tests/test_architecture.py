@@ -1,7 +1,7 @@
 """The layering of docs/architecture.md holds, and breaks loudly when someone imports upward.
 
 ``lint-imports`` (import-linter) checks the contracts in pyproject.toml: the layers, the fault
-kinds and the cluster backends. These tests run it on the real tree, and once on a copy with one
+kinds, the transports and the cluster backends. These tests run it on the real tree, and on copies with one
 upward import added, to show that the check can fail.
 """
 
@@ -29,7 +29,7 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
 def test_the_layers_hold():
     res = lint_imports(ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "Contracts: 4 kept, 0 broken." in res.stdout
+    assert "Contracts: 5 kept, 0 broken." in res.stdout
 
 
 def tree_with(tmp_path: Path, module: str, line: str) -> Path:
@@ -52,6 +52,12 @@ def test_a_backend_importing_another_breaks_the_contract(tmp_path):
     res = lint_imports(tree_with(tmp_path, "backends/ray.py", "from chaoskit.backends.process import ProcessBackend"))
     assert res.returncode != 0
     assert "Cluster backends are independent of each other BROKEN" in res.stdout
+
+
+def test_the_agents_channel_importing_a_transport_breaks_the_contract(tmp_path):
+    res = lint_imports(tree_with(tmp_path, "cluster/transports/channel.py", "from chaoskit.cluster.transports.ssh import GRACE_S"))
+    assert res.returncode != 0
+    assert "Transports above the agent's channel, the fan-out above them BROKEN" in res.stdout
 
 
 def _local_imports() -> list[tuple[str, int, str]]:

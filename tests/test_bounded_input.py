@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.transports.agent_script import BOOT
-from chaoskit.cluster.transports.ssh import agent_program
+from chaoskit.cluster.transports.channel import agent_program
 from chaoskit.core.limits import MAX_LINE_BYTES
 from chaoskit.core.lines import LineCutter, terminal_lines
 from chaoskit.observe.events import EventBus
-from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, LogRule, _coerce
+from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, LogRule, coerce_capture
 from tests.conftest import SCENARIOS, need, need_torch, run_cli, wait_until
 
 MB = 1 << 20
@@ -98,11 +98,11 @@ def test_the_agents_follow_keeps_its_memory_bounded_on_a_10_mb_line_with_no_newl
 
 
 def test_a_captured_number_longer_than_18_digits_is_text():
-    assert _coerce("123456789012345678") == 123456789012345678
-    assert _coerce("-123456789012345678") == -123456789012345678
-    assert _coerce("1234567890123456789") == "1234567890123456789"
-    assert _coerce(HUGE_NUMBER) == HUGE_NUMBER
-    assert _coerce("٣") == "٣"  # a digit, but not an ASCII one
+    assert coerce_capture("123456789012345678") == 123456789012345678
+    assert coerce_capture("-123456789012345678") == -123456789012345678
+    assert coerce_capture("1234567890123456789") == "1234567890123456789"
+    assert coerce_capture(HUGE_NUMBER) == HUGE_NUMBER
+    assert coerce_capture("٣") == "٣"  # a digit, but not an ASCII one
 
 
 WRITER = textwrap.dedent("""

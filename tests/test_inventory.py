@@ -127,7 +127,7 @@ def test_bare_yaml_on_off_keys_mean_power_commands(tmp_path):
 
 
 def test_sudo_and_quoting_of_remote_commands():
-    from chaoskit.cluster.transports.ssh import SSHTransport, _checked
+    from chaoskit.cluster.transports.ssh import SSHTransport, checked_argv
 
     ops = SSHTransport("n0", "10.0.0.1", user="ops", known_hosts="/nonexistent")
     assert ops.sudo
@@ -136,9 +136,9 @@ def test_sudo_and_quoting_of_remote_commands():
     root = SSHTransport("n0", "10.0.0.1", user="root", known_hosts="/nonexistent")
     assert root._remote(["ip", "link"]) == "ip link"
     with pytest.raises(ValueError):
-        _checked(["touch", "a\x00b"])
+        checked_argv(["touch", "a\x00b"])
     with pytest.raises(ValueError):
-        _checked(["echo", "a\rb"])
+        checked_argv(["echo", "a\rb"])
 
 
 def scenario(tmp_path: Path, fault: str) -> Path:

@@ -105,11 +105,11 @@ def test_procs_ships_command_lines_cut_to_cmdline_max(planter):
 
 def test_the_controllers_channel_drops_a_reply_that_never_ends():
     """64 MiB with no newline used to stay in the channel's buffer with the channel open."""
-    from chaoskit.cluster.transports.ssh import MAX_REPLY_BYTES, _AgentChannel
+    from chaoskit.cluster.transports.channel import MAX_REPLY_BYTES, AgentChannel
 
     ours, theirs = socket.socketpair()
     try:
-        chan = _AgentChannel(ours, "n1")
+        chan = AgentChannel(ours, "n1")
         chunk = b"x" * (1 << 20)
         for _ in range((MAX_REPLY_BYTES >> 20) + 2):
             chan._feed(chunk)

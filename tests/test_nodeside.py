@@ -73,7 +73,7 @@ def test_the_job_scope_rule():
 
 def test_the_agent_and_the_crash_loop_carry_the_same_rule():
     """Both programs, as the controller bundles them, define the rule once: jobscope's source, then their own."""
-    from chaoskit.cluster.transports.ssh import agent_program
+    from chaoskit.cluster.transports.channel import agent_program
     from chaoskit.faults.gpu import CRASHLOOP
 
     rule = chaoskit.nodeside.source("jobscope")

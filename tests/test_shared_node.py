@@ -196,7 +196,7 @@ def test_a_non_root_agent_keeps_its_state_in_its_own_home(hostile, tmp_path):
     """The agent started as an unprivileged user (here the hostile one itself, over its own login) makes
     ~/.local/state/chaoskit 0700; and refuses that folder once it is writable by others."""
     from chaoskit.cluster.transports.agent_script import BOOT
-    from chaoskit.cluster.transports.ssh import agent_program
+    from chaoskit.cluster.transports.channel import agent_program
 
     program = agent_program(None)
 
@@ -401,13 +401,13 @@ def test_the_munge_key_is_made_0400_and_never_written_through_a_link(hostile, tm
 
 def test_the_docker_labs_shared_folder_is_private_and_someone_elses_is_refused(hostile, tmp_path):
     from chaoskit.core.errors import InfraError
-    from chaoskit.lab.docker import _private_bind
+    from chaoskit.lab.docker import private_bind
 
     shared = tmp_path / "shared"
-    _private_bind(str(shared))
+    private_bind(str(shared))
     assert os.lstat(shared).st_mode & 0o777 == 0o700 and os.lstat(shared).st_uid == 0
     with pytest.raises(InfraError) as info:
-        _private_bind("/tmp/chaoskit")  # the hostile user's, as /tmp/chaoskit-docker would be had it come first
+        private_bind("/tmp/chaoskit")  # the hostile user's, as /tmp/chaoskit-docker would be had it come first
     assert "refusing chaoskit's state folder /tmp/chaoskit: it is owned by uid" in str(info.value)
     assert "CHAOSKIT_DOCKER_SHARED" in info.value.hint
     untouched(hostile)

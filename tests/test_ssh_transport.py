@@ -195,7 +195,8 @@ def test_processes_are_scoped_to_the_node_and_signals_outside_are_refused(netns_
 
 
 def test_a_fan_out_to_nodes_not_connected_yet_connects_them_in_parallel(netns_lab):
-    from chaoskit.cluster.transports.ssh import SSHTransport, ping_many, run_many
+    from chaoskit.cluster.fanout import ping_many, run_many
+    from chaoskit.cluster.transports.ssh import SSHTransport
 
     spans: dict[str, tuple[float, float]] = {}
 
@@ -222,7 +223,7 @@ def test_a_fan_out_to_nodes_not_connected_yet_connects_them_in_parallel(netns_la
 
 
 def test_files_and_fan_out(netns_lab, lab_inventory):
-    from chaoskit.cluster.transports.ssh import parallel, ping_many, run_many
+    from chaoskit.cluster.fanout import fan_out, ping_many, run_many
 
     t = lab_inventory["n0"].conn
     path = str(netns_lab.node_dir("n0") / "work" / "probe.txt")
@@ -233,27 +234,27 @@ def test_files_and_fan_out(netns_lab, lab_inventory):
     results = run_many(conns, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"], 5)
     assert [r.returncode for r in results.values()] == [0, 0]
     assert netns_lab.data_address("n1") in results["n1"].stdout
-    pings = parallel({c.node: c.ping for c in conns})
+    pings = fan_out({c.node: c.ping for c in conns})
     assert all(isinstance(v, float) for v in ping_many(conns).values())
     assert all(isinstance(v, float) for v in pings.values())
 
 
 def test_a_stream_opened_as_the_agents_channel_closes_is_an_infra_error_its_probe_retries_on():
     """A node powered off mid-drill closes its agent's channel; a probe that reopens its stream at that moment
-    got the transport's private _AgentGone, which ended the kernel-log probe's thread for good (seen on the
+    got the transport's private _AgentGone (now channel.AgentGone), which ended the kernel-log probe's thread for good (seen on the
     full suite's Slurm power-off drill). It is now an InfraError naming the stream, which every probe retries.
     A real socket, closed: what a dead node's channel is."""
     import socket
 
-    from chaoskit.cluster.transports.ssh import _AgentChannel, _start_stream
+    from chaoskit.cluster.transports.channel import AgentChannel, start_stream
     from chaoskit.core.errors import InfraError
 
     mine, theirs = socket.socketpair()
     theirs.close()
     mine.close()
-    agent = _AgentChannel(mine, "n1")
+    agent = AgentChannel(mine, "n1")
     with pytest.raises(InfraError, match=r"cannot read the kernel log of node n1: the agent's connection closed"):
-        _start_stream(agent, "read the kernel log of node n1", {"op": "kmsg"}, lambda reply: None, lambda why: None)
+        start_stream(agent, "read the kernel log of node n1", {"op": "kmsg"}, lambda reply: None, lambda why: None)
     assert agent.dead
     with pytest.raises(InfraError, match="the agent's connection closed"):  # and again, once known dead
-        _start_stream(agent, "read the kernel log of node n1", {"op": "kmsg"}, lambda reply: None, lambda why: None)
+        start_stream(agent, "read the kernel log of node n1", {"op": "kmsg"}, lambda reply: None, lambda why: None)

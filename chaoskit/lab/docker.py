@@ -30,7 +30,7 @@ from chaoskit.cluster import nodefs
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.transports.docker import (
     DockerTransport,
-    _devices_by_address,
+    devices_by_address,
     docker_client,
     power_argv,
 )
@@ -38,7 +38,7 @@ from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.state import state_dir
 from chaoskit.core.yaml_source import load_yaml
 
-__all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose"]
+__all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose", "private_bind"]
 
 PROJECT = "com.docker.compose.project"
 SERVICE = "com.docker.compose.service"
@@ -103,7 +103,7 @@ class ComposeProject:
         return None
 
 
-def _private_bind(source: str) -> None:
+def private_bind(source: str) -> None:
     """The lab's shared storage (``/tmp/chaoskit-docker`` by default), which root writes through from every node:
     made 0700 by us or, when it exists, a real folder of ours that nobody else can write (then made 0700)."""
     try:
@@ -419,7 +419,7 @@ class DockerLab:
             self.client.volumes.create(f"{p.name}_{name}", labels=labels)
         shared = p.shared_dir()
         if shared is not None:
-            _private_bind(str(shared))
+            private_bind(str(shared))
         for svc in p.services:
             mounts = []
             for source, target, mode in svc.binds:
@@ -475,7 +475,7 @@ class DockerLab:
     def device(self, service: str, address: str) -> str:
         """The name of the NIC that holds ``address`` in the node (eth0 at first; the engine names a
         reconnected NIC anew, so it is looked up, not assumed)."""
-        return _devices_by_address(self.containers()[service]).get(address, "eth0")
+        return devices_by_address(self.containers()[service]).get(address, "eth0")
 
     def scope(self, node: str) -> str:
         return f"{self.project.name}.{node}"

@@ -23,13 +23,11 @@ rules gone, links up) and sshd restarted; *status* exits 0 when the node is on.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,6 +38,8 @@ from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.xid import lab_pci
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
+from chaoskit.lab import labdir
+from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.admin import lab_main
 from chaoskit.faults.network import QDISC_HANDLE
 
@@ -90,32 +90,16 @@ class NetnsLab:
             raise InfraError(f"a netns lab has 1..200 nodes (asked for {nodes} + {spare} spare)")
         tools = require_netns_tools()
         directory = Path(directory or netns_lab_dir()).resolve()
-        if (directory / "lab.json").exists():
-            raise InfraError(f"a netns lab is already up in {directory}", hint="chaoskit lab down")
-        if directory.exists() and any(directory.iterdir()):
-            raise InfraError(f"{directory} is not empty; a netns lab needs a directory of its own")
-        directory.mkdir(parents=True, exist_ok=True)
-        directory.chmod(0o700)
+        labdir.claim(directory, "netns lab", 0o700)
         with _host_lock():  # two labs built at once must not pick the same id or subnet
             lab = cls(_new_lab_id(), directory, nodes, spare, _free_slot(), tools["sshd"])
-            lab._save("building")
-            try:
-                lab._build()
-            except BaseException:
-                lab.down()
-                raise
-        lab._save("up")
+            labdir.build_whole(lab._save, lab._build, lab.down)
         return lab
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str] | None = None) -> "NetnsLab | None":
-        path = Path(directory or netns_lab_dir()) / "lab.json"
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        data.pop("state", None)
-        data["directory"] = Path(data["directory"])
-        return cls(**data)
+        data = labdir.load(Path(directory or netns_lab_dir()))
+        return None if data is None else cls(**data)
 
     def down(self) -> None:
         """Kill every process of the lab, delete its namespaces and bridges, remove its directory."""
@@ -123,9 +107,9 @@ class NetnsLab:
             self._kill_node(node)
         self._kill_controller_side()
         for ns in self._namespaces():
-            _run(["ip", "netns", "del", ns], check=False)
+            run_tool(["ip", "netns", "del", ns], check=False)
         for link in self._host_links():
-            _run(["ip", "link", "del", link], check=False)
+            run_tool(["ip", "link", "del", link], check=False)
         self._forwarding("-D")
         _remove_privsep_dir()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -146,9 +130,9 @@ class NetnsLab:
         for bridge in (self.data_bridge, self.mgmt_bridge):
             rule = ["FORWARD", "-i", bridge, "-o", bridge, "-m", "comment", "--comment", f"chaoskit lab {self.lab_id}", "-j", "ACCEPT"]
             if action == "-I":
-                _run(["iptables", "-I", *rule])
+                run_tool(["iptables", "-I", *rule])
             else:
-                while _run(["iptables", "-D", *rule], check=False).returncode == 0:
+                while run_tool(["iptables", "-D", *rule], check=False).returncode == 0:
                     pass
 
     # -- names and paths ------------------------------------------------------------------
@@ -207,7 +191,7 @@ class NetnsLab:
 
     def pids(self, node: str) -> list[int]:
         """Every process in the node's namespace."""
-        res = _run(["ip", "netns", "pids", self.netns(node)], check=False)
+        res = run_tool(["ip", "netns", "pids", self.netns(node)], check=False)
         return [int(p) for p in res.stdout.split() if p.isdigit()]
 
     # -- inventory ------------------------------------------------------------------------
@@ -247,23 +231,23 @@ class NetnsLab:
         ns = self.netns(node)
         if action == "off":
             for dev in ("eth0", "eth1"):
-                _run(["ip", "-n", ns, "link", "set", "dev", dev, "down"], check=False)
+                run_tool(["ip", "-n", ns, "link", "set", "dev", dev, "down"], check=False)
             self._kill_node(node)
             (self.node_dir(node) / "power").write_text("off\n")
             return False
         if action == "on":
-            _run(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"], check=False)
+            run_tool(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"], check=False)
             for dev in ("eth0", "eth1"):
-                _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root", "handle", QDISC_HANDLE], check=False)
+                run_tool(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root", "handle", QDISC_HANDLE], check=False)
             for dev in ("lo", "eth0", "eth1"):
-                _run(["ip", "-n", ns, "link", "set", "dev", dev, "up"])
+                run_tool(["ip", "-n", ns, "link", "set", "dev", dev, "up"])
             if not self._sshd_alive(node):
                 self._start_sshd(node)
                 self._wait_ssh([node])
             (self.node_dir(node) / "power").write_text("on\n")
             return True
         if action == "status":
-            res = _run(["ip", "-n", ns, "-o", "link", "show", "dev", "eth1"], check=False)
+            res = run_tool(["ip", "-n", ns, "-o", "link", "show", "dev", "eth1"], check=False)
             return res.returncode == 0 and ",UP" in res.stdout and self._sshd_alive(node)
         raise ValueError(f"unknown power action {action!r}")
 
@@ -281,23 +265,18 @@ class NetnsLab:
     # -- building -------------------------------------------------------------------------
 
     def _save(self, state: str) -> None:
-        data = asdict(self)
-        data["directory"] = str(self.directory)
-        data["state"] = state
-        tmp = self.directory / "lab.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(self.directory / "lab.json")
+        labdir.save(self.directory, asdict(self), state)
 
     def _build(self) -> None:
         d = self.directory
-        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"chaoskit-{self.lab_id}", "-f", str(self.key_path)])
+        run_tool(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"chaoskit-{self.lab_id}", "-f", str(self.key_path)])
         (d / "authorized_keys").write_text(Path(str(self.key_path) + ".pub").read_text())
         (d / "authorized_keys").chmod(0o600)
         for bridge in (self.data_bridge, self.mgmt_bridge):
-            _run(["ip", "link", "add", "name", bridge, "type", "bridge"])
-            _run(["ip", "link", "set", "dev", bridge, "up"])
+            run_tool(["ip", "link", "add", "name", bridge, "type", "bridge"])
+            run_tool(["ip", "link", "set", "dev", bridge, "up"])
         self._forwarding("-I")
-        _run(["ip", "addr", "add", f"{self.controller_address}/24", "dev", self.mgmt_bridge])
+        run_tool(["ip", "addr", "add", f"{self.controller_address}/24", "dev", self.mgmt_bridge])
         if not PRIVSEP_DIR.exists():
             # sshd needs its privilege separation directory; mark it ours so `down` removes it.
             PRIVSEP_DIR.mkdir(mode=0o755, parents=True)
@@ -307,19 +286,19 @@ class NetnsLab:
             ns = self.netns(node)
             nd = self.node_dir(node)
             (nd / "work").mkdir(parents=True, exist_ok=True)
-            _run(["ip", "netns", "add", ns])
+            run_tool(["ip", "netns", "add", ns])
             for role, dev, bridge, addr in (
                 ("d", "eth0", self.data_bridge, self.data_address(node)),
                 ("m", "eth1", self.mgmt_bridge, self.mgmt_address(node)),
             ):
                 host_end = f"{self.lab_id}{role}{i}"
-                _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", dev, "netns", ns])
-                _run(["ip", "link", "set", "dev", host_end, "master", bridge, "up"])
-                _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
+                run_tool(["ip", "link", "add", host_end, "type", "veth", "peer", "name", dev, "netns", ns])
+                run_tool(["ip", "link", "set", "dev", host_end, "master", bridge, "up"])
+                run_tool(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
             for dev in ("lo", "eth0", "eth1"):
-                _run(["ip", "-n", ns, "link", "set", "dev", dev, "up"])
+                run_tool(["ip", "-n", ns, "link", "set", "dev", dev, "up"])
             key = nd / "ssh_host_ed25519_key"
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.lab_id}-{node}", "-f", str(key)])
+            run_tool(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.lab_id}-{node}", "-f", str(key)])
             pub = Path(str(key) + ".pub").read_text().split()
             known.append(f"{self.mgmt_address(node)} {pub[0]} {pub[1]}\n")
             (nd / "sshd_config").write_text(self._sshd_config(node))
@@ -366,7 +345,7 @@ class NetnsLab:
     def _start_sshd(self, node: str) -> None:
         nd = self.node_dir(node)
         (nd / "sshd.pid").unlink(missing_ok=True)
-        _run(["ip", "netns", "exec", self.netns(node), self.sshd, "-f", str(nd / "sshd_config"), "-E", str(nd / "sshd.log")])
+        run_tool(["ip", "netns", "exec", self.netns(node), self.sshd, "-f", str(nd / "sshd_config"), "-E", str(nd / "sshd.log")])
 
     def _sshd_alive(self, node: str) -> bool:
         try:
@@ -412,29 +391,15 @@ class NetnsLab:
 
     def _kill_controller_side(self) -> None:
         """Processes on the controller started for this lab (power-fault watchdogs name its directory)."""
-        marker = str(self.directory).encode()
-        skip = {os.getpid(), os.getppid()}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) in skip:
-                continue
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                    cmdline = fh.read()
-            except OSError:
-                continue
-            if marker in cmdline and b"chaoskit" in cmdline:
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        labdir.kill_marked(str(self.directory), "chaoskit")
 
     def _namespaces(self) -> list[str]:
-        res = _run(["ip", "netns", "list"], check=False)
+        res = run_tool(["ip", "netns", "list"], check=False)
         names = {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
         return sorted(n for n in names if n.startswith(f"{self.lab_id}-"))
 
     def _host_links(self) -> list[str]:
-        res = _run(["ip", "-o", "link", "show"], check=False)
+        res = run_tool(["ip", "-o", "link", "show"], check=False)
         out = []
         for line in res.stdout.splitlines():
             parts = line.split(":", 2)
@@ -445,18 +410,6 @@ class NetnsLab:
                 out.append(name)
         # Bridges last: deleting a veth first keeps the bridge's port list short.
         return sorted(out, key=lambda n: n in (self.data_bridge, self.mgmt_bridge))
-
-
-def _run(argv: list[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise InfraError(f"{argv[0]}: command not found") from None
-    except subprocess.TimeoutExpired:
-        raise InfraError(f"{' '.join(argv)}: no answer within {timeout:g}s") from None
-    if check and res.returncode != 0:
-        raise InfraError(f"{' '.join(argv)} failed: {(res.stderr or res.stdout).strip()}")
-    return res
 
 
 class _host_lock:
@@ -485,7 +438,7 @@ class _host_lock:
 
 
 def _new_lab_id() -> str:
-    taken = _run(["ip", "-o", "link", "show"], check=False).stdout + _run(["ip", "netns", "list"], check=False).stdout
+    taken = run_tool(["ip", "-o", "link", "show"], check=False).stdout + run_tool(["ip", "netns", "list"], check=False).stdout
     for _ in range(100):
         lab_id = f"ck{secrets.token_hex(2)}"
         if lab_id not in taken:
@@ -495,7 +448,7 @@ def _new_lab_id() -> str:
 
 def _free_slot() -> int:
     """A k such that 10.77.2k.0/24 and 10.77.2k+1.0/24 overlap no address or route here."""
-    used = _run(["ip", "-4", "route", "show", "table", "all"], check=False).stdout + _run(["ip", "-4", "addr"], check=False).stdout
+    used = run_tool(["ip", "-4", "route", "show", "table", "all"], check=False).stdout + run_tool(["ip", "-4", "addr"], check=False).stdout
     for k in range(128):
         if f"{SUBNET}.{2 * k}." not in used and f"{SUBNET}.{2 * k + 1}." not in used:
             return k

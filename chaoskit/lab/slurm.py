@@ -26,7 +26,6 @@ does; ``ReturnToService=2`` lets slurmctld take it back when it registers.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -45,6 +44,8 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.shell import shell_quote
 from chaoskit.core.state import state_dir
 from chaoskit.lab.admin import lab_main
+from chaoskit.lab import labdir
+from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.netns import NetnsLab, require_netns_tools
 
 __all__ = ["SlurmLab", "slurm_lab_dir", "require_slurm_tools", "DEFAULT_SETTINGS", "PARTITION", "HEALTHCHECK"]
@@ -116,32 +117,18 @@ class SlurmLab:
         """Build the lab; return once slurmctld sees every node IDLE. On failure nothing is left."""
         tools = require_slurm_tools()
         directory = Path(directory or slurm_lab_dir()).resolve()
-        if (directory / "lab.json").exists():
-            raise InfraError(f"a Slurm lab is already up in {directory}", hint="chaoskit lab down")
-        if directory.exists() and any(directory.iterdir()):
-            raise InfraError(f"{directory} is not empty; a Slurm lab needs a directory of its own")
-        directory.mkdir(parents=True, exist_ok=True)
-        directory.chmod(0o711)  # munged wants its socket's folders searchable by all
+        labdir.claim(directory, "Slurm lab", 0o711)  # munged wants its socket's folders searchable by all
         net = NetnsLab.create(nodes, spare=spare, directory=directory / "netns")
         lab = cls(net.lab_id, directory, nodes, spare, {**DEFAULT_SETTINGS, **(settings or {})}, _free_port(),
                   socket.gethostname(), str(Path(tools["slurmctld"]).parent))
-        lab._save("building")
-        try:
-            lab._build()
-        except BaseException:
-            lab.down()
-            raise
-        lab._save("up")
+        labdir.build_whole(lab._save, lab._build, lab.down)
         return lab
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str] | None = None) -> "SlurmLab | None":
-        path = Path(directory or slurm_lab_dir()) / "lab.json"
-        if not path.exists():
+        data = labdir.load(Path(directory or slurm_lab_dir()))
+        if data is None:
             return None
-        data = json.loads(path.read_text())
-        data.pop("state", None)
-        data["directory"] = Path(data["directory"])
         data["settings"] = {**DEFAULT_SETTINGS, **data.get("settings", {})}  # a lab made before a setting existed had its default
         return cls(**data)
 
@@ -154,8 +141,8 @@ class SlurmLab:
                 net._kill_node(node)
         for name in ("slurmctld", "munged"):
             _kill_pidfile(self.directory / f"{name}.pid")
-        _kill_marked(str(self.directory / "slurm.conf"))
-        _kill_marked(str(self.munge_socket))
+        labdir.kill_marked(str(self.directory / "slurm.conf"))
+        labdir.kill_marked(str(self.munge_socket))
         if net is not None:
             net.down()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -236,12 +223,7 @@ class SlurmLab:
         return net
 
     def _save(self, state: str) -> None:
-        data = asdict(self)
-        data["directory"] = str(self.directory)
-        data["state"] = state
-        tmp = self.directory / "lab.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(self.directory / "lab.json")
+        labdir.save(self.directory, asdict(self), state)
 
     def _build(self) -> None:
         net = self._net()
@@ -383,15 +365,7 @@ class SlurmLab:
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
-    except FileNotFoundError:
-        raise InfraError(f"{argv[0]}: command not found", hint=HINT) from None
-    except subprocess.TimeoutExpired:
-        raise InfraError(f"{' '.join(argv)}: no answer within {timeout:g}s") from None
-    if res.returncode != 0:
-        raise InfraError(f"{' '.join(argv)} failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}")
-    return res
+    return run_tool(argv, env=env, timeout=timeout, hint=HINT)
 
 
 def _free_port() -> int:
@@ -441,24 +415,6 @@ def new_munge_key(key: Path) -> Path:
     key.unlink(missing_ok=True)
     nodefs.create_file(str(key), secrets.token_bytes(128), 0o400)
     return key
-
-
-def _kill_marked(marker: str) -> None:
-    """SIGKILL every process whose command line names ``marker`` (a daemon whose pid file is gone)."""
-    needle = marker.encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), os.getppid()):
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if needle in cmdline:
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def main(argv: list[str] | None = None) -> int:

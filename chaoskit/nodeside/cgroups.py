@@ -1,11 +1,46 @@
 """What the node-side cgroup tools share (:mod:`.memory_tool`, :mod:`.cpu_tool`): finding a controller's hierarchy
 and a process's cgroup in it, for ``CONTROLLER`` (``cpu``, ``memory``), which the controller sets in front of it:
-the v2 hierarchy when it has that controller, else the v1 one.
+the v2 hierarchy when it has that controller, else the v1 one. :func:`tool_main` is both tools' command line.
 """
 
 import json
 import os
+import sys
 import time
+
+
+def tool_main(act, restore):
+    """A cgroup tool's command line: ``probe``; ``ACT ARGS...`` (``act(args)``, whose function's name is the
+    operation: ``throttle``, ``cap``); ``restore STATE`` (``restore(state, info)``, ``info`` the state file's
+    JSON, the file removed after; no file: nothing was done, nothing to undo); ``check STATE CGROUP``."""
+    op, args = sys.argv[1], sys.argv[2:]
+    if op == "probe":
+        probe()
+    elif op == act.__name__:
+        act(args)
+    elif op == "restore":
+        state = state_file(args[0])
+        text = read_file(state)
+        if text is None:
+            sys.exit(0)
+        restore(state, json.loads(text))
+        os.unlink(state)
+    elif op == "check":
+        check(state_file(args[0]), args[1])
+
+
+def state_file(path):
+    """``path``, a fault's state file, once its folder is checked to be chaoskit's own (or nothing is done)."""
+    check_dir(os.path.dirname(path))
+    return path
+
+
+def controller():
+    """(version, mount) of ``CONTROLLER``'s hierarchy (:func:`pick`); the tool exits saying so when there is none."""
+    version, mount = pick()
+    if version is None:
+        sys.exit("no cgroup %s controller on this node" % CONTROLLER)
+    return version, mount
 
 
 def mounts():

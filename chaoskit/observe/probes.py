@@ -40,7 +40,7 @@ from chaoskit.core.lines import LineCutter, strip_ansi
 from chaoskit.observe.events import EventBus, make_event
 
 __all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLogProbe", "RemoteLogProbe", "TORCHRUN_RULES",
-           "TEE_PREFIX"]
+           "TEE_PREFIX", "coerce_capture"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ NUMERIC_FIELDS = frozenset({"step", "rank", "local_rank", "pid", "exitcode", "re
 _NUMBER = re.compile(r"-?[0-9]{1,%d}" % MAX_NUMBER_DIGITS)
 
 
-def _coerce(value: str | None) -> Any:
+def coerce_capture(value: str | None) -> Any:
     """A captured value: an int when it is at most MAX_NUMBER_DIGITS ASCII digits, else the text."""
     if value is None:
         return None
@@ -121,7 +121,7 @@ class LogRegexProbe:
                 self._slow(rule, node, line)
                 continue
             if m:
-                fields = {k: _coerce(v) for k, v in m.groupdict().items() if v is not None}
+                fields = {k: coerce_capture(v) for k, v in m.groupdict().items() if v is not None}
                 if any(k in NUMERIC_FIELDS and not isinstance(v, int) for k, v in fields.items()):
                     continue  # e.g. a 10,000-digit "step": no event of that line
                 event = make_event(rule.event, ts, node=node, source=fields.pop("source", "log"))

@@ -1,7 +1,7 @@
 """The docker transport: a node is a container, reached through the docker engine.
 
 It is the SSH transport's contract (see :mod:`.ssh`) over a different channel:
-the on-node agent runs in a ``docker exec`` session whose stdin and stdout are
+the on-node agent (:mod:`.channel`) runs in a ``docker exec`` session whose stdin and stdout are
 the engine's hijacked exec socket, so the same JSON requests, deadlines, leases
 and fallbacks apply. The control path never crosses the container's network:
 a fault that takes the container's NIC down cannot cut chaoskit off (the same
@@ -24,16 +24,11 @@ import threading
 import time
 from typing import Any
 
-from chaoskit.cluster.transports.ssh import (
-    GRACE_S,
-    SSHTransport,
-    _AgentChannel,
-    _AgentGone,
-    _boot_code,
-)
+from chaoskit.cluster.transports.channel import AgentChannel, AgentGone, boot_argv
+from chaoskit.cluster.transports.ssh import GRACE_S, SSHTransport
 from chaoskit.core.errors import InfraError
 
-__all__ = ["DockerTransport", "docker_client", "network_argv", "networks_of", "power_argv"]
+__all__ = ["DockerTransport", "devices_by_address", "docker_client", "network_argv", "networks_of", "power_argv"]
 
 DEFAULT_PYTHON = "python3"
 
@@ -63,24 +58,15 @@ def power_argv(container: str, action: str) -> list[str]:
 class DockerTransport(SSHTransport):
     """Run commands in one container through the docker engine (the SSH transport's contract)."""
 
-    def __init__(
-        self,
-        node: str,
-        container: str,
-        *,
-        python: str = DEFAULT_PYTHON,
-        workdir: str | None = None,
-        process_scope: str = "all",
-        scope_token: str | None = None,
-        connect_timeout: float = 10.0,
-        command_timeout: float = 30.0,
-        use_agent: bool = True,
-    ) -> None:
-        super().__init__(
-            node, container, user="root", become="none", python=python, workdir=workdir,
-            process_scope=process_scope, scope_token=scope_token, connect_timeout=connect_timeout,
-            command_timeout=command_timeout, use_agent=use_agent,
-        )
+    AGENT_SETTINGS = frozenset({"workdir", "process_scope", "scope_token", "connect_timeout", "command_timeout", "use_agent"})
+    """The :class:`SSHTransport` settings a container node takes (the rest are about SSH: user, keys, host keys,
+    bastions); they mean what they mean there."""
+
+    def __init__(self, node: str, container: str, *, python: str = DEFAULT_PYTHON, **settings: Any) -> None:
+        unknown = set(settings) - self.AGENT_SETTINGS
+        if unknown:
+            raise TypeError(f"DockerTransport takes no {', '.join(sorted(unknown))} (only {', '.join(sorted(self.AGENT_SETTINGS))})")
+        super().__init__(node, container, user="root", become="none", python=python, **settings)
         self.container = container
 
     def __repr__(self) -> str:
@@ -93,13 +79,12 @@ class DockerTransport(SSHTransport):
     def _open_client(self) -> Any:
         return docker_client(self.connect_timeout).api
 
-    def _start_agent(self) -> _AgentChannel:
-        argv = [self.python, "-I", "-u", "-c", _boot_code()]
+    def _start_agent(self) -> AgentChannel:
         try:
-            chan = _ExecChannel.open(self._client, self.container, argv)
+            chan = _ExecChannel.open(self._client, self.container, boot_argv(self.python))
         except InfraError as exc:
-            raise _AgentGone(str(exc)) from None
-        return self._checked_agent(_AgentChannel.over(chan, self.connect_timeout, self.node, self.program))
+            raise AgentGone(str(exc)) from None
+        return self._checked_agent(AgentChannel.over(chan, self.connect_timeout, self.node, self.program))
 
     def _exec(self, command: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         """One ``docker exec`` of a shell command line (already quoted) with a client-side deadline."""
@@ -124,7 +109,7 @@ class DockerTransport(SSHTransport):
 
 
 class _ExecChannel:
-    """What :class:`~.ssh._AgentChannel` needs of a paramiko channel, over one docker exec.
+    """What :class:`~.channel.AgentChannel` needs of a paramiko channel, over one docker exec.
 
     With no TTY the engine multiplexes the process's stdout and stderr on the
     socket in frames (8-byte header: stream, 3 zero bytes, big-endian length);
@@ -277,13 +262,13 @@ def networks_of(container: str) -> dict[str, dict[str, Any]]:
     except docker.errors.NotFound:
         raise InfraError(f"container {container} does not exist") from None
     nets = c.attrs["NetworkSettings"]["Networks"] or {}
-    devices = _devices_by_address(c)
+    devices = devices_by_address(c)
     return {name: {"ip": n.get("IPAddress") or "", "aliases": [a for a in n.get("Aliases") or [] if a != c.id[:12]],
                    "device": devices.get(n.get("IPAddress") or "", "")}
             for name, n in nets.items()}
 
 
-def _devices_by_address(c: Any) -> dict[str, str]:
+def devices_by_address(c: Any) -> dict[str, str]:
     """IPv4 address -> device name inside the container (``ip -o -4 addr``)."""
     code, out = c.exec_run(["ip", "-o", "-4", "addr", "show"])
     found = {}

@@ -20,7 +20,7 @@ Contract:
   prompts). When sudo wants a password the first agent start fails with
   :class:`SudoError` naming the node and the user: no restarts, no hang.
 - **Fast path**: the first command starts :mod:`.agent_script` over one exec
-  channel; later commands travel over that channel as JSON lines with request
+  channel (:class:`~.channel.AgentChannel`); later commands travel over that channel as JSON lines with request
   ids, deadlines and exit codes (~0.2 ms round trip instead of ~100 ms for a new
   SSH session). If the agent dies it is restarted; after repeated failures the
   transport falls back to one SSH exec per command.
@@ -48,53 +48,43 @@ Contract:
   validated by the fault that built them; control characters are refused here
   as a last line of defence.
 
-paramiko is imported when a transport connects, not at import time.
+Many nodes at once: :mod:`chaoskit.cluster.fanout`. paramiko is imported when a transport connects, not at import time.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import itertools
 import json
 import logging
 import os
-import queue
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping
 
 from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
-from chaoskit.cluster.nodefs import bundle
-from chaoskit.cluster.transports.agent_script import BOOT
+from chaoskit.cluster.ssh_paths import append_known_host, config_problems, inside
 from chaoskit.cluster.transports.api import (
     CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, NvmlBatch, ProcInfo, StreamUnsupported, WatchMessage,
 )
-from chaoskit.cluster.ssh_paths import append_known_host, config_problems, inside
+from chaoskit.cluster.transports.channel import (
+    AgentChannel, AgentGone, AgentStream, DeadlineMissed, OpFailed, agent_program, boot_argv, start_stream,
+)
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
-from chaoskit.nodeside import jobscope
 
 __all__ = [
     "SSHTransport",
     "HostKeyError",
     "SudoError",
+    "checked_argv",
     "fingerprint",
-    "parallel",
-    "connect_all",
-    "run_many",
-    "ping_many",
-    "AGENT_SOURCE",
+    "GRACE_S",
+    "IDEMPOTENT_OPS",
 ]
-
-T = TypeVar("T")
-
-AGENT_SOURCE = Path(__file__).with_name("agent_script.py").read_text(encoding="utf-8")
-"""The agent's own source; what a node runs is :func:`agent_program` of it."""
 
 IDLE_WAKE_S = 5.0
 """How often a connected transport's thread wakes with nothing to read (paramiko's default,
@@ -102,11 +92,6 @@ IDLE_WAKE_S = 5.0
 an idle controller's CPU at a hundred nodes). Set on the socket once the session is up, so the
 handshake and authentication keep paramiko's own timing; what the wake-up checks (a close, a
 re-key, the keepalive every 5 s) is not needed more often than this (a close does not wait for it)."""
-
-
-def agent_program(workdir: str | None) -> bytes:
-    """The program the agent runs on a node: nodefs' source, the state folder asked for, the agent."""
-    return bundle(AGENT_SOURCE, jobscope, CHAOSKIT_WORKDIR=workdir).encode("utf-8")
 
 
 GRACE_S = 2.0
@@ -128,44 +113,12 @@ _LEASE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-MAX_REPLY_BYTES = 32 << 20
-"""The longest reply line the controller takes from a node's agent (a ``procs`` of every process on a big node, each
-command line capped at the agent's CMDLINE_MAX, is far less); a longer one ends the channel."""
-
-
 class HostKeyError(InfraError):
     """The node's host key is unknown or does not match ``known_hosts``."""
 
 
 class SudoError(InfraError):
     """``sudo -n`` refused to run chaoskit's agent (it wants a password, or the user may not sudo)."""
-
-
-class _AgentGone(Exception):
-    """The agent channel is dead (EOF, send failure).
-
-    ``sent`` tells whether the request had left: one that had may have run, so only
-    idempotent requests are retried on a new agent (a second ``ip link set down``
-    after the node's watchdog restored the link would undo the safety net).
-    """
-
-    def __init__(self, reason: str, sent: bool = False) -> None:
-        super().__init__(reason)
-        self.sent = sent
-
-
-def _start_stream(agent: "_AgentChannel", what: str, fields: dict[str, Any], on_message: Callable[[dict[str, Any]], None],
-                  on_gone: Callable[[str], None], quiet: bool = False) -> int:
-    """Start one of the agent's streams; :class:`InfraError` (what callers retry on) when its channel closed
-    between being picked and the request leaving: a node powered off mid-drill."""
-    try:
-        return agent.stream(fields, on_message, on_gone, quiet=quiet)
-    except _AgentGone as exc:
-        raise InfraError(f"cannot {what}: the agent's connection closed ({exc})") from None
-
-
-class _OpFailed(Exception):
-    """The agent answered ``ok: false``."""
 
 
 def fingerprint(key: Any) -> str:
@@ -258,7 +211,7 @@ class SSHTransport:
         self._client: Any = None
         self._sock: Any = None
         """The tunnel through ``jump`` the connection runs in, when there is one."""
-        self._agent: _AgentChannel | None = None
+        self._agent: AgentChannel | None = None
         self._agent_failures = 0
         self._lock = threading.RLock()
         self._watchdog_path: str | None = None
@@ -293,7 +246,7 @@ class SSHTransport:
             if self.mode == "agent":
                 try:
                     self._agent_locked()
-                except _AgentGone as exc:  # the next command retries, then falls back to exec
+                except AgentGone as exc:  # the next command retries, then falls back to exec
                     self.notes.append(f"the agent on {self.node} did not start: {exc}")
         return self
 
@@ -319,6 +272,13 @@ class SSHTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def running_agent(self) -> AgentChannel | None:
+        """The agent's channel when one is running now (nothing connected or started here), else ``None``:
+        what a fan-out writes its request straight onto (:func:`chaoskit.cluster.fanout.run_many`)."""
+        agent = self._agent
+        return agent if self.mode == "agent" and agent is not None and not agent.dead else None
 
     @property
     def connected(self) -> bool:
@@ -489,7 +449,7 @@ class SSHTransport:
     def _boot_command(self, timeout: float | None = None) -> str:
         if self.vet_python and not self._python_vetted:
             self._check_python()
-        argv = [self.python, "-I", "-u", "-c", _boot_code()]
+        argv = boot_argv(self.python)
         if timeout is not None:
             argv = ["timeout", "-k", "2", f"{max(timeout, 0.1):.3f}", *argv]
         return self._remote(argv)
@@ -508,7 +468,7 @@ class SSHTransport:
                 hint="point ssh.python at the system's interpreter (e.g. /usr/bin/python3)")
         self._python_vetted = True
 
-    def _agent_locked(self) -> "_AgentChannel | None":
+    def _agent_locked(self) -> "AgentChannel | None":
         if self.mode != "agent":
             return None
         if self._agent is not None and not self._agent.dead:
@@ -523,7 +483,7 @@ class SSHTransport:
             skew = _test_skew().get(self.node)
             if skew is not None:
                 self._agent.request({"op": "skew", "seconds": skew}, self.connect_timeout)
-        except _AgentGone as exc:
+        except AgentGone as exc:
             self._agent = None
             refused = self._sudo_refusal(str(exc))
             if refused is not None:
@@ -565,12 +525,12 @@ class SSHTransport:
             self._program = agent_program(self._workdir)
         return self._program
 
-    def _start_agent(self) -> "_AgentChannel":
+    def _start_agent(self) -> "AgentChannel":
         """Open one exec channel running the agent (the docker transport opens a docker exec instead)."""
-        return self._checked_agent(_AgentChannel.start(self._client, self._boot_command(), self.connect_timeout,
+        return self._checked_agent(AgentChannel.start(self._client, self._boot_command(), self.connect_timeout,
                                                        self.node, self.program))
 
-    def _checked_agent(self, agent: "_AgentChannel") -> "_AgentChannel":
+    def _checked_agent(self, agent: "AgentChannel") -> "AgentChannel":
         """``agent``, once its hello names the state folder it checked; else it is closed and the node refused."""
         refused = agent.hello.get("state_error")
         if refused or not agent.hello.get("state_dir"):
@@ -606,13 +566,13 @@ class SSHTransport:
             try:
                 with self._lock:
                     agent = self._agent_locked()
-            except _AgentGone:
+            except AgentGone:
                 continue
             if agent is None:
                 break
             try:
                 return agent.request(fields, timeout + GRACE_S)
-            except _AgentGone as exc:
+            except AgentGone as exc:
                 with self._lock:
                     if self._agent is agent:
                         self._agent = None
@@ -622,7 +582,7 @@ class SSHTransport:
                         "its outcome is unknown"
                     ) from None
                 continue
-            except _Deadline as exc:
+            except DeadlineMissed as exc:
                 if exc.silent:  # nothing at all came back since the request left: wedged agent or dead link
                     with self._lock:
                         if self._agent is agent:
@@ -656,7 +616,7 @@ class SSHTransport:
                 continue
             if reply.get("id") == 1:
                 if not reply.get("ok"):
-                    raise _OpFailed(reply.get("error", "failed"))
+                    raise OpFailed(reply.get("error", "failed"))
                 return reply
         raise InfraError(f"{_describe(fields)} on node {self.node} failed (exit {rc}): {err.strip()[-300:] or 'no output'}")
 
@@ -708,19 +668,20 @@ class SSHTransport:
 
     def run(self, argv: list[str], timeout: float | None = None) -> CommandResult:
         """Run ``argv`` on the node (no shell) with a hard deadline; raise InfraError when it misses it."""
-        argv = _checked(argv)
+        argv = checked_argv(argv)
         timeout = self.command_timeout if timeout is None else float(timeout)
         try:
             reply = self._call("run", timeout, argv=argv, timeout=timeout)
-        except _OpFailed as exc:
+        except OpFailed as exc:
             raise InfraError(f"{argv[0]} on node {self.node}: {exc}") from None
         if reply.get("timed_out"):
             raise InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {self.node}")
         if reply["rc"] == 127 and not reply["stdout"]:
             raise InfraError(f"{argv[0]}: command not found on node {self.node}: {reply['stderr'].strip()}")
-        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], self._local_time(reply.get("t")))
+        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], self.local_time(reply.get("t")))
 
-    def _local_time(self, t: float | None) -> float | None:
+    def local_time(self, t: float | None) -> float | None:
+        """A time the node reported, on this machine's clock (:attr:`clock`); ``None`` stays ``None``."""
         return None if t is None else self.clock.to_controller(float(t))
 
     def sync_clock(self, samples: int = SAMPLES) -> ClockOffset:
@@ -728,13 +689,13 @@ class SSHTransport:
         self.clock = measure_clock(lambda: self.ping(timeout=self.command_timeout), samples)
         return self.clock
 
-    def _stream_agent(self, what: str, unsupported: type[Exception] = InfraError) -> "_AgentChannel":
+    def _stream_agent(self, what: str, unsupported: type[Exception] = InfraError) -> "AgentChannel":
         """The agent a stream runs on; ``InfraError`` when it did not start, ``unsupported`` when this connection
         fell back to one exec per command. ``what``: the stream, for the message ("follow F on node N")."""
         try:
             with self._lock:
                 agent = self._agent_locked()
-        except _AgentGone as exc:
+        except AgentGone as exc:
             raise InfraError(f"cannot {what}: the agent did not start ({exc})") from None
         if agent is None:
             raise unsupported(f"cannot {what}: it needs chaoskit's agent, and this connection fell back to one exec per command")
@@ -748,7 +709,7 @@ class SSHTransport:
         folders the file must really be in (links resolved on the node), else the stream fails."""
         what = f"follow {path} on node {self.node}"
         agent = self._stream_agent(what)
-        stream = _Stream(agent)
+        stream = AgentStream(agent)
 
         def message(reply: dict[str, Any]) -> None:
             if "lines" in reply:
@@ -757,10 +718,10 @@ class SSHTransport:
             if not reply.get("more"):
                 stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
 
-        fields = {"op": "follow", "path": _checked([path])[0], "inode": inode, "offset": int(offset), "interval": interval}
+        fields = {"op": "follow", "path": checked_argv([path])[0], "inode": inode, "offset": int(offset), "interval": interval}
         if roots is not None:
-            fields["roots"] = _checked(roots)
-        stream.rid = _start_stream(agent, what, fields, message, stream.finish)
+            fields["roots"] = checked_argv(roots)
+        stream.rid = start_stream(agent, what, fields, message, stream.finish)
         return stream
 
     def watch_processes(self, on_message: WatchMessage, *, known: list[tuple[int, int | None, str]] | None = None,
@@ -773,7 +734,7 @@ class SSHTransport:
         moves on), not on the delivery thread."""
         what = f"watch the processes of node {self.node}"
         agent = self._stream_agent(what, unsupported=StreamUnsupported)
-        stream = _Stream(agent)
+        stream = AgentStream(agent)
         to_local = self.clock.to_controller
 
         def message(reply: dict[str, Any]) -> None:
@@ -785,7 +746,7 @@ class SSHTransport:
 
         fields = {"op": "watch", "scope": self.scope, "interval": float(interval), "heartbeat": float(heartbeat),
                   "known": [[int(pid), None if start is None else int(start), str(state)] for pid, start, state in known or ()]}
-        stream.rid = _start_stream(agent, what, fields, message, stream.finish, quiet=not beats)
+        stream.rid = start_stream(agent, what, fields, message, stream.finish, quiet=not beats)
         return stream
 
     def nvml(self, on_batch: Callable[[NvmlBatch], None]) -> "FollowStream":
@@ -793,7 +754,7 @@ class SSHTransport:
         uncorrectable ECC events with the node's time on this machine's clock (:class:`NvmlBatch`)."""
         what = f"read the GPUs of node {self.node} through NVML"
         agent = self._stream_agent(what)
-        stream = _Stream(agent)
+        stream = AgentStream(agent)
         to_local = self.clock.to_controller
 
         def message(reply: dict[str, Any]) -> None:
@@ -806,7 +767,7 @@ class SSHTransport:
             if not reply.get("more"):
                 stream.finish(None if reply.get("ok") else str(reply.get("error", "failed")))
 
-        stream.rid = _start_stream(agent, what, {"op": "nvml"}, message, stream.finish)
+        stream.rid = start_stream(agent, what, {"op": "nvml"}, message, stream.finish)
         return stream
 
     def kmsg(self, on_batch: Callable[[KmsgBatch], None], *, seq: int | None = None,
@@ -816,7 +777,7 @@ class SSHTransport:
         node logged it on this machine's clock (:class:`~chaoskit.cluster.transports.api.KmsgBatch`)."""
         what = f"read the kernel log of node {self.node}"
         agent = self._stream_agent(what)
-        stream = _Stream(agent)
+        stream = AgentStream(agent)
 
         def message(reply: dict[str, Any]) -> None:
             if reply.get("ok") and ("records" in reply or reply.get("started")):
@@ -828,7 +789,7 @@ class SSHTransport:
 
         fields: dict[str, Any] = {"op": "kmsg", "seq": None if seq is None else int(seq),
                                   "match": [str(m) for m in (match or [])]}
-        stream.rid = _start_stream(agent, what, fields, message, stream.finish)
+        stream.rid = start_stream(agent, what, fields, message, stream.finish)
         return stream
 
     def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
@@ -852,30 +813,30 @@ class SSHTransport:
             fields["start"] = int(start_time)
         try:
             reply = self._call("signal", self.command_timeout, **fields)
-        except _OpFailed as exc:
+        except OpFailed as exc:
             raise InfraError(f"refusing to signal pid {pid} on node {self.node}: {exc}") from None
         return self.clock.to_controller(float(reply["t"]))
 
     def spawn_detached(self, argv: list[str]) -> int:
-        return int(self._request("spawn", self.command_timeout, argv=_checked(argv))["pid"])
+        return int(self._request("spawn", self.command_timeout, argv=checked_argv(argv))["pid"])
 
     def touch(self, path: str, timeout: float = 5.0) -> None:
-        self._request("touch", timeout, path=_checked([path])[0])
+        self._request("touch", timeout, path=checked_argv([path])[0])
 
     def ping(self, timeout: float = 5.0) -> float:
         """One round trip to the node; return the node's own clock (uncorrected: what :meth:`sync_clock` measures)."""
         return float(self._request("ping", timeout)["t"])
 
     def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
-        self._request("write", self.command_timeout, path=_checked([path])[0], data=data, mode=mode)
+        self._request("write", self.command_timeout, path=checked_argv([path])[0], data=data, mode=mode)
 
     def read_file(self, path: str) -> str | None:
-        return self._request("read", self.command_timeout, path=_checked([path])[0])["data"]
+        return self._request("read", self.command_timeout, path=checked_argv([path])[0])["data"]
 
     def _request(self, op: str, timeout: float, /, **fields: Any) -> dict[str, Any]:
         try:
             return self._call(op, timeout, **fields)
-        except _OpFailed as exc:
+        except OpFailed as exc:
             raise InfraError(f"{op} on node {self.node} failed: {exc}") from None
 
     # -- leases (WatchdogHost) -----------------------------------------------------------
@@ -894,7 +855,7 @@ class SSHTransport:
             self._watchdog_path = path
         reply = self._request(
             "watchdog", self.command_timeout, script=self._watchdog_path, lease_dir=directory,
-            ttl=float(ttl), duration=float(duration), revert=_checked(revert), wait=5,
+            ttl=float(ttl), duration=float(duration), revert=checked_argv(revert), wait=5,
         )
         return directory, int(reply["pid"])
 
@@ -904,399 +865,6 @@ class SSHTransport:
     def cleanup_leases(self, run_id: str) -> None:
         self._request("rmtree", min(5.0, self.command_timeout), path=self.lease_dir(run_id))
 
-
-class _Deadline(Exception):
-    def __init__(self, silent: bool) -> None:
-        super().__init__()
-        self.silent = silent
-
-
-_request_ids = itertools.count(1)
-"""One id space for the whole process, so a fan-out encodes its request once and
-writes the same bytes to every node (each agent only needs ids unique on its channel)."""
-
-
-class _Batch:
-    """Completion of many requests at once: the fan-out's thread wakes once, when the
-    last of them is answered (or gone), not once per node."""
-
-    __slots__ = ("_left", "_lock", "_all")
-
-    def __init__(self, expected: int) -> None:
-        self._left = expected
-        self._lock = threading.Lock()
-        self._all = threading.Lock()
-        self._all.acquire()
-        if expected <= 0:
-            self._all.release()
-
-    def one_done(self) -> None:
-        with self._lock:
-            self._left -= 1
-            last = self._left == 0
-        if last:
-            self._all.release()
-
-    def wait(self, timeout: float) -> bool:
-        return self._all.acquire(timeout=max(0.0, timeout))
-
-
-class _Slot:
-    """One request in flight: completed exactly once, by its reply or by the channel's death."""
-
-    __slots__ = ("reply", "gone", "sent_at", "_wake", "_batch")
-
-    def __init__(self, batch: _Batch | None = None) -> None:
-        self.reply: dict[str, Any] | None = None
-        self.gone: str | None = None
-        self.sent_at = 0.0
-        self._batch = batch
-        if batch is None:  # a bare lock: cheaper to wait on and to wake than an Event
-            self._wake = threading.Lock()
-            self._wake.acquire()
-
-    def complete(self) -> None:
-        if self._batch is None:
-            self._wake.release()
-        else:
-            self._batch.one_done()
-
-    def wait(self, timeout: float) -> bool:
-        return self._wake.acquire(timeout=max(0.0, timeout))
-
-
-class _AgentChannel:
-    """One exec channel running the agent; requests are multiplexed by id.
-
-    Over a paramiko channel the agent's replies are parsed and handed to their
-    waiters right in paramiko's transport thread, as the data arrives
-    (:class:`_ReplyFeed`): no reader thread, no copy through the channel's
-    buffer, one thread hand-off per reply. Any other channel (the docker
-    transport's exec socket) gets a reader thread calling ``recv``.
-    """
-
-    def __init__(self, chan: Any, node: str) -> None:
-        self.chan, self.node = chan, node
-        self.dead = False
-        self.reason = ""
-        self.hello: dict[str, Any] = {}
-        self._pending: dict[int, _Slot] = {}
-        self._streams: dict[int, tuple[Callable[[dict[str, Any]], None], Callable[[str], None]]] = {}
-        self._deliveries: queue.SimpleQueue | None = None
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._buf = bytearray()
-        self.last_rx = time.monotonic()
-
-    @classmethod
-    def start(cls, client: Any, command: str, timeout: float, node: str, program: bytes) -> "_AgentChannel":
-        try:
-            chan = client.get_transport().open_session(timeout=timeout)
-            chan.exec_command(command)
-        except Exception as exc:  # noqa: BLE001
-            raise _AgentGone(f"cannot start the agent: {exc}") from None
-        return cls.over(chan, timeout, node, program)
-
-    @classmethod
-    def over(cls, chan: Any, timeout: float, node: str, program: bytes) -> "_AgentChannel":
-        """Ship the agent's ``program`` down ``chan`` (a channel already running :data:`BOOT`) and wait for its hello."""
-        agent = cls(chan, node)
-        hello = _Slot()
-        agent._pending[0] = hello
-        agent._listen()  # before the source leaves: nothing is printed until the agent has it
-        try:
-            chan.sendall(f"{len(program)}\n".encode() + program)
-        except Exception as exc:  # noqa: BLE001
-            agent.close()
-            raise _AgentGone(f"cannot start the agent: {exc}") from None
-        if not hello.wait(timeout):
-            agent.close()
-            raise _AgentGone(f"the agent did not start within {timeout:g}s")
-        if hello.gone:
-            raise _AgentGone(hello.gone)
-        agent.hello = hello.reply or {}
-        return agent
-
-    def _listen(self) -> None:
-        if _ReplyFeed.fits(self.chan):
-            self.chan.in_buffer = _ReplyFeed(self)
-        else:
-            threading.Thread(target=self._read_loop, name=f"chaoskit-agent-{self.node}", daemon=True).start()
-
-    def request(self, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
-        rid = next(_request_ids)
-        slot = _Slot()
-        self.submit(rid, (json.dumps({"id": rid, **fields}) + "\n").encode(), slot)
-        return self.wait(rid, slot, timeout)
-
-    def submit(self, rid: int, data: bytes, slot: _Slot) -> None:
-        """Write one request (``data``, one JSON line carrying ``rid``) for ``slot``.
-
-        On return the slot is in flight; on :class:`_AgentGone` it has been completed
-        (``gone`` set), so a batch it belongs to never waits for it.
-        """
-        with self._lock:
-            if self.dead:
-                slot.gone = self.reason
-                slot.complete()
-                raise _AgentGone(self.reason)
-            self._pending[rid] = slot
-        slot.sent_at = time.monotonic()
-        try:
-            with self._send_lock:
-                self.chan.sendall(data)
-        except Exception as exc:  # noqa: BLE001
-            self._die(f"send failed: {exc}")  # completes the slot
-            raise _AgentGone(self.reason) from None
-
-    def stream(self, fields: dict[str, Any], on_message: Callable[[dict[str, Any]], None],
-               on_gone: Callable[[str], None], quiet: bool = False) -> int:
-        """Start a request that answers many times: each answer goes to ``on_message`` until one
-        without ``more``; ``on_gone(reason)`` when the channel dies first. Both are called on this
-        channel's delivery thread, in order, never on paramiko's transport thread (a callback that
-        sends on this channel, or waits for it, must not hold up the thread that reads it).
-        ``quiet``: an answer with ``more`` and an empty ``changes`` (a ``watch`` heartbeat) is not
-        delivered; it has moved :attr:`last_rx` on, which is all a heartbeat says."""
-        rid = next(_request_ids)
-        with self._lock:
-            if self.dead:
-                raise _AgentGone(self.reason)
-            self._streams[rid] = (on_message, on_gone, quiet)
-        try:
-            with self._send_lock:
-                self.chan.sendall((json.dumps({"id": rid, **fields}) + "\n").encode())
-        except Exception as exc:  # noqa: BLE001
-            self._die(f"send failed: {exc}")
-            raise _AgentGone(self.reason) from None
-        return rid
-
-    def cancel(self, rid: int) -> None:
-        """End a stream (best effort: a dead channel has ended it already)."""
-        try:
-            with self._send_lock:
-                self.chan.sendall((json.dumps({"id": next(_request_ids), "op": "cancel", "stream": rid}) + "\n").encode())
-        except Exception:  # noqa: BLE001
-            pass
-
-    def wait(self, rid: int, slot: _Slot, timeout: float) -> dict[str, Any]:
-        slot.wait(timeout)
-        return self.outcome(rid, slot)
-
-    def outcome(self, rid: int, slot: _Slot) -> dict[str, Any]:
-        """The reply of a request whose wait is over; :class:`_Deadline` if none came."""
-        with self._lock:  # a reply or a death lands under this lock, so what is read here is final
-            self._pending.pop(rid, None)
-            reply, gone = slot.reply, slot.gone
-        if reply is None and gone is None:
-            raise _Deadline(silent=self.last_rx < slot.sent_at)
-        if gone is not None:
-            raise _AgentGone(gone, sent=True)
-        if not reply.get("ok"):
-            raise _OpFailed(reply.get("error", "failed"))
-        return reply
-
-    def close(self) -> None:
-        self._die("closed")
-        try:
-            self.chan.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def _feed(self, data: bytes) -> None:
-        """Bytes of the agent's stdout, in order; every complete line is a reply."""
-        self.last_rx = time.monotonic()
-        buf = self._buf
-        if not buf and data.endswith(b"\n") and data.count(b"\n") == 1:
-            self._dispatch(data)  # the common case: one whole reply per packet
-            return
-        buf += data
-        start = 0
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                break
-            self._dispatch(bytes(buf[start:nl]))
-            start = nl + 1
-        del buf[:start]
-        if len(buf) > MAX_REPLY_BYTES:  # a reply without end (what a node sends is bounded): no more of this channel
-            buf.clear()
-            self._die(f"a reply of more than {MAX_REPLY_BYTES >> 20} MiB without a line end; the channel is closed")
-            try:
-                self.chan.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-    def _read_loop(self) -> None:
-        try:
-            while True:
-                data = self.chan.recv(65536)
-                if not data:
-                    break
-                self._feed(data)
-        except Exception as exc:  # noqa: BLE001
-            self._die(f"connection lost: {exc}")
-            return
-        err = b""
-        try:
-            while self.chan.recv_stderr_ready():
-                err += self.chan.recv_stderr(65536)
-        except Exception:  # noqa: BLE001
-            pass
-        self._exited(err)
-
-    def _exited(self, stderr: bytes) -> None:
-        detail = stderr.decode(errors="replace").strip().splitlines()
-        self._die("the agent exited" + (f": {detail[-1]}" if detail else ""))
-
-    def _dispatch(self, line: bytes) -> None:
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            return
-        rid = reply.get("id")
-        with self._lock:
-            stream = self._streams.get(rid)
-            if stream is not None:
-                if not reply.get("more"):
-                    del self._streams[rid]
-                elif stream[2] and reply.get("changes") == []:
-                    return  # a heartbeat: last_rx has it
-                self._deliver(stream[0], reply)
-                return
-            slot = self._pending.pop(rid, None)
-            if slot is None:
-                return
-            slot.reply = reply
-        slot.complete()
-
-    def _die(self, reason: str) -> None:
-        with self._lock:
-            if self.dead:
-                return
-            self.dead, self.reason = True, reason
-            pending, self._pending = self._pending, {}
-            for slot in pending.values():
-                slot.gone = reason
-            for _, on_gone, _ in self._streams.values():
-                self._deliver(on_gone, reason)
-            self._streams = {}
-            if self._deliveries is not None:
-                self._deliveries.put(None)  # the delivery thread ends after what is queued
-        for slot in pending.values():
-            slot.complete()
-
-    def _deliver(self, callback: Callable[[Any], None], arg: Any) -> None:
-        """Run a stream's callback on this channel's delivery thread (started with the first one;
-        the caller holds ``self._lock``)."""
-        if self._deliveries is None:
-            self._deliveries = queue.SimpleQueue()
-            threading.Thread(target=self._delivery_loop, args=(self._deliveries,),
-                             name=f"chaoskit-stream-{self.node}", daemon=True).start()
-        self._deliveries.put((callback, arg))
-
-    @staticmethod
-    def _delivery_loop(deliveries: queue.SimpleQueue) -> None:
-        while (item := deliveries.get()) is not None:
-            callback, arg = item
-            try:
-                callback(arg)
-            except Exception:  # noqa: BLE001 - a probe's bug must not stop the streams behind it
-                logging.getLogger(__name__).exception("a stream callback failed")
-
-
-class _Stream:
-    """A running ``follow`` or ``watch``: :attr:`done` once it ended, :attr:`error` why (``None``: cancelled or finished)."""
-
-    def __init__(self, agent: _AgentChannel) -> None:
-        self.agent, self.rid = agent, 0
-        self.done = threading.Event()
-        self.error: str | None = None
-
-    def finish(self, error: str | None) -> None:
-        if not self.done.is_set():
-            self.error = error
-            self.done.set()
-
-    def cancel(self) -> None:
-        if not self.done.is_set():
-            self.agent.cancel(self.rid)
-
-    @property
-    def last_heard(self) -> float:
-        """``time.monotonic()`` when the node last sent anything on this stream's channel."""
-        return self.agent.last_rx
-
-
-class _ReplyFeed:
-    """Stands in for a paramiko channel's ``in_buffer`` (a ``BufferedPipe``).
-
-    paramiko's transport thread calls ``feed`` with each packet of the agent's
-    stdout and ``close`` at EOF or when the connection dies; the agent's replies
-    are dispatched right there. What ``Channel.recv`` would otherwise do with the
-    bytes it consumed, tell the server the window has room again, is done here
-    too, on a short-lived thread (a ``WINDOW_ADJUST`` goes out every ~10% of the
-    window, 200 KiB by default): the transport thread must never wait to send,
-    since during a key exchange only it can let a sender through.
-    """
-
-    def __init__(self, agent: _AgentChannel) -> None:
-        self.agent = agent
-
-    @staticmethod
-    def fits(chan: Any) -> bool:
-        try:
-            from paramiko import Channel
-            from paramiko.buffered_pipe import BufferedPipe
-        except ImportError:
-            return False
-        return isinstance(chan, Channel) and type(getattr(chan, "in_buffer", None)) is BufferedPipe
-
-    def feed(self, data: bytes) -> None:
-        try:
-            self.agent._feed(data)
-            room = self.agent.chan._check_add_window(len(data))
-            if room:
-                threading.Thread(target=self._adjust_window, args=(room,), daemon=True).start()
-        except Exception as exc:  # noqa: BLE001 - never let an exception end paramiko's transport thread
-            self.agent._die(f"bad data from the agent: {exc}")
-
-    def _adjust_window(self, room: int) -> None:
-        from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
-        from paramiko.message import Message
-
-        chan = self.agent.chan
-        m = Message()
-        m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
-        m.add_int(chan.remote_chanid)
-        m.add_int(room)
-        try:
-            chan.transport._send_user_message(m)
-        except Exception:  # noqa: BLE001 - a connection going away is noticed by close()
-            pass
-
-    def close(self) -> None:
-        chan = self.agent.chan
-        if not chan.eof_received:  # closed without EOF: the connection went away under the channel
-            self.agent._die("connection lost")
-            return
-        # the caller holds the channel's lock, so read the stderr buffer itself, not recv_stderr
-        self.agent._exited(chan.in_stderr_buffer.empty())
-
-    # what else a Channel may ask of its buffer; the agent's bytes never wait here
-    def read_ready(self) -> bool:
-        return False
-
-    def read(self, nbytes: int, timeout: float | None = None) -> bytes:
-        return b""
-
-    def empty(self) -> bytes:
-        return b""
-
-    def set_event(self, event: threading.Event) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return 0
 
 
 class _RejectPolicy:
@@ -1374,11 +942,9 @@ def _transport_preferring_aead(sock: Any, **kwargs: Any) -> Any:
     return transport
 
 
-def _boot_code() -> str:
-    return BOOT
-
-
-def _checked(argv: Iterable[Any]) -> list[str]:
+def checked_argv(argv: Iterable[Any]) -> list[str]:
+    """``argv`` as strings, for a node: a :class:`ValueError` for an empty command or an argument with control
+    characters (the values were validated by the fault that built them; this is the last line of defence)."""
     out = [str(a) for a in argv]
     if not out:
         raise ValueError("empty command")
@@ -1392,97 +958,3 @@ def _describe(fields: Mapping[str, Any]) -> str:
     if fields.get("op") == "run":
         return str(fields.get("argv", ["?"])[0])
     return str(fields.get("op"))
-
-
-# -- fan-out ----------------------------------------------------------------------------
-
-
-def parallel(calls: Mapping[str, Callable[[], T]], max_workers: int = 32) -> dict[str, T | BaseException]:
-    """Run each call on a bounded pool of threads; every key gets its result or its exception."""
-    if not calls:
-        return {}
-    out: dict[str, T | BaseException] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(calls))), thread_name_prefix="chaoskit-fan") as pool:
-        futures = {key: pool.submit(fn) for key, fn in calls.items()}
-        for key, fut in futures.items():
-            try:
-                out[key] = fut.result()
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller per key
-                out[key] = exc
-    return out
-
-
-def connect_all(transports: Iterable[SSHTransport], max_workers: int = 16) -> None:
-    """Connect to every node (host keys verified, agents started) in parallel.
-
-    Raise the first :class:`InfraError` (in the given order) after all attempts finished.
-    """
-    ts = list(transports)
-    results = parallel({t.node: t.connect for t in ts}, max_workers)
-    for t in ts:
-        res = results[t.node]
-        if isinstance(res, BaseException):
-            raise res
-
-
-def run_many(
-    transports: Iterable[SSHTransport], argv: list[str], timeout: float = 30.0, max_workers: int = 64
-) -> dict[str, CommandResult | BaseException]:
-    """Run one command on many nodes at once; each node's result or exception.
-
-    Nodes whose agent is up get their request written straight onto its channel
-    (no thread per node, so the fan-out costs one write per node); the others go
-    through a bounded thread pool.
-    """
-    argv = _checked(argv)
-
-    def result(t: SSHTransport, reply: dict[str, Any]) -> CommandResult | BaseException:
-        if reply.get("timed_out"):
-            return InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {t.node}")
-        return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], t._local_time(reply.get("t")))
-
-    return _fan_out(transports, {"op": "run", "argv": argv, "timeout": timeout}, timeout, result,
-                    lambda t: t.run(argv, timeout), max_workers)
-
-
-def ping_many(transports: Iterable[SSHTransport], timeout: float = 5.0) -> dict[str, float | BaseException]:
-    """One agent round trip to each node at once; each node's clock (or exception)."""
-    return _fan_out(transports, {"op": "ping"}, timeout, lambda t, reply: float(reply["t"]), lambda t: t.ping(timeout))
-
-
-def _fan_out(transports, fields, timeout, on_reply, fallback, max_workers: int = 64) -> dict[str, Any]:
-    """One request to every node: written straight onto each running agent's channel
-    (encoded once, the same bytes for all), answered into one :class:`_Batch`; nodes
-    without a running agent (not connected yet, agent restarting, exec mode) go through
-    ``fallback`` on a bounded pool of threads, so they connect in parallel."""
-    ts = list(transports)
-    out: dict[str, Any] = {}
-    rid = next(_request_ids)
-    data = (json.dumps({"id": rid, **fields}) + "\n").encode()
-    ready = [(t, t._agent) for t in ts if t.mode == "agent" and t._agent is not None and not t._agent.dead]
-    batch = _Batch(len(ready))
-    sent: list[tuple[SSHTransport, _AgentChannel, _Slot]] = []
-    slow: list[SSHTransport] = [t for t in ts if all(t is not r for r, _ in ready)]
-    for t, agent in ready:
-        slot = _Slot(batch)
-        try:
-            agent.submit(rid, data, slot)
-        except _AgentGone:  # gone before the request left: the fallback reconnects it
-            slow.append(t)
-            continue
-        sent.append((t, agent, slot))
-    end = time.monotonic() + timeout + GRACE_S
-    pooled = parallel({t.node: (lambda t=t: fallback(t)) for t in slow}, max_workers) if slow else {}
-    batch.wait(end - time.monotonic())
-    what = _describe(fields)
-    for t, agent, slot in sent:
-        try:
-            out[t.node] = on_reply(t, agent.outcome(rid, slot))
-        except _Deadline:
-            out[t.node] = InfraError(f"{what}: no answer from node {t.node} within {timeout:g}s")
-        except _OpFailed as exc:
-            out[t.node] = InfraError(f"{what} on node {t.node} failed: {exc}")
-        except _AgentGone as exc:
-            out[t.node] = OutcomeUnknown(f"{what} on node {t.node}: the agent went away while it ran ({exc}); its outcome is unknown")
-    out.update(pooled)
-    return {t.node: out[t.node] for t in ts}
