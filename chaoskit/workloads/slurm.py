@@ -29,6 +29,7 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, node_list
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.observe.probes import FileLogProbe
+from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
 
 __all__ = ["SlurmJob"]
@@ -38,8 +39,8 @@ POLL_S = 0.5
 STOP_WAIT_S = 20.0
 
 
-class SlurmJob:
-    """The runner's job interface (start, running, stop, ...) for a job that Slurm runs."""
+class SlurmJob(Job):
+    """The runner's :class:`~chaoskit.workloads.api.Job` for a job that Slurm runs."""
 
     def __init__(self, cluster: ClusterHandle, workload: Any, run_dir: Path, run_id: str,
                  events_path: Path | None = None, on_line: LineSink | None = None, *, base: Path | None = None) -> None:
@@ -92,6 +93,9 @@ class SlurmJob:
             return (f"a generated batch script (sbatch --nodes {n} --requeue; srun starts one torchrun agent per node, "
                     "rendezvous on the allocation's first node)")
         return f"the batch script {self.workload.script}, submitted unmodified"
+
+    def plan_part(self) -> dict[str, Any]:
+        return {"submit": self.describe()}
 
     def batch_script(self) -> str:
         w = self.workload
@@ -254,6 +258,9 @@ class SlurmJob:
             "nodes": node_list(f.get("NodeList")), "outputs": self.outputs,
             "node_logs": sorted(str(p) for p in self.log_dir.glob("*.log")) if self.generated else [],
         }
+
+    def result_part(self) -> dict[str, Any]:
+        return {"slurm": self.info()}
 
     def returncodes(self) -> dict[str, int | None]:
         code = self.fields.get("ExitCode", "")
