@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import functools
 import json
 import os
 import shutil
@@ -64,10 +63,10 @@ from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
-from chaoskit.workloads.attach import AttachedJob
-from chaoskit.workloads.launch import TorchrunJob, checkpoint_dir, job_dir, torch_available
-from chaoskit.workloads.ray_train import RayTrainJob
-from chaoskit.workloads.slurm import SlurmJob, job_owner
+from chaoskit.scenario.launches import LAUNCHES
+from chaoskit.workloads.api import Job
+from chaoskit.workloads.launch import checkpoint_dir, job_dir, torch_available
+from chaoskit.workloads.registry import job_class, make_job
 
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
 
@@ -156,14 +155,10 @@ def plan_scenario(loaded: LoadedScenario, cluster: ClusterHandle) -> list[dict[s
     return plan
 
 
-def _scope_preview(sc, cluster: ClusterHandle, job: Any, path: Path) -> dict[str, Any]:
+def _scope_preview(sc, cluster: ClusterHandle, job: Job, path: Path) -> dict[str, Any]:
     """What ``--dry-run`` says of the job's scope, and how many processes each ``process`` regex matches outside
     it where that can be counted without connecting (nodes that are processes of this machine)."""
-    if isinstance(job, AttachedJob):
-        text = job.scope_note()
-    else:
-        text = ("only the processes of the job chaoskit starts are ever acted on: each carries its node's mark "
-                "(CHAOSKIT_SCOPE), checked by the node's agent")
+    text = job.scope_note()
     regexes = ([("workload.process", sc.workload.process)] if sc.workload.process else []) + [
         (f"faults.{i}.target.process", f.target.process) for i, f in enumerate(sc.faults) if f.target.process]
     local = all(isinstance(n.conn, LocalTransport) for n in cluster.inventory.nodes)
@@ -224,14 +219,12 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     run_id = f"{_utc_stamp()}-{sc.name}"
     if dry_run:
         cluster = preview
-        job = _job_class(sc.workload, cluster, loaded.path.parent)(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, None)
+        job = make_job(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, base=loaded.path.parent)
         plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
-                  "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan}
-        if isinstance(job, (AttachedJob, SlurmJob)):
-            result["attach" if isinstance(job, AttachedJob) else "submit"] = job.describe()
+                  "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan, **job.plan_part()}
         result["scope"] = _scope_preview(sc, cluster, job, loaded.path)
-        if not torch_available() and sc.workload.launch not in ("command", "attach"):
+        if not torch_available() and LAUNCHES[sc.workload.launch].needs_torch:
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
         return RunOutcome(0, redact_value(result), None, plan)
     run_dir = Path(out) if out else Path("reports") / run_id
@@ -250,14 +243,6 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
             cluster.teardown()
         raise
     return run.execute()
-
-
-def _job_class(workload, cluster: ClusterHandle, base: Path):
-    """The job runner for ``workload.launch``: torchrun agents, a Ray Train driver, somebody else's job, or,
-    on a cluster with a batch scheduler, a job submitted to it (``base``: where a relative script is)."""
-    if cluster.scheduler is not None and workload.launch in ("reference", "uninstrumented", "sbatch"):
-        return functools.partial(SlurmJob, base=base)
-    return {"ray-train": RayTrainJob, "attach": AttachedJob}.get(workload.launch, functools.partial(TorchrunJob, base=base))
 
 
 def _utc_stamp() -> str:
@@ -287,11 +272,11 @@ class _Run:
         self.injections: list[tuple[Fault, Injection]] = []
         self.notes: list[str] = []
         self.verdict: str | None = None
-        self.job: TorchrunJob | RayTrainJob | AttachedJob | SlurmJob | None = None
+        self.job: Job | None = None
         self.clocks: dict[str, ClockOffset] = {}
         self.threads: list[Probe] = []
         self.job_dir: Path | None = None
-        self.job_owner = job_owner(self.sc.workload, loaded.path.parent) if cluster.scheduler is not None else None
+        self.job_owner = job_class(self.sc.workload.launch, cluster).runs_as(self.sc.workload, loaded.path.parent)
         """The user an author's batch script runs as (chaoskit as root submits it as that user), or ``None``."""
         self.t_baseline: float | None = None
         self._checkpoint_fs: tuple[str, list[str]] | None = None
@@ -477,7 +462,7 @@ class _Run:
         owner = self.job_owner
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None)
         events_path = (self.job_dir / "sdk-events.jsonl"
-                       if sc.probes.sdk and sc.workload.launch not in ("uninstrumented", "attach") else None)
+                       if sc.probes.sdk and LAUNCHES[sc.workload.launch].sdk_events else None)
         if owner is not None:  # the job's user's folder: made new, its files made in it, then given to them
             self.job_dir.parent.mkdir(parents=True, exist_ok=True)
             make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=("checkpoints",),
@@ -517,26 +502,25 @@ class _Run:
                 self.threads.append(health)
         for t in self.threads:
             t.start()
-        self.job = _job_class(sc.workload, self.cluster, self.loaded.path.parent)(
-            self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed)
+        self.job = make_job(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed,
+                            base=self.loaded.path.parent)
         if _uses_inproc(sc):
             self.silent_watch = SilentWatch(self.bus)
             self.silent_watch.start()
-            if isinstance(self.job, TorchrunJob):  # a job chaoskit starts: its bootstrap, and the channel's folder
+            if self.job.bootstraps:  # its processes take chaoskit's bootstrap, and the channel's folder
                 self.job.use_inproc({n: f"{self.inventory[n].conn.state_dir}/inproc" for n in self.cluster.agent_nodes},
                                     sdc_every=sc.probes.sdc.every if sc.probes.sdc is not None else None,
                                     final_checksum=any(f.kind == "inproc.bitflip" for f in sc.faults))
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
-        if isinstance(self.job, AttachedJob) and watcher is not None:
-            self.job.use_watch(watcher)  # its look at the nodes costs only what their watch streams report
-        if isinstance(self.job, AttachedJob):
+        if watcher is not None:
+            self.job.use_watch(watcher)  # a job that looks at the nodes pays only for what their watch streams report
+        if not self.job.started:
             where = (f"Slurm job {sc.workload.slurm_job}" if sc.workload.slurm_job is not None
                      else f"the job on {', '.join(self.cluster.job_nodes)}")
             self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to {where} "
                      f"(processes matching '{sc.workload.process}')")
         else:
-            own = sc.workload.launch == "command" and "steps" not in sc.workload.model_fields_set
-            length = "until its script ends" if own else f"{sc.workload.steps} steps"
+            length = "until its script ends" if self.job.finish_step() is None else f"{sc.workload.steps} steps"
             self.say(
                 f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "
                 f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
@@ -549,8 +533,8 @@ class _Run:
         every_group = self.sc.workload.recovery == "torchft"
 
         def steady() -> bool:
-            if isinstance(self.job, AttachedJob) and self.job.scope is None:
-                return False  # steps from the log files say nothing of whose processes would be hit
+            if not self.job.scope_chosen():
+                return False
             if (self.bus.last_step or 0) < need:
                 return False
             if not every_group:
@@ -764,22 +748,6 @@ class _Run:
 
     # -- results ------------------------------------------------------------------------
 
-    def _finished(self, final_step: int | None) -> dict[str, Any]:
-        """The ``training_finished`` check. The reference job finishes at ``workload.steps``. A user's own job
-        (``launch: command``) finishes when its script ends well: a torchrun agent exited 0 (one exits 0 only
-        once its workers did; a node the drill killed exits otherwise), and it reached ``steps`` only where the
-        scenario sets it: the job's own length is its own (an HF Trainer job that ended at its step 300 was not
-        to be held to the reference job's 400)."""
-        w = self.sc.workload
-        expected = w.steps if w.launch != "command" or "steps" in w.model_fields_set else None
-        reached = expected is None or (final_step is not None and final_step >= expected)
-        check: dict[str, Any] = {"final_step": final_step, "expected_step": expected}
-        if w.launch == "command":
-            codes = self.job.returncodes() if self.job is not None else {}
-            check["exit_codes"] = codes
-            reached = reached and any(code == 0 for code in codes.values())
-        return {"pass": reached, **check}
-
     def _result(self) -> dict[str, Any]:
         events = self.bus.snapshot()
         log_probe = getattr(self, "log_probe", None)
@@ -791,7 +759,7 @@ class _Run:
         for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
                         + (sdk_probe.errors if sdk_probe is not None else [])
                         + [e for t in self.threads if isinstance(t, FileLogProbe) for e in t.errors]
-                        + list(getattr(self.job, "line_errors", None) or [])[:5] + [n for notes in watched for n in notes]):
+                        + list(self.job.line_errors if self.job is not None else [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)
         per_fault = []
@@ -822,8 +790,8 @@ class _Run:
         checks: dict[str, Any] = {}
         if self.t_baseline is not None:
             checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
-        if self.sc.workload.wait == "finish" and self.verdict is None:
-            checks["training_finished"] = self._finished(final_step)
+        if self.sc.workload.wait == "finish" and self.verdict is None and self.job is not None:
+            checks["training_finished"] = self.job.finished(final_step)
         reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)
         if any(f.lasting for f, _ in self.injections):
             checks["faults_reverted"] = {"pass": reverted_ok}
@@ -885,8 +853,7 @@ class _Run:
             "capabilities": self.capabilities.as_dict(),
             "clocks": {name: c.as_dict() for name, c in self.clocks.items()},
             **({"stop_condition": self.stop_watcher.fired} if self.stop_watcher is not None and self.stop_watcher.fired else {}),
-            **({"attached": self.job.info()} if isinstance(self.job, AttachedJob) else {}),
-            **({"slurm": self.job.info()} if isinstance(self.job, SlurmJob) else {}),
+            **(self.job.result_part() if self.job is not None else {}),
             # which signals each log preset could not see: a phase it left unmeasured is explained here
             **({"presets": {name: {"sees": list(PRESETS[name].sees), "cannot_see": PRESETS[name].cannot_see,
                                    "verbosity": PRESETS[name].verbosity} for name in self.sc.probes.presets}}

@@ -23,6 +23,7 @@ from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
 from chaoskit.observe.presets import PRESET_NAMES
+from chaoskit.scenario.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem, recovery_problem
 
 __all__ = [
     "Workload",
@@ -110,7 +111,7 @@ class NvrxInprocessSettings(StrictModel):
 class Workload(StrictModel):
     """The training job the drill runs against."""
 
-    launch: Literal["reference", "uninstrumented", "command", "ray-train", "attach", "sbatch"] = Field(
+    launch: Literal[LAUNCH_NAMES] = Field(
         "reference",
         description=(
             "reference: the SDK-instrumented PyTorch DDP job; uninstrumented: the same job with no chaoskit "
@@ -238,56 +239,25 @@ class Workload(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _command(self) -> "Workload":
-        if self.launch == "command" and not self.command:
-            raise ValueError("launch: command needs 'command: [script.py, args...]'")
-        if self.launch != "command" and self.command:
-            raise ValueError("'command' is only used with launch: command")
-        if self.launch == "attach" and not self.process:
-            raise ValueError("launch: attach needs 'process: REGEX' (the job's command line, e.g. 'train\\.py')")
-        if self.launch != "attach" and self.process:
-            raise ValueError("'process' is only used with launch: attach")
-        if self.launch != "attach" and self.inproc is not None:
-            raise ValueError("'inproc' is only used with launch: attach (a job chaoskit starts has its bootstrap)")
-        if self.launch != "attach" and self.checkpoint_dir is not None:
-            raise ValueError("'checkpoint_dir' is only used with launch: attach (a job chaoskit starts keeps its "
-                             "checkpoints in <job dir>/checkpoints)")
-        if self.launch in ("attach", "ray-train") and self.checkpoint_fs is not None:
-            raise ValueError(f"'checkpoint_fs' is only used with a job chaoskit starts under torchrun, not launch: {self.launch}")
-        if self.launch == "sbatch" and not self.script:
-            raise ValueError("launch: sbatch needs 'script: FILE' (the batch script to submit)")
-        if self.launch != "sbatch" and self.script:
-            raise ValueError("'script' is only used with launch: sbatch")
-        if self.launch != "attach" and self.run_id is not None:
-            raise ValueError("'run_id' is only used with launch: attach (it picks the job to drill among those "
-                             "that match `process`)")
-        if self.launch not in ("attach", "sbatch") and self.user is not None:
-            raise ValueError("'user' is only used with launch: attach (it picks the job to drill among those that "
-                             "match `process`) and launch: sbatch (the user the batch script is submitted as)")
-        if self.launch != "attach" and self.slurm_job is not None:
-            raise ValueError("'slurm_job' is only used with launch: attach (a job already queued or running in Slurm)")
-        if self.step_compute is not None and self.launch not in ("reference", "uninstrumented"):
-            raise ValueError("'step_compute' is only used with the reference job (launch: reference or uninstrumented)")
+    def _launch_rules(self) -> "Workload":
+        problem = field_problem(self.launch, {name: getattr(self, name) for name in LAUNCH_FIELDS})
+        if problem:
+            raise ValueError(problem)
         if self.step_compute is not None and self.step_compute > self.step_time:
             raise ValueError(f"step_compute ({self.step_compute:g}s) is longer than step_time ({self.step_time:g}s)")
-        if self.recovery == "torchft" and self.launch != "command":
-            raise ValueError(f"recovery: torchft is only used with launch: command (chaoskit starts each replica group "
-                             f"and the lighthouse), not launch: {self.launch}")
+        # each recovery's launch is checked where its other rules are: the first error stays the one it was
+        if self.recovery == "torchft":
+            self._runs_under_recovery()
         if self.nvrx is not None and self.recovery != "nvrx":
             raise ValueError("'nvrx' is only used with recovery: nvrx")
         if self.recovery == "nvrx":
-            if self.launch not in ("reference", "uninstrumented", "command"):
-                raise ValueError(f"recovery: nvrx starts ft_launcher in place of torchrun (launch: reference, "
-                                 f"uninstrumented or command), not launch: {self.launch}")
+            self._runs_under_recovery()
             if self.nvrx is None:
                 self.nvrx = NvrxSettings()
         if self.nvrx_inprocess is not None and self.recovery != "nvrx-inprocess":
             raise ValueError("'nvrx_inprocess' is only used with recovery: nvrx-inprocess")
         if self.recovery == "nvrx-inprocess":
-            if self.launch not in ("reference", "uninstrumented"):
-                raise ValueError(f"recovery: nvrx-inprocess runs the reference job's loop under NVRx's inprocess.Wrapper "
-                                 f"(launch: reference or uninstrumented), not launch: {self.launch}; a job of your own "
-                                 "that wraps itself is measured with recovery: restart and the nvrx-inprocess preset")
+            self._runs_under_recovery()
             if self.nvrx_inprocess is None:
                 self.nvrx_inprocess = NvrxInprocessSettings()
             if self.collective_timeout >= self.nvrx_inprocess.hard_timeout:
@@ -295,9 +265,15 @@ class Workload(StrictModel):
                                  f"nvrx_inprocess.hard_timeout ({self.nvrx_inprocess.hard_timeout:g}s): on gloo a rank "
                                  "blocked in a collective is freed only by its timeout, and the Wrapper kills a rank "
                                  "silent for hard_timeout")
-        if self.launch == "attach" and "wait" not in self.model_fields_set:
-            self.wait = "recovered"  # somebody else's job may run for days: stop once it recovered
+        default_wait = LAUNCHES[self.launch].wait
+        if "wait" not in self.model_fields_set and self.wait != default_wait:
+            self.wait = default_wait
         return self
+
+    def _runs_under_recovery(self) -> None:
+        problem = recovery_problem(self.launch, self.recovery)
+        if problem:
+            raise ValueError(problem)
 
 
 class LogRule(StrictModel):
@@ -505,7 +481,7 @@ class ScenarioBase(StrictModel):
     def _compute_when_throttled(self) -> "ScenarioBase":
         """A CPU throttle only shows when the step computes: a step that sleeps fits in any CPU quota."""
         w = self.workload
-        if w.step_compute is None and w.launch in ("reference", "uninstrumented") and any(getattr(f, "cpu_share", None) for f in getattr(self, "faults", ())):
+        if w.step_compute is None and "step_compute" in LAUNCHES[w.launch].fields and any(getattr(f, "cpu_share", None) for f in getattr(self, "faults", ())):
             w.step_compute = w.step_time / 2
         return self
 

@@ -46,6 +46,7 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, node_list
 from chaoskit.cluster.transports.api import JobScope, ProcInfo
 from chaoskit.core.errors import InfraError
 from chaoskit.core.patterns import bounded_search, compile_pattern
+from chaoskit.workloads.api import Job
 
 __all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "why_not", "operator_uids", "policy_refuses", "user_uid",
            "describe_job", "describe_job_dict", "AGENT_MARKS", "CONFIRM_S"]
@@ -62,11 +63,15 @@ class Worker(dict):
     """One worker as found: ``node``, ``pid``, ``rank``, ``local_rank``, ``restart_count``."""
 
 
-class AttachedJob:
-    """The job interface of the runner (start, running, stop, ...) for a job chaoskit did not start."""
+class AttachedJob(Job):
+    """The runner's :class:`~chaoskit.workloads.api.Job` for a job chaoskit did not start: found, never touched."""
+
+    started = False
 
     def __init__(self, cluster: ClusterHandle, workload: Any, run_dir: Path, run_id: str,
-                 events_path: Path | None = None, on_line: LineSink | None = None) -> None:
+                 events_path: Path | None = None, on_line: LineSink | None = None, *, base: Path | None = None) -> None:
+        """``run_dir``, ``run_id``, ``events_path``, ``on_line`` and ``base``: unused (the job's progress comes
+        through the scenario's log probes)."""
         self.cluster, self.workload = cluster, workload
         self.pattern = compile_pattern(workload.process)
         self.slurm_job: str | None = getattr(workload, "slurm_job", None)
@@ -135,8 +140,8 @@ class AttachedJob:
             self.cluster.scheduler_jobs.add(self.slurm_job)
         self.scan()
 
-    def start_spares(self) -> list[str]:
-        return []
+    def plan_part(self) -> dict[str, Any]:
+        return {"attach": self.describe()}
 
     def scan(self) -> list[Worker]:
         """The job's workers on its nodes now (and whether any process of it is there at all).
@@ -174,6 +179,10 @@ class AttachedJob:
         """Take the nodes' news from ``watcher`` (a :class:`~chaoskit.observe.probes.ProcessWatcher` of the same
         nodes, with ``changes(node)``): a look costs nothing on a node whose stream has said nothing since."""
         self.watch = watcher
+
+    def scope_chosen(self) -> bool:
+        """Once chosen: until then steps from the log files say nothing of whose processes a fault would hit."""
+        return self.scope is not None
 
     def _tables(self, nodes: list[str], node_wide: bool) -> dict[str, list[ProcInfo]]:
         out = {}
@@ -333,6 +342,9 @@ class AttachedJob:
                   "other_jobs": self.others} if self.scope is not None else {})
         return {"attached": True, "process": self.workload.process, "found_at": self.found_at, **slurm, **scope,
                 "workers": [dict(w) for w in sorted(self.workers, key=lambda w: (w["rank"], w["node"]))]}
+
+    def result_part(self) -> dict[str, Any]:
+        return {"attached": self.info()}
 
     def returncodes(self) -> dict[str, int | None]:
         return {}

@@ -33,6 +33,7 @@ from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 from chaoskit.core.lines import terminal_lines
+from chaoskit.workloads.api import Job
 from chaoskit.workloads.root_cause import RootCause
 
 __all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available", "NVRX_LAUNCHER"]
@@ -83,12 +84,14 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-class TorchrunJob:
+class TorchrunJob(Job):
     """The reference (or a user's) training job: one torchrun agent per node of the cluster.
 
     Agents on spare nodes join too; torchrun keeps them waiting (its rendezvous
     "redundancy list") until a node of the world is lost.
     """
+
+    bootstraps = True
 
     def __init__(
         self,
@@ -253,7 +256,7 @@ class TorchrunJob:
 
     def start(self, nodes: list[str] | None = None) -> None:
         """Start the agents of ``nodes`` (default: the job's nodes; spares come with :meth:`start_spares`)."""
-        if not torch_available() and self.workload.launch != "command":
+        if not torch_available() and self.launch_spec.needs_torch:
             raise InfraError(
                 "PyTorch is not installed, so the reference training job cannot start",
                 hint="pip install 'chaoskit[workload]' (torch==2.13.0, the CPU build)",

@@ -29,6 +29,7 @@ from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 from chaoskit.core.lines import bounded_lines
 from chaoskit.sdk import probe
+from chaoskit.workloads.api import Job
 
 __all__ = ["RayTrainJob", "train_loop", "DRIVER_SCOPE"]
 
@@ -149,11 +150,12 @@ def main(argv: list[str] | None = None) -> int:
 LineSink = Callable[[str, str, float], None]
 
 
-class RayTrainJob:
-    """The Ray Train job as the runner drives it (same surface as :class:`~chaoskit.workloads.launch.TorchrunJob`)."""
+class RayTrainJob(Job):
+    """The Ray Train job as the runner drives it: a driver on this machine, its workers in the raylets."""
 
     def __init__(self, cluster, workload, run_dir: Path, run_id: str, events_path: Path | None,
-                 on_line: LineSink | None = None) -> None:
+                 on_line: LineSink | None = None, *, base: Path | None = None) -> None:
+        """``base``: unused (the driver is chaoskit's own module)."""
         self.cluster, self.workload, self.run_dir, self.run_id = cluster, workload, Path(run_dir).resolve(), run_id
         self.events_path, self.on_line = events_path, on_line
         self.log_dir = self.run_dir / "logs"
@@ -189,9 +191,6 @@ class RayTrainJob:
         self._reader = threading.Thread(target=self._pump, daemon=True, name="chaoskit-log-driver")
         self._reader.start()
 
-    def start_spares(self) -> list[str]:
-        return []
-
     def _pump(self) -> None:
         assert self.driver is not None and self.driver.stdout is not None
         with open(self.log_dir / "driver.log", "ab") as log:
@@ -207,10 +206,6 @@ class RayTrainJob:
 
     def running(self) -> bool:
         return self.driver is not None and self.driver.poll() is None
-
-    def diagnosis(self) -> str | None:
-        """Why the run may not see the job advance (its agents' output says it here)."""
-        return None
 
     def returncodes(self) -> dict[str, int | None]:
         return {"driver": self.driver.poll() if self.driver else None}

@@ -29,6 +29,7 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, 
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.observe.probes import FileLogProbe
+from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
 
 __all__ = ["SlurmJob", "job_owner", "batch_script_path"]
@@ -56,8 +57,8 @@ def job_owner(workload: Any, base: Path) -> SubmitUser | None:
         raise ScenarioError(f"workload.{exc.field}: {exc.message}; nothing was submitted") from None
 
 
-class SlurmJob:
-    """The runner's job interface (start, running, stop, ...) for a job that Slurm runs."""
+class SlurmJob(Job):
+    """The runner's :class:`~chaoskit.workloads.api.Job` for a job that Slurm runs."""
 
     def __init__(self, cluster: ClusterHandle, workload: Any, run_dir: Path, run_id: str,
                  events_path: Path | None = None, on_line: LineSink | None = None, *, base: Path | None = None) -> None:
@@ -84,6 +85,10 @@ class SlurmJob:
         self._lock = threading.Lock()
 
     # -- what is submitted ------------------------------------------------------------------
+
+    @classmethod
+    def runs_as(cls, workload: Any, base: Path) -> SubmitUser | None:
+        return job_owner(workload, base)
 
     @property
     def generated(self) -> bool:
@@ -115,6 +120,9 @@ class SlurmJob:
                     "rendezvous on the allocation's first node)")
         who = f" as {self.owner.name}" if self.owner is not None else ""
         return f"the batch script {self.workload.script}, submitted unmodified{who}"
+
+    def plan_part(self) -> dict[str, Any]:
+        return {"submit": self.describe()}
 
     def batch_script(self) -> str:
         w = self.workload
@@ -286,6 +294,9 @@ class SlurmJob:
     def line_errors(self) -> list[str]:
         """Output files that were refused (a FIFO, a device, a link swapped in), for the run's notes."""
         return [e for f in self.followers for e in f.errors]
+
+    def result_part(self) -> dict[str, Any]:
+        return {"slurm": self.info()}
 
     def returncodes(self) -> dict[str, int | None]:
         code = self.fields.get("ExitCode", "")

@@ -1,0 +1,142 @@
+"""The contract of a drilled job: what the runner asks of every ``workload.launch``, and nothing more.
+
+Each launch's job is a :class:`Job` (:mod:`chaoskit.workloads.registry` says which): torchrun agents started
+here (:class:`~chaoskit.workloads.launch.TorchrunJob`), a Ray Train driver
+(:class:`~chaoskit.workloads.ray_train.RayTrainJob`), somebody else's job found on the nodes
+(:class:`~chaoskit.workloads.attach.AttachedJob`), or a job submitted to Slurm
+(:class:`~chaoskit.workloads.slurm.SlurmJob`). The runner builds it as
+``cls(cluster, workload, run_dir, run_id, events_path, on_line, base=base)`` (``events_path``: where the SDK's
+events go, ``None`` when none are read; ``on_line(node, line, ts)``: where each line of the job's output goes;
+``base``: the folder a relative script of the scenario's is taken from) and then never asks which class it
+has: what differs is a flag or a method here.
+
+Its recovery model is the scenario's ``workload.recovery``, one of those its launch runs under
+(:attr:`~chaoskit.scenario.launches.LaunchSpec.recoveries`), measured by ``chaoskit.measure``; what "finished"
+means is :meth:`Job.finished`.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+from chaoskit.cluster.slurm import SubmitUser
+from chaoskit.scenario.launches import LAUNCHES, LaunchSpec
+
+__all__ = ["Job"]
+
+
+class Job(abc.ABC):
+    """One drilled job, as the runner drives it: plan (:meth:`commands`, :meth:`plan_part`, :meth:`scope_note`),
+    start (:meth:`start`, later :meth:`start_spares`), watch (:meth:`running`, :meth:`diagnosis`,
+    :meth:`scope_chosen`), stop (:meth:`stop`) and report (:meth:`finished`, :meth:`result_part`)."""
+
+    started: ClassVar[bool] = True
+    """chaoskit starts the job's processes and stops them at the end; ``False``: somebody else's job, found on the
+    nodes and left running."""
+    bootstraps: ClassVar[bool] = False
+    """chaoskit's bootstrap goes into the job's Python processes (:meth:`use_inproc`): the in-process channel of
+    ``inproc.*`` faults and the SDC probe. A job without it takes the channel its own way (an attached job through
+    the SDK, ``workload.inproc``) or not at all."""
+
+    cluster: Any
+    """The :class:`~chaoskit.backends.api.ClusterHandle` it runs on."""
+    workload: Any
+    """The scenario's :class:`~chaoskit.scenario.model.Workload`."""
+    line_errors: Sequence[str] = ()
+    """What went wrong handling a line of the job's output (the line skipped; result.json's notes name them)."""
+
+    @classmethod
+    def runs_as(cls, workload: Any, base: Path) -> SubmitUser | None:
+        """The user the job runs as when it is not chaoskit's (an author's batch script, submitted as its own
+        user), known before the job is built: its folder is made for that user, and checkpoint faults act in it.
+        ``None``: as chaoskit. :class:`~chaoskit.core.errors.ScenarioError` where it may not run at all."""
+        return None
+
+    @property
+    def launch_spec(self) -> LaunchSpec:
+        """What the scenario's ``workload.launch`` is (:data:`~chaoskit.scenario.launches.LAUNCHES`)."""
+        return LAUNCHES[self.workload.launch]
+
+    # -- planning (``--dry-run`` builds the job and calls only these) ------------------------
+
+    @abc.abstractmethod
+    def commands(self) -> dict[str, list[str]]:
+        """What starting the job runs, by where it runs (a node, ``controller``, ``driver``); empty when nothing is."""
+
+    def plan_part(self) -> dict[str, Any]:
+        """The job's own keys in ``--dry-run``'s output beside its commands (``{"submit": ...}``)."""
+        return {}
+
+    def scope_note(self) -> str:
+        """What ``--dry-run`` says of the processes a fault may act on."""
+        return ("only the processes of the job chaoskit starts are ever acted on: each carries its node's mark "
+                "(CHAOSKIT_SCOPE), checked by the node's agent")
+
+    # -- running ---------------------------------------------------------------------------
+
+    def use_inproc(self, folders: dict[str, str], sdc_every: int | None = None, final_checksum: bool = False) -> None:
+        """Before :meth:`start`, only where :attr:`bootstraps`: the bootstrap into the job's processes, with the
+        in-process channel's folder on each node (``folders``: node -> ``<state folder>/inproc``), the SDC probe's
+        interval, and whether the ranks write their checksums at exit."""
+        raise NotImplementedError(f"{type(self).__name__} takes no bootstrap (bootstraps is False)")
+
+    def use_watch(self, watcher: Any) -> None:
+        """Before :meth:`start`: the run's :class:`~chaoskit.observe.probes.ProcessWatcher`, for a job that reads
+        the nodes' process tables itself (it may read a node again only after its stream said something)."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start the job on its job nodes (or submit it, or look for it); raise :class:`InfraError` when it cannot."""
+
+    def start_spares(self) -> list[str]:
+        """Once steady state is reached: start what waits on the spare nodes to take over; the nodes started."""
+        return []
+
+    @abc.abstractmethod
+    def running(self) -> bool:
+        """Whether the job goes on (cheap enough to ask ten times a second)."""
+
+    def scope_chosen(self) -> bool:
+        """Whether the processes a fault may act on are known: at once for a job chaoskit starts; an attached job
+        once it has chosen which job on the nodes is the drilled one (steady state waits for it)."""
+        return True
+
+    def diagnosis(self) -> str | None:
+        """Why the run may not see the job advance, in one line, or ``None``."""
+        return None
+
+    @abc.abstractmethod
+    def returncodes(self) -> dict[str, int | None]:
+        """Exit status by process (agent, driver, Slurm job); ``None`` while it runs."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """End whatever chaoskit started of the job, on every node; nothing of a job that is not chaoskit's."""
+
+    # -- results ---------------------------------------------------------------------------
+
+    def finish_step(self) -> int | None:
+        """The step at which training is finished: ``workload.steps``, or ``None`` for a job whose own end says so
+        (``launch: command`` where the scenario sets no ``steps``: an HF Trainer job that ended at its step 300
+        is not held to the reference job's 400)."""
+        w = self.workload
+        return None if self.launch_spec.ends_itself and "steps" not in w.model_fields_set else w.steps
+
+    def finished(self, final_step: int | None) -> dict[str, Any]:
+        """The ``training_finished`` check: the job reached :meth:`finish_step`, and a job whose own end says so
+        ended well: an agent exited 0 (one exits 0 only once its workers did; a node the drill killed exits
+        otherwise)."""
+        expected = self.finish_step()
+        reached = expected is None or (final_step is not None and final_step >= expected)
+        check: dict[str, Any] = {"final_step": final_step, "expected_step": expected}
+        if self.launch_spec.ends_itself:
+            codes = self.returncodes()
+            check["exit_codes"] = codes
+            reached = reached and any(code == 0 for code in codes.values())
+        return {"pass": reached, **check}
+
+    def result_part(self) -> dict[str, Any]:
+        """The job's own keys in result.json (``{"attached": ...}``, ``{"slurm": ...}``)."""
+        return {}
