@@ -72,6 +72,20 @@ def test_kill_rank_writes_the_run_directory(kill_rank):
     assert sorted(x.name for x in (out / "logs").iterdir()) == ["n0.log", "n1.log", "n2.log"]
 
 
+def test_kill_rank_gives_the_result_json_recorded_before_the_house_was_rebuilt(kill_rank):
+    """No behaviour change: the same scenario gives a result.json of the same shape (every key path, and whether an
+    object, an array or a value is there) as the one recorded at 983eff0, before the Job contract, the launch table
+    and the transports' split (``tests/data/result-shape/kill-rank.json``, made with ``tests/result_shape.py``).
+    A key added on purpose since is named here."""
+    from tests.result_shape import shape_json
+
+    _, out = kill_rank
+    recorded = json.loads((ROOT / "tests" / "data" / "result-shape" / "kill-rank.json").read_text())
+    now = shape_json(json.loads((out / "result.json").read_text()))
+    added_since: set[str] = set()
+    assert {k: v for k, v in now.items() if k not in added_since} == recorded
+
+
 def test_a_run_leaves_no_process_behind(kill_rank):
     assert lab_processes(kill_rank[0].json) == []
 
