@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test fuzz bench campaign schema docker-image clean lint-imports
+.PHONY: demo test fuzz bench campaign schema readme docker-image clean lint-imports
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ docker-image: $(VENV)/.dev
 
 schema: $(VENV)/.workload
 	$(BIN)/chaoskit schema -o chaoskit.schema.json
+
+# The README's table of fault kinds, from each kind's spec (tests/test_docs.py keeps it current).
+readme: $(VENV)/.workload
+	$(BIN)/python -c 'import pathlib, chaoskit.faults.registry as r; p = pathlib.Path("README.md"); p.write_text(r.readme_with_fault_kinds(p.read_text()))'
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

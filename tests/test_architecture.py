@@ -95,23 +95,75 @@ def test_no_code_outside_the_backends_asks_which_kind_of_cluster_it_is():
     assert offenders == []
 
 
-def test_the_built_in_tables_agree_with_the_entry_points_and_the_contracts():
-    """Each built-in fault kind and backend is listed in its registry's table (what a source tree that was
-    never installed uses) and in pyproject.toml's entry points (what an install uses), the same in both; and
-    every module of a built-in is named in its layers contract, so the rule that no kind (or backend) imports
-    another covers it. gpu.xid was once an entry point only: from a checkout, 'gpu.xid' in FAULTS was False."""
+def test_a_fault_kind_importing_another_breaks_the_contract(tmp_path):
+    res = lint_imports(tree_with(tmp_path, "faults/gpu.py", "from chaoskit.faults.process import KillFault"))
+    assert res.returncode != 0
+    assert "Fault kinds are independent of each other BROKEN" in res.stdout
+    assert "chaoskit.faults.gpu -> chaoskit.faults.process" in res.stdout
+
+
+def test_the_backends_table_agrees_with_the_entry_points_and_the_contracts():
+    """Each built-in backend is listed in its registry's table (what a source tree that was never installed
+    uses) and in pyproject.toml's entry points (what an install uses), the same in both; and every backend's
+    module is named in its layers contract, so the rule that no backend imports another covers it."""
     import tomllib
 
     from chaoskit.backends.registry import CLUSTERS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert CLUSTERS.builtin() == dict(sorted(project["project"]["entry-points"][CLUSTERS.group].items()))
+    [layers] = [c["layers"] for c in project["tool"]["importlinter"]["contracts"]
+                if c["name"].startswith("Cluster backends: the registry")]
+    named = {m.strip() for layer in layers for m in layer.split("|")}
+    missing = {target.split(":")[0] for target in CLUSTERS.builtin().values()} - named
+    assert not missing, f"{sorted(missing)} not in the 'Cluster backends' contract of pyproject.toml"
+
+
+def test_the_built_in_fault_kinds_are_found_in_their_modules_not_in_entry_points():
+    """A built-in kind is a class in a module of chaoskit/faults/ declaring ``kind = "..."``: no entry point of
+    pyproject.toml names one (the group is for other packages' kinds), every kind found loads and declares
+    the name it was found under, every kind class of those modules is found, and each lives in a module the
+    "Fault kinds are independent of each other" contract reaches by its wildcard (a direct child of
+    chaoskit.faults)."""
+    import importlib
+    import inspect
+    import pkgutil
+    import tomllib
+
+    import chaoskit.faults
+    from chaoskit.faults.api import Fault
     from chaoskit.faults.registry import FAULTS
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    entry_points = project["project"]["entry-points"]
-    contracts = {c["name"]: c for c in project["tool"]["importlinter"]["contracts"]}
-    for registry, contract in ((FAULTS, "Fault kinds"), (CLUSTERS, "Cluster backends: the registry")):
-        assert registry._builtin == entry_points[registry.group], registry.group
-        [layers] = [c["layers"] for name, c in contracts.items() if name.startswith(contract)]
-        named = {m.strip() for layer in layers for m in layer.split("|")}
-        modules = {target.split(":")[0] for target in registry._builtin.values()}
-        missing = modules - named
-        assert not missing, f"{sorted(missing)} not in the {contract!r} contract of pyproject.toml"
+    assert FAULTS.group not in project["project"].get("entry-points", {})
+    found = FAULTS.builtin()
+    assert len(found) >= 21 and {"process.kill", "gpu.xid", "inproc.slow"} <= set(found)
+    for name, target in found.items():
+        module, _, attr = target.partition(":")
+        assert module.count(".") == 2 and module.startswith("chaoskit.faults."), target
+        cls = FAULTS.get(name)
+        assert (cls.__module__, cls.__qualname__, cls.kind) == (module, attr, name)
+        assert issubclass(cls, Fault) and cls.Spec.model_fields["kind"].annotation.__args__ == (name,)
+    declared = {}
+    for info in pkgutil.iter_modules(chaoskit.faults.__path__):
+        for attr, obj in vars(importlib.import_module(f"chaoskit.faults.{info.name}")).items():
+            if inspect.isclass(obj) and issubclass(obj, Fault) and "kind" in vars(obj) and obj.__module__ == f"chaoskit.faults.{info.name}":
+                declared[obj.kind] = f"{obj.__module__}:{attr}"
+    assert declared == found
+
+
+def test_an_entry_point_under_a_built_in_kinds_name_is_refused_unless_it_is_the_built_in(monkeypatch):
+    """An install made when the built-ins were entry points still declares them, each naming the built-in
+    itself: those are the built-ins. A plugin taking a built-in's name is refused, as a second registration is."""
+    import pytest
+
+    from chaoskit.core import registry as core_registry
+
+    stale = [("process.kill", "chaoskit.faults.process:KillFault"), ("my.kind", "mypkg.faults:MyFault")]
+    monkeypatch.setattr(core_registry, "declared_entry_points", lambda group: stale)
+    faults = core_registry.Registry("fault kind", "chaoskit.faults", {"process.kill": "chaoskit.faults.process:KillFault"})
+    assert faults.names() == ["my.kind", "process.kill"]
+    monkeypatch.setattr(core_registry, "declared_entry_points", lambda group: [("process.kill", "mypkg.faults:Kill")])
+    taken = core_registry.Registry("fault kind", "chaoskit.faults", {"process.kill": "chaoskit.faults.process:KillFault"})
+    with pytest.raises(core_registry.DuplicateName, match="is a built-in's name"):
+        taken.names()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from chaoskit.faults.registry import fault_kinds_markdown
+from chaoskit.faults.registry import fault_kinds_markdown, readme_with_fault_kinds
 from tests.conftest import ROOT
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -27,11 +27,16 @@ def test_every_relative_link_of_the_readme_and_the_docs_resolves():
 
 
 def test_the_readmes_fault_kinds_are_the_registrys():
-    """Adding a fault kind adds its row here; run
-    python -c 'from chaoskit.faults.registry import fault_kinds_markdown as t; print(t())'
-    and paste the table under '## Fault kinds'."""
+    """Adding a fault kind adds its row here: `make readme` writes the table under '## Fault kinds'."""
     readme = (ROOT / "README.md").read_text()
-    assert fault_kinds_markdown() in readme, "README's fault kinds table differs from fault_kinds_markdown()"
+    assert fault_kinds_markdown() in readme and readme_with_fault_kinds(readme) == readme, (
+        "README's fault kinds table differs from fault_kinds_markdown(): run `make readme`")
+
+
+def test_make_readme_rewrites_only_the_fault_kinds_table():
+    readme = (ROOT / "README.md").read_text()
+    stale = readme.replace("| `process.kill` |", "| `process.killed` |")
+    assert stale != readme and readme_with_fault_kinds(stale) == readme
 
 
 def test_the_readme_stays_short_enough_to_read_in_five_minutes():

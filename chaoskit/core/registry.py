@@ -2,10 +2,10 @@
 
 Modelled on torch elastic's rendezvous handler registry: a name maps to a
 creator that is imported only when that name is first used, and a second
-registration under a name already taken is refused. Built-ins register through
-the same entry-point group a plugin uses (``pyproject.toml``), so the extension
-path is the one exercised every day; from a source tree that was never
-installed, the built-ins' own table stands in for the package metadata.
+registration under a name already taken is refused. A registry's built-ins come
+from chaoskit's own tree (a table, or for fault kinds a scan of their modules'
+source, :mod:`chaoskit.faults.registry`), so they are found alike in a checkout
+and an install; an entry-point group adds outside plugins to them.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ class Registry(Generic[T]):
     """Names to lazily created objects (classes, usually) of one kind.
 
     ``group`` is the entry-point group plugins declare themselves in; ``builtin``
-    maps the built-ins' names to ``module:attribute`` for a source tree without
-    package metadata. ``check(name, obj)`` may refuse what a creator returned.
+    maps the built-ins' names to ``module:attribute``, or is a function that returns
+    that map, called once, on the first look at the names. An entry point under a
+    built-in's name is refused (:class:`DuplicateName`) unless it names the very same
+    target (an install's metadata from when the built-ins were entry points too).
+    ``check(name, obj)`` may refuse what a creator returned.
     """
 
-    def __init__(self, what: str, group: str, builtin: dict[str, str],
+    def __init__(self, what: str, group: str, builtin: dict[str, str] | Callable[[], dict[str, str]],
                  check: Callable[[str, T], None] | None = None) -> None:
         self.what, self.group, self._builtin, self._check = what, group, builtin, check
         self._creators: dict[str, Creator[T]] | None = None
@@ -76,17 +79,33 @@ class Registry(Generic[T]):
         """Every registered object by name, sorted (creates them all)."""
         return {name: self.get(name) for name in self.names()}
 
+    def builtin(self) -> dict[str, str]:
+        """The built-ins' names to ``module:attribute``, sorted by name; nothing is imported."""
+        if callable(self._builtin):
+            self._builtin = self._builtin()
+        return dict(sorted(self._builtin.items()))
+
     def _scan(self) -> dict[str, Creator[T]]:
         if self._creators is None:
-            creators: dict[str, Creator[T]] = {}
+            builtin = self.builtin()
+            creators: dict[str, Creator[T]] = {name: _importer(target) for name, target in builtin.items()}
+            plugins: set[str] = set()
             for name, target in declared_entry_points(self.group):
-                if name in creators:
+                if name in builtin and _same_target(target, builtin[name]):
+                    continue
+                if name in plugins:
                     raise DuplicateName(f"{self.what} {name!r} is declared twice in the {self.group!r} entry-point group")
+                if name in creators:
+                    raise DuplicateName(f"{self.what} {name!r} of the {self.group!r} entry-point group ({target}) "
+                                        f"is a built-in's name ({builtin[name]})")
+                plugins.add(name)
                 creators[name] = _importer(target)
-            for name, target in self._builtin.items():
-                creators.setdefault(name, _importer(target))
             self._creators = creators
         return self._creators
+
+
+def _same_target(a: str, b: str) -> bool:
+    return "".join(a.split()) == "".join(b.split())
 
 
 def _importer(target: str) -> Creator:

@@ -1,13 +1,54 @@
-"""Fault kinds by name, from the ``chaoskit.faults`` entry-point group (see :mod:`chaoskit.core.registry`)."""
+"""Fault kinds by name: the built-ins found in this package's modules, plugins from the ``chaoskit.faults``
+entry-point group (see :mod:`chaoskit.core.registry`).
+
+A built-in kind is a class of a module of ``chaoskit/faults/`` that declares ``kind = "family.name"`` in its
+body (:func:`builtin_kinds`). The modules' source is read, not imported, so listing the kinds (which
+``validate`` does on every start) costs a read of a dozen files, and adding a kind is adding its module: no
+table here, no entry point. A plugin from another package declares
+``[project.entry-points."chaoskit.faults"] "family.name" = "pkg.module:MyFault"``.
+"""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 from chaoskit.core.registry import Registry
 from chaoskit.faults.api import Fault
 
-__all__ = ["FAULTS", "fault_kinds", "fault_kinds_markdown", "get_fault", "GROUP"]
+__all__ = ["FAULTS", "builtin_kinds", "fault_kinds", "fault_kinds_markdown", "get_fault", "readme_with_fault_kinds",
+           "GROUP"]
 
 GROUP = "chaoskit.faults"
+
+_CLASS = re.compile(r"^class\s+([A-Za-z_]\w*)\s*[(:]")
+_KIND = re.compile(r"""^    kind\s*=\s*(["'])([a-z][a-z0-9_]*\.[a-z][a-z0-9_]*)\1\s*(?:#.*)?$""")
+
+
+def builtin_kinds(folder: Path = Path(__file__).parent, package: str = "chaoskit.faults") -> dict[str, str]:
+    """Every built-in kind's name to ``module:Class``, from the source of the modules in ``folder``.
+
+    The rule: a top-level class whose body assigns a string literal to ``kind`` (``kind = "process.kill"``; a
+    spec's ``kind: Literal[...]`` is an annotation and does not count). A name found twice is refused, as the
+    registry refuses a second registration. What is found is checked where it is loaded: the class must
+    exist and declare that kind (``_check``; ``tests/test_architecture.py`` loads every one).
+    """
+    found: dict[str, str] = {}
+    for path in sorted(folder.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        cls = None
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if start := _CLASS.match(line):
+                cls = start.group(1)
+            elif line[:1].isalpha() or line.startswith("@"):
+                cls = None  # a top-level statement: the class body has ended
+            elif cls is not None and (kind := _KIND.match(line)):
+                target = f"{package}.{path.stem}:{cls}"
+                if kind.group(2) in found:
+                    raise RuntimeError(f"fault kind {kind.group(2)!r} is declared by {found[kind.group(2)]} and {target}")
+                found[kind.group(2)] = target
+    return found
 
 
 def _check(name: str, cls: type[Fault]) -> None:
@@ -15,29 +56,7 @@ def _check(name: str, cls: type[Fault]) -> None:
         raise RuntimeError(f"fault plugin {cls!r} registered as {name!r} but declares kind {getattr(cls, 'kind', None)!r}")
 
 
-FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, {
-    "process.kill": "chaoskit.faults.process:KillFault",
-    "process.hang": "chaoskit.faults.process:HangFault",
-    "network.link_down": "chaoskit.faults.network:LinkDownFault",
-    "network.blackhole": "chaoskit.faults.network:BlackholeFault",
-    "network.degrade": "chaoskit.faults.network:DegradeFault",
-    "network.partition": "chaoskit.faults.network:PartitionFault",
-    "node.poweroff": "chaoskit.faults.power:PowerOffFault",
-    "gpu.fail": "chaoskit.faults.gpu:GpuFailFault",
-    "gpu.xid": "chaoskit.faults.gpu:GpuXidFault",
-    "node.slow": "chaoskit.faults.slow:SlowFault",
-    "storage.corrupt": "chaoskit.faults.storage:CorruptFault",
-    "storage.full": "chaoskit.faults.storage:FullFault",
-    "mem.oom": "chaoskit.faults.memory:OomFault",
-    "slurm.drain": "chaoskit.faults.slurm:DrainFault",
-    "slurm.requeue": "chaoskit.faults.slurm:RequeueFault",
-    "inproc.hang": "chaoskit.faults.inproc:InprocHangFault",
-    "inproc.gil": "chaoskit.faults.inproc:InprocGilFault",
-    "inproc.raise": "chaoskit.faults.inproc:InprocRaiseFault",
-    "inproc.nan": "chaoskit.faults.inproc:InprocNanFault",
-    "inproc.bitflip": "chaoskit.faults.inproc:InprocBitflipFault",
-    "inproc.slow": "chaoskit.faults.inproc:InprocSlowFault",
-}, check=_check)
+FAULTS: Registry[type[Fault]] = Registry("fault kind", GROUP, builtin_kinds, check=_check)
 
 
 def fault_kinds() -> dict[str, type[Fault]]:
@@ -59,3 +78,13 @@ def fault_kinds_markdown() -> str:
         first = doc.split(". ")[0].rstrip(".").replace("``", "`").replace("|", "\\|")
         rows.append(f"| `{name}` | {acts_on.get(cls.target_type, cls.target_type)} | {first} |")
     return "\n".join(rows) + "\n"
+
+
+def readme_with_fault_kinds(readme: str) -> str:
+    """``readme`` with the table under its ``## Fault kinds`` heading replaced by :func:`fault_kinds_markdown`
+    (``make readme`` writes it back; ``tests/test_docs.py`` checks that it changes nothing)."""
+    lines = readme.splitlines(keepends=True)
+    heading = lines.index("## Fault kinds\n")
+    start = next(i for i in range(heading + 1, len(lines)) if lines[i].startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "".join(lines[:start]) + fault_kinds_markdown() + "".join(lines[end:])
