@@ -443,10 +443,11 @@ def soak_drills(soak: Soak, n: int, kill_share: float) -> list[Drill]:
         while proc.poll() is None:
             records = _records(out)
             finished = [r for r in records if r.get("status") is not None]
-            while done < len(finished):  # a drill ended: the controller's figures now
+            while done < len(finished):  # a drill ended: the controller's figures, read by itself after its teardown
                 d = drills[start + done]
                 d.status, d.controller = finished[done]["status"], controller
-                d.fds, d.threads, d.rss_mib = _figures(proc.pid)
+                own = finished[done].get("controller") or {}
+                d.fds, d.threads, d.rss_mib = own.get("fds"), own.get("threads"), own.get("rss_mib")
                 done += 1
             current = start + done
             if current in kills and killed_at is None and _armed(soak.state):
@@ -459,6 +460,8 @@ def soak_drills(soak: Soak, n: int, kill_share: float) -> list[Drill]:
         if killed_at is None:
             for r, d in zip([r for r in _records(out) if r.get("status") is not None][done:], drills[start + done:]):
                 d.status, d.controller = r["status"], controller
+                own = r.get("controller") or {}
+                d.fds, d.threads, d.rss_mib = own.get("fds"), own.get("threads"), own.get("rss_mib")
             break
         d = drills[killed_at]
         d.killed, d.status, d.controller = True, "killed", controller
@@ -500,16 +503,6 @@ def _armed(state: Path) -> bool:
         if armed - {e.get("fault_id") for e in lines if e.get("action") == "reverted"}:
             return True
     return False
-
-
-def _figures(pid: int) -> tuple[int | None, int | None, float | None]:
-    """The controller's open fds, threads and RSS (MiB)."""
-    try:
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-        return fds, int(status["Threads"]), round(int(status["VmRSS"].split()[0]) / 1024, 1)
-    except (OSError, KeyError, ValueError):
-        return None, None, None
 
 
 def _slope(points: list[tuple[int, float]]) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 import socket
 import time
@@ -341,7 +342,7 @@ class _Gameday:
         if record["error"] is not None:
             _write_json(run_dir / ERROR_FILE, record["error"])
         t1 = time.time()
-        record.update(ended_at=_iso(t1), duration_s=round(t1 - t0, 3))
+        record.update(ended_at=_iso(t1), duration_s=round(t1 - t0, 3), controller=_own_figures())
         board.done(record)
 
     @staticmethod
@@ -533,6 +534,17 @@ def _error(exc: ChaoskitError) -> dict[str, Any]:
 
 def _safe_name(stem: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:60] or "scenario"
+
+
+def _own_figures() -> dict[str, int | float | None]:
+    """This controller's open fds, threads and resident memory (MiB), read right after a drill's teardown, before
+    the next one starts: what a long game day must not grow (``bench/soak.py`` reads them)."""
+    try:
+        fds: int | None = len(os.listdir("/proc/self/fd"))
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        return {"fds": fds, "threads": int(status["Threads"]), "rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1)}
+    except (OSError, KeyError, ValueError):
+        return {"fds": None, "threads": None, "rss_mib": None}
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -35,12 +35,15 @@ from tests.conftest import ROOT, run_cli, wait_exec, wait_until
 SLEEPER = "import time; time.sleep(600)  # worker"
 
 
-def _worker(lab: ProcessLab | None, node: str | None, rank: int) -> subprocess.Popen:
+def _worker(lab: ProcessLab | None, node: str | None, rank: int, doomed: bool = False) -> subprocess.Popen:
+    """A fake worker, once its exec is done; ``doomed``: one a running crash loop is to kill, maybe before it
+    is seen running (the loop rescans, so it needs no wait)."""
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK="0", TORCHELASTIC_RUN_ID="t")
     if lab is not None:
         env["CHAOSKIT_SCOPE"] = lab.scope(node)
     proc = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
-    wait_exec(proc)
+    if not doomed:
+        wait_exec(proc)
     return proc
 
 
@@ -88,7 +91,7 @@ def test_crash_loop_kills_every_matching_worker_until_revert(lab_procs, tmp_path
     assert before <= inj.t_fault <= time.time()
     assert _died_within(procs[1], 5) is not None
     # A restarted rank 1 on n1 dies within one poll (generous margin: two busy cores, other tests running).
-    again = _worker(lab, "n1", 1)
+    again = _worker(lab, "n1", 1, doomed=True)
     started.append(again)
     assert (took := _died_within(again, 2)) is not None, "the restarted worker survived the crash loop"
     kills = Path(inj.detail["directory"], "kills").read_text().splitlines()
