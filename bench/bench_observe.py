@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import pct  # noqa: E402
-from chaoskit.cluster.fanout import connect_all  # noqa: E402
+from chaoskit.cluster.transports.ssh_many import connect_all  # noqa: E402
 from chaoskit.lab.netns import NetnsLab  # noqa: E402
 from chaoskit.observe.events import make_event  # noqa: E402
 from chaoskit.observe.probes import ProcessWatcher  # noqa: E402

@@ -73,7 +73,7 @@ def ray_beside_ssh(nodes: int, samples: int) -> dict:
     import tempfile
 
     from chaoskit.cluster.transports.ray import RayTransport, node_resource
-    from chaoskit.cluster.fanout import connect_all
+    from chaoskit.cluster.transports.ssh_many import connect_all
     from chaoskit.lab.netns import NetnsLab
     from chaoskit.lab.ray import HEALTH_ENV, _free_port, _ray_cli, _stop_scopes
 

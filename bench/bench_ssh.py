@@ -108,7 +108,7 @@ def time_fan_out(transports, repeats: int, cpu_rounds: int) -> tuple[float, floa
     controller's CPU time per node request: ``time.process_time()`` (this process,
     every thread, paramiko's included, user + system) across ``cpu_rounds`` ping
     fan-outs, divided by rounds x nodes."""
-    from chaoskit.cluster.fanout import ping_many, run_many
+    from chaoskit.cluster.transports.ssh_many import ping_many, run_many
 
     inject, ping = [], []
     for _ in range(repeats):
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
 
-    from chaoskit.cluster.fanout import connect_all
+    from chaoskit.cluster.transports.ssh_many import connect_all
     from chaoskit.lab.netns import NetnsLab, require_netns_tools
 
     require_netns_tools()

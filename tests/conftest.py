@@ -192,7 +192,7 @@ def python() -> str:
 @contextmanager
 def connected(inventory):
     """Every node of ``inventory`` connected (agents started) for the block, closed after it."""
-    from chaoskit.cluster.fanout import connect_all
+    from chaoskit.cluster.transports.ssh_many import connect_all
 
     connect_all([n.conn for n in inventory.nodes])
     try:

@@ -57,10 +57,20 @@ def test_a_backend_importing_another_breaks_the_contract(tmp_path):
     assert "Cluster backends are independent of each other BROKEN" in res.stdout
 
 
+TRANSPORTS_CONTRACT = "Transports above the agent's channel, the generic fan-out below all"
+
+
 def test_the_agents_channel_importing_a_transport_breaks_the_contract(tmp_path):
     res = lint_imports(tree_with(tmp_path, "cluster/transports/channel.py", "from chaoskit.cluster.transports.ssh import GRACE_S"))
     assert res.returncode != 0
-    assert "Transports above the agent's channel, the fan-out above them BROKEN" in res.stdout
+    assert f"{TRANSPORTS_CONTRACT} BROKEN" in res.stdout
+
+
+def test_the_generic_fan_out_importing_a_transport_breaks_the_contract(tmp_path):
+    """The selectors (and so ``validate``) import the fan-out: it stays free of paramiko's transports."""
+    res = lint_imports(tree_with(tmp_path, "cluster/fanout.py", "from chaoskit.cluster.transports.ssh import GRACE_S"))
+    assert res.returncode != 0
+    assert f"{TRANSPORTS_CONTRACT} BROKEN" in res.stdout
 
 
 def _local_imports() -> list[tuple[str, int, str]]:

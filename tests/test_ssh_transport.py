@@ -195,7 +195,7 @@ def test_processes_are_scoped_to_the_node_and_signals_outside_are_refused(netns_
 
 
 def test_a_fan_out_to_nodes_not_connected_yet_connects_them_in_parallel(netns_lab):
-    from chaoskit.cluster.fanout import ping_many, run_many
+    from chaoskit.cluster.transports.ssh_many import ping_many, run_many
     from chaoskit.cluster.transports.ssh import SSHTransport
 
     spans: dict[str, tuple[float, float]] = {}
@@ -223,7 +223,8 @@ def test_a_fan_out_to_nodes_not_connected_yet_connects_them_in_parallel(netns_la
 
 
 def test_files_and_fan_out(netns_lab, lab_inventory):
-    from chaoskit.cluster.fanout import fan_out, ping_many, run_many
+    from chaoskit.cluster.fanout import fan_out
+    from chaoskit.cluster.transports.ssh_many import ping_many, run_many
 
     t = lab_inventory["n0"].conn
     path = str(netns_lab.node_dir("n0") / "work" / "probe.txt")

@@ -29,7 +29,7 @@ from chaoskit.cluster.transports.docker import (
     docker_client,
     power_argv,
 )
-from chaoskit.cluster.fanout import connect_all
+from chaoskit.cluster.transports.ssh_many import connect_all
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.lab.docker import DockerLab, find_compose, load_compose
 

@@ -27,7 +27,7 @@ from chaoskit.backends.api import ClusterBackend, ClusterHandle, ClusterSpec
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.inventory_file import build_inventory, load_inventory, load_inventory_file, preview_inventory
 from chaoskit.cluster.slurm import SlurmAccess
-from chaoskit.cluster.fanout import connect_all
+from chaoskit.cluster.transports.ssh_many import connect_all
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.trusted import untrusted_file
 from chaoskit.core.limits import MAX_COUNT

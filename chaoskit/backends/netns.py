@@ -23,7 +23,7 @@ from chaoskit.backends.api import (
 )
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.inventory_file import load_inventory
-from chaoskit.cluster.fanout import connect_all
+from chaoskit.cluster.transports.ssh_many import connect_all
 from chaoskit.core.state import state_dir
 from chaoskit.lab.netns import NetnsLab, netns_lab_dir, require_netns_tools
 

@@ -20,7 +20,7 @@ from chaoskit.backends.api import ClusterBackend, ClusterHandle, ClusterSpec, La
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.slurm import SlurmAccess
-from chaoskit.cluster.fanout import connect_all
+from chaoskit.cluster.transports.ssh_many import connect_all
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.models import StrictModel
 from chaoskit.core.state import state_dir

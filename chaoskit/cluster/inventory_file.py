@@ -34,7 +34,7 @@ __all__ = [
 
 def build_inventory(loaded: LoadedInventory, *, trust_on_first_use: bool | None = None) -> Inventory:
     """Nodes with their SSH transports (not connected yet: each connects on first use;
-    :func:`chaoskit.cluster.fanout.connect_all` connects them all at once).
+    :func:`chaoskit.cluster.transports.ssh_many.connect_all` connects them all at once).
 
     With ``ray:`` the live Ray nodes are discovered too (a GCS query, no driver):
     listed ``transport: ray`` nodes take theirs, and unlisted ones are added."""

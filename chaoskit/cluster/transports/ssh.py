@@ -276,7 +276,7 @@ class SSHTransport:
     @property
     def running_agent(self) -> AgentChannel | None:
         """The agent's channel when one is running now (nothing connected or started here), else ``None``:
-        what a fan-out writes its request straight onto (:func:`chaoskit.cluster.fanout.run_many`)."""
+        what a fan-out writes its request straight onto (:func:`chaoskit.cluster.transports.ssh_many.run_many`)."""
         agent = self._agent
         return agent if self.mode == "agent" and agent is not None and not agent.dead else None
 
