@@ -152,11 +152,9 @@ class _Tailer(threading.Thread):
         super().__init__(daemon=True, name=f"chaoskit-tail-{path.name}")
         self.path, self.interval = path, interval
         self.stop_event = threading.Event()
-        self.refused: str | None = None
-        """Why the file was not read, the last time it was not (a FIFO, a device, a link swapped in: see
-        :func:`~chaoskit.core.files.open_regular`); ``None`` once it reads again."""
         self.seen_refusal: str | None = None
-        """The first refusal of the file (what the run's notes say)."""
+        """Why the file was first not read (a FIFO, a device, another user's link: see
+        :func:`~chaoskit.core.files.open_regular`): what the run's notes say."""
 
     CHUNK = 1 << 20
 
@@ -175,12 +173,10 @@ class _Tailer(threading.Thread):
                         inode = st.st_ino
                     fh.seek(pos)
                     chunk = fh.read(self.CHUNK)
-                self.refused = None
             except FileNotFoundError:
                 chunk = b""
             except NotRegularFile as exc:  # job output is the job's: never a FIFO that blocks, a device that acts
-                self.refused, chunk = str(exc), b""
-                self.seen_refusal = self.seen_refusal or self.refused
+                self.seen_refusal, chunk = self.seen_refusal or str(exc), b""
             if chunk:
                 pos += len(chunk)
                 for raw in cutter.feed(chunk):
