@@ -169,6 +169,8 @@ def test_an_entry_point_under_a_built_in_kinds_name_is_refused_unless_it_is_the_
 
     from chaoskit.core import registry as core_registry
 
+    # What an install declares stands in here (installing a plugin package would change the shared venv); the
+    # registry that reads it is the real one.
     stale = [("process.kill", "chaoskit.faults.process:KillFault"), ("my.kind", "mypkg.faults:MyFault")]
     monkeypatch.setattr(core_registry, "declared_entry_points", lambda group: stale)
     faults = core_registry.Registry("fault kind", "chaoskit.faults", {"process.kill": "chaoskit.faults.process:KillFault"})

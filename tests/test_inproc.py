@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chaoskit.sdk import inproc
-from tests.conftest import ROOT, need_torch, run_cli
+from tests.conftest import ROOT, need_torch, run_cli, wait_until
 
 BOOT = ROOT / "chaoskit" / "sdk" / "_boot"
 
@@ -520,7 +520,14 @@ def test_a_hold_interrupted_by_an_exception_says_it_ended(monkeypatch, tmp_path)
     t = threading.Thread(target=held)
     t.start()
     assert started.wait(5)
-    time.sleep(0.2)
+
+    def in_hold() -> bool:  # the thread is inside the hold's loop (an exception raised earlier would miss it)
+        frame = sys._current_frames().get(t.ident)
+        while frame is not None and frame.f_code.co_name != "_hold":
+            frame = frame.f_back
+        return frame is not None
+
+    assert wait_until(in_hold, 5)
     assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt)) == 1
     t.join(5)
     status = json.loads(Path(inproc.status_path(str(folder), os.getpid())).read_text())
