@@ -11,6 +11,8 @@ is verbatim.
 
 from __future__ import annotations
 
+import shutil
+
 from pathlib import Path
 
 import pytest
@@ -131,8 +133,12 @@ def test_ft_launcher_starts_in_place_of_torchrun_with_private_sockets(tmp_path):
     assert argv[1:3] == list(NVRX_LAUNCHER) and "torch.distributed.run" not in argv
     assert argv[argv.index("--ft-rank-heartbeat-timeout") + 1] == "3"
     sockets = Path(job.job_env("n0")["TMPDIR"])
-    assert sockets == tmp_path / "run" / "nvrx" or sockets.name.startswith("chaoskit-nvrx-")
-    assert stat.S_IMODE(sockets.stat().st_mode) == 0o700 and len(str(sockets)) <= 60
+    try:
+        assert sockets == tmp_path / "run" / "nvrx" or sockets.name.startswith("chaoskit-nvrx-")
+        assert stat.S_IMODE(sockets.stat().st_mode) == 0o700 and len(str(sockets)) <= 60
+    finally:  # the job never started, so its stop(), which removes a folder made in /tmp, never runs
+        if sockets.name.startswith("chaoskit-nvrx-"):
+            shutil.rmtree(sockets, ignore_errors=True)
     path = tmp_path / "slurm.yaml"
     path.write_text("name: s\ncluster: {kind: slurm, nodes: 2}\nworkload: {recovery: nvrx}\n"
                     "faults: [{kind: process.kill, target: {ranks: [1]}, at: {step: 20}}]\n")
