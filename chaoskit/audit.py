@@ -5,7 +5,7 @@ find its own leftovers (:meth:`~chaoskit.faults.api.Fault.leftovers`: its qdisc 
 cgroups' names, its state files, its Slurm reason, its node's power state), each node is read once through a
 :class:`NodeRead` that every kind shares, and beside the kinds the audit looks for what safety itself leaves:
 lease folders of runs that are no longer alive (their watchdogs never reverted), watchdogs still running for
-them, files in a node's state folder that no kind claims (an in-process fault's orders, a helper's state), runs
+them, node agents whose controller is gone (each agent's command line names its controller), files in a node's state folder that no kind claims (an in-process fault's orders, a helper's state), runs
 that died with faults their journal shows armed and not reverted, and what the lab itself says is wrong
 (a node powered off, a Slurm node not idle, the job's processes still running).
 
@@ -27,6 +27,7 @@ from chaoskit.cluster.fanout import fan_out
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.transports.api import Transport
+from chaoskit.cluster.transports.channel import AGENT_IDLE_EXIT_S, controller_alive, parse_controller_tag
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.state import state_dir
 from chaoskit.crash import recover
@@ -53,7 +54,8 @@ class Leftover:
     """The node it is on (``controller`` for this machine's own state)."""
     what: str
     kind: str
-    """The fault kind that found it, or what safety leaves: ``lease``, ``watchdog``, ``state``, ``journal``, ``lab``."""
+    """The fault kind that found it, or what safety leaves: ``lease``, ``watchdog``, ``agent``, ``state``, ``journal``,
+    ``lab``."""
     also_on: list[str] = field(default_factory=list)
     """Other nodes that show the same thing (nodes that share this machine's kernel or folders)."""
 
@@ -239,7 +241,25 @@ def _read_node(node: Node, checkpoint_dirs: list[str], live: set[str]) -> tuple[
             continue
         out.append(Leftover(node.name, f"state {rel} in {view.state_dir}", "state"))
     out += _node_leases(view, entries, live)
+    out += _node_agents(view)
     return out, view.problem
+
+
+def _node_agents(view: NodeRead) -> list[Leftover]:
+    """Agents on the node whose controller, on this machine, is no longer running (its pid gone or another
+    process's now). An agent of a controller on another machine cannot be judged from here; it ends itself
+    :data:`~chaoskit.cluster.transports.channel.AGENT_IDLE_EXIT_S` after it last heard from it, as these do."""
+    out = []
+    for pid, _, cmdline in view.ps():
+        tag = parse_controller_tag(cmdline)
+        if tag is None or not os.path.basename(cmdline.split(None, 1)[0]).startswith("python"):
+            continue  # not an agent, or the sudo or timeout in front of one (the agent is its child)
+        host, controller, _ = tag
+        if controller_alive(*tag) is False:
+            out.append(Leftover(view.node.name, f"agent pid {pid}: its controller (pid {controller} on {host}) is gone; "
+                                                f"it ends itself {AGENT_IDLE_EXIT_S:g}s after it last heard from it",
+                                "agent"))
+    return out
 
 
 def _node_leases(view: NodeRead, entries: list[str], live: set[str]) -> list[Leftover]:

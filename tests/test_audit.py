@@ -173,6 +173,7 @@ def test_a_netns_lab_with_one_leftover_of_each_kind_names_each(netns_lab, tmp_pa
     token = secrets.token_hex(8)
     work = lab.node_dir("n0") / "work"
     lease = work / "leases" / "deadrun" / "f2.0"
+    orphan = _orphan_agent(lab, "n0")
     try:
         assert ns_run(lab, "n1", "ip", "link", "set", "dev", "eth0", "down").returncode == 0
         assert ns_run(lab, "n0", "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "c4a0:",
@@ -189,7 +190,13 @@ def test_a_netns_lab_with_one_leftover_of_each_kind_names_each(netns_lab, tmp_pa
         assert _has(report, "n1", "network.partition", f"nft table inet chaoskit_f{token}"), lines
         assert _has(report, "n0", "lease", "lease deadrun/f2.0: no watchdog waits on it"), lines
         assert _has(report, "n0", "state", f"state inproc-{token}.json"), lines
-        assert len(report["leftovers"]) == 5, lines
+        agents = [x for x in report["leftovers"] if x["kind"] == "agent"]
+        assert len(agents) == 1 and f"agent pid {orphan.pid}: its controller (pid " in agents[0]["what"], lines
+        assert len(report["leftovers"]) == 6, lines
+        # the agents this audit itself runs on the nodes are a live controller's: never counted
+        orphan.kill()
+        orphan.wait()
+        assert not any(x["kind"] == "agent" for x in _audit(inventory)[1]["leftovers"])
 
         assert lab.power("n1", "off") is False
         code, report = _audit(inventory)
@@ -205,7 +212,28 @@ def test_a_netns_lab_with_one_leftover_of_each_kind_names_each(netns_lab, tmp_pa
             if path.exists():
                 path.rmdir()
         (work / f"inproc-{token}.json").unlink(missing_ok=True)
+        orphan.kill()
+        orphan.wait()
     assert wait_until(lambda: _audit(inventory)[0] == 0, 20), _lines(_audit(inventory)[1])
+
+
+def _orphan_agent(lab, node: str) -> subprocess.Popen:
+    """A real agent in ``node``'s namespace whose controller is gone: its command line names a process that
+    ran and was killed; its stdin stays open, as an SSH channel's does behind a connection that never closed."""
+    from chaoskit.cluster.transports.agent_script import BOOT
+    from chaoskit.cluster.transports.channel import AGENT_TAG, agent_program, controller_tag
+
+    gone = subprocess.Popen(["sleep", "30"])
+    tag = controller_tag(gone.pid)
+    gone.kill()
+    gone.wait()
+    program = agent_program(str(lab.node_dir(node) / "work"))
+    agent = subprocess.Popen(lab.exec_argv(node, ["python3", "-I", "-u", "-c", BOOT, AGENT_TAG, tag]),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    agent.stdin.write(f"{len(program)}\n".encode() + program)
+    agent.stdin.flush()
+    assert json.loads(agent.stdout.readline())["hello"] == 1
+    return agent
 
 
 def test_rollback_of_a_dead_run_on_a_lab_that_stays_up_stops_the_runs_job(process_lab, _private_state):

@@ -17,8 +17,11 @@ Requests run concurrently (cheap ones inline, commands on threads), so replies
 may come out of order; ``id`` pairs them. Every command has a deadline the agent
 enforces itself (it kills the command's process group and answers ``rc`` 124).
 EOF on stdin ends the agent once in-flight requests are answered; processes it
-started detached (lease watchdogs) live on. No shell is ever involved: ``argv``
-is executed as given.
+started detached (lease watchdogs) live on. So does hearing nothing for
+``CHAOSKIT_IDLE_EXIT_S`` seconds (the controller sends a ``ping`` every few
+seconds): a controller that died behind a connection that never closed (a cut
+management link, a lost host) leaves no agent behind. No shell is ever involved:
+``argv`` is executed as given.
 
 A *stream* (``follow``: a file's lines; ``kmsg``: the kernel log's records) answers many times under its request's id, each message with
 ``"more": true``, until it is cancelled (``{"op": "cancel", "stream": ID}``) or stdin ends;
@@ -56,6 +59,7 @@ except NameError:  # imported on the controller (tests, BOOT)
     from chaoskit.nodeside.jobscope import job_marks, job_owns, uid_of  # noqa: I001 - bundled after nodefs on a node
 
     CHAOSKIT_WORKDIR = None
+    CHAOSKIT_IDLE_EXIT_S = None
 else:
     _inside_dir = inside  # noqa: F821 - nodefs' ``inside``; the agent's own ``inside`` would be too vague a name
 
@@ -1166,10 +1170,31 @@ def main():
         except (OSError, ValueError):
             pass
 
+    heard = [time.monotonic()]
+
+    def finish():
+        _STOP.set()
+        for t in list(threads):
+            t.join()
+        _reap()
+        sys.stdout.flush()
+        os._exit(0)
+
+    def idle_watch(limit):
+        """Ends the agent as EOF would, once nothing has come for ``limit`` seconds."""
+        while not _STOP.wait(min(1.0, limit / 4)):
+            if time.monotonic() - heard[0] > limit:
+                finish()
+
     _init_state(CHAOSKIT_WORKDIR)
+    if CHAOSKIT_IDLE_EXIT_S:
+        w = threading.Thread(target=idle_watch, args=(float(CHAOSKIT_IDLE_EXIT_S),))
+        w.daemon = True
+        w.start()
     reply({"id": 0, "ok": True, "hello": VERSION, "pid": os.getpid(), "uid": os.getuid(),
            "python": sys.executable, "t": now(), "state_dir": _STATE["dir"], "state_error": _STATE["error"]})
     for line in iter(stdin.readline, b""):
+        heard[0] = time.monotonic()
         try:
             req = json.loads(line)
         except ValueError:
@@ -1183,12 +1208,7 @@ def main():
             t.start()
             threads.append(t)
             threads[:] = [x for x in threads if x.is_alive()]
-    _STOP.set()
-    for t in threads:
-        t.join()
-    _reap()
-    sys.stdout.flush()
-    os._exit(0)
+    finish()
 
 
 if __name__ == "__main__":

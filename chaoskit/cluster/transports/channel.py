@@ -18,6 +18,11 @@ Contract:
 - :class:`Broadcast` writes one request to many channels at once, encoded once, and wakes once, when the
   last of them answered.
 - A reply line longer than :data:`MAX_REPLY_BYTES` ends the channel.
+- Every open channel that sent nothing for :data:`KEEPALIVE_S` gets a ``ping`` (one thread for the process,
+  :class:`_Keepalive`): an agent that hears nothing for :data:`AGENT_IDLE_EXIT_S` takes its controller for gone
+  and ends itself, so an agent whose controller died behind a half-open connection does not live on.
+- :func:`boot_argv` names the controller in the agent's command line (:func:`controller_tag`): ``chaoskit
+  audit`` tells the agents of a live controller from those of one that is gone (:func:`parse_controller_tag`).
 
 Nothing here imports paramiko at module level.
 """
@@ -27,9 +32,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import queue
+import socket
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -49,7 +57,13 @@ __all__ = [
     "MAX_REPLY_BYTES",
     "agent_program",
     "boot_argv",
+    "controller_alive",
+    "controller_tag",
+    "parse_controller_tag",
     "start_stream",
+    "AGENT_TAG",
+    "AGENT_IDLE_EXIT_S",
+    "KEEPALIVE_S",
 ]
 
 AGENT_SOURCE = Path(__file__).with_name("agent_script.py").read_text(encoding="utf-8")
@@ -60,16 +74,65 @@ MAX_REPLY_BYTES = 32 << 20
 command line capped at the agent's CMDLINE_MAX, is far less); a longer one ends the channel."""
 
 
-def agent_program(workdir: str | None) -> bytes:
-    """The program the agent runs on a node: nodefs' source, the state folder asked for, the agent."""
-    return bundle(AGENT_SOURCE, jobscope, CHAOSKIT_WORKDIR=workdir).encode("utf-8")
+KEEPALIVE_S = 5.0
+"""How long a channel may send nothing before it sends the agent a ``ping``."""
+AGENT_IDLE_EXIT_S = 60.0
+"""How long an agent waits, hearing nothing (not even the keepalive), before it takes its controller for gone and
+ends itself: twelve keepalives missed, far beyond any pause of a live controller."""
+AGENT_TAG = "chaoskit-agent"
+"""The word after :data:`BOOT` on an agent's command line; the controller's tag follows it."""
+
+
+def agent_program(workdir: str | None, idle_exit_s: float = AGENT_IDLE_EXIT_S) -> bytes:
+    """The program the agent runs on a node: nodefs' source, the state folder asked for, how long it lives
+    without hearing from its controller, the agent."""
+    return bundle(AGENT_SOURCE, jobscope, CHAOSKIT_WORKDIR=workdir, CHAOSKIT_IDLE_EXIT_S=idle_exit_s).encode("utf-8")
 
 
 def boot_argv(python: str) -> list[str]:
     """The command that starts the agent on a node with ``python``: it reads :func:`agent_program`'s bytes
     (a byte count, a newline, the program) from stdin and runs them (``-I``: nothing from the current folder,
-    the user's site folder or ``PYTHON*`` is imported as root)."""
-    return [python, "-I", "-u", "-c", BOOT]
+    the user's site folder or ``PYTHON*`` is imported as root). The words after the program are not read by
+    it: they name this controller on the node's process list (:func:`controller_tag`)."""
+    return [python, "-I", "-u", "-c", BOOT, AGENT_TAG, controller_tag()]
+
+
+def controller_tag(pid: int | None = None) -> str:
+    """``controller=HOST/PID/START``: this machine's host name, the controller's pid and its start time (clock
+    ticks since boot, ``/proc/PID/stat``), so that a pid used again by another process is not taken for it."""
+    pid = os.getpid() if pid is None else pid
+    host = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-._") or "unknown"
+    return f"controller={host}/{pid}/{_start_ticks(pid) or 0}"
+
+
+def parse_controller_tag(cmdline: str) -> tuple[str, int, int] | None:
+    """(host, pid, start) from an agent's command line (``ps`` or ``/proc``), or ``None`` if it is not one."""
+    marker = f"{BOOT} {AGENT_TAG} controller="
+    at = cmdline.find(marker)
+    if at < 0:
+        return None
+    words = cmdline[at + len(marker):].split(None, 1)
+    if not words:
+        return None
+    host, _, rest = words[0].partition("/")
+    pid, _, start = rest.partition("/")
+    return (host, int(pid), int(start)) if pid.isdigit() and start.isdigit() else None
+
+
+def controller_alive(host: str, pid: int, start: int) -> bool | None:
+    """Whether the controller a tag names still runs: ``None`` when it ran on another machine (nothing here
+    can say; its agents end themselves :data:`AGENT_IDLE_EXIT_S` after it last spoke)."""
+    if host != controller_tag().split("=", 1)[1].split("/", 1)[0]:
+        return None
+    return _start_ticks(pid) == start if start else os.path.exists(f"/proc/{pid}")
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class AgentGone(Exception):
@@ -120,6 +183,7 @@ class AgentChannel:
         self._send_lock = threading.Lock()
         self._buf = bytearray()
         self.last_rx = time.monotonic()
+        self.last_tx = time.monotonic()
 
     @classmethod
     def start(cls, client: Any, command: str, timeout: float, node: str, program: bytes) -> "AgentChannel":
@@ -148,6 +212,7 @@ class AgentChannel:
         if hello.gone:
             raise AgentGone(hello.gone)
         agent.hello = hello.reply or {}
+        _KEEPALIVE.add(agent)
         return agent
 
     def _listen(self) -> None:
@@ -176,8 +241,7 @@ class AgentChannel:
             self._pending[rid] = slot
         slot.sent_at = time.monotonic()
         try:
-            with self._send_lock:
-                self.chan.sendall(data)
+            self._send(data)
         except Exception as exc:  # noqa: BLE001
             self._die(f"send failed: {exc}")  # completes the slot
             raise AgentGone(self.reason) from None
@@ -196,8 +260,7 @@ class AgentChannel:
                 raise AgentGone(self.reason)
             self._streams[rid] = (on_message, on_gone, quiet)
         try:
-            with self._send_lock:
-                self.chan.sendall((json.dumps({"id": rid, **fields}) + "\n").encode())
+            self._send((json.dumps({"id": rid, **fields}) + "\n").encode())
         except Exception as exc:  # noqa: BLE001
             self._die(f"send failed: {exc}")
             raise AgentGone(self.reason) from None
@@ -206,10 +269,24 @@ class AgentChannel:
     def cancel(self, rid: int) -> None:
         """End a stream (best effort: a dead channel has ended it already)."""
         try:
-            with self._send_lock:
-                self.chan.sendall((json.dumps({"id": next(_request_ids), "op": "cancel", "stream": rid}) + "\n").encode())
+            self._send((json.dumps({"id": next(_request_ids), "op": "cancel", "stream": rid}) + "\n").encode())
         except Exception:  # noqa: BLE001
             pass
+
+    def keepalive(self) -> None:
+        """A ``ping`` whose answer nobody waits for (an answer to no pending id is dropped), if nothing else was
+        sent for :data:`KEEPALIVE_S`: the agent hears its controller (best effort: a dead channel is left)."""
+        if self.dead or time.monotonic() - self.last_tx < KEEPALIVE_S:
+            return
+        try:
+            self._send((json.dumps({"id": next(_request_ids), "op": "ping"}) + "\n").encode())
+        except Exception:  # noqa: BLE001 - the next request finds the channel dead and says why
+            pass
+
+    def _send(self, data: bytes) -> None:
+        with self._send_lock:
+            self.chan.sendall(data)
+            self.last_tx = time.monotonic()
 
     def wait(self, rid: int, slot: _Slot, timeout: float) -> dict[str, Any]:
         slot.wait(timeout)
@@ -395,6 +472,38 @@ class Broadcast:
             except (DeadlineMissed, OpFailed, AgentGone) as exc:
                 out[key] = exc
         return out
+
+
+class _Keepalive:
+    """The one thread of the process that keeps every open agent channel heard (:meth:`AgentChannel.keepalive`),
+    started with the first channel; channels are held weakly, and a dead one is dropped."""
+
+    def __init__(self) -> None:
+        self._channels: weakref.WeakSet[AgentChannel] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, agent: AgentChannel) -> None:
+        with self._lock:
+            self._channels.add(agent)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="chaoskit-keepalive", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(KEEPALIVE_S / 2)
+            with self._lock:
+                channels = list(self._channels)
+            for agent in channels:
+                if agent.dead:
+                    with self._lock:
+                        self._channels.discard(agent)
+                else:
+                    agent.keepalive()
+
+
+_KEEPALIVE = _Keepalive()
 
 
 def start_stream(agent: AgentChannel, what: str, fields: dict[str, Any], on_message: Callable[[dict[str, Any]], None],
