@@ -14,17 +14,20 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from chaoskit.core.durations import Duration
 from chaoskit.core.errors import InfraError
-from chaoskit.core.models import NAME_RE, StrictModel
-from chaoskit.core.shell import SAFE_TOKEN_RE, USER_RE, check_ifname, check_path
+from chaoskit.core.models import NAME_RE, IfName, StrictModel, check_match
+from chaoskit.core.shell import SAFE_TOKEN_RE, USER_RE, check_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from chaoskit.cluster.transports.api import Transport
 
 __all__ = ["Node", "Inventory", "InterfaceSpec", "PowerCommands", "SshSettings"]
+
+_TOKENS = {"user": (USER_RE, "user name"), "python": (SAFE_TOKEN_RE, "python command")}
+"""The SSH settings' values that reach a command line as they are: the pattern of each, and its name."""
 
 
 class SshSettings(StrictModel):
@@ -64,41 +67,27 @@ class SshSettings(StrictModel):
             raise ValueError(f"only 'sudo' (or 'none') is supported, not {v!r}")
         return v
 
-    @field_validator("user")
+    @field_validator("user", "python")
     @classmethod
-    def _user(cls, v: str) -> str:
-        if not re.fullmatch(USER_RE, v):
-            raise ValueError(f"invalid user name {v!r}")
-        return v
+    def _tokens(cls, v: str, info: ValidationInfo) -> str:
+        return check_match(v, *_TOKENS[info.field_name])
 
     @field_validator("key", "known_hosts", "config")
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
         return None if v is None else check_path(v)
 
-    @field_validator("python")
-    @classmethod
-    def _python(cls, v: str) -> str:
-        if not re.fullmatch(SAFE_TOKEN_RE, v):
-            raise ValueError(f"invalid python command {v!r}")
-        return v
-
 
 class InterfaceSpec(StrictModel):
     """One NIC of a node by role (``data``, ``mgmt``): its device name and, optionally, its address."""
 
-    name: str = Field(..., description="Device name on the node, e.g. eth0, ib0.")
+    name: IfName = Field(..., description="Device name on the node, e.g. eth0, ib0.")
     address: str | None = Field(None, description="The node's address on this network (used by partitions).")
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
         return {"name": v} if isinstance(v, str) else v
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return check_ifname(v)
 
     @field_validator("address")
     @classmethod

@@ -57,7 +57,6 @@ Relative paths are relative to the inventory file.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +70,7 @@ from chaoskit.cluster.ssh_paths import config_problems, inside, ssh_roots
 from chaoskit.cluster.xid import normalize_pci
 from chaoskit.core.errors import ScenarioError, SourcePos
 from chaoskit.core.trusted import untrusted_program
-from chaoskit.core.models import NAME_RE, StrictModel
+from chaoskit.core.models import NAME_RE, NAME_RULE, StrictModel, check_each
 from chaoskit.core.shell import check_address, check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
@@ -122,9 +121,7 @@ class NodeSpec(StrictModel):
             return v
         out = {}
         for key, value in v.items():
-            for item in (str(key), str(value)):
-                if not re.fullmatch(NAME_RE, item):
-                    raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
+            check_each((str(key), str(value)), NAME_RE, "label", NAME_RULE)
             out[str(key)] = str(value)
         return out
 
@@ -140,10 +137,7 @@ class NodeSpec(StrictModel):
     @field_validator("interfaces")
     @classmethod
     def _roles(cls, v: dict[str, InterfaceSpec]) -> dict[str, InterfaceSpec]:
-        for role in v:
-            if not re.fullmatch(NAME_RE, role):
-                raise ValueError(f"invalid interface role {role!r}")
-        return v
+        return check_each(v, NAME_RE, "interface role")
 
     @field_validator("workdir")
     @classmethod

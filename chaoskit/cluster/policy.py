@@ -50,7 +50,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.limits import MAX_COUNT
-from chaoskit.core.models import StrictModel
+from chaoskit.core.models import StrictModel, check_each
 from chaoskit.core.shell import check_path
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
@@ -76,10 +76,7 @@ class JobsRule(StrictModel):
     @field_validator("users", "accounts", "partitions")
     @classmethod
     def _names(cls, v: list[str] | None) -> list[str] | None:
-        for name in v or []:
-            if not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}", name):
-                raise ValueError(f"invalid name {name!r}")
-        return v
+        return check_each(v, r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}", "name")
 
     def refuses_slurm(self, fields: dict[str, str]) -> str | None:
         """Why the Slurm job whose ``scontrol`` fields these are may not be drilled, or ``None``."""
@@ -133,10 +130,7 @@ class SitePolicy(StrictModel):
     @field_validator("faults")
     @classmethod
     def _kinds(cls, v: list[str] | None) -> list[str] | None:
-        for pattern in v or []:
-            if not re.fullmatch(_KIND_PATTERN, pattern):
-                raise ValueError(f"invalid fault kind pattern {pattern!r}")
-        return v
+        return check_each(v, _KIND_PATTERN, "fault kind pattern")
 
     @field_validator("ray_addresses")
     @classmethod

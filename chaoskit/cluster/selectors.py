@@ -9,7 +9,6 @@ deadline (a silent node is left out, never waited for).
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable
 
 from pydantic import Field, field_validator, model_validator
@@ -19,7 +18,7 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.api import ProcInfo, rank_processes
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT, MAX_PID
-from chaoskit.core.models import NAME_RE, StrictModel, check_regex
+from chaoskit.core.models import NAME_RE, NAME_RULE, StrictModel, check_each, check_regex
 from chaoskit.core.patterns import bounded_search, compile_pattern
 
 __all__ = [
@@ -47,18 +46,13 @@ class TargetSpec(StrictModel):
     @field_validator("nodes")
     @classmethod
     def _names(cls, v: list[str] | None) -> list[str] | None:
-        for name in v or []:
-            if not re.fullmatch(NAME_RE, name):
-                raise ValueError(f"invalid node name {name!r}: letters, digits, '.', '_', '-' only")
-        return v
+        return check_each(v, NAME_RE, "node name", NAME_RULE)
 
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         for key, value in (v or {}).items():
-            for item in (key, str(value)):
-                if not re.fullmatch(NAME_RE, item):
-                    raise ValueError(f"invalid label {item!r}: letters, digits, '.', '_', '-' only")
+            check_each((key, str(value)), NAME_RE, "label", NAME_RULE)
         return v
 
     @field_validator("ranks")

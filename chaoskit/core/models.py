@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated, Any, Iterable
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
-__all__ = ["StrictModel", "NAME_RE", "check_name", "check_regex", "check_http_url"]
+from chaoskit.core.shell import check_ifname
+
+__all__ = ["StrictModel", "NAME_RE", "NAME_RULE", "check_match", "check_each", "check_name", "check_regex", "check_http_url", "Regex", "IfName"]
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 """Node names, label keys and values: safe to reach a shell unquoted, still quoted anyway."""
@@ -20,11 +23,28 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, defer_build=True, allow_inf_nan=False)
 
 
+def check_match(value: str, pattern: str, what: str, rule: str = "") -> str:
+    """``value`` when it is a string ``pattern`` matches whole; else ``ValueError``: ``invalid WHAT 'value'``,
+    followed by ``: RULE`` when given (the pattern in words)."""
+    if not isinstance(value, str) or not re.fullmatch(pattern, value):
+        raise ValueError(f"invalid {what} {value!r}" + (f": {rule}" if rule else ""))
+    return value
+
+
+def check_each(values: Iterable[str] | None, pattern: str, what: str, rule: str = "") -> Any:
+    """``values`` (a list, or a dict whose keys are checked; ``None`` too) when :func:`check_match` passes each."""
+    for value in values or ():
+        check_match(value, pattern, what, rule)
+    return values
+
+
+NAME_RULE = "letters, digits, '.', '_', '-' only"
+"""What :data:`NAME_RE` allows, in words."""
+
+
 def check_name(value: str, what: str = "name") -> str:
     """``value`` when it matches :data:`NAME_RE`; ``ValueError`` naming ``what`` otherwise."""
-    if not isinstance(value, str) or not re.fullmatch(NAME_RE, value):
-        raise ValueError(f"invalid {what} {value!r}: letters, digits, '.', '_', '-' only")
-    return value
+    return check_match(value, NAME_RE, what, NAME_RULE)
 
 
 def check_regex(value: str) -> str:
@@ -40,6 +60,11 @@ def check_regex(value: str) -> str:
         raise ValueError("invalid regular expression: groups nested too deeply") from None
     return value
 
+
+Regex = Annotated[str, AfterValidator(check_regex)]
+"""A field holding a Python regular expression (:func:`check_regex`)."""
+IfName = Annotated[str, AfterValidator(check_ifname)]
+"""A field holding a Linux interface name (:func:`~chaoskit.core.shell.check_ifname`)."""
 
 MAX_URL = 2048
 

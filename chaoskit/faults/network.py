@@ -41,6 +41,7 @@ from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.errors import InfraError, OutcomeUnknown, ScenarioError
 from chaoskit.core.limits import MAX_RATE_BITS
+from chaoskit.core.models import IfName
 from chaoskit.core.shell import check_ifname, shell_quote
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 
@@ -67,13 +68,8 @@ RATE_RE = r"^[0-9]{1,15}(\.[0-9]{1,9})?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gb
 
 
 class _NicSpec(FaultSpec):
-    interface: str = Field("data", description="Interface role from the inventory (data, mgmt) or a device name.")
+    interface: IfName = Field("data", description="Interface role from the inventory (data, mgmt) or a device name.")
     duration: PositiveDuration = Field(..., description="How long the fault lasts; the node reverts it by itself after that.")
-
-    @field_validator("interface")
-    @classmethod
-    def _interface(cls, v: str) -> str:
-        return check_ifname(v)
 
 
 class LinkDownSpec(_NicSpec):
@@ -138,7 +134,7 @@ class PartitionSpec(FaultSpec):
     peers: TargetSpec | None = Field(
         None, description="The other side (nodes/labels); default: every other node of the inventory."
     )
-    interface: str = Field("data", description="Which of the peers' addresses to cut (interface role), e.g. data.")
+    interface: IfName = Field("data", description="Which of the peers' addresses to cut (interface role), e.g. data.")
     duration: PositiveDuration = Field(..., description="How long the partition lasts.")
     method: Literal["nft", "disconnect"] = Field(
         "nft",
@@ -149,11 +145,6 @@ class PartitionSpec(FaultSpec):
             "NIC anew, e.g. eth1; chaoskit finds docker NICs by address)."
         ),
     )
-
-    @field_validator("interface")
-    @classmethod
-    def _interface(cls, v: str) -> str:
-        return check_ifname(v)
 
     @field_validator("peers")
     @classmethod

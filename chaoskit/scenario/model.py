@@ -7,17 +7,16 @@ documented like a built-in one.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Union
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from chaoskit.backends.api import ClusterSpec
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.limits import MAX_COUNT, MAX_REPEAT
-from chaoskit.core.models import NAME_RE, StrictModel, check_http_url, check_regex
+from chaoskit.core.models import NAME_RE, Regex, StrictModel, check_each, check_http_url, check_match
 from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
@@ -45,6 +44,23 @@ __all__ = [
 
 SECTION_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
+_IDS = {  # a workload's field naming a job or a user: its pattern, its name and the pattern in words
+    "slurm_job": (r"[0-9]{1,12}(_[0-9]{1,9})?", "Slurm job id", "digits, or JOB_TASK for an array task"),
+    "run_id": (r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", "run id",
+               "letters, digits and _ . : - (torchrun's --rdzv-id), at most 128"),
+    "user": (rf"[0-9]{{1,10}}|{USER_RE}", "user", "a user name (lower-case letters, digits, _ . -) or a numeric uid"),
+}
+
+
+def _check_event_kind(v: str) -> str:
+    if v not in EVENT_KINDS:
+        raise ValueError(f"unknown event kind {v!r}; known: {', '.join(EVENT_KINDS)}")
+    return v
+
+
+EventKind = Annotated[str, AfterValidator(_check_event_kind)]
+"""A field naming an event kind of the timeline (:data:`~chaoskit.observe.events.EVENT_KINDS`)."""
+
 
 class NvrxSettings(StrictModel):
     """NVIDIA Resiliency Extension (``nvidia-resiliency-ext``) fault tolerance: ``ft_launcher``'s rank monitors,
@@ -68,9 +84,7 @@ class NvrxSettings(StrictModel):
     @field_validator("section_timeouts")
     @classmethod
     def _sections(cls, v: dict[str, float]) -> dict[str, float]:
-        for name in v:
-            if not re.fullmatch(SECTION_RE, name):
-                raise ValueError(f"invalid section name {name!r}: letters, digits and _, at most 64")
+        check_each(v, SECTION_RE, "section name", "letters, digits and _, at most 64")
         if len(v) > 16:
             raise ValueError("at most 16 sections")
         return v
@@ -130,7 +144,7 @@ class Workload(StrictModel):
     command: list[str] | None = Field(None, description=(
         "launch: command only: the training script (relative to the scenario) and its arguments, run under torchrun "
         "(a first item starting with '-' is a torchrun option, e.g. [-m, package.module])."))
-    process: str | None = Field(None, description=(
+    process: Regex | None = Field(None, description=(
         "launch: attach only: a regular expression matched against each process's command line on the nodes; "
         "its workers are those of the matches that carry torchrun's RANK in their environment."))
     slurm_job: str | None = Field(None, description=(
@@ -199,20 +213,6 @@ class Workload(StrictModel):
     def _script(cls, v: str | None) -> str | None:
         return None if v is None else check_path(v)
 
-    @field_validator("slurm_job", mode="before")
-    @classmethod
-    def _slurm_job(cls, v: Any) -> Any:
-        if isinstance(v, int) and not isinstance(v, bool):
-            v = str(v)
-        if isinstance(v, str) and not re.fullmatch(r"[0-9]{1,12}(_[0-9]{1,9})?", v):
-            raise ValueError(f"invalid Slurm job id {v!r}: digits, or JOB_TASK for an array task")
-        return v
-
-    @field_validator("process")
-    @classmethod
-    def _process(cls, v: str | None) -> str | None:
-        return None if v is None else check_regex(v)
-
     @field_validator("checkpoint_dir")
     @classmethod
     def _checkpoint_dir(cls, v: str | None) -> str | None:
@@ -220,23 +220,12 @@ class Workload(StrictModel):
             raise ValueError(f"checkpoint_dir {v!r} must be a plain absolute path: no '.', '..' or '//' in it")
         return v
 
-    @field_validator("run_id", mode="before")
+    @field_validator("slurm_job", "run_id", "user", mode="before")
     @classmethod
-    def _run_id(cls, v: Any) -> Any:
+    def _ids(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, int) and not isinstance(v, bool):
-            v = str(v)
-        if isinstance(v, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", v):
-            raise ValueError(f"invalid run id {v!r}: letters, digits and _ . : - (torchrun's --rdzv-id), at most 128")
-        return v
-
-    @field_validator("user", mode="before")
-    @classmethod
-    def _user(cls, v: Any) -> Any:
-        if isinstance(v, int) and not isinstance(v, bool):
-            v = str(v)
-        if isinstance(v, str) and not (re.fullmatch(r"[0-9]{1,10}", v) or re.fullmatch(USER_RE, v)):
-            raise ValueError(f"invalid user {v!r}: a user name (lower-case letters, digits, _ . -) or a numeric uid")
-        return v
+            v = str(v)  # a YAML number: an id written without quotes
+        return check_match(v, *_IDS[info.field_name]) if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _launch_rules(self) -> "Workload":
@@ -279,21 +268,9 @@ class Workload(StrictModel):
 class LogRule(StrictModel):
     """Map lines of a job's output to timeline events."""
 
-    match: str = Field(..., description="Regular expression; named groups become event fields (digits become ints).")
-    event: str = Field(..., description="Event kind to record, e.g. worker.exit, ckpt.load.end, step.")
+    match: Regex = Field(..., description="Regular expression; named groups become event fields (digits become ints).")
+    event: EventKind = Field(..., description="Event kind to record, e.g. worker.exit, ckpt.load.end, step.")
     fields: dict[str, Any] = Field(default_factory=dict, description="Constant fields added to the event.")
-
-    @field_validator("match")
-    @classmethod
-    def _regex(cls, v: str) -> str:
-        return check_regex(v)
-
-    @field_validator("event")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        if v not in EVENT_KINDS:
-            raise ValueError(f"unknown event kind {v!r}; known: {', '.join(EVENT_KINDS)}")
-        return v
 
 
 class LogFile(StrictModel):
@@ -321,19 +298,12 @@ class PrometheusRule(StrictModel):
     url: str = Field(..., description="The Prometheus server, e.g. http://prometheus:9090 (http or https).")
     query: str = Field(..., min_length=1, max_length=MAX_QUERY, description=(
         "PromQL giving one number (a scalar, or a vector of one sample: aggregate, e.g. max(DCGM_FI_DEV_XID_ERRORS))."))
-    event: str = Field("detect", description="The event kind to record (detect, the default, counts as detection).")
+    event: EventKind = Field("detect", description="The event kind to record (detect, the default, counts as detection).")
     when: Literal["rises"] | None = Field(None, description="rises: an event when the value goes above its previous one.")
     above: float | None = Field(None, description="An event when the value goes above this (instead of when: rises).")
 
     _url = field_validator("url")(classmethod(lambda cls, v: check_http_url(v, "probes.prometheus url")))
     _query = field_validator("query")(classmethod(lambda cls, v: _check_query(v)))
-
-    @field_validator("event")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        if v not in EVENT_KINDS:
-            raise ValueError(f"unknown event kind {v!r}; known: {', '.join(EVENT_KINDS)}")
-        return v
 
     @model_validator(mode="after")
     def _one(self) -> "PrometheusRule":

@@ -18,6 +18,7 @@ means is :meth:`Job.finished`.
 from __future__ import annotations
 
 import abc
+import time
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
@@ -106,6 +107,16 @@ class Job(abc.ABC):
     def diagnosis(self) -> str | None:
         """Why the run may not see the job advance, in one line, or ``None``."""
         return None
+
+    wait_poll_s: ClassVar[float] = 0.1
+    """How often :meth:`wait` asks :meth:`running`."""
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the job has ended within ``timeout`` seconds (:meth:`running` asked every :attr:`wait_poll_s`)."""
+        deadline = time.time() + timeout
+        while self.running() and time.time() < deadline:
+            time.sleep(self.wait_poll_s)
+        return not self.running()
 
     @abc.abstractmethod
     def returncodes(self) -> dict[str, int | None]:

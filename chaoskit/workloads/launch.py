@@ -341,12 +341,6 @@ class TorchrunJob(Job):
     def returncodes(self) -> dict[str, int | None]:
         return {n: p.poll() for n, p in self.agents.items()}
 
-    def wait(self, timeout: float) -> bool:
-        deadline = time.time() + timeout
-        while self.running() and time.time() < deadline:
-            time.sleep(0.1)
-        return not self.running()
-
     def stop(self, grace: float = 5.0) -> None:
         """Stop every agent and worker of the job (SIGTERM, then SIGKILL), on every node."""
         if self.cluster.job_transport is not None:

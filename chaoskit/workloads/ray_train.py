@@ -210,12 +210,6 @@ class RayTrainJob(Job):
     def returncodes(self) -> dict[str, int | None]:
         return {"driver": self.driver.poll() if self.driver else None}
 
-    def wait(self, timeout: float) -> bool:
-        deadline = time.time() + timeout
-        while self.running() and time.time() < deadline:
-            time.sleep(0.1)
-        return not self.running()
-
     def stop(self, grace: float = 10.0) -> None:
         """Stop the driver; Ray then ends the job's actors (the Train controller and its workers)."""
         if self.driver is not None and self.driver.poll() is None:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, SubmitUser, node_list, submit_user
@@ -59,6 +59,8 @@ def job_owner(workload: Any, base: Path) -> SubmitUser | None:
 
 class SlurmJob(Job):
     """The runner's :class:`~chaoskit.workloads.api.Job` for a job that Slurm runs."""
+
+    wait_poll_s: ClassVar[float] = 0.2
 
     def __init__(self, cluster: ClusterHandle, workload: Any, run_dir: Path, run_id: str,
                  events_path: Path | None = None, on_line: LineSink | None = None, *, base: Path | None = None) -> None:
@@ -301,12 +303,6 @@ class SlurmJob(Job):
     def returncodes(self) -> dict[str, int | None]:
         code = self.fields.get("ExitCode", "")
         return {"job": int(code.split(":")[0]) if code[:1].isdigit() else None}
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.time() + timeout
-        while self.running() and time.time() < deadline:
-            time.sleep(0.2)
-        return not self.running()
 
     def stop(self, grace: float = 5.0) -> None:
         """Cancel the job if it still runs and wait until Slurm has ended it (its steps killed on every node)."""
