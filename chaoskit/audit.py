@@ -5,9 +5,10 @@ find its own leftovers (:meth:`~chaoskit.faults.api.Fault.leftovers`: its qdisc 
 cgroups' names, its state files, its Slurm reason, its node's power state), each node is read once through a
 :class:`NodeRead` that every kind shares, and beside the kinds the audit looks for what safety itself leaves:
 lease folders of runs that are no longer alive (their watchdogs never reverted), watchdogs still running for
-them, node agents whose controller is gone (each agent's command line names its controller), files in a node's state folder that no kind claims (an in-process fault's orders, a helper's state), runs
-that died with faults their journal shows armed and not reverted, and what the lab itself says is wrong
-(a node powered off, a Slurm node not idle, the job's processes still running).
+them, node agents whose controller is gone (each agent's command line names its controller), files in a node's
+state folder that no kind claims (an in-process fault's orders, a helper's state), runs that died with faults
+their journal shows armed and not reverted, and what the lab itself says is wrong (a node powered off, a Slurm
+node not idle, the job's processes still running).
 
 Nothing is changed. :func:`fix` reverts what the trusted journals of the dead runs allow (``chaoskit rollback``'s
 :func:`~chaoskit.crash.recover`) and audits again.

@@ -101,8 +101,7 @@ def controller_tag(pid: int | None = None) -> str:
     """``controller=HOST/PID/START``: this machine's host name, the controller's pid and its start time (clock
     ticks since boot, ``/proc/PID/stat``), so that a pid used again by another process is not taken for it."""
     pid = os.getpid() if pid is None else pid
-    host = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-._") or "unknown"
-    return f"controller={host}/{pid}/{_start_ticks(pid) or 0}"
+    return f"controller={_host()}/{pid}/{_start_ticks(pid) or 0}"
 
 
 def parse_controller_tag(cmdline: str) -> tuple[str, int, int] | None:
@@ -122,9 +121,14 @@ def parse_controller_tag(cmdline: str) -> tuple[str, int, int] | None:
 def controller_alive(host: str, pid: int, start: int) -> bool | None:
     """Whether the controller a tag names still runs: ``None`` when it ran on another machine (nothing here
     can say; its agents end themselves :data:`AGENT_IDLE_EXIT_S` after it last spoke)."""
-    if host != controller_tag().split("=", 1)[1].split("/", 1)[0]:
+    if host != _host():
         return None
     return _start_ticks(pid) == start if start else os.path.exists(f"/proc/{pid}")
+
+
+def _host() -> str:
+    """This machine's host name, as a tag carries it (only characters a host name has)."""
+    return "".join(c for c in socket.gethostname() if c.isalnum() or c in "-._") or "unknown"
 
 
 def _start_ticks(pid: int) -> int | None:
