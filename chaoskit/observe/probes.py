@@ -18,6 +18,7 @@ bound (the ``regex`` package's ``timeout``): a pattern that takes longer on a li
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -45,14 +46,20 @@ __all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLog
 
 @dataclass(frozen=True)
 class LogRule:
-    pattern: Any
-    """A compiled pattern of the ``regex`` package (``re``'s syntax, plus a ``timeout`` on every search)."""
+    match: str
+    """The pattern's text, in ``re``'s syntax."""
     event: str
     fields: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def of(cls, match: str, event: str, fields: dict[str, Any] | None = None) -> "LogRule":
-        return cls(regex.compile(match, regex.VERSION0), event, tuple((fields or {}).items()))
+        return cls(match, event, tuple((fields or {}).items()))
+
+    @functools.cached_property
+    def pattern(self) -> Any:
+        """The compiled pattern (the ``regex`` package: ``re``'s syntax, plus a ``timeout`` on every search), made on
+        first use: the presets' 40 rules are module constants, and ``chaoskit validate`` needs only their names."""
+        return regex.compile(self.match, regex.VERSION0)
 
 
 TORCHRUN_RULES = (
@@ -97,6 +104,8 @@ class LogRegexProbe:
                  tee_prefixes: bool = False) -> None:
         self.bus = bus
         self.rules = list(rules)
+        for rule in self.rules:
+            rule.pattern  # compiled here, before the run reads a line  # noqa: B018
         self.timeout = timeout
         self.tee_prefixes = tee_prefixes
         self._load_step: dict[tuple[str, Any], int] = {}
