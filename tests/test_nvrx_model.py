@@ -148,3 +148,57 @@ def test_ft_launcher_starts_in_place_of_torchrun_with_private_sockets(tmp_path):
                       tmp_path / "slurm-run", "rid").agent_script()
     assert "TMPDIR=$(mktemp -d -t chaoskit-nvrx-XXXXXXXX) || exit 1; export TMPDIR" in script
     assert "nvidia_resiliency_ext.fault_tolerance.launcher" in script and "--ft-rank-heartbeat-timeout 5" in script
+
+
+def _slurm_agent(tmp_path: Path, launcher: str) -> tuple[Path, dict[str, str]]:
+    """The Slurm lab's generated agent script for ``recovery: nvrx``, with ``launcher`` (a bash stand-in for the
+    Python that runs ft_launcher: no Slurm allocation here) in the python's place, and the variables srun sets."""
+    import dataclasses
+
+    from chaoskit.scenario.checks import check_scenario
+    from chaoskit.workloads.slurm import SlurmJob
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\n" + launcher)
+    fake.chmod(0o755)
+    path = tmp_path / "slurm.yaml"
+    path.write_text("name: s\ncluster: {kind: slurm, nodes: 2}\nworkload: {recovery: nvrx}\n"
+                    "faults: [{kind: process.kill, target: {ranks: [1]}, at: {step: 20}}]\n")
+    loaded = load_scenario(path)
+    handle = check_scenario(loaded)
+    job = SlurmJob(dataclasses.replace(handle, scheduler=handle.scheduler or object(), python=str(fake)),
+                   loaded.model.workload, tmp_path / "slurm-run", "rid")
+    job.log_dir.mkdir(parents=True, exist_ok=True)
+    agent = tmp_path / "agent.sh"
+    agent.write_text(job.agent_script())
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n0", "SLURM_JOB_ID": "7", "SLURM_NODEID": "0",
+           "CHAOSKIT_RDZV_HOST": "127.0.0.1", "TMPDIR": str(tmp_path)}
+    return agent, env
+
+
+def test_the_slurm_agent_removes_ft_launchers_socket_folder_when_the_launcher_ends(tmp_path):
+    """The folder the agent script makes for ft_launcher's sockets is gone after the launcher exits (its exit
+    code passed on) and after Slurm's SIGTERM (passed on to the launcher, which is waited for); the script used to
+    exec the launcher, and every run left one chaoskit-nvrx-* folder per node."""
+    import subprocess
+    import time
+
+    seen = tmp_path / "tmpdir"
+    agent, env = _slurm_agent(tmp_path, f'echo "$TMPDIR" > {seen}; exit 7\n')
+    assert subprocess.run(["bash", str(agent)], env=env, timeout=30).returncode == 7
+    folder = Path(seen.read_text().strip())
+    assert folder.name.startswith("chaoskit-nvrx-") and folder.parent == tmp_path and not folder.exists()
+
+    seen.unlink()
+    ended = tmp_path / "ended"
+    agent, env = _slurm_agent(tmp_path, f'trap "echo term > {ended}; exit 143" TERM\necho "$TMPDIR" > {seen}\n'
+                                        "sleep 60 & wait\n")
+    proc = subprocess.Popen(["bash", str(agent)], env=env)
+    deadline = time.time() + 10
+    while not (seen.exists() and seen.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.02)
+    folder = Path(seen.read_text().strip())
+    assert folder.is_dir()
+    proc.terminate()  # what Slurm sends the step's script first (scancel, requeue)
+    assert proc.wait(timeout=10) == 143
+    assert ended.read_text().strip() == "term" and not folder.exists()

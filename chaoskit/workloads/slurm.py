@@ -174,15 +174,27 @@ class SlurmJob(Job):
             'echo "chaoskit: agent on $SLURMD_NODENAME, job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}"',
             'is_host=false; [ "$SLURM_NODEID" = 0 ] && is_host=true',
         ]
-        if w.recovery == "nvrx":  # a private folder per node for ft_launcher's Unix sockets, not /tmp's guessable names
-            lines.append('TMPDIR=$(mktemp -d -t chaoskit-nvrx-XXXXXXXX) || exit 1; export TMPDIR')
+        if w.recovery == "nvrx":
+            # A private folder per node for ft_launcher's Unix sockets, not /tmp's guessable names. The launcher runs
+            # as this script's child (not exec'd) so that the folder is removed when it ends; a SIGTERM from Slurm
+            # (scancel, requeue, the step's end) is passed on and waited for. Only a SIGKILL can leave the folder.
+            lines += ['TMPDIR=$(mktemp -d -t chaoskit-nvrx-XXXXXXXX) || exit 1; export TMPDIR',
+                      """trap 'rm -rf -- "$TMPDIR"' EXIT""",
+                      """trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT"""]
         extra = ""
         if iface:
             lines.append(f"local_addr=$(ip -o -4 addr show dev {shlex.quote(iface)} | awk '{{print $4}}' | cut -d/ -f1)")
             extra = ' --local-addr "$local_addr"'
-        lines.append(f'exec {shlex.join(argv)} --rdzv-endpoint "$CHAOSKIT_RDZV_HOST:{self.port}" '
-                     f'--rdzv-conf "is_host=$is_host" --log-dir {shlex.quote(str(self.log_dir))}/torchelastic/"$SLURMD_NODENAME"'
-                     f'{extra} {shlex.join(script)}')
+        launch = (f'{shlex.join(argv)} --rdzv-endpoint "$CHAOSKIT_RDZV_HOST:{self.port}" '
+                  f'--rdzv-conf "is_host=$is_host" --log-dir {shlex.quote(str(self.log_dir))}/torchelastic/"$SLURMD_NODENAME"'
+                  f'{extra} {shlex.join(script)}')
+        if w.recovery == "nvrx":
+            lines += [f"{launch} &", "launcher=$!",
+                      # wait returns early when a trapped signal arrives: wait again until the launcher has ended
+                      'while :; do wait "$launcher"; rc=$?; kill -0 "$launcher" 2>/dev/null || break; done',
+                      'exit "$rc"']
+        else:
+            lines.append(f"exec {launch}")
         return "\n".join(lines) + "\n"
 
     def job_env(self) -> dict[str, str]:
