@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from chaoskit.cluster.kernel import NETEM_CHECK
-from chaoskit.faults.registry import fault_kinds
+from chaoskit.faults.registry import FAULTS, fault_covers, fault_kinds
 
 __all__ = [
     "CATEGORIES",
@@ -164,18 +164,18 @@ REQUIREMENTS = {
 }
 
 # The catalog. Each class sits at the scope where it usually strikes; the order is
-# the order of reports. Kinds are plain strings: a kind that is not installed
-# makes its class "not runnable here", never an error.
+# the order of reports. Its kinds are not listed here: each kind names the classes it
+# reproduces (``covers`` in its class body), and catalog() gathers them.
 _CLASSES = (
     FaultClass("hardware.gpu", "rank", "GPU failure",
                "A GPU fails or falls off the bus (faulty GPU, GPU system processor, thermal interface); "
                "its rank dies or hangs.",
-               kinds=("gpu.fail", "gpu.xid"), sources=("hardware.gpu",), mechanisms=(*_GPU_FAIL, _GPU_XID),
+               sources=("hardware.gpu",), mechanisms=(*_GPU_FAIL, _GPU_XID),
                xid_codes=(74, 79)),
     FaultClass("hardware.sdc", "rank", "Silent data corruption",
                "A GPU computes wrong numbers and says nothing: no error, no log line, training goes on from "
                "corrupt state (and saves it), until a checksum, a loss watch or nobody notices.",
-               kinds=("inproc.bitflip", "inproc.nan"), sources=("hardware.gpu/Silent Data Corruption",),
+               sources=("hardware.gpu/Silent Data Corruption",),
                mechanisms=(Mechanism("inproc.bitflip", "in-process", "real", (), (
                    "one bit of a parameter or gradient flipped in the training process's own memory (CPU tensors "
                    "on the labs); a flip inside a GPU kernel is not imitated")),
@@ -184,26 +184,25 @@ _CLASSES = (
     FaultClass("hardware.gpu_memory", "rank", "GPU memory error",
                "Uncorrectable ECC error in HBM or on-chip SRAM; the rank's process dies with a CUDA error "
                "and the device stays unusable until it is reset.",
-               kinds=("gpu.fail", "gpu.xid", "inproc.raise"), sources=("hardware.gpu_memory",),
+               sources=("hardware.gpu_memory",),
                mechanisms=(*_GPU_FAIL, _GPU_XID, Mechanism("inproc.raise", "in-process exception", "emulated", emulates=(
                    "the CUDA runtime's own error ('uncorrectable ECC error encountered') raised in the rank's step, "
                    "and the process's exit, with no GPU failing"))),
                xid_codes=(48, 63, 64, 94, 95), cuda_errors=("ecc",)),
     FaultClass("hardware.host", "node", "Host lost",
                "The whole node goes away without warning: CPU, system memory, chassis or IO board failure.",
-               kinds=("node.poweroff",), sources=("hardware.host",)),
+               sources=("hardware.host",)),
     FaultClass("hardware.maintenance", "node", "Host maintenance",
                "The scheduler takes nodes away for maintenance or a higher-priority job: the job is requeued "
                "(preempted) and restarts on other nodes from its checkpoint, or the node is drained and nothing "
                "new lands on it.",
-               kinds=("slurm.requeue", "slurm.drain"), requires=("slurm",), sources=("maintenance",)),
+               requires=("slurm",), sources=("maintenance",)),
     FaultClass("hardware.power", "node", "Power loss",
                "A power supply fails and the node drops without warning.",
-               kinds=("node.poweroff",), sources=("hardware.power",)),
+               sources=("hardware.power",)),
     FaultClass("hardware.slow", "node", "Slow node (straggler)",
                "A node keeps working but slowly (thermal throttling, a failing fan, a noisy neighbour); every "
                "rank waits for it in each collective, so the whole job slows down without failing.",
-               kinds=("node.slow", "inproc.slow"),
                mechanisms=(Mechanism("node.slow", "cgroup", "emulated", ("cgroup",),
                                      "a CPU share imitates a slow GPU"),
                            Mechanism("node.slow", "nvidia", "real", ("gpu",), GPU_UNVERIFIED),
@@ -212,23 +211,23 @@ _CLASSES = (
                                "(no root, no cgroup), as a slow GPU would take it")))),
     FaultClass("network.nic", "node", "NIC down",
                "A node's data NIC goes down; its ranks can no longer reach their peers.",
-               kinds=("network.link_down",), requires=("netns",), sources=("network.nic",)),
+               requires=("netns",), sources=("network.nic",)),
     FaultClass("network.link", "node", "Switch or cable failure",
                "A switch port or cable fails: packets to and from a node vanish while the NIC still looks up.",
-               kinds=("network.blackhole",), requires=("netns",), sources=("network.link",)),
+               requires=("netns",), sources=("network.link",)),
     FaultClass("network.degraded", "node", "Degraded link",
                "A link keeps working but slowly: added latency, packet loss, reduced bandwidth.",
-               kinds=("network.degrade",), requires=("netns", "netem")),
+               requires=("netns", "netem")),
     FaultClass("network.partition", "rack", "Network partition",
                "A top-of-rack switch or a fabric fault splits the job into groups that cannot reach each other.",
-               kinds=("network.partition",), requires=("netns",)),
+               requires=("netns",)),
     FaultClass("software.crash", "rank", "Process crash",
                "A training process dies: a software bug, a broken dependency, a signal.",
-               kinds=("process.kill", "inproc.raise"), sources=("software",)),
+               sources=("software",)),
     FaultClass("software.hang", "rank", "Process hang",
                "A rank stops making progress without exiting; its peers wait in a collective until "
                "a timeout or watchdog fires (NCCL watchdog timeouts).",
-               kinds=("process.hang", "inproc.hang", "inproc.gil"), sources=("software.hang",),
+               sources=("software.hang",),
                mechanisms=(Mechanism("process.hang", "SIGSTOP", "real", (), "every thread frozen, a watchdog's or "
                                      "heartbeat's too"),
                            Mechanism("inproc.hang", "in-process", "real", (), "the training thread held before its "
@@ -237,13 +236,12 @@ _CLASSES = (
                                      "thread of it runs, its C++ threads (gloo, NCCL's watchdog) do"))),
     FaultClass("software.oom", "rank", "Out of memory",
                "A rank runs out of host or device memory and is killed by the OOM killer or the allocator.",
-               kinds=("mem.oom",),
                mechanisms=(Mechanism("mem.oom", "cgroup", "real", ("memcg",),
                                      "host memory: the rank's cgroup capped and filled, the kernel's OOM killer ends it; "
                                      "GPU memory is not exhausted"),)),
     FaultClass("software.driver", "node", "Driver or CUDA error",
                "The GPU driver or CUDA runtime fails on a node; every rank there errors out.",
-               kinds=("gpu.xid", "inproc.raise"), xid_codes=(13, 31, 43),
+               xid_codes=(13, 31, 43),
                cuda_errors=("illegal_address", "launch_failure", "illegal_instruction", "misaligned_address",
                             "hardware_stack_error", "device_assert", "nvlink", "out_of_memory", "launch_timeout"),
                mechanisms=(Mechanism("gpu.xid", "kmsg", "emulated", emulates=(
@@ -254,12 +252,11 @@ _CLASSES = (
                                "raised in the rank's step as PyTorch reports it, and the process's exit")))),
     FaultClass("storage.checkpoint", "cluster", "Checkpoint corruption",
                "The newest checkpoint is truncated or corrupt; restore must fall back to an older one.",
-               kinds=("storage.corrupt",),
                mechanisms=(Mechanism("storage.corrupt", "truncate/flip/remove", "real", (),
                                      "the newest checkpoint file itself, put back at revert"),)),
     FaultClass("storage.disk", "node", "Disk full or failed",
                "A node's local disk (SSD) fails or fills up; checkpoint writes and logging fail there.",
-               kinds=("storage.full",), sources=("storage",),
+               sources=("storage",),
                mechanisms=(Mechanism("storage.full", "fill", "real", ("checkpoint_fs",),
                                      "fills the job's own checkpoint file system; a failing SSD is not imitated"),)),
 )
@@ -281,13 +278,27 @@ def total_interruptions() -> int:
     return sum(r["interruptions"] for r in interruption_rows())
 
 
-@functools.lru_cache(maxsize=1)
 def catalog() -> tuple[FaultClass, ...]:
-    """Every class, with its weight from the data file.
+    """Every class, with its weight from the data file and its kinds: those whose ``covers`` names it, sorted.
 
-    Raises ``RuntimeError`` if a data category belongs to no class or to several:
-    the weights would no longer sum to the total.
+    Raises ``RuntimeError`` if a data category belongs to no class or to several
+    (the weights would no longer sum to the total), or if a kind claims a class the
+    catalog does not have, or a mechanism belongs to a kind that does not claim its class.
     """
+    return _catalog(FAULTS.generation)
+
+
+@functools.lru_cache(maxsize=2)
+def _catalog(generation: int) -> tuple[FaultClass, ...]:
+    ids = {c.id for c in _CLASSES}
+    covers = fault_covers()
+    for kind, claimed in covers.items():
+        if unknown := sorted(set(claimed) - ids):
+            raise RuntimeError(f"fault kind {kind!r}: covers names {', '.join(unknown)}, not a class of the catalog")
+    kinds = {c.id: tuple(k for k, claimed in covers.items() if c.id in claimed) for c in _CLASSES}
+    for c in _CLASSES:
+        if stray := sorted({m.kind for m in c.mechanisms} - set(kinds[c.id])):
+            raise RuntimeError(f"catalog class {c.id}: a mechanism of {', '.join(stray)}, which does not cover it")
     owners: dict[str, list[str]] = {}
     for cls in _CLASSES:
         for src in cls.sources:
@@ -299,7 +310,7 @@ def catalog() -> tuple[FaultClass, ...]:
         if len(owner) != 1:
             raise RuntimeError(f"{DATA_FILE}: category {row['category']!r} maps to {len(owner)} catalog classes, expected 1")
         weights[owner[0]] = weights.get(owner[0], 0) + row["interruptions"]
-    return tuple(replace(c, weight=weights.get(c.id, 0)) for c in _CLASSES)
+    return tuple(replace(c, weight=weights.get(c.id, 0), kinds=kinds[c.id]) for c in _CLASSES)
 
 
 def catalog_by_id() -> dict[str, FaultClass]:

@@ -66,6 +66,48 @@ def test_every_fault_kind_exercises_a_class() -> None:
         assert classes_exercised_by([kind]), f"{kind} exercises no catalog class"
 
 
+def test_each_kind_names_its_classes_in_its_own_class_body() -> None:
+    """The catalog lists no kinds: a class's kinds are those whose ``covers`` names it, read from the kinds'
+    source without importing them, and the same as the loaded classes say."""
+    from chaoskit.faults.registry import builtin_covers, fault_kinds
+
+    declared = builtin_covers()
+    assert set(declared) == set(fault_kinds())
+    for kind, cls in fault_kinds().items():
+        assert declared[kind] == cls.covers and cls.covers, kind
+    by_id = {c.id: c.kinds for c in catalog()}
+    assert by_id["software.hang"] == ("inproc.gil", "inproc.hang", "process.hang")
+    assert by_id["hardware.maintenance"] == ("slurm.drain", "slurm.requeue")
+
+
+def test_a_plugin_kind_claims_catalog_classes_and_an_unknown_class_is_refused() -> None:
+    """An outside package's kind joins the classes its ``covers`` names; a claim on a class the catalog does not
+    have is an error naming the kind and the class, not a silent miss."""
+    from chaoskit.faults.process import HangFault
+    from chaoskit.faults.registry import FAULTS
+
+    class Freeze(HangFault):
+        kind = "process.freeze"
+        covers = ("software.hang",)
+
+    class Bogus(HangFault):
+        kind = "process.bogus"
+        covers = ("software.nonsense",)
+
+    FAULTS.register("process.freeze", Freeze)
+    try:
+        assert "process.freeze" in {c.id: c for c in catalog()}["software.hang"].kinds
+        assert classes_exercised_by(["process.freeze"]) == ["software.hang"]
+        FAULTS.register("process.bogus", Bogus)
+        with pytest.raises(RuntimeError, match="process.bogus.*software.nonsense"):
+            catalog()
+    finally:
+        FAULTS.unregister("process.freeze")
+        if "process.bogus" in FAULTS:
+            FAULTS.unregister("process.bogus")
+    assert "process.freeze" not in {c.id: c for c in catalog()}["software.hang"].kinds
+
+
 def test_covers_default_from_the_fault_kinds_and_are_checked() -> None:
     assert resolve_covers(None, ["process.kill"]) == ["software.crash"]
     assert resolve_covers(None, ["node.poweroff"]) == ["hardware.host", "hardware.power"]
@@ -144,7 +186,7 @@ def test_catalog_command() -> None:
     data = res.json
     assert len(data["classes"]) == 17 and data["weight_total"] == 419
     crash = next(c for c in data["classes"] if c["id"] == "software.crash")
-    assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["process.kill", "inproc.raise"]
+    assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["inproc.raise", "process.kill"]
     assert crash["weight"] == 56 and crash["runnable_here"] is True
     driver = next(c for c in data["classes"] if c["id"] == "software.driver")
     assert driver["kinds"] == ["gpu.xid", "inproc.raise"] and driver["xid_codes"] == [13, 31, 43] and driver["runnable_here"] is True

@@ -181,6 +181,10 @@ class Fault:
 
     kind: ClassVar[str]
     Spec: ClassVar[type[FaultSpec]]
+    covers: ClassVar[tuple[str, ...]] = ()
+    """The catalog classes (:mod:`chaoskit.coverage`) this kind reproduces as the job sees them, by id: a claim about
+    fidelity, reviewed with the kind. A built-in writes it on one line of its class body, next to ``kind``: the
+    registry reads it from the source (:func:`chaoskit.faults.registry.fault_covers`)."""
     lasting: ClassVar[bool] = False
     """True when the harm persists until reverted; such faults arm a lease first."""
     target_type: ClassVar[Literal["process", "node"]] = "process"

@@ -132,6 +132,7 @@ class GpuFailSpec(FaultSpec):
 
 class GpuFailFault(Fault):
     kind = "gpu.fail"
+    covers = ("hardware.gpu", "hardware.gpu_memory")
     Spec = GpuFailSpec
     lasting: ClassVar[bool] = True
 
@@ -458,6 +459,7 @@ class GpuXidSpec(FaultSpec):
 
 class GpuXidFault(Fault):
     kind = "gpu.xid"
+    covers = ("hardware.gpu", "hardware.gpu_memory", "software.driver")
     Spec = GpuXidSpec
     lasting: ClassVar[bool] = True
 

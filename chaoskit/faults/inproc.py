@@ -318,18 +318,21 @@ def describe_flip(detail: dict[str, Any]) -> str:
 
 class InprocHangFault(_InprocFault):
     kind = "inproc.hang"
+    covers = ("software.hang",)
     Spec = InprocHangSpec
     lasting = True
 
 
 class InprocGilFault(_InprocFault):
     kind = "inproc.gil"
+    covers = ("software.hang",)
     Spec = InprocGilSpec
     lasting = True
 
 
 class InprocRaiseFault(_InprocFault):
     kind = "inproc.raise"
+    covers = ("hardware.gpu_memory", "software.crash", "software.driver")
     Spec = InprocRaiseSpec
 
     def mechanism(self) -> dict[str, str]:
@@ -339,6 +342,7 @@ class InprocRaiseFault(_InprocFault):
 
 class InprocNanFault(_InprocFault):
     kind = "inproc.nan"
+    covers = ("hardware.sdc",)
     Spec = InprocNanSpec
     silent = True
 
@@ -350,6 +354,7 @@ class InprocNanFault(_InprocFault):
 
 class InprocBitflipFault(_InprocFault):
     kind = "inproc.bitflip"
+    covers = ("hardware.sdc",)
     Spec = InprocBitflipSpec
     silent = True
 
@@ -358,6 +363,7 @@ class InprocBitflipFault(_InprocFault):
 
 class InprocSlowFault(_InprocFault):
     kind = "inproc.slow"
+    covers = ("hardware.slow",)
     Spec = InprocSlowSpec
     lasting = True
     measures_slowdown = True

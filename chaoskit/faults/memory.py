@@ -99,6 +99,7 @@ class OomSpec(FaultSpec):
 
 class OomFault(Fault):
     kind = "mem.oom"
+    covers = ("software.oom",)
     Spec = OomSpec
     lasting: ClassVar[bool] = True
 

@@ -292,6 +292,7 @@ class _NodeFault(Fault):
 
 class LinkDownFault(_NodeFault):
     kind = "network.link_down"
+    covers = ("network.nic",)
     Spec = LinkDownSpec
 
     def effect(self, ctx, target, fault_id):
@@ -375,6 +376,7 @@ class _QdiscFault(_NodeFault):
 
 class BlackholeFault(_QdiscFault):
     kind = "network.blackhole"
+    covers = ("network.link",)
     Spec = BlackholeSpec
 
     def qdisc(self) -> list[str]:
@@ -383,6 +385,7 @@ class BlackholeFault(_QdiscFault):
 
 class DegradeFault(_QdiscFault):
     kind = "network.degrade"
+    covers = ("network.degraded",)
     Spec = DegradeSpec
 
     def qdisc(self) -> list[str]:
@@ -424,6 +427,7 @@ class DegradeFault(_QdiscFault):
 
 class PartitionFault(_NodeFault):
     kind = "network.partition"
+    covers = ("network.partition",)
     Spec = PartitionSpec
     tools = ("nft",)
 

@@ -56,6 +56,7 @@ class PowerOffSpec(FaultSpec):
 
 class PowerOffFault(Fault):
     kind = "node.poweroff"
+    covers = ("hardware.host", "hardware.power")
     Spec = PowerOffSpec
     target_type = "node"
     revert_runs_on = "controller"

@@ -52,6 +52,7 @@ class HangSpec(FaultSpec):
 
 class KillFault(Fault):
     kind = "process.kill"
+    covers = ("software.crash",)
     Spec = KillSpec
 
     def plan(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Action]:
@@ -87,6 +88,7 @@ class KillFault(Fault):
 
 class HangFault(Fault):
     kind = "process.hang"
+    covers = ("software.hang",)
     Spec = HangSpec
     lasting = True
 

@@ -4,25 +4,30 @@ entry-point group (see :mod:`chaoskit.core.registry`).
 A built-in kind is a class of a module of ``chaoskit/faults/`` that declares ``kind = "family.name"`` in its
 body (:func:`builtin_kinds`). The modules' source is read, not imported, so listing the kinds (which
 ``validate`` does on every start) costs a read of a dozen files, and adding a kind is adding its module: no
-table here, no entry point. A plugin from another package declares
-``[project.entry-points."chaoskit.faults"] "family.name" = "pkg.module:MyFault"``.
+table here, no entry point. The same class body names the catalog classes the kind reproduces
+(``covers = ("software.hang",)``, :func:`fault_covers`), which the catalog (:mod:`chaoskit.coverage`) reads:
+no list of kinds there either. A plugin from another package declares
+``[project.entry-points."chaoskit.faults"] "family.name" = "pkg.module:MyFault"`` and may set ``covers`` too.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import re
 from pathlib import Path
 
 from chaoskit.core.registry import Registry
 from chaoskit.faults.api import Fault
 
-__all__ = ["FAULTS", "builtin_kinds", "fault_kinds", "fault_kinds_markdown", "get_fault", "readme_with_fault_kinds",
+__all__ = ["FAULTS", "builtin_kinds", "builtin_covers", "fault_covers", "fault_kinds", "fault_kinds_markdown", "get_fault", "readme_with_fault_kinds",
            "GROUP"]
 
 GROUP = "chaoskit.faults"
 
 _CLASS = re.compile(r"^class\s+([A-Za-z_]\w*)\s*[(:]")
 _KIND = re.compile(r"""^    kind\s*=\s*(["'])([a-z][a-z0-9_]*\.[a-z][a-z0-9_]*)\1\s*(?:#.*)?$""")
+_COVERS = re.compile(r"^    covers\s*=\s*(\(.*\))\s*(?:#.*)?$")
 
 
 def builtin_kinds(folder: Path = Path(__file__).parent, package: str = "chaoskit.faults") -> dict[str, str]:
@@ -33,22 +38,46 @@ def builtin_kinds(folder: Path = Path(__file__).parent, package: str = "chaoskit
     registry refuses a second registration. What is found is checked where it is loaded: the class must
     exist and declare that kind (``_check``; ``tests/test_architecture.py`` loads every one).
     """
-    found: dict[str, str] = {}
+    return {name: target for name, (target, _) in _declared(folder, package).items()}
+
+
+def builtin_covers(folder: Path = Path(__file__).parent, package: str = "chaoskit.faults") -> dict[str, tuple[str, ...]]:
+    """Every built-in kind's name to the catalog classes its class body names (``covers = ("a.b", ...)`` on one
+    line, a tuple of string literals), read from the source as :func:`builtin_kinds` reads ``kind``."""
+    return {name: covers for name, (_, covers) in _declared(folder, package).items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _declared(folder: Path, package: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
-        cls = None
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if start := _CLASS.match(line):
-                cls = start.group(1)
-            elif line[:1].isalpha() or line.startswith("@"):
-                cls = None  # a top-level statement: the class body has ended
-            elif cls is not None and (kind := _KIND.match(line)):
-                target = f"{package}.{path.stem}:{cls}"
-                if kind.group(2) in found:
-                    raise RuntimeError(f"fault kind {kind.group(2)!r} is declared by {found[kind.group(2)]} and {target}")
-                found[kind.group(2)] = target
+        cls, kind, covers = None, None, ()
+        for line in [*path.read_text(encoding="utf-8").splitlines(), "end"]:
+            start = _CLASS.match(line)
+            if start or line[:1].isalpha() or line.startswith("@"):  # a top-level statement: the class body has ended
+                if kind is not None:
+                    target = f"{package}.{path.stem}:{cls}"
+                    if kind in found:
+                        raise RuntimeError(f"fault kind {kind!r} is declared by {found[kind][0]} and {target}")
+                    found[kind] = (target, covers)
+                cls, kind, covers = (start.group(1) if start else None), None, ()
+            elif cls is not None and (m := _KIND.match(line)):
+                kind = m.group(2)
+            elif cls is not None and (m := _COVERS.match(line)):
+                covers = _class_ids(m.group(1), f"{path.name}: {cls}.covers")
     return found
+
+
+def _class_ids(text: str, where: str) -> tuple[str, ...]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise RuntimeError(f"{where}: expected a tuple of catalog class ids on one line, got {text}")
+    return value
 
 
 def _check(name: str, cls: type[Fault]) -> None:
@@ -66,6 +95,14 @@ def fault_kinds() -> dict[str, type[Fault]]:
 
 def get_fault(kind: str) -> type[Fault]:
     return FAULTS.get(kind)
+
+
+def fault_covers() -> dict[str, tuple[str, ...]]:
+    """Every known kind to the catalog classes it says it reproduces (its class's ``covers``), sorted by kind: the
+    built-ins' from their source, without importing them; a plugin's from its class (loaded for it)."""
+    found = builtin_covers()
+    return {name: found[name] if name in found else tuple(getattr(FAULTS.get(name), "covers", ()))
+            for name in sorted(FAULTS.names())}
 
 
 def fault_kinds_markdown() -> str:

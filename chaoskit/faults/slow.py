@@ -89,6 +89,7 @@ class SlowSpec(FaultSpec):
 
 class SlowFault(Fault):
     kind = "node.slow"
+    covers = ("hardware.slow",)
     Spec = SlowSpec
     lasting: ClassVar[bool] = True
     measures_slowdown: ClassVar[bool] = True

@@ -80,6 +80,7 @@ class DrainSpec(FaultSpec):
 
 class DrainFault(Fault):
     kind = "slurm.drain"
+    covers = ("hardware.maintenance",)
     Spec = DrainSpec
     target_type = "node"
     lasting = True
@@ -207,6 +208,7 @@ class RequeueSpec(FaultSpec):
 
 class RequeueFault(Fault):
     kind = "slurm.requeue"
+    covers = ("hardware.maintenance",)
     Spec = RequeueSpec
     target_type = "node"
 

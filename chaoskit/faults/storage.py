@@ -231,6 +231,7 @@ class _StorageFault(Fault):
 
 class CorruptFault(_StorageFault):
     kind = "storage.corrupt"
+    covers = ("storage.checkpoint",)
     Spec = CorruptSpec
     primes: ClassVar[bool] = True
 
@@ -290,6 +291,7 @@ class CorruptFault(_StorageFault):
 
 class FullFault(_StorageFault):
     kind = "storage.full"
+    covers = ("storage.disk",)
     Spec = FullSpec
 
     def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
