@@ -75,9 +75,10 @@ def test_each_kind_names_its_classes_in_its_own_class_body() -> None:
     assert set(declared) == set(fault_kinds())
     for kind, cls in fault_kinds().items():
         assert declared[kind] == cls.covers and cls.covers, kind
+    for c in catalog():  # a class's kinds: every kind that claims it, sorted
+        assert list(c.kinds) == sorted(k for k, claimed in declared.items() if c.id in claimed), c.id
     by_id = {c.id: c.kinds for c in catalog()}
-    assert by_id["software.hang"] == ("inproc.gil", "inproc.hang", "process.hang")
-    assert by_id["hardware.maintenance"] == ("slurm.drain", "slurm.requeue")
+    assert {"process.hang", "inproc.hang", "inproc.gil"} <= set(by_id["software.hang"])
 
 
 def test_a_plugin_kind_claims_catalog_classes_and_an_unknown_class_is_refused() -> None:
@@ -186,7 +187,7 @@ def test_catalog_command() -> None:
     data = res.json
     assert len(data["classes"]) == 17 and data["weight_total"] == 419
     crash = next(c for c in data["classes"] if c["id"] == "software.crash")
-    assert crash["category"] == "software" and crash["scope"] == "rank" and crash["kinds"] == ["inproc.raise", "process.kill"]
+    assert crash["category"] == "software" and crash["scope"] == "rank" and {"process.kill", "inproc.raise"} <= set(crash["kinds"])
     assert crash["weight"] == 56 and crash["runnable_here"] is True
     driver = next(c for c in data["classes"] if c["id"] == "software.driver")
     assert driver["kinds"] == ["gpu.xid", "inproc.raise"] and driver["xid_codes"] == [13, 31, 43] and driver["runnable_here"] is True
