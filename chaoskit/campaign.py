@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
 from chaoskit.core.files import EVENTS_FILE, RESULT_FILE, empty_out_dir, utc_iso, utc_stamp
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.coverage import catalog
 from chaoskit.measure import measure_fault
@@ -110,7 +111,7 @@ def restart_warning(loaded: LoadedScenario, draws: list[dict[str, Any]], duratio
     draw holds, or below those the duration and MTBF make likely (each fault that kills a worker costs torchrun
     one restart); ``None`` when it is not, or when chaoskit does not start the job (``attach``, ``sbatch``)."""
     workload = loaded.model.workload
-    if workload.launch in ("attach", "sbatch"):
+    if not LAUNCHES[workload.launch].restarts_own:
         return None
     expected = duration_s * (1 - TAIL) / mtbf_s
     need = max(len(draws), math.ceil(expected))

@@ -34,6 +34,7 @@ from chaoskit.cluster.transports.api import ProcInfo, Transport
 from chaoskit.cluster.fanout import fan_out
 from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError
 from chaoskit.core.errors import InfraError
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import load_scenario
@@ -111,7 +112,7 @@ def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None
     scope = None
     try:
         found = fan_out({n.name: (lambda n=n: check_node(n)) for n in inventory.nodes}, max_workers=max_workers)
-        if loaded is not None and loaded.model.workload.launch == "attach":
+        if loaded is not None and LAUNCHES[loaded.model.workload.launch].found:
             reached = [n for n in inventory.nodes if not isinstance(found[n.name], BaseException) and found[n.name].reachable]
             scope = job_scope(loaded.model, inventory, reached)
     finally:

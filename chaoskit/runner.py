@@ -63,7 +63,7 @@ from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
-from chaoskit.scenario.launches import LAUNCHES
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import checkpoint_dir, job_dir, torch_available
 from chaoskit.workloads.registry import job_class, make_job

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from chaoskit.scenario import LoadedScenario, validate_file
-from chaoskit.scenario.launches import (LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, RECOVERY_LAUNCHES, running_under,
+from chaoskit.core.launches import (LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, RECOVERY_LAUNCHES, running_under,
                                         taking)
 from chaoskit.scenario.model import Workload
 from chaoskit.scenario.schema import schema_dict
@@ -163,3 +163,35 @@ def test_the_dry_run_carries_the_jobs_own_part(scenario, key):
     res = run_cli("run", SCENARIOS / scenario, "--dry-run", "--json")
     assert res.code == 0, res.stderr
     assert [k for k in ("attach", "submit") if k in res.json] == ([key] if key else [])
+
+
+def test_what_faults_refuse_of_a_launch_comes_from_its_row_of_the_table():
+    """The storage, in-process and requeue faults ask the launch table where a job keeps its checkpoints, how an
+    in-process fault reaches it and whether it is found rather than started: no launch name in their code."""
+    from types import SimpleNamespace
+
+    from chaoskit.core.launches import LAUNCHES
+    from chaoskit.core.errors import InfraError
+    from chaoskit.faults.inproc import InprocHangFault as InprocHang
+    from chaoskit.faults.slurm import RequeueFault
+    from chaoskit.faults.storage import CorruptFault
+
+    def spec(cls, **fields):
+        return cls(cls.Spec.model_validate({"kind": cls.kind, "target": {"ranks": [0]} if cls.target_type == "process"
+                                            else {"nodes": ["n0"]}, **fields}), "f0")
+
+    corrupt = spec(CorruptFault, path=".", duration="5s", mode="truncate")
+    hang = spec(InprocHang, duration="5s")
+    requeue = spec(RequeueFault)
+    for name, row in LAUNCHES.items():
+        w = SimpleNamespace(launch=name, checkpoint_dir=None, inproc=None, slurm_job=None)
+        refused = corrupt.check_job(w)
+        assert (refused is not None) == (row.checkpoints in ("ray", "given")), name
+        if row.inproc == "sdk":
+            with pytest.raises(InfraError, match="cannot take in-process faults"):
+                hang.check_job(w)
+        else:
+            assert (hang.check_job(w) is not None) == (row.inproc == "none"), name
+        assert (requeue.check_job(w) is not None) == row.found, name
+    assert [n for n, r in LAUNCHES.items() if r.found] == ["attach"]
+    assert {n for n, r in LAUNCHES.items() if not r.restarts_own} == {"attach", "sbatch"}

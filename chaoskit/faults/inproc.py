@@ -33,6 +33,7 @@ from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import journaled_python, node_python
 from chaoskit.sdk.inproc import CUDA_ERRORS, ID_RE, NAME_RE
@@ -173,9 +174,10 @@ class _InprocFault(Fault):
 
     def check_job(self, workload: Any) -> tuple[str, str] | None:
         launch = getattr(workload, "launch", None)
-        if launch in ("ray-train", "sbatch"):
+        reach = LAUNCHES[launch].inproc if launch in LAUNCHES else "bootstrap"
+        if reach == "none":
             return "kind", f"{self.kind} needs a job chaoskit starts under torchrun (launch: reference or command) or an SDK job"
-        if launch == "attach" and getattr(workload, "inproc", None) is None:
+        if reach == "sdk" and getattr(workload, "inproc", None) is None:
             raise InfraError(
                 f"{self.kind}: the attached job cannot take in-process faults: chaoskit reaches inside a process only "
                 "through its own bootstrap (a job it starts) or the SDK / a framework callback in the job; nothing was injected",

@@ -34,6 +34,7 @@ from chaoskit.cluster.slurm import SlurmAccess, job_ids
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.shell import shell_quote
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 
@@ -216,7 +217,8 @@ class RequeueFault(Fault):
         return _unfit(node)
 
     def check_job(self, workload: Any) -> tuple[str, str] | None:
-        if getattr(workload, "launch", None) == "attach" and getattr(workload, "slurm_job", None) is None:
+        launch = getattr(workload, "launch", None)
+        if launch in LAUNCHES and LAUNCHES[launch].found and getattr(workload, "slurm_job", None) is None:
             return "kind", ("slurm.requeue requeues only the drilled job, and an attached job is known to Slurm by its id: "
                             "set workload.slurm_job")
         return None

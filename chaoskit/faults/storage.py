@@ -62,6 +62,7 @@ from chaoskit.cluster.selectors import NodeTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError, ScenarioError
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.sizes import ByteSize, format_size
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import journaled_python, node_python, undo
@@ -177,10 +178,11 @@ class _StorageFault(Fault):
 
     def check_job(self, workload: Any) -> tuple[str, str] | None:
         launch = getattr(workload, "launch", None)
-        if launch == "ray-train":
-            return "kind", f"{self.kind} acts on the job's checkpoint folder; a ray-train job keeps its checkpoints in Ray's storage"
+        keeps = LAUNCHES[launch].checkpoints if launch in LAUNCHES else "job"
+        if keeps == "ray":
+            return "kind", f"{self.kind} acts on the job's checkpoint folder; a {launch} job keeps its checkpoints in Ray's storage"
         root = getattr(workload, "checkpoint_dir", None)
-        if launch == "attach" and root is None:
+        if keeps == "given" and root is None:
             return "path", (f"{self.kind} on an attached job needs the folder it keeps its checkpoints in: "
                             "set workload.checkpoint_dir")
         problem = check_inside(self.spec.path, root)

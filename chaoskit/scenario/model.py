@@ -22,7 +22,7 @@ from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
 from chaoskit.observe.presets import PRESET_NAMES
-from chaoskit.scenario.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem, recovery_problem
+from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem, recovery_problem
 
 __all__ = [
     "Workload",

@@ -11,7 +11,7 @@ events go, ``None`` when none are read; ``on_line(node, line, ts)``: where each 
 has: what differs is a flag or a method here.
 
 Its recovery model is the scenario's ``workload.recovery``, one of those its launch runs under
-(:attr:`~chaoskit.scenario.launches.LaunchSpec.recoveries`), measured by ``chaoskit.measure``; what "finished"
+(:attr:`~chaoskit.core.launches.LaunchSpec.recoveries`), measured by ``chaoskit.measure``; what "finished"
 means is :meth:`Job.finished`.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from chaoskit.cluster.slurm import SubmitUser
-from chaoskit.scenario.launches import LAUNCHES, LaunchSpec
+from chaoskit.core.launches import LAUNCHES, LaunchSpec
 
 __all__ = ["Job"]
 
@@ -57,7 +57,7 @@ class Job(abc.ABC):
 
     @property
     def launch_spec(self) -> LaunchSpec:
-        """What the scenario's ``workload.launch`` is (:data:`~chaoskit.scenario.launches.LAUNCHES`)."""
+        """What the scenario's ``workload.launch`` is (:data:`~chaoskit.core.launches.LAUNCHES`)."""
         return LAUNCHES[self.workload.launch]
 
     # -- planning (``--dry-run`` builds the job and calls only these) ------------------------

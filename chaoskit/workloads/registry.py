@@ -1,6 +1,6 @@
 """Which :class:`~chaoskit.workloads.api.Job` runs each ``workload.launch``: the launch table's job side.
 
-:data:`JOBS` has one entry per name of :data:`chaoskit.scenario.launches.LAUNCHES` (what a scenario may say
+:data:`JOBS` has one entry per name of :data:`chaoskit.core.launches.LAUNCHES` (what a scenario may say
 with each launch: its fields, the recovery models it runs under), which it carries as ``spec``; a launch
 missing from either table fails at import. The runner builds its job with :func:`make_job` and asks the job,
 never its class, what to do with it.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaoskit.backends.api import ClusterHandle
-from chaoskit.scenario.launches import LAUNCHES, LaunchSpec
+from chaoskit.core.launches import LAUNCHES, LaunchSpec
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.attach import AttachedJob
 from chaoskit.workloads.launch import TorchrunJob

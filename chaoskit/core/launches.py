@@ -47,6 +47,20 @@ class LaunchSpec:
     """Its processes write the SDK's events (``CHAOSKIT_EVENTS``), which the run reads when ``probes.sdk``."""
     needs_torch: bool = True
     """``--dry-run`` warns when torch is not installed on this machine."""
+    checkpoints: str = "job"
+    """Where the job keeps the checkpoints a storage fault acts on: ``job`` (the job folder chaoskit gives it),
+    ``given`` (the folder ``workload.checkpoint_dir`` names, the only one chaoskit may touch), or ``ray`` (Ray's
+    storage, which no storage fault reaches)."""
+    inproc: str = "bootstrap"
+    """How an in-process fault reaches the job: ``bootstrap`` (chaoskit's own, on the ``PYTHONPATH`` of a job it
+    starts under torchrun), ``sdk`` (only through the SDK or a framework callback in the job, which
+    ``workload.inproc: sdk`` says is there), or ``none``."""
+    found: bool = False
+    """The job is not started but found on the nodes (among those that match ``process``): the scope of the drill
+    is chosen there (``doctor`` shows it), and paths the scenario names are on the nodes."""
+    restarts_own: bool = True
+    """chaoskit starts the job's torchrun itself, so its ``max_restarts`` is what a campaign's faults spend; else
+    (a job found, or submitted to a scheduler) its restarts are not chaoskit's to count."""
 
 
 _STARTED_FIELDS = frozenset({"checkpoint_fs"})
@@ -58,12 +72,14 @@ LAUNCHES: dict[str, LaunchSpec] = {
                                  sdk_events=False),
     "command": LaunchSpec(_STARTED_FIELDS | {"command"}, Needs("command", "[script.py, args...]"),
                           recoveries=("restart", "torchft", "nvrx"), ends_itself=True, needs_torch=False),
-    "ray-train": LaunchSpec(),
+    "ray-train": LaunchSpec(checkpoints="ray", inproc="none"),
     "attach": LaunchSpec(frozenset({"process", "inproc", "checkpoint_dir", "run_id", "user", "slurm_job"}),
                          Needs("process", "REGEX", "the job's command line, e.g. 'train\\.py'"),
                          wait="recovered",  # somebody else's job may run for days: stop once it recovered
-                         sdk_events=False, needs_torch=False),
-    "sbatch": LaunchSpec(_STARTED_FIELDS | {"script", "user"}, Needs("script", "FILE", "the batch script to submit")),
+                         sdk_events=False, needs_torch=False, checkpoints="given", inproc="sdk", found=True,
+                         restarts_own=False),
+    "sbatch": LaunchSpec(_STARTED_FIELDS | {"script", "user"}, Needs("script", "FILE", "the batch script to submit"),
+                         inproc="none", restarts_own=False),
 }
 """Every ``workload.launch``, in the order the schema lists them."""
 
