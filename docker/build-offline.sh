@@ -10,6 +10,9 @@
 #      those wheels.
 #
 # Needs root (debootstrap), docker, and a Python with pip (PYTHON, default python3).
+# An image of TAG built from the same source (a digest of chaoskit/, pyproject.toml, README.md and docker/,
+# its label io.chaoskit.source) is kept as it is: CI builds each tree once. CHAOSKIT_REBUILD=1 forces a build.
+#
 # Usage: docker/build-offline.sh [TAG]        (default chaoskit-node:latest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,16 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     echo "build-offline: base image $BASE imported"
 fi
 
+# What the image is built from (its source: the package, its metadata, docker/) has a digest; an image that
+# carries the same digest is this tree's already, and is kept (CHAOSKIT_REBUILD=1 builds it anyway).
+source_digest=$(git ls-files -co --exclude-standard -z -- chaoskit pyproject.toml README.md docker 2>/dev/null \
+    | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+built=$(docker image inspect --format '{{index .Config.Labels "io.chaoskit.source"}}' "$TAG" 2>/dev/null || true)
+if [ -z "${CHAOSKIT_REBUILD:-}" ] && [ -n "$source_digest" ] && [ "$built" = "$source_digest" ]; then
+    echo "build-offline: $TAG is already built from this source (digest $source_digest)"
+    exit 0
+fi
+
 wheels=build/docker-wheels
 rm -rf "$wheels"
 mkdir -p "$wheels"
@@ -40,6 +53,8 @@ rm -rf build/lib build/bdist.*   # what setuptools leaves behind building chaosk
 echo "build-offline: docker build $TAG (--network none)"
 DOCKER_BUILDKIT=0 docker build --quiet --network none \
     --build-arg BASE="$BASE" \
-    --build-arg PIP_ARGS="--no-index --find-links /src/$wheels" \
+    --build-arg PIP_ARGS="--no-index --find-links /src/$wheels" --label io.chaoskit.source="$source_digest" \
     -f docker/Dockerfile -t "$TAG" . >/dev/null
-echo "build-offline: built $TAG"
+echo "build-offline: built $TAG (source digest $source_digest)"
+# the images this tag named before are no longer used by anything: each is over a GiB
+docker image prune --force --filter "label=io.chaoskit.image=node" >/dev/null 2>&1 || true
