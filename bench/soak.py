@@ -9,6 +9,9 @@ Deaths (``--deaths N``, drawn round-robin over the cases below with a seeded ran
   between arming and its revert;
 - ``agent-kill``: the node's agent is SIGKILLed mid-fault (the controller lives on and must still revert);
 - ``mgmt-cut``: the controller's management link to the node is cut for longer than the lease TTL;
+- ``mgmt-cut-kill``: the link is cut, and the controller SIGKILLed while it is: its agent on the node hears
+  nothing more (no EOF crosses a cut link) and must end itself (here after ``AGENT_IDLE_S``, in place of
+  chaoskit's 60 s, so that a death fits in seconds; the mechanism is the same), and the lease reverts the fault;
 - ``poweroff-mid-fault``: the netns node is powered off while a NIC fault is on it, then powered on;
 - ``state-full``: the controller's state folder is a full file system, so the journal write fails;
 - ``slurm.drain`` on a Slurm lab's node, seen as a site's (its inventory, through its slurm.conf): the drain's lease
@@ -49,6 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TTL_S = 2.0
+AGENT_IDLE_S = 6.0
+"""``mgmt-cut-kill``: how long the node's agent waits without a word from its controller before it ends itself."""
 FAULT_S = 5.0
 """Each fault's duration: the controller is killed at a random instant of it (arm .. revert)."""
 WORKER = "import time; time.sleep(3600)  # worker"
@@ -66,6 +71,10 @@ from chaoskit.safety.lease import LeaseManager, default_lease_root
 
 case = json.loads(sys.argv[1])
 run_id = case["run_id"]
+if case.get("agent_idle_s"):  # mgmt-cut-kill: the agents' own idle limit, shorter than chaoskit's 60 s
+    import functools
+    import chaoskit.cluster.transports.ssh as ssh
+    ssh.agent_program = functools.partial(ssh.agent_program, idle_exit_s=case["agent_idle_s"])
 if case["lab"] == "process":
     lab = ProcessLab(case["process_lab"], 2)
     inventory, details = lab.inventory(), {"kind": "process", "lab": lab.lab_id, "ephemeral": False}
@@ -153,6 +162,7 @@ def cases(ckpt: str, small_fs: str) -> list[Case]:
         Case("node.poweroff", "node.poweroff", "netns", d, n1),
         Case("agent-kill (blackhole)", "network.blackhole", "netns", d, n1, death="agent"),
         Case("mgmt-cut (partition)", "network.partition", "netns", d, n1, death="mgmt"),
+        Case("mgmt-cut-kill (partition)", "network.partition", "netns", d, n1, death="mgmt-kill"),
         Case("poweroff-mid-fault (link_down)", "network.link_down", "netns", d, n1, death="power"),
         Case("state-full (hang)", "process.hang", "process", d, rank0, death="state-full"),
         Case("slurm.drain", "slurm.drain", "slurm", d, {"nodes": ["n0"]}),
@@ -240,7 +250,8 @@ class Soak:
                 "ttl": TTL_S, "duration": FAULT_S, "checkpoint_dir": str(self.ckpt), "process_lab": self.process_lab.lab_id,
                 "inventory": str(self.netns.inventory_path) if self.netns is not None else None,
                 "slurm_inventory": str(self.slurm.inventory_path) if self.slurm is not None else None,
-                "slurm_conf": str(self.slurm.conf_path) if self.slurm is not None else None}
+                "slurm_conf": str(self.slurm.conf_path) if self.slurm is not None else None,
+                "agent_idle_s": AGENT_IDLE_S if case.death == "mgmt-kill" else None}
         env = dict(os.environ)
         if case.death == "state-full":
             env["CHAOSKIT_STATE_DIR"] = str(self.fill_state())
@@ -295,6 +306,27 @@ class Soak:
             time.sleep(TTL_S + 2.0)
             subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth1", "up"], check=True)
             return t
+        if case.death == "mgmt-kill":
+            _wait_line(lines, "injected", 30)
+            subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth1", "down"], check=True)
+            time.sleep(0.5)
+            tag = f"/{proc.pid}/"  # the agent's command line names its controller: controller=HOST/PID/START
+            mine = [pid for pid in self.netns.pids("n1") if "chaoskit-agent" in _cmdline(pid) and tag in _cmdline(pid)]
+            proc.kill()
+            proc.wait()
+            t = time.time()
+            # While the link is still cut (no EOF or reset can reach the node), the agent must end by itself.
+            end = t + AGENT_IDLE_S + 6.0
+            while time.time() < end and any(_cmdline(pid) for pid in mine):
+                time.sleep(0.2)
+            left = [pid for pid in mine if _cmdline(pid)]
+            self.cut_residue = [f"n1: agent pid {pid} of the killed controller still running {time.time() - t:.1f}s "
+                                "after its death, the link cut" for pid in left]
+            if not mine:
+                self.cut_residue = ["n1: no agent of the controller found to watch (the case proved nothing)"]
+            time.sleep(max(0.0, TTL_S + 2.0 - (time.time() - t)))
+            subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth1", "up"], check=True)
+            return t
         if case.death == "power":
             _wait_line(lines, "injected", 30)
             t = time.time()
@@ -331,6 +363,8 @@ class Soak:
             time.sleep(0.5)
         if revert_s is None and died_at is not None and clean_at is not None:
             revert_s = clean_at - died_at  # no watchdog fired (the controller lived on and reverted): until clean
+        mine += getattr(self, "cut_residue", [])
+        self.cut_residue = []
         out = Outcome(case.name, died_at, revert_s, mine, note=note, took_s=time.time() - started)
         fixed = fix(target, checkpoint_dirs=dirs, slurm_conf=conf)  # what an operator runs after a death: chaoskit rollback
         if mine:
