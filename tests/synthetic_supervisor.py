@@ -10,7 +10,10 @@ rank steps before all have loaded, as with DDP's first all-reduce.
 Besides the SDK events it writes the truth, read off the clock where each thing
 really happened (``ckpt.txt.truth``: ``noticed``, ``started``, ``loaded`` lines):
 on a loaded machine the delays come out longer than asked, and the truth says
-by how much.
+by how much. Each truth line and its event carry the same clock reading (the
+event's ``ts`` is given), so a process descheduled between writing the two
+cannot part them: what is measured is chaoskit's choice of events, not the
+scheduler.
 
     python synthetic_supervisor.py DETECT_S RESTART_S LOAD_S STEP_S STEPS CKPT_EVERY
 """
@@ -26,25 +29,26 @@ WORLD = 2
 
 
 def truth(state, what, restart, rank):
+    """Write the truth line for ``what`` and return its clock reading, for the event that marks it."""
+    now = time.time()
     with open(state + ".truth", "a") as fh:
-        fh.write("%s %d %d %.6f\n" % (what, restart, rank, time.time()))
+        fh.write("%s %d %d %.6f\n" % (what, restart, rank, now))
+    return now
 
 
 def worker(rank, restart, delays, state):
     os.environ["RANK"] = str(rank)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(restart)
     os.environ["WORLD_SIZE"] = str(WORLD)
-    truth(state, "started", restart, rank)
-    probe.worker_start()
+    probe.worker_start(ts=truth(state, "started", restart, rank))
     _, _, load_s, step_s, steps, every = delays
     start = 0
     if os.path.exists(state):
-        with probe.checkpoint_load() as info:
-            time.sleep(load_s * (rank + 1) / WORLD)
-            with open(state) as fh:
-                start = int(fh.read())
-            info["step"] = start
-        truth(state, "loaded", restart, rank)
+        probe.emit("ckpt.load.start")
+        time.sleep(load_s * (rank + 1) / WORLD)
+        with open(state) as fh:
+            start = int(fh.read())
+        probe.emit("ckpt.load.end", step=start, ts=truth(state, "loaded", restart, rank))
     # Like DDP's first all-reduce: no rank steps before every rank of the world is ready.
     barrier = "%s.ready.%d" % (state, restart)
     open("%s.%d" % (barrier, rank), "w").close()
@@ -84,8 +88,7 @@ def main(argv):
         if rank is None or status == 0:
             continue
         time.sleep(detect_s)
-        truth(state, "noticed", restart, rank)
-        probe.emit("worker.exit", rank=rank, exitcode=-os.WTERMSIG(status) if os.WIFSIGNALED(status) else status >> 8)
+        probe.emit("worker.exit", ts=truth(state, "noticed", restart, rank), rank=rank, exitcode=-os.WTERMSIG(status) if os.WIFSIGNALED(status) else status >> 8)
         for other in list(pids):
             os.kill(other, signal.SIGKILL)
             os.waitpid(other, 0)

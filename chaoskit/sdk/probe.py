@@ -68,7 +68,8 @@ def _descriptor(path: str) -> int:
 
 
 def emit(kind: str, **fields: Any) -> dict[str, Any] | None:
-    """Append one event ``{"ts", "node", "rank", "kind", ...}``; return it (``None`` when disabled)."""
+    """Append one event ``{"ts", "node", "rank", "kind", ...}``; return it (``None`` when disabled). A ``ts`` among
+    ``fields`` is kept in place of the clock's reading now (for a caller that read the clock at the instant itself)."""
     path = os.environ.get("CHAOSKIT_EVENTS")
     if not path:
         return None
