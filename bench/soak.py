@@ -584,7 +584,8 @@ def soak_report(soak: Soak, drills: list[Drill], args: argparse.Namespace) -> in
 
 def lanes(chosen: list[Case], args: argparse.Namespace) -> int:
     """``--deaths`` drawn round-robin over ``chosen`` as one process would, each lab's share run by a child soak of
-    its own (``--only`` its cases, a seed of its own), all at once; one table of every outcome."""
+    its own (``--only`` its cases, a seed of its own), all at once; one table of every outcome (and ``--json``'s
+    file of them all). Each lane's log is written as it goes (``-u``), so a long run can be watched."""
     by_lab: dict[str, list[Case]] = {}
     for c in chosen:
         by_lab.setdefault(c.lab, []).append(c)
@@ -596,7 +597,7 @@ def lanes(chosen: list[Case], args: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k != "CHAOSKIT_STATE_DIR"}
     for n, (lab, mine) in enumerate(by_lab.items()):
         out = work / f"{lab}.json"
-        argv = [sys.executable, str(Path(__file__).resolve()), "--deaths", str(share[lab]), "--seed", str(args.seed + n),
+        argv = [sys.executable, "-u", str(Path(__file__).resolve()), "--deaths", str(share[lab]), "--seed", str(args.seed + n),
                 "--settle", str(args.settle), "--only", ",".join(c.name for c in mine), "--json", str(out)]
         log = open(work / f"{lab}.log", "w")
         children[lab] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), out, log)
@@ -612,6 +613,8 @@ def lanes(chosen: list[Case], args: argparse.Namespace) -> int:
             failed.append(f"lane {lab} exited {proc.returncode} with no outcomes ({e}); its log: {work / (lab + '.log')}")
     order = {c.name: i for i, c in enumerate(chosen)}
     outcomes.sort(key=lambda o: order.get(o.case, len(order)))
+    if args.json:
+        args.json.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
     code = report(outcomes)
     for line in failed:
         print(line)
