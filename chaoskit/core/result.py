@@ -179,6 +179,16 @@ class Check(ResultPart):
     ``silent_fault_detected``): whether it passed, and what it saw (its own keys)."""
 
     passed: bool = Field(False, alias="pass")
+    step: Optional[int] = None
+    """``steady_state``: the step the job had to reach before the first fault."""
+    final_step: Optional[int] = None
+    """``training_finished``: the last step the job reported."""
+    expected_step: Optional[int] = None
+    """``training_finished``: the step the job had to reach."""
+    exit_codes: Optional[dict[str, Optional[int]]] = None
+    """``training_finished`` of a job whose own end says so: each torchrun agent's exit code."""
+    reason: Optional[str] = None
+    """``silent_fault_detected``: why nothing noticed."""
 
 
 class Slowdown(ResultPart):
