@@ -158,8 +158,9 @@ class InjectedFault(ResultPart):
     t_fault: Optional[Number] = None
     mechanism: Optional[str] = None
     fidelity: Optional[str] = None
-    scope: Optional[str] = None
-    error: Optional[str] = None
+    scope: Any = None
+    """``gpu.fail``: on one device or the whole node."""
+    error: Any = None
 
 
 class SloEntry(ResultPart):
