@@ -13,6 +13,10 @@ Exactly the definitions of docs/architecture.md ("Recovery phases"), for one fau
 A phase whose signal never came is ``None`` with a reason, never zero, and it
 fails its SLO. This module is pure: events in, numbers out.
 
+Each instant has its finder, which returns the event it is read from or its "not observed" reason
+(:func:`find_detection`, :func:`find_resume`, :func:`find_checkpoint_load`, :func:`find_reallocation`;
+:func:`find_lost_work` for the steps lost); :func:`measure_fault` puts them together.
+
 That is the ``restart`` recovery model (:func:`measure_fault`). A job that recovers without a restart is
 measured on its own terms: :data:`RECOVERY_MODELS` names each model's function, ``workload.recovery`` picks
 one, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
