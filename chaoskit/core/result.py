@@ -9,8 +9,9 @@ Three rules keep the file what it was before the model existed, byte for byte:
   fault), still reads;
 - a key the model does not know is kept as it came (``extra="allow"``): a job's own part (``attached``,
   ``slurm``), a key a newer chaoskit adds;
-- only the keys given are written, in the order they were given (:meth:`ResultPart.dump`): a phase the run
-  did not measure is absent, not ``null``, exactly as the runner left it out.
+- only the keys given are written, in the order they were given (:meth:`ResultPart.dump`): a key the runner
+  leaves out stays out, rather than appearing as its default (a key set on a part afterwards comes after the
+  given ones).
 
 Numbers keep their JSON type (an ``int`` limit stays ``30``, not ``30.0``): seconds are :data:`Number`.
 
