@@ -52,6 +52,7 @@ docker-image: $(VENV)/.dev
 
 schema: $(VENV)/.workload
 	$(BIN)/chaoskit schema -o chaoskit.schema.json
+	$(BIN)/chaoskit schema --result -o chaoskit.result.schema.json
 
 # The README's table of fault kinds, from each kind's spec (tests/test_docs.py keeps it current).
 readme: $(VENV)/.workload

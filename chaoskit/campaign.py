@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
 from chaoskit.core.files import EVENTS_FILE, RESULT_FILE, empty_out_dir, utc_iso, utc_stamp
+from chaoskit.core.result import RunResult
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.coverage import catalog
@@ -234,7 +235,7 @@ def _recovered_gate(events: list[dict[str, Any]], injected: list[float]) -> str 
 
 def measure_campaign(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any]:
     """ETTR and badput of a campaign's run, measured from its files, beside the simulator's prediction."""
-    result = json.loads((run_dir / RESULT_FILE).read_text())
+    result = RunResult.read(run_dir / RESULT_FILE)
     events = read_events(run_dir / EVENTS_FILE)
     steps = sorted((e for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)), key=lambda e: e["ts"])
     starts = [e["ts"] for e in events if e.get("kind") == "worker.start"]
@@ -246,11 +247,11 @@ def measure_campaign(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any]:
     final_step = max((e["step"] for e in steps), default=0)
     kept = final_step * step_s if step_s else 0.0
     faults = []
-    for draw, fault in zip(plan["draws"], result.get("per_fault") or []):
-        faults.append({"t": draw["t"], "kind": fault["kind"], "target": _target_text(draw["target"]),
-                       "nodes": fault.get("targets"), "t_fault": fault["t_fault"],
-                       "phases": {k: fault.get(k) for k in ("detection_s", "reallocation_s", "checkpoint_load_s",
-                                                            "recovery_s", "lost_steps")}})
+    for draw, fault in zip(plan["draws"], result.per_fault):
+        faults.append({"t": draw["t"], "kind": fault.kind, "target": _target_text(draw["target"]),
+                       "nodes": fault.targets, "t_fault": fault.t_fault,
+                       "phases": {k: getattr(fault, k) for k in ("detection_s", "reallocation_s", "checkpoint_load_s",
+                                                                 "recovery_s", "lost_steps")}})
     buckets = dict.fromkeys(BUCKETS, 0.0)
     if steps and t_start is not None:
         buckets["startup"] = steps[0]["ts"] - t_start
@@ -275,22 +276,22 @@ def measure_campaign(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any]:
         explains = _explain(measured, prediction, buckets, plan.get("overlap", False))
     kinds = sorted({f["kind"] for f in faults})
     return {
-        "kind": "chaoskit.campaign", "scenario": result.get("scenario"), "scenario_file": result.get("scenario_file"),
+        "kind": "chaoskit.campaign", "scenario": result.scenario, "scenario_file": result.scenario_file,
         "seed": plan["seed"], "duration_s": plan["duration_s"], "mtbf_s": plan["mtbf_s"], "overlap": plan.get("overlap", False),
-        "verdict": result.get("verdict"), "faults": faults, "fault_kinds": kinds,
+        "verdict": result.verdict, "faults": faults, "fault_kinds": kinds,
         "t_job_start": t_start, "wall_s": None if wall is None else round(wall, 3), "kept_s": round(kept, 3), "final_step": final_step,
-        "step_time_s": step_s, "checkpoint_interval_steps": (result.get("workload") or {}).get("checkpoint_every"),
+        "step_time_s": step_s, "checkpoint_interval_steps": result.workload.get("checkpoint_every"),
         "checkpoint_save_s": round(statistics.median(saves), 4) if saves else 0.0, "saves": len(saves),
         "ettr": {"measured": None if measured is None else round(measured, 4), "predicted": prediction["ettr"],
                  "gap": gap, "explained_by": explains},
         "badput": buckets,
         "prediction": prediction,
         "over_time": _ettr_over_time(steps, t_start, step_s, faults),
-        "notes": result.get("notes") or [],
+        "notes": list(result.notes),
     }
 
 
-def _predict(plan, faults, step_s, result, saves, wall, buckets) -> dict[str, Any]:
+def _predict(plan, faults, step_s, result: RunResult, saves, wall, buckets) -> dict[str, Any]:
     """The simulator's exact model (:func:`chaoskit.sim.model.goodput`) for this job: its step time, checkpoint
     interval and save cost, the phases it measured, and the rate of faults it suffered over its running time
     (``n / (wall - start-up)``: a Poisson draw gives more or fewer faults than the MTBF asked; the prediction at
@@ -302,7 +303,7 @@ def _predict(plan, faults, step_s, result, saves, wall, buckets) -> dict[str, An
     can be named rather than guessed."""
     measured = [f["phases"] for f in faults if all(f["phases"][k] is not None for k in
                                                    ("detection_s", "reallocation_s", "checkpoint_load_s"))]
-    every = (result.get("workload") or {}).get("checkpoint_every") or 1
+    every = result.workload.get("checkpoint_every") or 1
     running = (wall or 0.0) - buckets["startup"]
     if not (measured and step_s and wall and running > 0):
         return {"ettr": None, "badput": {}, "why": "no fault with all three phases measured, or no steps"}

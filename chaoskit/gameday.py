@@ -35,6 +35,7 @@ from typing import Any
 
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
 from chaoskit.core.files import GAMEDAY_FILE, HISTORY_FILE, read_history
+from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.coverage import (
     catalog_by_id,
     compute_coverage,
@@ -347,7 +348,7 @@ class _Gameday:
 
     @staticmethod
     def _take_result(record: dict[str, Any], result: dict[str, Any]) -> None:
-        if result.get("kind") == "chaoskit.repeat":  # N samples: the medians stand for the scenario
+        if result.get("kind") == REPEAT_KIND:  # N samples: the medians stand for the scenario
             record["verdict"] = result.get("verdict")
             record["samples"] = result.get("completed")
             record["distribution"] = result.get("distribution")
@@ -358,12 +359,14 @@ class _Gameday:
             record["checks"] = {"samples_checks": {"pass": all(s["checks_pass"] for s in result.get("samples") or [])}}
             record["notes"] = [f"{s['dir']}: {s['status']}" for s in result.get("samples") or [] if s["status"] != "pass"]
             return
-        record["verdict"] = result.get("verdict")
-        record["injected_kinds"] = list(dict.fromkeys(f.get("kind") for f in result.get("faults") or []))
-        record["phases"] = dict(result.get("phases") or {})
-        record["slo"] = result.get("slo")
-        record["checks"] = result.get("checks")
-        record["notes"] = result.get("notes") or []
+        run = RunResult.model_validate(result)
+        record["verdict"] = run.verdict
+        record["injected_kinds"] = run.injected_kinds
+        record["phases"] = run.phases.dump()
+        given = run.model_fields_set  # a result cut short may lack them: the record says null, as before
+        record["slo"] = {name: entry.dump() for name, entry in run.slo.items()} if "slo" in given else None
+        record["checks"] = {name: check.dump() for name, check in run.checks.items()} if "checks" in given else None
+        record["notes"] = list(run.notes)
 
     def _judge_history(self) -> None:
         """Regressions against the history, and coverage within the freshness window (when asked for)."""

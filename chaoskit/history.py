@@ -15,9 +15,9 @@ Pure functions over the history's entries; reading and appending the file is
 
 from __future__ import annotations
 
-import datetime as _dt
 from typing import Any, Iterable, Mapping
 
+from chaoskit.core.files import parse_utc_iso, utc_iso
 from chaoskit.coverage import Capabilities, catalog_by_id, compute_coverage
 from chaoskit.distribution import percentile
 
@@ -73,7 +73,7 @@ def fresh_coverage(records: list[Mapping[str, Any]], caps: Capabilities, history
     proven: dict[str, str] = {}
     extra = []
     for entry in history:
-        started = _parse(entry.get("started_at"))
+        started = parse_utc_iso(entry.get("started_at"))
         if started is None or now - started > window_s:
             continue
         for cls in entry.get("covered") or []:
@@ -82,19 +82,10 @@ def fresh_coverage(records: list[Mapping[str, Any]], caps: Capabilities, history
                 extra.append({"scenario": f"game day of {entry['started_at']}", "covers": [cls],
                               "injected_kinds": list(classes[cls].kinds), "status": "pass"})
     cov = compute_coverage([*records, *extra], caps)
-    stamp = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds")
+    stamp = utc_iso(now)
     for r in records:
         if r.get("status") == "pass":
             for cls in r.get("covers") or []:
                 if set(r.get("injected_kinds") or []) & set(classes[cls].kinds if cls in classes else ()):
                     proven[cls] = stamp
     return {**cov, "window_s": window_s, "proven_at": {c: proven[c] for c in cov["covered"] if c in proven}}
-
-
-def _parse(text: Any) -> float | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

@@ -13,6 +13,10 @@ Exactly the definitions of docs/architecture.md ("Recovery phases"), for one fau
 A phase whose signal never came is ``None`` with a reason, never zero, and it
 fails its SLO. This module is pure: events in, numbers out.
 
+Each instant has its finder, which returns the event it is read from or its "not observed" reason
+(:func:`find_detection`, :func:`find_resume`, :func:`find_checkpoint_load`, :func:`find_reallocation`;
+:func:`find_lost_work` for the steps lost); :func:`measure_fault` puts them together.
+
 That is the ``restart`` recovery model (:func:`measure_fault`). A job that recovers without a restart is
 measured on its own terms: :data:`RECOVERY_MODELS` names each model's function, ``workload.recovery`` picks
 one, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
@@ -24,9 +28,12 @@ processes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault",
+           "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
+           "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
            "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
@@ -58,10 +65,142 @@ INJECTED_LINE_SLACK_S = 1.0
 (read back by the kernel-log probe) comes while chaoskit's write is in flight, before the write returns."""
 
 
+@dataclass(frozen=True)
+class Found:
+    """What one finder found: the event its phase's instant is read from (``ts``), or ``reason``: why it was
+    not observed, as ``reasons`` in result.json says it."""
+
+    event: Event | None = None
+    reason: str | None = None
+
+    @property
+    def ts(self) -> float | None:
+        return self.event["ts"] if self.event is not None else None
+
+
+@dataclass(frozen=True)
+class CheckpointLoad(Found):
+    """:func:`find_checkpoint_load`'s answer: the last rank's load, each rank's latest load before the resumed
+    step (``per_rank``), and the step restored (the oldest of them; 0 for a restart without a checkpoint)."""
+
+    per_rank: dict[Any, Event] = field(default_factory=dict)
+    restored_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Reallocation(Found):
+    """:func:`find_reallocation`'s answer, with ``ready``: when the new world's rendezvous was done (the end of
+    ``startup_s``), ``None`` when not seen."""
+
+    ready: float | None = None
+
+
+@dataclass(frozen=True)
+class LostWork:
+    """:func:`find_lost_work`'s answer: the steps lost (``None`` with ``reason`` when not measurable), and the last
+    step before the fault they count from."""
+
+    steps: int | None = None
+    last_step_before: int | None = None
+    reason: str | None = None
+
+
+def find_detection(timeline: list[Event], t_fault: float, t_fault_uncertainty: float = 0.0) -> Found:
+    """The first event after ``t_fault`` that shows the system noticed (:data:`DETECT_KINDS`; an injected Xid line
+    is the fault itself, never its detection). ``timeline``: the events in time order."""
+    detect = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") in DETECT_KINDS and not e.get("injected")),
+                  None)
+    if detect is not None:
+        return Found(detect)
+    # the kernel stamps chaoskit's own line while its write is in flight, before the fault is stamped injected
+    since = t_fault - INJECTED_LINE_SLACK_S - t_fault_uncertainty
+    injected = next((e for e in timeline if e.get("kind") == "gpu.xid" and e.get("injected") and e["ts"] > since), None)
+    if injected is not None:
+        return Found(reason=f"not observed: the injected Xid {injected.get('code')} line was seen in the kernel "
+                            f"log of {injected.get('node')}, but nothing drained the node (no node.drain) and "
+                            "the job did not fail")
+    return Found(reason="not observed: no worker.exit, detect, oom.kill or gpu event after the fault")
+
+
+def _new_world(after: list[Event]) -> list[Event]:
+    """The workers started after the fault; for a job seen only through its scheduler and its log, the scheduler's
+    restart (``job.running`` with a ``restart_count``) starts the new world."""
+    starts = [e for e in after if e.get("kind") == "worker.start"]
+    return starts or [e for e in after if e.get("kind") == "job.running" and (e.get("restart_count") or 0) >= 1]
+
+
+def _loads(after: list[Event]) -> list[Event]:
+    return [e for e in after if e.get("kind") == "ckpt.load.end"]
+
+
+def find_resume(after: list[Event]) -> Found:
+    """The first training step after a checkpoint was loaded (after the new world started, for a job that loaded
+    none). ``after``: the events after the fault, in time order."""
+    loads, starts = _loads(after), _new_world(after)
+    for e in after:
+        if e.get("kind") != "step":
+            continue
+        if any(load["ts"] <= e["ts"] for load in loads) or (not loads and any(s["ts"] <= e["ts"] for s in starts)):
+            return Found(e)
+    return Found(reason="not observed: training did not resume after the fault")
+
+
+def find_checkpoint_load(after: list[Event], resumed: Event | None) -> CheckpointLoad:
+    """The last rank of the new world to finish loading its checkpoint before ``resumed`` (the step
+    :func:`find_resume` found), and the step restored."""
+    loads = _loads(after)
+    if resumed is None:
+        return CheckpointLoad(reason="not observed: no ckpt.load.end before a resumed step")
+    if not loads:
+        return CheckpointLoad(reason="not observed: the job restarted without loading a checkpoint", restored_step=0)
+    per_rank: dict[Any, Event] = {}
+    for load in loads:
+        if load["ts"] <= resumed["ts"]:
+            per_rank[_rank_key(load)] = load
+    restored = [load.get("step") for load in per_rank.values() if isinstance(load.get("step"), int)]
+    return CheckpointLoad(max(per_rank.values(), key=lambda e: e["ts"]), per_rank=per_rank,
+                          restored_step=min(restored) if restored else None)
+
+
+def find_reallocation(after: list[Event], resumed: Event | None, load: CheckpointLoad) -> Reallocation:
+    """The last worker of the new world to start: before its own rank's load (``load``, from
+    :func:`find_checkpoint_load`), or for a job that loaded none before ``resumed``; with the new world's
+    rendezvous, when seen between it and the last load."""
+    starts = _new_world(after)
+    why = "not observed: no new workers started after the fault"
+    if resumed is None:
+        return Reallocation(reason=why)
+    if load.event is None:  # restarted without a checkpoint: the last start before the resumed step
+        pre = [s for s in starts if s["ts"] <= resumed["ts"]]
+        return Reallocation(max(pre, key=lambda e: e["ts"])) if pre else Reallocation(reason=why)
+    t_loaded = load.event["ts"]
+    per_rank: dict[Any, Event] = {}
+    for s in starts:
+        key = _rank_key(s)
+        if s["ts"] <= load.per_rank.get(key, {"ts": t_loaded})["ts"]:
+            per_rank[key] = s
+    if not per_rank:
+        return Reallocation(reason=why)
+    realloc = max(per_rank.values(), key=lambda e: e["ts"])
+    ready = [e["ts"] for e in after if e.get("kind") == "rendezvous.done" and realloc["ts"] <= e["ts"] <= t_loaded]
+    return Reallocation(realloc, ready=max(ready) if ready else None)
+
+
+def find_lost_work(before: list[Event], restored_step: int | None, resumed: Event | None) -> LostWork:
+    """The steps lost: the last step before the fault (``before``: the events up to it) minus the step restored,
+    once training resumed."""
+    steps = [e["step"] for e in before if e.get("kind") == "step" and isinstance(e.get("step"), int)]
+    last = max(steps) if steps else None
+    if last is None or restored_step is None or resumed is None:
+        return LostWork(None, last, "not observed: no step before the fault or no restored step")
+    return LostWork(max(0, last - restored_step), last)
+
+
 def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
                   node: str | None = None) -> dict[str, Any]:
     """Measure the recovery from one fault injected at ``t_fault`` (on ``node``; the restart model does not need
-    it: the whole world restarts).
+    it: the whole world restarts), from one finder per phase (:func:`find_detection`, :func:`find_resume`,
+    :func:`find_checkpoint_load`, :func:`find_reallocation`, :func:`find_lost_work`).
 
     Returns the phases in seconds (``detection_s``, ``reallocation_s``,
     ``checkpoint_load_s``, ``startup_s``, ``recovery_s``), ``lost_steps``, the
@@ -74,119 +213,73 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     timeline = sorted(events, key=lambda e: e["ts"])
     before = [e for e in timeline if e["ts"] <= t_fault]
     after = [e for e in timeline if e["ts"] > t_fault]
+
+    detect = find_detection(timeline, t_fault, t_fault_uncertainty)
+    resumed = find_resume(after)
+    loaded = find_checkpoint_load(after, resumed.event)
+    realloc = find_reallocation(after, resumed.event, loaded)
+    lost = find_lost_work(before, loaded.restored_step, resumed.event)
+
+    # the reasons in the order result.json has always had them
     reasons: dict[str, str] = {}
-
-    steps_before = [e["step"] for e in before if e.get("kind") == "step" and isinstance(e.get("step"), int)]
-    last_step_before = max(steps_before) if steps_before else None
-
-    detect = next((e for e in after if e.get("kind") in DETECT_KINDS and not e.get("injected")), None)
-    t_detect = detect["ts"] if detect else None
-    if detect is None:
-        # the kernel stamps chaoskit's own line while its write is in flight, before the fault is stamped injected
-        since = t_fault - INJECTED_LINE_SLACK_S - t_fault_uncertainty
-        injected = next((e for e in timeline if e.get("kind") == "gpu.xid" and e.get("injected") and e["ts"] > since),
-                        None)
-        if injected is not None:
-            reasons["detection"] = (f"not observed: the injected Xid {injected.get('code')} line was seen in the kernel "
-                                    f"log of {injected.get('node')}, but nothing drained the node (no node.drain) and "
-                                    "the job did not fail")
-        else:
-            reasons["detection"] = "not observed: no worker.exit, detect, oom.kill or gpu event after the fault"
-
-    loads = [e for e in after if e.get("kind") == "ckpt.load.end"]
-    starts = [e for e in after if e.get("kind") == "worker.start"]
-    if not starts:  # a job seen only through its scheduler and its log: the scheduler's restart starts the new world
-        starts = [e for e in after if e.get("kind") == "job.running" and (e.get("restart_count") or 0) >= 1]
-    resumed = None
-    for e in after:
-        if e.get("kind") != "step":
-            continue
-        if any(load["ts"] <= e["ts"] for load in loads) or (not loads and any(s["ts"] <= e["ts"] for s in starts)):
-            resumed = e
-            break
-
-    t_loaded = t_realloc = t_ready = None
-    at: dict[str, Event | None] = {"detect": detect, "realloc": None, "loaded": None, "resumed": resumed}
-    restored_step = None
-    if resumed is not None and loads:
-        latest_load: dict[Any, Event] = {}
-        for load in loads:
-            if load["ts"] <= resumed["ts"]:
-                latest_load[_rank_key(load)] = load
-        at["loaded"] = max(latest_load.values(), key=lambda e: e["ts"])
-        t_loaded = at["loaded"]["ts"]
-        restored = [load.get("step") for load in latest_load.values() if isinstance(load.get("step"), int)]
-        restored_step = min(restored) if restored else None
-        starts_by_rank: dict[Any, Event] = {}
-        for s in starts:
-            key = _rank_key(s)
-            if s["ts"] <= latest_load.get(key, {"ts": t_loaded})["ts"]:
-                starts_by_rank[key] = s
-        if starts_by_rank:
-            at["realloc"] = max(starts_by_rank.values(), key=lambda e: e["ts"])
-            t_realloc = at["realloc"]["ts"]
-        ready = [e["ts"] for e in after if e.get("kind") == "rendezvous.done" and t_realloc is not None and t_realloc <= e["ts"] <= t_loaded]
-        t_ready = max(ready) if ready else None
-    elif resumed is not None:
-        reasons["checkpoint_load"] = "not observed: the job restarted without loading a checkpoint"
-        restored_step = 0
-        pre = [s for s in starts if s["ts"] <= resumed["ts"]]
-        at["realloc"] = max(pre, key=lambda e: e["ts"]) if pre else None
-        t_realloc = at["realloc"]["ts"] if pre else None
-
-    if t_realloc is None:
-        reasons.setdefault("reallocation", "not observed: no new workers started after the fault")
-    if t_loaded is None:
-        reasons.setdefault("checkpoint_load", "not observed: no ckpt.load.end before a resumed step")
-    if resumed is None:
-        reasons["recovery"] = "not observed: training did not resume after the fault"
-        reasons.setdefault("reallocation", "not observed: training did not resume after the fault")
-        t_realloc = t_loaded = None
-
-    def span(a: float | None, b: float | None) -> float | None:
-        return round(b - a, 4) if a is not None and b is not None else None
-
-    detection = span(t_fault, t_detect)
-    reallocation = span(t_detect, t_realloc)
-    if detection is not None and t_realloc is not None and reallocation is None:
-        reasons.setdefault("reallocation", "not observed")
-    if t_detect is None and t_realloc is not None:
+    if detect.reason:
+        reasons["detection"] = detect.reason
+    if realloc.reason:
+        reasons["reallocation"] = realloc.reason
+    if loaded.reason:
+        reasons["checkpoint_load"] = loaded.reason
+    if resumed.reason:
+        reasons["recovery"] = resumed.reason
+    if detect.event is None and realloc.event is not None:
         reasons["reallocation"] = "not measurable: detection was not observed"
-    def error(e: Event | None) -> float:
-        return float(e.get("ts_uncertainty") or 0.0) if e is not None else 0.0
 
-    def uncertainty(value: float | None, a: float, b: float) -> float | None:
-        return None if value is None else round(a + b, 6)
-
-    uncertainties = {
-        "detection": uncertainty(detection, t_fault_uncertainty, error(at["detect"])),
-        "reallocation": uncertainty(reallocation, error(at["detect"]), error(at["realloc"])),
-        "checkpoint_load": uncertainty(span(t_realloc, t_loaded), error(at["realloc"]), error(at["loaded"])),
-        "recovery": uncertainty(span(t_fault, resumed["ts"] if resumed else None), t_fault_uncertainty, error(resumed)),
-    }
-    lost = None
-    if last_step_before is not None and restored_step is not None and resumed is not None:
-        lost = max(0, last_step_before - restored_step)
+    t_detect, t_realloc, t_loaded, t_resumed = detect.ts, realloc.ts, loaded.ts, resumed.ts
+    detection = _span(t_fault, t_detect)
+    reallocation = _span(t_detect, t_realloc)
+    checkpoint_load = _span(t_realloc, t_loaded)
+    recovery = _span(t_fault, t_resumed)
     return {
         "model": "restart",
         "detection_s": detection,
         "reallocation_s": reallocation,
-        "checkpoint_load_s": span(t_realloc, t_loaded),
-        "startup_s": span(t_realloc, t_ready),
-        "recovery_s": span(t_fault, resumed["ts"] if resumed else None),
-        "lost_steps": lost,
-        "last_step_before": last_step_before,
-        "restored_step": restored_step,
-        "detected_by": _who(detect),
+        "checkpoint_load_s": checkpoint_load,
+        "startup_s": _span(t_realloc, realloc.ready),
+        "recovery_s": recovery,
+        "lost_steps": lost.steps,
+        "last_step_before": lost.last_step_before,
+        "restored_step": loaded.restored_step,
+        "detected_by": _who(detect.event),
         "detections": detection_sources(timeline, t_fault),
         "t_fault": t_fault,
         "t_detect": t_detect,
         "t_realloc": t_realloc,
         "t_loaded": t_loaded,
-        "t_resumed": resumed["ts"] if resumed else None,
+        "t_resumed": t_resumed,
         "reasons": reasons,
-        "uncertainty_s": uncertainties,
+        "uncertainty_s": {
+            "detection": _uncertainty(detection, t_fault_uncertainty, _error(detect.event)),
+            "reallocation": _uncertainty(reallocation, _error(detect.event), _error(realloc.event)),
+            "checkpoint_load": _uncertainty(checkpoint_load, _error(realloc.event), _error(loaded.event)),
+            "recovery": _uncertainty(recovery, t_fault_uncertainty, _error(resumed.event)),
+        },
     }
+
+
+def _span(a: Event | float | None, b: Event | float | None) -> float | None:
+    """``b - a`` in seconds (each an instant or the event it is read from), ``None`` when either is missing."""
+    ta = a["ts"] if isinstance(a, dict) else a
+    tb = b["ts"] if isinstance(b, dict) else b
+    return round(tb - ta, 4) if ta is not None and tb is not None else None
+
+
+def _error(e: Event | None) -> float:
+    """How far an event's time may be off (read on another node, corrected by its measured offset)."""
+    return float(e.get("ts_uncertainty") or 0.0) if e is not None else 0.0
+
+
+def _uncertainty(value: float | None, a: float, b: float) -> float | None:
+    """A phase's uncertainty: its two ends' together; ``None`` for a phase not measured."""
+    return None if value is None else round(a + b, 6)
 
 
 TORCHFT_DETECT_SOURCES = frozenset({"torchft", "torchft lighthouse"})
@@ -265,21 +358,10 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
                 else None)
     lost = len(discarded) + catch_up if catch_up is not None and resumed is not None else None
 
-    def span(a: Event | float | None, b: Event | float | None) -> float | None:
-        ta = a["ts"] if isinstance(a, dict) else a
-        tb = b["ts"] if isinstance(b, dict) else b
-        return round(tb - ta, 4) if ta is not None and tb is not None else None
-
-    def error(e: Event | None) -> float:
-        return float(e.get("ts_uncertainty") or 0.0) if e is not None else 0.0
-
-    def uncertainty(value: float | None, a: float, b: float) -> float | None:
-        return None if value is None else round(a + b, 6)
-
-    detection, reallocation = span(t_fault, detect), span(detect, realloc)
+    detection, reallocation = _span(t_fault, detect), _span(detect, realloc)
     if reallocation is not None and reallocation < 0:
         reallocation = 0.0
-    checkpoint_load, recovery = span(heal, healed), span(t_fault, resumed)
+    checkpoint_load, recovery = _span(heal, healed), _span(t_fault, resumed)
     return {
         "model": "torchft",
         "detection_s": detection,
@@ -302,10 +384,10 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
         "t_resumed": resumed["ts"] if resumed else None,
         "reasons": reasons,
         "uncertainty_s": {
-            "detection": uncertainty(detection, t_fault_uncertainty, error(detect)),
-            "reallocation": uncertainty(reallocation, error(detect), error(realloc)),
-            "checkpoint_load": uncertainty(checkpoint_load, error(heal), error(healed)),
-            "recovery": uncertainty(recovery, t_fault_uncertainty, error(resumed)),
+            "detection": _uncertainty(detection, t_fault_uncertainty, _error(detect)),
+            "reallocation": _uncertainty(reallocation, _error(detect), _error(realloc)),
+            "checkpoint_load": _uncertainty(checkpoint_load, _error(heal), _error(healed)),
+            "recovery": _uncertainty(recovery, t_fault_uncertainty, _error(resumed)),
         },
     }
 

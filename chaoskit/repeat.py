@@ -29,6 +29,7 @@ from typing import Any, Callable
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
 from chaoskit.core.files import RESULT_FILE, empty_out_dir, utc_iso, utc_stamp
 from chaoskit.core.limits import MAX_REPEAT
+from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.distribution import distribution, slo_on_distribution
 from chaoskit.runner import RunOutcome, run_scenario
 from chaoskit.scenario import load_scenario
@@ -106,7 +107,7 @@ def summarize_samples(name: str, scenario_file: str, repeat: int, samples: list[
     return {
         "scenario": name,
         "scenario_file": scenario_file,
-        "kind": "chaoskit.repeat",
+        "kind": REPEAT_KIND,
         "verdict": verdict,
         "repeat": repeat,
         "completed": len(measured),
@@ -128,17 +129,16 @@ def _stopped(samples: list[dict[str, Any]], repeat: int) -> dict[str, Any]:
 
 
 def _sample(sample_dir: Path, result: dict[str, Any] | None, exit_code: int, error: str | None = None) -> dict[str, Any]:
-    result = result or {}
-    checks = result.get("checks") or {}
-    status = result.get("verdict") or "error"
+    run = RunResult.model_validate(result or {})
+    status = run.verdict or "error"  # no result at all: the default verdict, error
     return {
         "dir": sample_dir.name,
         "status": "error" if error else status,
         "exit_code": int(exit_code),
-        "phases": result.get("phases") if result.get("faults") else None,
-        "injected_kinds": list(dict.fromkeys(f.get("kind") for f in result.get("faults") or [])),
-        "checks_pass": error is None and status not in ("error",) and all(c.get("pass") for c in checks.values()),
-        "slo_pass": all(v.get("pass") for v in (result.get("slo") or {}).values()),
+        "phases": run.phases.dump() if run.faults else None,
+        "injected_kinds": run.injected_kinds,
+        "checks_pass": error is None and status not in ("error",) and all(c.passed for c in run.checks.values()),
+        "slo_pass": all(v.passed for v in run.slo.values()),
         **({"error": error} if error else {}),
     }
 

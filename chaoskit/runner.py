@@ -36,7 +36,8 @@ from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.fanout import fan_out as parallel
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
-from chaoskit.core.files import copy_regular, make_folder_for, make_run_dir
+from chaoskit.core.files import RESULT_FILE, copy_regular, make_folder_for, make_run_dir
+from chaoskit.core.result import RunResult
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
 from chaoskit.core.state import private_dir, state_dir
@@ -342,8 +343,8 @@ class _Run:
             self.notes.append("interrupted by Ctrl-C or SIGTERM during the teardown, which finished first; the drill's "
                               "measurements stand")
             exit_code = ExitCode.INTERRUPTED
-        result = redact_value(self._result())
-        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        result = redact_value(self._result().dump())
+        (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
         self._after_run()
         self._active_marker.unlink(missing_ok=True)
         shutil.rmtree(private_dir("runs", self.run_id), ignore_errors=True)  # ended: nothing left for rollback
@@ -748,7 +749,8 @@ class _Run:
 
     # -- results ------------------------------------------------------------------------
 
-    def _result(self) -> dict[str, Any]:
+    def _result(self) -> RunResult:
+        """The run's :class:`~chaoskit.core.result.RunResult`: only the keys that apply, in result.json's order."""
         events = self.bus.snapshot()
         log_probe = getattr(self, "log_probe", None)
         watched = [w.notes() for w in (self.stop_watcher, self.prometheus_probe) if w is not None]
@@ -829,7 +831,7 @@ class _Run:
                     phases[key] = phases_full[key]
         if silent is not None and phases.get("lost_steps") is None:
             phases["lost_steps"] = silent["lost_steps"]  # back to the last clean checkpoint
-        return {
+        return RunResult(**{
             "scenario": self.sc.name,
             "scenario_file": str(self.loaded.path),
             "verdict": verdict,
@@ -858,7 +860,7 @@ class _Run:
             **({"presets": {name: {"sees": list(PRESETS[name].sees), "cannot_see": PRESETS[name].cannot_see,
                                    "verbosity": PRESETS[name].verbosity} for name in self.sc.probes.presets}}
                if self.sc.probes.presets else {}),
-        }
+        })
 
     def _silent(self, events: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The first silent fault's own measure (a bit flip, NaN: nothing fails by itself), or ``None``."""

@@ -358,21 +358,17 @@ def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> t
         warnings.append(f"collective timeout {collective:g}s: a hang is noticed only after {collective / 60:.0f} min")
     if stack == "nvrx":
         n = w.get("nvrx") or {}
-        hb = _seconds(n.get("heartbeat_timeout", NVRX_DEFAULT_HEARTBEAT_S))
-        timeouts["NVRx heartbeat timeout"] = f"{hb:g}s"
-        timeouts["NVRx initial heartbeat timeout"] = f"{_seconds(n.get('initial_heartbeat_timeout', 60)):g}s"
-        timeouts["NVRx check interval"] = f"{_seconds(n.get('check_interval', 0.5)):g}s"
+        hb = _configured(timeouts, "NVRx", n, (("heartbeat timeout", NVRX_DEFAULT_HEARTBEAT_S),
+                                                ("initial heartbeat timeout", 60), ("check interval", 0.5)))[0]
         if n.get("section_timeouts"):
             timeouts["NVRx section timeouts"] = ", ".join(f"{k} {_seconds(v):g}s" for k, v in n["section_timeouts"].items())
         if hb >= LONG_DETECTION_S:
             warnings.append(f"NVRx heartbeat timeout {hb:g}s (nvidia-resiliency-ext's default is 45 min): a hang "
                             f"takes {hb / 60:.0f} min to notice")
     if stack == "nvrx-inprocess":
-        n = w.get("nvrx_inprocess") or {}
-        soft = _seconds(n.get("soft_timeout", NVRX_INPROCESS_DEFAULT_SOFT_S))
-        timeouts["NVRx in-process soft timeout"] = f"{soft:g}s"
-        timeouts["NVRx in-process hard timeout"] = f"{_seconds(n.get('hard_timeout', 60)):g}s"
-        timeouts["NVRx in-process heartbeat timeout"] = f"{_seconds(n.get('heartbeat_timeout', 5)):g}s"
+        soft = _configured(timeouts, "NVRx in-process", w.get("nvrx_inprocess") or {},
+                           (("soft timeout", NVRX_INPROCESS_DEFAULT_SOFT_S), ("hard timeout", 60),
+                            ("heartbeat timeout", 5)))[0]
         if soft >= LONG_DETECTION_S:
             warnings.append(f"NVRx in-process soft timeout {soft:g}s: a hung rank takes {soft / 60:.0f} min to notice")
     if stack == "torchft":
@@ -390,6 +386,18 @@ def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> t
         if sd is not None and sd >= LONG_DETECTION_S:
             warnings.append(f"SlurmdTimeout {sd:g}s (Slurm's default 300 s): a dead node is DOWN only after it")
     return timeouts, warnings
+
+
+def _configured(timeouts: dict[str, str], stack: str, section: dict[str, Any],
+                settings: tuple[tuple[str, float], ...]) -> list[float]:
+    """Each of a stack's own settings (``(name, default)``; its key in ``section`` is the name with ``_`` for
+    spaces) as configured, else its default, into ``timeouts`` as ``"<stack> <name>"``; their values in seconds."""
+    values = []
+    for name, default in settings:
+        value = _seconds(section.get(name.replace(" ", "_"), default))
+        timeouts[f"{stack} {name}"] = f"{value:g}s"
+        values.append(value)
+    return values
 
 
 def _attach_to_gameday(gameday_dir: Path, card: dict[str, Any]) -> None:

@@ -36,6 +36,23 @@ def shape(value: Any, path: str = "", out: dict[str, set[str]] | None = None) ->
     return out
 
 
+def key_order(value: Any, path: str = "", out: list[str] | None = None) -> list[str]:
+    """Every key path of :func:`shape`, in the order the file first gives it: result.json written in another
+    order is another file, though its shape is the same."""
+    out = [] if out is None else out
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{path}.{'*' if _VARYING_KEY.fullmatch(str(key)) else key}"
+            if name not in out:
+                out.append(name)
+            key_order(item, name, out)
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, (dict, list)):
+                key_order(item, f"{path}[]", out)
+    return out
+
+
 def shape_json(value: Any) -> dict[str, str]:
     """:func:`shape` as JSON can hold it: each path's kinds joined with ``|``."""
     return {k: "|".join(sorted(v)) for k, v in sorted(shape(value).items())}

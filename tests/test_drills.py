@@ -86,6 +86,21 @@ def test_kill_rank_gives_the_result_json_recorded_before_the_house_was_rebuilt(k
     assert {k: v for k, v in now.items() if k not in added_since} == recorded
 
 
+def test_kill_rank_writes_its_keys_in_the_order_of_the_run_recorded_before_the_result_model(kill_rank):
+    """No behaviour change from ``core/result.RunResult``: the same scenario's result.json has the keys, in the same
+    order, of a real kill-rank run recorded with the runner before the model (``tests/data/result/kill-rank.json``,
+    recorded at 524fc79); and it reads back into the model and writes out byte for byte."""
+    from chaoskit.core.result import RunResult
+    from tests.result_shape import key_order, shape_json
+
+    _, out = kill_rank
+    text = (out / "result.json").read_text()
+    before = json.loads((ROOT / "tests" / "data" / "result" / "kill-rank.json").read_text())
+    assert key_order(json.loads(text)) == key_order(before)
+    assert shape_json(json.loads(text)) == shape_json(before)
+    assert RunResult.model_validate(json.loads(text)).text() == text
+
+
 def test_a_run_leaves_no_process_behind(kill_rank):
     assert lab_processes(kill_rank[0].json) == []
 

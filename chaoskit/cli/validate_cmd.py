@@ -1,4 +1,4 @@
-"""``chaoskit validate`` and ``chaoskit schema``: scenarios and inventories checked, the scenario format described; nothing is touched."""
+"""``chaoskit validate`` and ``chaoskit schema``: scenarios and inventories checked, the scenario and result formats described; nothing is touched."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env, print_js
 from chaoskit.cluster.inventory_spec import looks_like_inventory, validate_inventory_data
 from chaoskit.cluster.policy import SitePolicy, origin
 from chaoskit.core.errors import ExitCode, InfraError, ScenarioError
+from chaoskit.core.result import result_schema_text
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.scenario import scenario_files, validate_data
 from chaoskit.scenario.checks import check_scenario
@@ -103,9 +104,10 @@ schema_app = command_app()
 
 
 @schema_app.command()
-def schema(output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout.")) -> None:
-    """Print the JSON Schema of scenarios (for editors: yaml-language-server)."""
-    text = schema_text()
+def schema(output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+           result: bool = typer.Option(False, "--result", help="The schema of a run's result.json instead.")) -> None:
+    """Print the JSON Schema of scenarios (for editors: yaml-language-server), or with --result of result.json."""
+    text = result_schema_text() if result else schema_text()
     if output:
         output.write_text(text)
     else:

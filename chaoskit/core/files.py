@@ -22,7 +22,7 @@ from chaoskit.core.errors import ScenarioError
 __all__ = [
     "RESULT_FILE", "EVENTS_FILE", "JOURNAL_FILE", "RUN_REPORT",
     "GAMEDAY_FILE", "GAMEDAY_REPORT", "HISTORY_FILE", "load_gameday", "read_history",
-    "utc_stamp", "utc_iso", "empty_out_dir", "make_run_dir", "open_append", "open_regular", "NotRegularFile",
+    "utc_stamp", "utc_iso", "parse_utc_iso", "empty_out_dir", "make_run_dir", "open_append", "open_regular", "NotRegularFile",
     "file_kind", "copy_regular", "make_folder_for",
 ]
 
@@ -63,6 +63,17 @@ def utc_stamp(t: float) -> str:
 
 def utc_iso(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def parse_utc_iso(text: Any) -> float | None:
+    """The Unix time of an ISO 8601 instant as result.json and gameday.json write it (``...Z`` or ``+00:00``);
+    ``None`` for anything else (missing, not a string, not a date)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def empty_out_dir(out: Path, what: str) -> Path:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from chaoskit.core.errors import ScenarioError
+from chaoskit.core.result import REPEAT_KIND, ResultPart, RunResult, Silent, Slowdown
 from chaoskit.core.files import (
     GAMEDAY_FILE,
     GAMEDAY_REPORT,
@@ -52,8 +53,6 @@ __all__ = ["build_report", "write_run_report", "write_repeat_report", "write_cam
            "load_run", "render_html"]
 
 
-REPEAT_KIND = "chaoskit.repeat"
-"""``kind`` of the result.json of a ``chaoskit run --repeat`` folder (``chaoskit/repeat.py``)."""
 _W = 760  # width of the timeline charts
 _LEFT = 64  # room for node names and step labels
 _BINS = 120
@@ -235,14 +234,17 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
     run_dir = Path(run_dir)
     record = record or {}
     result = _read_json(run_dir / "result.json")
-    if (result or {}).get("kind") == REPEAT_KIND:
+    if isinstance(result, dict) and result.get("kind") == REPEAT_KIND:
         return _load_repeat(run_dir, result, record)
     error = _read_json(run_dir / "error.json") or record.get("error")
     events = read_events(run_dir / "events.jsonl") if (run_dir / "events.jsonl").is_file() else []
-    if result is not None:
-        faults = result.get("faults") or []
-        timing = (result.get("per_fault") or [None])[0]
-        phases, slo = result.get("phases") or {}, result.get("slo") or {}
+    found = _run_result(result)
+    run = found or RunResult()  # no result: every part empty, and what the page shows comes from the events
+    if found is not None:
+        # the charts below read the measurement as plain data: per_fault's first entry, as result.json holds it
+        faults = [f.dump() for f in run.faults]
+        timing = run.per_fault[0].dump() if run.per_fault else None
+        phases, slo = run.phases.dump(), {name: entry.dump() for name, entry in run.slo.items()}
     else:
         faults = [{"kind": e.get("fault_kind"), "node": e.get("node"), "targets": e.get("targets") or [], "t_fault": e["ts"],
                    "mechanism": e.get("mechanism"), "fidelity": e.get("fidelity")}
@@ -252,19 +254,19 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
     phases = {**dict.fromkeys(_PHASE_KEYS), **phases}
     injected = list(dict.fromkeys(f.get("kind") for f in faults if f.get("kind")))
     covers = record.get("covers") if record.get("covers") is not None else resolve_covers(None, injected)
-    name = (result or {}).get("scenario") or record.get("scenario") or run_dir.name
+    name = run.scenario or record.get("scenario") or run_dir.name
     unfinished = None
     if record and record.get("status") is None:
         status, unfinished = "not run", "The game day stopped before this scenario ran."
     elif error:
         status = "error"
-    elif result is not None:
-        status = result.get("verdict")
+    elif found is not None:
+        status = run.verdict
     else:
         status = "unfinished"
-    if result is None and events:
+    if found is None and events:
         unfinished = "The run did not finish: result.json is missing. What follows comes from events.jsonl as far as it goes; there is no SLO verdict."
-    nodes = [n["name"] for n in ((result or {}).get("cluster") or {}).get("nodes", [])]
+    nodes = [n["name"] for n in run.cluster.get("nodes", [])]
     nodes += sorted({e["node"] for e in events if e.get("node") and e["node"] not in nodes})
     t_fault = faults[0]["t_fault"] if faults else None
     classes = catalog_by_id()
@@ -273,19 +275,19 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "id": f"s{index}",
         "index": index,
         "name": name,
-        "file": (result or {}).get("scenario_file") or record.get("file"),
+        "file": run.scenario_file or record.get("file"),
         "dir": run_dir.name,
         "status": status,
         "unfinished": unfinished,
         "error": error,
-        "notes": (result or {}).get("notes") or [],
-        "presets": [{"name": name, **info} for name, info in ((result or {}).get("presets") or {}).items()],
-        "cluster": _cluster_label((result or {}).get("cluster") or {}),
-        "clocks": _clock_rows((result or {}).get("clocks") or {}),
-        "capabilities": (result or {}).get("capabilities") or {},
-        "failed_checks": [check_text(k, c) for k, c in ((result or {}).get("checks") or {}).items() if not c.get("pass")],
-        "started_at": (result or {}).get("started_at") or record.get("started_at"),
-        "duration_s": (result or {}).get("duration_s") or record.get("duration_s"),
+        "notes": list(run.notes),
+        "presets": [{"name": name, **info.dump()} for name, info in run.presets.items()],
+        "cluster": _cluster_label(run.cluster),
+        "clocks": _clock_rows(run.clocks),
+        "capabilities": run.capabilities,
+        "failed_checks": [check_text(k, c) for k, c in run.checks.items() if not c.passed],
+        "started_at": run.started_at or record.get("started_at"),
+        "duration_s": run.duration_s or record.get("duration_s"),
         "faults": [{"kind": f.get("kind"), "targets": ", ".join(f.get("targets") or [f.get("node") or "?"]),
                     "mechanism": f.get("mechanism"), "fidelity": f.get("fidelity"),
                     "at": None if t_fault is None else f["t_fault"] - t_fault} for f in faults],
@@ -295,15 +297,15 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
         "category": record.get("category") or (classes[covers[0]].category if covers and covers[0] in classes else "uncategorised"),
         "phases": phases,
         "phase_rows": _phase_rows(phases, slo),
-        "recovery_model": (result or {}).get("recovery_model") or phases.get("model"),
+        "recovery_model": run.recovery_model or phases.get("model"),
         "detected_by": phases.get("detected_by"),
         "detections": phases.get("detections") or [],
-        "slowdown": _slowdown_rows((result or {}).get("slowdown")),
+        "slowdown": _slowdown_rows(run.slowdown),
         "reallocation_steps": phases.get("reallocation_steps") or [],
         "waterfall": _waterfall(timing, slo, t_fault),
         "grid": _node_grid(events, nodes, t_fault, timing),
-        "ckpt": _checkpoint_chart(events, t_fault, timing, _corrupt_steps((result or {}).get("silent"))),
-        "silent": _silent_rows((result or {}).get("silent")),
+        "ckpt": _checkpoint_chart(events, t_fault, timing, _corrupt_steps(run.silent)),
+        "silent": _silent_rows(run.silent),
         "migration": _migration(events, nodes, t_fault, timing),
         "repeat": None,
     }
@@ -343,17 +345,37 @@ _SLOWDOWN_ROWS = (
 )
 
 
-def _slowdown_rows(slowdown: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _slowdown_rows(slowdown: Slowdown | None) -> list[dict[str, Any]]:
     """The straggler measures of ``result.json["slowdown"]`` as table rows; none when the run had no slowdown."""
-    if not slowdown:
+    if slowdown is None:
         return []
-    reasons = slowdown.get("reasons") or {}
-    rows = []
-    for key, label, meaning, unit in _SLOWDOWN_ROWS:
-        value = slowdown.get(key)
-        shown = "not observed" if value is None else (f"{value:g} %" if unit == "%" else f"{value:.3f} s")
-        rows.append({"key": key, "label": label, "value": shown, "reason": reasons.get(key), "meaning": meaning})
-    return rows
+    return [{**row, "reason": slowdown.reasons.get(row["key"])} for row in _measure_rows(slowdown, _SLOWDOWN_ROWS)]
+
+
+def _measure_rows(measures: ResultPart, rows: tuple[tuple[str, str, str, str], ...]) -> list[dict[str, Any]]:
+    """``rows`` (key, label, meaning, unit) of one part of a result as table rows, each value as the page shows it."""
+    return [{"key": key, "label": label, "value": _shown(getattr(measures, key), unit), "meaning": meaning}
+            for key, label, meaning, unit in rows]
+
+
+def _shown(value: Any, unit: str) -> str:
+    if value is None:
+        return "not observed"
+    if unit == "%":
+        return f"{value:g} %"
+    if unit == "s":
+        return f"{value:.3f} s"
+    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
+
+
+def _run_result(data: Any) -> RunResult | None:
+    """``result.json``'s content as a :class:`RunResult`; ``None`` when there is none, or it is not one."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return RunResult.model_validate(data)
+    except ValueError:  # pydantic's ValidationError: the page says the run did not finish
+        return None
 
 
 def _cluster_label(cluster: dict[str, Any]) -> str | None:
@@ -509,9 +531,9 @@ def _node_grid(events: list[dict[str, Any]], nodes: list[str], t_fault: float | 
             "detected_by": (timing or {}).get("detected_by")}
 
 
-def _corrupt_steps(silent: dict[str, Any] | None) -> set[int]:
+def _corrupt_steps(silent: Silent | None) -> set[int]:
     """The steps of the checkpoints a silent fault made corrupt (``result.json["silent"]["checkpoints"]``)."""
-    return {c["step"] for c in (silent or {}).get("checkpoints") or [] if c.get("corrupt") and isinstance(c.get("step"), int)}
+    return {c.step for c in (silent.checkpoints if silent is not None else []) if c.corrupt}
 
 
 _SILENT_ROWS = (
@@ -524,18 +546,13 @@ _SILENT_ROWS = (
 )
 
 
-def _silent_rows(silent: dict[str, Any] | None) -> dict[str, Any] | None:
+def _silent_rows(silent: Silent | None) -> dict[str, Any] | None:
     """A silent fault's measures (``result.json["silent"]``) as table rows, its FAIL reason, and its checkpoints."""
-    if not silent:
+    if silent is None:
         return None
-    rows = []
-    for key, label, meaning, unit in _SILENT_ROWS:
-        value = silent.get(key)
-        shown = "not observed" if value is None else (f"{value:.3f} s" if unit == "s" else
-                                                       ("yes" if value else "no") if isinstance(value, bool) else str(value))
-        rows.append({"key": key, "label": label, "value": shown, "meaning": meaning})
-    marks = [f"{c['step']} {'corrupt' if c.get('corrupt') else 'clean'}" for c in silent.get("checkpoints") or []]
-    return {"rows": rows, "reason": silent.get("reason"), "detected_by": silent.get("detected_by"), "checkpoints": marks}
+    marks = [f"{c.step} {'corrupt' if c.corrupt else 'clean'}" for c in silent.checkpoints]
+    return {"rows": _measure_rows(silent, _SILENT_ROWS), "reason": silent.reason, "detected_by": silent.detected_by,
+            "checkpoints": marks}
 
 
 def _checkpoint_chart(events: list[dict[str, Any]], t_fault: float | None, timing: dict[str, Any] | None,

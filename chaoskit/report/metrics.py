@@ -26,7 +26,6 @@ made it), and a game day's own metrics to ``{job="chaoskit_gameday"}``.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import tempfile
@@ -35,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.core.errors import InfraError, ScenarioError
-from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE
+from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, parse_utc_iso
+from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.core.models import check_http_url
 
 __all__ = ["METRICS", "DRILL_LABELS", "RESULTS", "Drill", "ExportOutcome", "read_drills", "export", "push_gameday",
@@ -117,7 +117,7 @@ def read_drills(path: Path) -> tuple[list[Drill], dict[str, Any] | None]:
                 scenario=str(record.get("scenario")), cluster=_cluster(result, path / str(record.get("dir") or "")),
                 fault_kind="+".join(kinds) or "none", verdict=str(record.get("status")),
                 phases=dict(record.get("phases") or {}), duration_s=record.get("duration_s"),
-                ended_at=_ts(record.get("ended_at"))))
+                ended_at=parse_utc_iso(record.get("ended_at"))))
         return drills, summary
     if (path / RESULT_FILE).is_file():
         return [_drill(_load(path / RESULT_FILE), path)], None
@@ -187,7 +187,7 @@ def _registry(drills: list[Drill], gameday: dict[str, Any] | None, *, with_gamed
         scenarios = gauge("chaoskit_gameday_scenarios", ("status",))
         for status in GAMEDAY_STATUSES:
             scenarios.labels(status=status).set(int(gameday.get(status) or 0))
-        end = _ts(gameday.get("ended_at"))
+        end = parse_utc_iso(gameday.get("ended_at"))
         if end is not None:
             gauge("chaoskit_gameday_end_timestamp_seconds", (), "seconds").set(end)
     return registry
@@ -219,21 +219,25 @@ def _push_all(url: str, drills: list[Drill], gameday: dict[str, Any] | None) -> 
 
 
 def _drill(result: dict[str, Any], folder: Path) -> Drill:
-    if result.get("kind") == "chaoskit.repeat":  # N samples: their medians stand for the scenario
+    if result.get("kind") == REPEAT_KIND:  # N samples: their medians stand for the scenario
         samples = result.get("samples") or []
         kinds = list(dict.fromkeys(k for s in samples for k in s.get("injected_kinds") or []))
         first = _load_quiet(folder / str(samples[0]["dir"]) / RESULT_FILE) if samples and samples[0].get("dir") else None
         phases = {k: (v or {}).get("p50") for k, v in (result.get("distribution") or {}).items()}
         return Drill(str(result.get("scenario")), _cluster(first, folder), "+".join(kinds) or "none",
-                     str(result.get("verdict")), phases, result.get("duration_s"), _ts(result.get("ended_at")))
-    kinds = list(dict.fromkeys(str(f.get("kind")) for f in result.get("faults") or []))
-    return Drill(str(result.get("scenario")), _cluster(result, folder), "+".join(kinds) or "none",
-                 str(result.get("verdict")), dict(result.get("phases") or {}), result.get("duration_s"),
-                 _ts(result.get("ended_at")))
+                     str(result.get("verdict")), phases, result.get("duration_s"), parse_utc_iso(result.get("ended_at")))
+    try:
+        run = RunResult.model_validate(result)
+    except ValueError as exc:  # pydantic's ValidationError: a JSON object, but not a run's result
+        raise ScenarioError(f"{folder / RESULT_FILE}: not a chaoskit result: {exc}") from None
+    return Drill(run.scenario, _cluster(run, folder), "+".join(run.injected_kinds) or "none", run.verdict,
+                 run.phases.dump(), run.duration_s, parse_utc_iso(run.ended_at))
 
 
-def _cluster(result: dict[str, Any] | None, folder: Path) -> str:
-    cluster = (result or {}).get("cluster") or {}
+def _cluster(result: dict[str, Any] | RunResult | None, folder: Path) -> str:
+    if result is not None and not isinstance(result, RunResult):
+        result = RunResult.model_validate(result)
+    cluster = result.cluster if result is not None else {}
     return str(cluster.get("id") or cluster.get("kind") or "unknown")
 
 
@@ -253,15 +257,6 @@ def _load_quiet(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _ts(iso: Any) -> float | None:
-    if not isinstance(iso, str):
-        return None
-    try:
-        return _dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaoskit.core.result import Check, RunResult, SloEntry
 from chaoskit.measure import PHASE_MEANINGS
 
 __all__ = ["render_result", "render_repeat", "render_plan", "check_text"]
@@ -20,10 +21,11 @@ def _fmt(v: Any) -> str:
     return "[yellow]not observed[/yellow]" if v is None else f"{v:.3f}s"
 
 
-def check_text(name: str, check: dict[str, Any]) -> str:
+def check_text(name: str, check: Check | dict[str, Any]) -> str:
     """One line for a failed check: what was expected, and what was seen."""
+    check = Check.model_validate(check)
     if name == "training_finished":
-        seen, expected, codes = check.get("final_step"), check.get("expected_step"), check.get("exit_codes")
+        seen, expected, codes = check.final_step, check.expected_step, check.exit_codes
         stopped = f"it stopped at step {seen}" if seen is not None else "it reported no step"
         if codes is not None and not any(code == 0 for code in codes.values()):
             exits = ", ".join(f"{node} {code}" for node, code in codes.items()) or "none"
@@ -32,17 +34,18 @@ def check_text(name: str, check: dict[str, Any]) -> str:
         return f"training_finished: expected the job to reach step {expected}, {stopped}"
     if name == "faults_reverted":
         return "faults_reverted: a lasting fault was not reverted and verified (its lease reverts it on the node)"
-    detail = ", ".join(f"{k}={v}" for k, v in check.items() if k != "pass")
+    detail = ", ".join(f"{k}={v}" for k, v in check.dump().items() if k != "pass")
     return f"{name}: {detail}" if detail else name
 
 
-def render_result(console, result: dict[str, Any]) -> None:
+def render_result(console, result: RunResult | dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    phases, slo = result.get("phases") or {}, result.get("slo") or {}
-    model = result.get("recovery_model") or phases.get("model") or "restart"
-    title = f"recovery of {result['scenario']}" + ("" if model == "restart" else f" ({model} recovery model)")
+    result = RunResult.model_validate(result)
+    phases, slo = result.phases, result.slo
+    model = result.recovery_model or phases.model or "restart"
+    title = f"recovery of {result.scenario}" + ("" if model == "restart" else f" ({model} recovery model)")
     table = Table(title=title, title_justify="left")
     table.add_column("phase")
     table.add_column("measured", justify="right")
@@ -52,62 +55,68 @@ def render_result(console, result: dict[str, Any]) -> None:
     for name, key, meaning in _ROWS:
         meaning = PHASE_MEANINGS[model].get(name, meaning) if model in PHASE_MEANINGS else meaning
         entry = slo.get(name)
-        limit = f"<= {entry['limit_s']:g}s" if entry else "-"
-        mark = ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else ""
-        table.add_row(name.replace("_", " "), _fmt(phases.get(key)), limit, mark, meaning)
-    lost = phases.get("lost_steps")
+        limit = f"<= {entry.limit_s:g}s" if entry else "-"
+        table.add_row(name.replace("_", " "), _fmt(getattr(phases, key)), limit, _mark(entry), meaning)
+    lost = phases.lost_steps
     entry = slo.get("lost_steps")
     table.add_row(
         "lost work", "[yellow]not observed[/yellow]" if lost is None else f"{lost} step{'' if lost == 1 else 's'}",
-        f"<= {entry['limit']}" if entry else "-",
-        ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else "",
-        f"{len(phases.get('discarded_steps') or [])} discarded by the survivors + catch-up {phases.get('catch_up_steps')} "
-        f"(healed to step {phases.get('restored_step')})" if model == "torchft" else
-        f"step {phases.get('last_step_before')} before the fault, restored {phases.get('restored_step')}"
-        if phases.get("restored_step") is not None else f"step {phases.get('last_step_before')} before the fault; nothing restored",
+        f"<= {entry.limit}" if entry else "-", _mark(entry),
+        f"{len(phases.discarded_steps)} discarded by the survivors + catch-up {phases.catch_up_steps} "
+        f"(healed to step {phases.restored_step})" if model == "torchft" else
+        f"step {phases.last_step_before} before the fault, restored {phases.restored_step}"
+        if phases.restored_step is not None else f"step {phases.last_step_before} before the fault; nothing restored",
     )
     console.print(table)
-    slow = result.get("slowdown")
+    slow = result.slowdown
     if slow:
         t = (lambda v: "not observed" if v is None else f"{v * 1000:.0f} ms")
-        console.print(f"step time: before {t(slow['step_time_before_s'])}, during {t(slow['step_time_during_s'])}, "
-                      f"after {t(slow['step_time_after_s'])}; throughput lost: "
-                      + ("not observed" if slow["throughput_lost_pct"] is None else f"{slow['throughput_lost_pct']:g}%")
-                      + "; back to speed " + ("not observed" if slow["recovery_after_revert_s"] is None
-                                              else f"{slow['recovery_after_revert_s']:.2f}s after the revert"))
-    for f in result.get("faults") or []:
-        if f.get("mechanism"):
-            console.print(f"fault {f['kind']} on {', '.join(f.get('targets') or [])}: mechanism {f['mechanism']}"
-                          + (f" ({f['fidelity']})" if f.get("fidelity") else "")
-                          + (f", scope {f['scope']}" if f.get("scope") else ""))
-    if phases.get("detected_by"):
-        console.print(f"detected by: {escape(phases['detected_by'])}")
-    for d in phases.get("detections") or []:
-        console.print(f"  detection source {escape(d['source'])}: {d['kind']} on {d.get('node') or '?'} "
-                      f"+{d['latency_s']:.2f}s after the fault" + (f" ({d['behind_s']:.2f}s after the first)" if d["behind_s"] else ""))
-    wrapper = phases.get("wrapper")
+        console.print(f"step time: before {t(slow.step_time_before_s)}, during {t(slow.step_time_during_s)}, "
+                      f"after {t(slow.step_time_after_s)}; throughput lost: "
+                      + ("not observed" if slow.throughput_lost_pct is None else f"{slow.throughput_lost_pct:g}%")
+                      + "; back to speed " + ("not observed" if slow.recovery_after_revert_s is None
+                                              else f"{slow.recovery_after_revert_s:.2f}s after the revert"))
+    for f in result.faults:
+        if f.mechanism:
+            console.print(f"fault {f.kind} on {', '.join(f.targets)}: mechanism {f.mechanism}"
+                          + (f" ({f.fidelity})" if f.fidelity else "")
+                          + (f", scope {f.scope}" if f.scope else ""))
+    if phases.detected_by:
+        console.print(f"detected by: {escape(phases.detected_by)}")
+    for d in phases.detections:
+        console.print(f"  detection source {escape(d.source)}: {d.kind} on {d.node or '?'} "
+                      f"+{d.latency_s:.2f}s after the fault" + (f" ({d.behind_s:.2f}s after the first)" if d.behind_s else ""))
+    wrapper = phases.wrapper
     if wrapper:
         console.print(f"  NVRx in-process Wrapper: {escape(str(wrapper.get('interruption')))} on ranks "
                       f"{escape(str(wrapper.get('ranks')))} +{wrapper['latency_s']:.2f}s after the fault")
-    if phases.get("in_process") is not None:
+    if phases.in_process is not None:
         console.print("restarted in-process: every rank's loop ran again in the process it had before the fault"
-                      if phases["in_process"] else
+                      if phases.in_process else
                       "[yellow]not in-process:[/yellow] some rank's loop restarted in a new process (torchrun restarted it)")
-    world = phases.get("world_size")
+    world = phases.world_size
     if world and world["after"] < world["before"]:
         console.print(f"[yellow]went on with {world['after']} of {world['before']} ranks:[/yellow] the in-process "
                       "Wrapper dropped the ranks it found unresponsive")
-    for step in phases.get("reallocation_steps") or []:
-        console.print(f"  reallocation step {step['step']}: {step['seconds']:.2f}s  [dim](bounded by {escape(step['bound_by'])})[/dim]")
-    for name, check in (result.get("checks") or {}).items():
-        if not check.get("pass"):
+    for step in phases.reallocation_steps:
+        console.print(f"  reallocation step {step.step}: {step.seconds:.2f}s  [dim](bounded by {escape(step.bound_by)})[/dim]")
+    for name, check in result.checks.items():
+        if not check.passed:
             console.print(f"[red]check failed:[/red] {escape(check_text(name, check))}")
-    for note in result.get("notes") or []:
+    for note in result.notes:
         console.print(f"note: {escape(note)}")
-    colour = {"pass": "green", "fail": "red"}.get(result["verdict"], "yellow")
-    console.print(f"verdict: [bold {colour}]{result['verdict'].upper()}[/bold {colour}]")
-    if result.get("run_dir"):
-        console.print(f"result: {result['run_dir']}/result.json")
+    _verdict(console, result.verdict, result.run_dir)
+
+
+def _mark(entry: SloEntry | None) -> str:
+    return ("[green]ok[/green]" if entry.passed else "[red]FAIL[/red]") if entry else ""
+
+
+def _verdict(console, verdict: str, run_dir: str | None) -> None:
+    colour = {"pass": "green", "fail": "red"}.get(verdict, "yellow")
+    console.print(f"verdict: [bold {colour}]{verdict.upper()}[/bold {colour}]")
+    if run_dir:
+        console.print(f"result: {run_dir}/result.json")
 
 
 _DIST_ROWS = (*((name, key) for name, key, _ in _ROWS[:3]), ("startup", "startup_s"), ("recovery", "recovery_s"),
@@ -140,10 +149,7 @@ def render_repeat(console, result: dict[str, Any]) -> None:
     for s in result.get("samples") or []:
         if s["status"] != "pass":
             console.print(f"sample {escape(s['dir'])}: {s['status']}" + (f": {escape(s['error'])}" if s.get("error") else ""))
-    colour = {"pass": "green", "fail": "red"}.get(result["verdict"], "yellow")
-    console.print(f"verdict: [bold {colour}]{result['verdict'].upper()}[/bold {colour}]")
-    if result.get("run_dir"):
-        console.print(f"result: {result['run_dir']}/result.json")
+    _verdict(console, result["verdict"], result.get("run_dir"))
 
 
 PLAN_NODES = 8

@@ -1,0 +1,293 @@
+"""What one run leaves in ``result.json``: :class:`RunResult` and its parts, typed.
+
+The runner fills it (``runner._Run._result``); the reports, the metrics, the game day, the repeat and the
+campaign read it. Its JSON Schema is ``chaoskit schema --result`` (``chaoskit.result.schema.json``).
+
+Three rules keep the file what it was before the model existed, byte for byte:
+
+- every field has a default, so a result written by an older chaoskit, or one cut short (an error before any
+  fault), still reads;
+- a key the model does not know is kept as it came (``extra="allow"``): a job's own part (``attached``,
+  ``slurm``), a key a newer chaoskit adds;
+- only the keys given are written, in the order they were given (:meth:`ResultPart.dump`): a key the runner
+  leaves out stays out, rather than appearing as its default (a key set on a part afterwards comes after the
+  given ones).
+
+Numbers keep their JSON type (an ``int`` limit stays ``30``, not ``30.0``): seconds are :data:`Number`.
+
+This module is core: the standard library and pydantic only, so every layer may read a result.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidatorFunctionWrapHandler,
+    WithJsonSchema,
+    model_serializer,
+    model_validator,
+)
+
+__all__ = [
+    "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "FaultMeasure", "InjectedFault",
+    "SloEntry", "Check", "Slowdown", "SilentCheckpoint", "Silent", "PresetInfo", "RunResult",
+    "REPEAT_KIND", "result_schema_dict", "result_schema_text",
+]
+
+Number = Annotated[Union[int, float], WithJsonSchema({"type": "number"})]
+"""Seconds, limits, percentages: an ``int`` read stays an ``int`` and a ``float`` a ``float`` (pydantic would
+make ``30`` into ``30.0`` for a ``float`` field, and the file would change)."""
+
+REPEAT_KIND = "chaoskit.repeat"
+"""``kind`` of the result.json of a ``chaoskit run --repeat`` folder (``chaoskit/repeat.py``): not a
+:class:`RunResult`, its samples are."""
+
+
+class ResultPart(BaseModel):
+    """Base of every part of a result: unknown keys kept, only the given keys written, in their order."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        part = handler(data)
+        if isinstance(data, dict) and isinstance(part, ResultPart):
+            part._keys = tuple(data)
+        return part
+
+    @model_serializer(mode="wrap")
+    def _in_given_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if not self._keys or not isinstance(out, dict):
+            return out
+        rank = {key: i for i, key in enumerate(self._keys)}
+        return dict(sorted(out.items(), key=lambda item: rank.get(item[0], len(rank))))
+
+    def dump(self) -> dict[str, Any]:
+        """The part as JSON holds it: the keys given, in the order given, each under its own name (``pass``)."""
+        return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
+
+
+class Detection(ResultPart):
+    """One source that noticed the fault (``measure.detection_sources``)."""
+
+    source: str = ""
+    kind: str = ""
+    node: Optional[str] = None
+    detail: Optional[str] = None
+    latency_s: Number = 0.0
+    behind_s: Number = 0.0
+
+
+class ReallocationStep(ResultPart):
+    """One of the scheduler's steps between detection and the new world (``measure.reallocation_steps``)."""
+
+    step: str = ""
+    seconds: Number = 0.0
+    bound_by: str = ""
+
+
+class Phases(ResultPart):
+    """A fault's recovery phases, in seconds; ``None`` (with its reason in ``reasons``) when not observed.
+
+    The headline ``phases`` of a run holds these; each entry of ``per_fault`` too, with the instants."""
+
+    model: Optional[str] = None
+    """The recovery model that measured it: ``restart``, ``torchft``, ``nvrx``, ``nvrx-inprocess``."""
+    detection_s: Optional[Number] = None
+    reallocation_s: Optional[Number] = None
+    checkpoint_load_s: Optional[Number] = None
+    startup_s: Optional[Number] = None
+    recovery_s: Optional[Number] = None
+    lost_steps: Optional[int] = None
+    restored_step: Optional[int] = None
+    last_step_before: Optional[int] = None
+    detected_by: Optional[str] = None
+    detections: list[Detection] = Field(default_factory=list)
+    reasons: dict[str, str] = Field(default_factory=dict)
+    """Why each phase left ``None`` was not measured (``detection``, ``reallocation``, ``checkpoint_load``,
+    ``recovery``)."""
+    uncertainty_s: dict[str, Optional[Number]] = Field(default_factory=dict)
+    """Per phase, how far it may be off because its ends were read on different machines' clocks."""
+    reallocation_steps: list[ReallocationStep] = Field(default_factory=list)
+    unseen: dict[str, str] = Field(default_factory=dict)
+    """Per phase a drill measured with log presets alone left unmeasured: the signal no preset sees."""
+    discarded_steps: list[int] = Field(default_factory=list)
+    """torchft: the steps the survivors discarded."""
+    catch_up_steps: Optional[int] = None
+    """torchft: the steps the healed group did not take part in."""
+    healed_group: Optional[str] = None
+    rank_monitor: Optional[dict[str, Any]] = None
+    """nvrx: the rank monitors' first timeout after the fault."""
+    wrapper: Optional[dict[str, Any]] = None
+    """nvrx-inprocess: the in-process Wrapper's first interruption after the fault."""
+    in_process: Optional[bool] = None
+    world_size: Optional[dict[str, Any]] = None
+
+
+class FaultMeasure(Phases):
+    """One entry of ``per_fault``: the fault, and its recovery measured with the instants the phases span."""
+
+    fault: str = ""
+    kind: str = ""
+    node: Optional[str] = None
+    targets: list[str] = Field(default_factory=list)
+    t_fault: Optional[Number] = None
+    t_detect: Optional[Number] = None
+    t_realloc: Optional[Number] = None
+    t_loaded: Optional[Number] = None
+    t_resumed: Optional[Number] = None
+
+
+class InjectedFault(ResultPart):
+    """One entry of ``faults``: what was injected where, and for a kind with several mechanisms how it acted."""
+
+    kind: str = ""
+    fault: str = ""
+    node: Optional[str] = None
+    targets: list[str] = Field(default_factory=list)
+    t_fault: Optional[Number] = None
+    mechanism: Optional[str] = None
+    fidelity: Optional[str] = None
+    scope: Any = None
+    """``gpu.fail``: on one device or the whole node."""
+    error: Any = None
+
+
+class SloEntry(ResultPart):
+    """One SLO the scenario sets, judged (``measure.slo_verdict``): ``limit_s``/``measured_s`` for a phase,
+    ``limit``/``measured`` for ``lost_steps``; ``reason`` when not measured."""
+
+    passed: bool = Field(False, alias="pass")
+    limit_s: Optional[Number] = None
+    measured_s: Optional[Number] = None
+    limit: Optional[Number] = None
+    measured: Optional[Number] = None
+    reason: Optional[str] = None
+
+
+class Check(ResultPart):
+    """One check of the run (``steady_state``, ``training_finished``, ``faults_reverted``,
+    ``silent_fault_detected``): whether it passed, and what it saw (its own keys)."""
+
+    passed: bool = Field(False, alias="pass")
+    step: Optional[int] = None
+    """``steady_state``: the step the job had to reach before the first fault."""
+    final_step: Optional[int] = None
+    """``training_finished``: the last step the job reported."""
+    expected_step: Optional[int] = None
+    """``training_finished``: the step the job had to reach."""
+    exit_codes: Optional[dict[str, Optional[int]]] = None
+    """``training_finished`` of a job whose own end says so: each torchrun agent's exit code."""
+    reason: Optional[str] = None
+    """``silent_fault_detected``: why nothing noticed."""
+
+
+class Slowdown(ResultPart):
+    """A straggler's cost (``measure.measure_slowdown``)."""
+
+    step_time_before_s: Optional[Number] = None
+    step_time_during_s: Optional[Number] = None
+    step_time_after_s: Optional[Number] = None
+    throughput_lost_pct: Optional[Number] = None
+    recovery_after_revert_s: Optional[Number] = None
+    reasons: dict[str, str] = Field(default_factory=dict)
+
+
+class SilentCheckpoint(ResultPart):
+    step: int = 0
+    ts: Number = 0.0
+    corrupt: bool = False
+
+
+class Silent(ResultPart):
+    """A silent fault's own measure (``observe.sdc.silent_summary``)."""
+
+    detected: bool = False
+    detection_s: Optional[Number] = None
+    detected_by: Optional[str] = None
+    fault_step: Optional[int] = None
+    detect_step: Optional[int] = None
+    corrupt_steps: Optional[int] = None
+    recovered: bool = False
+    checkpoints: list[SilentCheckpoint] = Field(default_factory=list)
+    last_clean_checkpoint: Optional[int] = None
+    lost_steps: Optional[int] = None
+    disagree_at_end: Optional[bool] = None
+    reason: Optional[str] = None
+
+
+class PresetInfo(ResultPart):
+    """What a log preset in use sees, what it cannot, and the verbosity the job needs for it."""
+
+    sees: list[str] = Field(default_factory=list)
+    cannot_see: Any = None
+    verbosity: Any = None
+
+
+class RunResult(ResultPart):
+    """One run's ``result.json``, in the order the runner writes it."""
+
+    scenario: str = ""
+    scenario_file: Optional[str] = None
+    verdict: str = "error"
+    """``pass``, ``fail``, ``aborted``, ``interrupted`` or ``error``."""
+    started_at: Optional[str] = None
+    ended_at: Optional[str] = None
+    duration_s: Optional[Number] = None
+    run_dir: Optional[str] = None
+    cluster: dict[str, Any] = Field(default_factory=dict)
+    """The cluster as its handle describes it: ``kind``, ``id``, ``nodes``, ``job_nodes`` and the backend's own."""
+    workload: dict[str, Any] = Field(default_factory=dict)
+    """The scenario's ``workload:`` with its defaults."""
+    recovery_model: Optional[str] = None
+    faults: list[InjectedFault] = Field(default_factory=list)
+    phases: Phases = Field(default_factory=Phases)
+    """The headline: the first fault the job felt by itself."""
+    slo: dict[str, SloEntry] = Field(default_factory=dict)
+    checks: dict[str, Check] = Field(default_factory=dict)
+    per_fault: list[FaultMeasure] = Field(default_factory=list)
+    slowdown: Optional[Slowdown] = None
+    silent: Optional[Silent] = None
+    final_step: Optional[int] = None
+    notes: list[str] = Field(default_factory=list)
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    clocks: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    stop_condition: Optional[dict[str, Any]] = None
+    presets: dict[str, PresetInfo] = Field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> "RunResult":
+        """The result in ``path`` (a ``result.json``). Raises ``OSError``, ``ValueError`` (not JSON, or not a
+        result: pydantic's ``ValidationError`` is one)."""
+        return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def text(self) -> str:
+        """``result.json``'s text."""
+        return json.dumps(self.dump(), indent=2) + "\n"
+
+    @property
+    def injected_kinds(self) -> list[str]:
+        """The kinds injected, each once, in injection order."""
+        return list(dict.fromkeys(f.kind for f in self.faults))
+
+
+def result_schema_dict() -> dict[str, Any]:
+    schema = RunResult.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "chaoskit result"
+    return schema
+
+
+def result_schema_text() -> str:
+    return json.dumps(result_schema_dict(), indent=2, sort_keys=True) + "\n"
