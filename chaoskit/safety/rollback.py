@@ -38,6 +38,7 @@ from chaoskit.core.secrets import redact_argv
 from chaoskit.core.state import lstat_no_link, state_dir
 from chaoskit.faults.api import Fault
 from chaoskit.faults.registry import fault_kinds
+from chaoskit.nodeside.procstat import proc_state
 from chaoskit.safety.journal import Journal, argv_digest, read_journal, unreverted
 from chaoskit.safety.lease import default_lease_root
 
@@ -201,8 +202,4 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return True
+    return proc_state(pid) != "Z"  # unreadable (another user's, hidden): alive, as kill(0) said
