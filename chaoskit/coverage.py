@@ -35,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-from chaoskit.cluster.kernel import NETEM_CHECK
+from chaoskit.cluster.kernel import NETEM_CHECK, local_mounts
 from chaoskit.faults.registry import FAULTS, fault_covers, fault_kinds
 
 __all__ = [
@@ -436,12 +436,7 @@ def _memory_cgroup_here() -> bool:
 
 
 def _cgroup_controller_here(controller: str) -> bool:
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return False
-    for line in mounts:
-        parts = line.split()
+    for parts in local_mounts():
         if len(parts) > 3 and parts[2] == "cgroup" and controller in parts[3].split(","):
             return True
         if len(parts) > 3 and parts[2] == "cgroup2" and controller in _read(Path(parts[1]) / "cgroup.controllers").split():

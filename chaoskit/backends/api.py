@@ -12,20 +12,23 @@ or the :class:`ClusterHandle`. Backends register by name in
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
 
 from pydantic import Field
 
-from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.api import JobScope, Transport
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import StrictModel
+from chaoskit.core.state import state_dir
 from chaoskit.observe.events import EventBus
 
-__all__ = ["ClusterSpec", "ClusterHandle", "ClusterBackend", "LabStatus", "Probe", "Say"]
+__all__ = ["ClusterSpec", "ClusterHandle", "ClusterBackend", "RootLabBackend", "LabStatus", "Probe", "Say", "teardown_of"]
 
 Say = Callable[[str], None]
 """Where a backend reports progress of long work (``lab up``): one line at a time."""
@@ -207,3 +210,89 @@ class ClusterBackend:
         """Remove the cluster a crashed run made for itself (``details["ephemeral"]``), or on one that stays up stop
         the job the run started (``details["run_id"]``); say what was done, or ``None``."""
         return None
+
+
+class RootLabBackend(ClusterBackend):
+    """A backend whose lab only root makes, in a folder of its own (``netns``, ``slurm``): the one lab
+    ``lab up`` made, which a run of its shape uses and leaves up, or else one made for the run under the state
+    folder, removed by its ``teardown`` or, after a crash, by :meth:`crash_teardown`.
+
+    Subclasses set ``Lab``, the lab's class (``Lab.load(directory=None)``: the lab in ``directory``, default the
+    persistent one, or ``None``; a lab has ``lab_id``, ``nodes``, ``spare``, ``node_names()``,
+    ``inventory_path``, ``down()``), ``title`` (``"netns lab"``), and :meth:`create_lab`."""
+
+    Lab: ClassVar[Any]
+    title: ClassVar[str]
+    """What the lab is called in the lines the verbs return."""
+
+    def create_lab(self, spec: Any, directory: Path | None = None) -> Any:
+        """Make the lab ``spec`` asks for in ``directory`` (default: the persistent lab's)."""
+        raise NotImplementedError
+
+    def fits(self, lab: Any, spec: Any) -> bool:
+        """Whether a run of ``spec`` can use ``lab``, the one ``lab up`` made."""
+        return lab.nodes == spec.nodes and lab.spare == spec.spare
+
+    def up_notes(self, lab: Any) -> list[str]:
+        """The lines ``lab up`` prints after the one saying the lab is up: where its files are."""
+        return [f"inventory: {lab.inventory_path}"]
+
+    def open_lab(self, spec: Any) -> tuple[Any, bool]:
+        """(the lab a run of ``spec`` uses, whether it was made for this run and is removed after it)."""
+        lab = self.Lab.load()
+        if lab is not None and self.fits(lab, spec):
+            return lab, False
+        return self.create_lab(spec, state_dir() / "lab" / f"{self.name}-run-{secrets.token_hex(3)}"), True
+
+    def root_lab(self) -> Any:
+        """The persistent lab, or ``None``; only root can have made one (and read its state)."""
+        return self.Lab.load() if os.geteuid() == 0 else None
+
+    def lab_up(self, spec: Any, base: Path, say: Say, rebuild: bool = False) -> str:
+        existing = self.Lab.load()
+        if existing is not None:
+            return f"{self.title} {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first"
+        lab = self.create_lab(spec)
+        return "\n".join([f"{self.title} {lab.lab_id} up: {spec.nodes} nodes + {spec.spare} spare "
+                          f"({', '.join(lab.node_names())})", *self.up_notes(lab)])
+
+    def lab_down(self, compose: Path | None = None) -> list[str]:
+        lab = self.root_lab()
+        if lab is None:
+            return []
+        lab.down()
+        return [f"{self.title} {lab.lab_id} down"]
+
+    def crash_teardown(self, details: dict[str, Any]) -> str | None:
+        if not details.get("ephemeral") or not details.get("directory"):
+            return None
+        lab = self.Lab.load(details["directory"])
+        if lab is None:
+            return None
+        lab.down()
+        return f"{self.title} {lab.lab_id} removed"
+
+    @staticmethod
+    def preview_inventory(document: dict[str, Any], scheduler: SlurmAccess | None = None) -> Inventory:
+        """The nodes of an inventory document the lab would write (its ``inventory_document()``), built without
+        connecting to anything (``preview``); each node's ``scheduler`` is ``scheduler``."""
+        nodes = [
+            Node(n["name"], n["address"], "ssh", n["labels"], n["gpus"],
+                 interfaces={role: InterfaceSpec(**i) for role, i in n["interfaces"].items()},
+                 power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"],
+                 gpu_pci=tuple(n.get("gpu_pci", ())), scheduler=scheduler)
+            for n in document["nodes"]
+        ]
+        return Inventory("check", nodes)
+
+
+def teardown_of(inventory: Inventory, remove: Callable[[], Any] | None) -> Callable[[], None]:
+    """A handle's ``teardown``: close ``inventory``'s connections, then ``remove`` the cluster, when the run made
+    it (``None``: it stays up)."""
+
+    def teardown() -> None:
+        inventory.close()
+        if remove is not None:
+            remove()
+
+    return teardown

@@ -22,6 +22,7 @@ from chaoskit.backends.api import (
     ClusterSpec,
     LabStatus,
     Say,
+    teardown_of,
 )
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.transports.docker import (
@@ -132,11 +133,6 @@ class DockerBackend(ClusterBackend):
             flags = [f for k, v in sorted(env.items()) for f in ("-e", f"{k}={v}")]
             return ["docker", "exec", "-i", "-w", str(cwd), *flags, containers[node], *argv]
 
-        def teardown() -> None:
-            inventory.close()
-            if ephemeral:
-                lab.down()
-
         return ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=used[: spec.nodes],
             rdzv_host=addresses[used[0]], scope=lab.scope,
@@ -144,7 +140,7 @@ class DockerBackend(ClusterBackend):
             # into /etc/hosts), which survives a disconnect and reconnect; the NIC's name does not.
             agent_args=lambda node: ["--local-addr", addresses[node]],
             connect=lambda: connect_all([n.conn for n in inventory.nodes]),
-            teardown=teardown,
+            teardown=teardown_of(inventory, lab.down if ephemeral else None),
             details={"compose": str(lab.project.path), "project": lab.project.name, "shared": str(shared), "ephemeral": ephemeral},
             python=NODE_PYTHON, launch_wrap=wrap, shared_dir=shared,
             job_transport=lambda node: inventory[node].conn,

@@ -9,21 +9,18 @@ job may land on.
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from chaoskit.backends.api import ClusterBackend, ClusterHandle, ClusterSpec, LabStatus, Say
-from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
+from chaoskit.backends.api import ClusterHandle, ClusterSpec, LabStatus, RootLabBackend, teardown_of
+from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.ssh_many import connect_all
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.models import StrictModel
-from chaoskit.core.state import state_dir
 from chaoskit.lab.netns import NetnsLab
 from chaoskit.lab.slurm import DEFAULT_SETTINGS, SlurmLab, require_slurm_tools, slurm_lab_dir
 from chaoskit.observe.slurm import SlurmProbe
@@ -61,38 +58,40 @@ class SlurmSpec(ClusterSpec):
     slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="slurm.conf timings of the lab.")
 
 
-class SlurmBackend(ClusterBackend):
+class SlurmBackend(RootLabBackend):
     name = "slurm"
     Spec = SlurmSpec
     summary = "a Slurm lab: slurmctld + one slurmd per network namespace; jobs through sbatch (root)"
     launches = ("reference", "uninstrumented", "sbatch")
+    Lab = SlurmLab
+    title = "Slurm lab"
+
+    def create_lab(self, spec: SlurmSpec, directory: Path | None = None) -> SlurmLab:
+        return SlurmLab.create(spec.nodes, spec.spare, _settings(spec), directory=directory)
+
+    def fits(self, lab: SlurmLab, spec: SlurmSpec) -> bool:
+        return super().fits(lab, spec) and lab.settings == _settings(spec)
+
+    def up_notes(self, lab: SlurmLab) -> list[str]:
+        return [f"slurm.conf: {lab.conf_path} (export SLURM_CONF={lab.conf_path} to use sinfo, squeue, sbatch)",
+                *super().up_notes(lab)]
 
     def preview(self, spec: SlurmSpec, base: Path) -> ClusterHandle:
         lab = SlurmLab("(new slurm lab)", slurm_lab_dir(), spec.nodes, spec.spare, _settings(spec))
         net = NetnsLab("(new slurm lab)", slurm_lab_dir() / "netns", spec.nodes, spec.spare)
-        inventory = _inventory_from_document(lab.inventory_document(net), lab.access())
+        inventory = self.preview_inventory(lab.inventory_document(net), lab.access())
         return self._handle(spec, lab, inventory, details={})
 
     def open(self, spec: SlurmSpec, base: Path) -> ClusterHandle:
         """The lab ``lab up --kind slurm`` made when it has this shape and these settings, else one made for this run."""
         require_slurm_tools()
-        lab = SlurmLab.load()
-        ephemeral = lab is None or lab.nodes != spec.nodes or lab.spare != spec.spare or lab.settings != _settings(spec)
-        if ephemeral:
-            lab = SlurmLab.create(spec.nodes, spec.spare, _settings(spec),
-                                  directory=state_dir() / "lab" / f"slurm-run-{secrets.token_hex(3)}")
+        lab, ephemeral = self.open_lab(spec)
         inventory = _with_scheduler(load_inventory(lab.inventory_path), lab.access())
-
-        def teardown() -> None:
-            inventory.close()
-            if ephemeral:
-                lab.down()
-
         handle = self._handle(spec, lab, inventory, details={
             "inventory": str(lab.inventory_path), "directory": str(lab.directory), "ephemeral": ephemeral,
         })
         handle.connect = lambda: connect_all([n.conn for n in inventory.nodes])
-        handle.teardown = teardown
+        handle.teardown = teardown_of(inventory, lab.down if ephemeral else None)
         return handle
 
     def _handle(self, spec: SlurmSpec, lab: SlurmLab, inventory: Inventory, details: dict[str, Any]) -> ClusterHandle:
@@ -113,28 +112,12 @@ class SlurmBackend(ClusterBackend):
 
     # -- labs ------------------------------------------------------------------------------
 
-    def lab_up(self, spec: SlurmSpec, base: Path, say: Say, rebuild: bool = False) -> str:
-        existing = SlurmLab.load()
-        if existing is not None:
-            return f"Slurm lab {existing.lab_id} is already up ({existing.nodes} nodes); 'chaoskit lab down' first"
-        lab = SlurmLab.create(spec.nodes, spec.spare, _settings(spec))
-        return (f"Slurm lab {lab.lab_id} up: {spec.nodes} nodes + {spec.spare} spare ({', '.join(lab.node_names())})\n"
-                f"slurm.conf: {lab.conf_path} (export SLURM_CONF={lab.conf_path} to use sinfo, squeue, sbatch)\n"
-                f"inventory: {lab.inventory_path}")
-
-    def lab_down(self, compose: Path | None = None) -> list[str]:
-        lab = _lab_if_root()
-        if lab is None:
-            return []
-        lab.down()
-        return [f"Slurm lab {lab.lab_id} down"]
-
     def lab_inventory(self) -> Inventory | None:
-        lab = _lab_if_root()
+        lab = self.root_lab()
         return None if lab is None else _with_scheduler(load_inventory(lab.inventory_path), lab.access())
 
     def lab_status(self) -> list[LabStatus]:
-        lab = _lab_if_root()
+        lab = self.root_lab()
         if lab is None:
             return []
         st = lab.status()
@@ -150,15 +133,6 @@ class SlurmBackend(ClusterBackend):
         conf = (details.get("slurm") or {}).get("conf")
         return _with_scheduler(load_inventory(details["inventory"]), SlurmAccess(conf=conf))
 
-    def crash_teardown(self, details: dict[str, Any]) -> str | None:
-        if not details.get("ephemeral") or not details.get("directory"):
-            return None
-        lab = SlurmLab.load(details["directory"])
-        if lab is None:
-            return None
-        lab.down()
-        return f"Slurm lab {lab.lab_id} removed"
-
 
 def _settings(spec: SlurmSpec) -> dict[str, float]:
     return {k: float(v or 0.0) for k, v in spec.slurm.model_dump().items()}
@@ -169,19 +143,3 @@ def _with_scheduler(inventory: Inventory, access: SlurmAccess) -> Inventory:
     for node in inventory.nodes:
         node.scheduler = access
     return inventory
-
-
-def _inventory_from_document(doc: dict[str, Any], access: SlurmAccess) -> Inventory:
-    """The inventory ``lab up`` would write, built without touching anything (``preview``)."""
-    nodes = [
-        Node(n["name"], n["address"], "ssh", n["labels"], n["gpus"],
-             interfaces={role: InterfaceSpec(**i) for role, i in n["interfaces"].items()},
-             power=PowerCommands(**n["power"]), processes=n["processes"], workdir=n["workdir"],
-             gpu_pci=tuple(n.get("gpu_pci", ())), scheduler=access)
-        for n in doc["nodes"]
-    ]
-    return Inventory("check", nodes)
-
-
-def _lab_if_root() -> SlurmLab | None:
-    return SlurmLab.load() if os.geteuid() == 0 else None

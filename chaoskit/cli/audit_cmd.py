@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from chaoskit.audit import AuditResult, audit, fix
-from chaoskit.cli.env import command_app, current_env, print_json
+from chaoskit.cli.env import command_app, current_env, print_result
 from chaoskit.core.errors import ExitCode
 
 __all__ = ["audit_app"]
@@ -36,10 +36,7 @@ def audit_command(
     dirs = [str(d) for d in checkpoint_dir or []]
     conf = str(slurm_conf) if slurm_conf is not None else None
     result = (fix if fix_it else audit)(target, checkpoint_dirs=dirs, slurm_conf=conf)
-    if as_json:
-        print_json(result.as_dict())
-    else:
-        _render(result)
+    print_result(result, as_json, _render)
     return ExitCode.OK if result.clean else ExitCode.CHECK_FAILED
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from chaoskit.cli.env import command_app, current_env, print_json
+from chaoskit.cli.env import command_app, current_env, print_result
 from chaoskit.core.errors import ExitCode
 from chaoskit.doctor import Diagnosis, NodeHealth, diagnose
 
@@ -28,10 +28,7 @@ def doctor(
     Changes nothing on any node. With --scenario, each fault is checked against the nodes its
     selector picks."""
     result = diagnose(inventory, scenario)
-    if as_json:
-        print_json(result.as_dict())
-    else:
-        _render(result)
+    print_result(result, as_json, _render)
     return ExitCode.OK if result.ok else ExitCode.INFRA
 
 

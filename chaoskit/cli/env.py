@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import typer
 
-__all__ = ["CliEnv", "current_env", "set_env", "print_json", "command_app", "EXIT_CODES_HELP"]
+__all__ = ["CliEnv", "current_env", "set_env", "print_json", "print_result", "command_app", "EXIT_CODES_HELP"]
 
 
 @dataclass
@@ -47,6 +47,14 @@ EXIT_CODES_HELP = ("Exit codes: 0 pass, 1 SLO/check failed, 2 bad input, 3 infra
 def print_json(data: Any) -> None:
     """``data`` as indented JSON on the command's stdout."""
     current_env().stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def print_result(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """A check's ``result`` as the command prints it: its ``as_dict()`` as JSON with ``--json``, else ``render(result)``."""
+    if as_json:
+        print_json(result.as_dict())
+    else:
+        render(result)
 
 
 def command_app(**options: Any) -> typer.Typer:

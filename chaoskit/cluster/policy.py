@@ -52,6 +52,7 @@ from chaoskit.core.errors import ScenarioError
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.core.models import StrictModel, check_each
 from chaoskit.core.shell import check_path
+from chaoskit.core.state import lstat_no_link
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
 __all__ = ["SitePolicy", "JobsRule", "SITE_POLICY_FILE", "SITE_POLICY_ENV", "load_policy_file", "site_policy", "narrowest",
@@ -176,12 +177,10 @@ def under_roots(path: str, roots: list[str]) -> bool:
 def policy_file_problem(path: Path) -> str | None:
     """Why ``path`` cannot be trusted as a policy, or ``None``: a link, not a regular file, writable
     by anyone but its owner, or in a folder that anyone but its owner (or root) can write."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"cannot read policy file {path}: {exc.strerror}"
-    if stat.S_ISLNK(st.st_mode):
-        return f"policy file {path} is a symbolic link; name the file itself"
+    st = lstat_no_link(path, unreadable="cannot read policy file {path}: {error}",
+                       link="policy file {path} is a symbolic link; name the file itself")
+    if isinstance(st, str):
+        return st
     if not stat.S_ISREG(st.st_mode):
         return f"policy file {path} is not a regular file"
     if st.st_mode & 0o022:

@@ -6,9 +6,10 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, PlainSerializer, WithJsonSchema
+from pydantic import AfterValidator
 
 from chaoskit.core.limits import MAX_DURATION_S
+from chaoskit.core.models import with_units
 
 __all__ = ["Duration", "PositiveDuration", "parse_duration", "format_duration"]
 
@@ -65,20 +66,8 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-Duration = Annotated[
-    float,
-    BeforeValidator(parse_duration),
-    PlainSerializer(lambda s: s, return_type=float),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$", "maxLength": _MAX_TEXT},
-                {"type": "number", "minimum": 0, "maximum": MAX_DURATION_S},
-            ],
-            "description": "A duration: 250ms, 30s, 5m, 1h, or a number of seconds; at most 30 days.",
-        }
-    ),
-]
+Duration = with_units(float, parse_duration, r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$", 0, MAX_DURATION_S,
+                      "A duration: 250ms, 30s, 5m, 1h, or a number of seconds; at most 30 days.", max_length=_MAX_TEXT)
 
 
 def _positive(seconds: float) -> float:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Iterable
+from typing import Annotated, Any, Callable, Iterable
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
 
 from chaoskit.core.shell import check_ifname
 
-__all__ = ["StrictModel", "NAME_RE", "NAME_RULE", "check_match", "check_each", "check_name", "check_regex", "check_http_url", "Regex", "IfName"]
+__all__ = ["StrictModel", "NAME_RE", "NAME_RULE", "check_match", "check_each", "check_name", "check_regex", "check_http_url", "Regex", "IfName", "with_units"]
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 """Node names, label keys and values: safe to reach a shell unquoted, still quoted anyway."""
@@ -65,6 +65,26 @@ Regex = Annotated[str, AfterValidator(check_regex)]
 """A field holding a Python regular expression (:func:`check_regex`)."""
 IfName = Annotated[str, AfterValidator(check_ifname)]
 """A field holding a Linux interface name (:func:`~chaoskit.core.shell.check_ifname`)."""
+
+
+
+def with_units(number: type, parse: Callable[[Any], Any], pattern: str, minimum: float, maximum: float,
+               description: str, max_length: int | None = None) -> Any:
+    """A field type for a quantity people write with units (``30s``, ``64MiB``) or as a plain ``number``: ``parse``
+    reads either (``ValueError`` with a readable message otherwise) and the model holds, and writes out, the
+    number. Its JSON Schema: a string ``pattern`` matches (of at most ``max_length`` characters when given), or a
+    number (an integer for ``int``) from ``minimum`` to ``maximum``; ``description`` says so in words."""
+    text: dict[str, Any] = {"type": "string", "pattern": pattern}
+    if max_length is not None:
+        text["maxLength"] = max_length
+    plain = {"type": "integer" if number is int else "number", "minimum": minimum, "maximum": maximum}
+    return Annotated[
+        number,
+        BeforeValidator(parse),
+        PlainSerializer(lambda value: value, return_type=number),
+        WithJsonSchema({"anyOf": [text, plain], "description": description}),
+    ]
+
 
 MAX_URL = 2048
 

@@ -8,9 +8,9 @@ decimal ``kB``/``MB``/``GB``/``TB``, or ``B``), nothing else; ``64m``, ``1.5GiB`
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+from chaoskit.core.models import with_units
 
 __all__ = ["ByteSize", "parse_size", "format_size", "UNITS", "MAX_SIZE_BYTES"]
 
@@ -50,15 +50,5 @@ def format_size(size: int) -> str:
     return f"{size}B"
 
 
-ByteSize = Annotated[
-    int,
-    BeforeValidator(parse_size),
-    PlainSerializer(lambda s: s, return_type=int),
-    WithJsonSchema({
-        "anyOf": [
-            {"type": "string", "pattern": r"^[0-9]{1,16}(B|KiB|MiB|GiB|TiB|kB|MB|GB|TB)$"},
-            {"type": "integer", "minimum": 1, "maximum": MAX_SIZE_BYTES},
-        ],
-        "description": "A size: 64MiB, 512KiB, 1GiB, 100MB, or a number of bytes.",
-    }),
-]
+ByteSize = with_units(int, parse_size, r"^[0-9]{1,16}(B|KiB|MiB|GiB|TiB|kB|MB|GB|TB)$", 1, MAX_SIZE_BYTES,
+                      "A size: 64MiB, 512KiB, 1GiB, 100MB, or a number of bytes.")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from chaoskit.core.errors import InfraError
 
-__all__ = ["state_dir", "private_dir", "private_problem"]
+__all__ = ["state_dir", "private_dir", "private_problem", "lstat_no_link"]
 
 
 def state_dir() -> Path:
@@ -57,12 +57,9 @@ def private_dir(*parts: str) -> Path:
 def private_problem(path: Path, *, folder: bool = True) -> str | None:
     """Why ``path`` is not this user's own (a link, someone else's, writable by others; a folder
     also readable by others), or ``None``."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symbolic link; chaoskit keeps its state only in folders of its own"
+    st = lstat_no_link(path, link="{path} is a symbolic link; chaoskit keeps its state only in folders of its own")
+    if isinstance(st, str):
+        return st
     if st.st_uid != os.geteuid():
         return f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})"
     if (folder and not stat.S_ISDIR(st.st_mode)) or (not folder and not stat.S_ISREG(st.st_mode)):
@@ -70,3 +67,18 @@ def private_problem(path: Path, *, folder: bool = True) -> str | None:
     if st.st_mode & (0o077 if folder else 0o022):
         return f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; only its owner may {'use' if folder else 'write'} it"
     return None
+
+
+def lstat_no_link(path: Path, *, unreadable: str = "{path}: {error}",
+                  link: str = "{path} is a symbolic link") -> "os.stat_result | str":
+    """The status of ``path`` itself (``os.lstat``: a link is never followed), or why there is none to judge:
+    ``unreadable`` when it cannot be read (``{error}``: the system's reason), ``link`` when it is a symbolic link
+    (both with ``{path}``). What chaoskit trusts by its owner and mode starts here, so that a link cannot lend it
+    its target's."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return unreadable.format(path=path, error=exc.strerror)
+    if stat.S_ISLNK(st.st_mode):
+        return link.format(path=path)
+    return st

@@ -12,6 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from chaoskit.cluster.kernel import local_mounts
 from chaoskit.core.errors import InfraError
 
 __all__ = ["TmpfsCheckpoints", "mount_checkpoint_fs", "unmount_argv", "unmount", "mounted", "FSTYPE", "SOURCE"]
@@ -68,12 +69,7 @@ def unmount(folder: Path) -> None:
 def mounted(folder: Path) -> bool:
     """Whether chaoskit's tmpfs is mounted on ``folder``."""
     target = os.path.realpath(folder)
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        parts = line.split()
+    for parts in local_mounts():
         if len(parts) > 2 and parts[0] == SOURCE and parts[2] == FSTYPE and parts[1].replace("\\040", " ") == target:
             return True
     return False

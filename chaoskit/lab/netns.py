@@ -42,6 +42,7 @@ from chaoskit.lab import labdir
 from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.admin import lab_main
 from chaoskit.faults.network import QDISC_HANDLE
+from chaoskit.nodeside.procstat import proc_state
 
 __all__ = ["NetnsLab", "netns_lab_dir", "require_netns_tools"]
 
@@ -350,10 +351,9 @@ class NetnsLab:
     def _sshd_alive(self, node: str) -> bool:
         try:
             pid = int((self.node_dir(node) / "sshd.pid").read_text().split()[0])
-            with open(f"/proc/{pid}/stat") as fh:
-                return fh.read().split(") ", 1)[1][:1] != "Z"
         except (OSError, ValueError, IndexError):
             return False
+        return proc_state(pid) not in (None, "Z")
 
     def _wait_ssh(self, nodes: list[str], timeout: float = 15.0) -> None:
         pending = list(nodes)

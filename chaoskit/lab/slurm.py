@@ -47,6 +47,7 @@ from chaoskit.lab.admin import lab_main
 from chaoskit.lab import labdir
 from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.netns import NetnsLab, require_netns_tools
+from chaoskit.nodeside.procstat import proc_state
 
 __all__ = ["SlurmLab", "slurm_lab_dir", "require_slurm_tools", "DEFAULT_SETTINGS", "PARTITION", "HEALTHCHECK"]
 
@@ -385,11 +386,7 @@ def _alive(path: Path) -> bool:
     pid = _pid(path)
     if pid is None:
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return False
+    return proc_state(pid) not in (None, "Z")
 
 
 def _kill_pidfile(path: Path, timeout: float = 5.0) -> None:

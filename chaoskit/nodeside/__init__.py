@@ -8,6 +8,7 @@ nothing of the node's ``sys.path``, current folder or ``PYTHON*`` is imported), 
 the controller, runs nothing. This package imports nothing of chaoskit: it is the lowest layer.
 
 - :mod:`.jobscope`: which processes are the drilled job's (the node's agent and the crash loop share it);
+- :mod:`.procstat`: a process's ``/proc/PID/stat`` (the node's agent carries it; the controller imports it);
 - :mod:`.crashloop` (``gpu.fail``), :mod:`.xid_writer` (``gpu.xid``), :mod:`.memory_tool` and
   :mod:`.ballast` (``mem.oom``), :mod:`.cpu_tool` (``node.slow``), :mod:`.cgroups` (what those two share),
   :mod:`.storage_tool` (``storage.*``), :mod:`.cont_if_same` (``process.hang``'s revert),

@@ -35,9 +35,10 @@ from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 from chaoskit.core.secrets import redact_argv
-from chaoskit.core.state import state_dir
+from chaoskit.core.state import lstat_no_link, state_dir
 from chaoskit.faults.api import Fault
 from chaoskit.faults.registry import fault_kinds
+from chaoskit.nodeside.procstat import proc_state
 from chaoskit.safety.journal import Journal, argv_digest, read_journal, unreverted
 from chaoskit.safety.lease import default_lease_root
 
@@ -159,12 +160,9 @@ def journal_problem(path: Path) -> str | None:
     that nobody else can write, in a folder of this user's that nobody else can write."""
     euid = os.geteuid()
     for where, is_dir in ((path.parent, True), (path, False)):
-        try:
-            st = os.lstat(where)
-        except OSError as exc:
-            return f"{where}: {exc.strerror}"
-        if stat.S_ISLNK(st.st_mode):
-            return f"{where} is a symbolic link"
+        st = lstat_no_link(where)
+        if isinstance(st, str):
+            return st
         if (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)) is False:
             return f"{where} is not a {'folder' if is_dir else 'regular file'}"
         if st.st_uid != euid:
@@ -204,8 +202,4 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return True
+    return proc_state(pid) != "Z"  # unreadable (another user's, hidden): alive, as kill(0) said

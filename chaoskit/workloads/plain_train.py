@@ -30,6 +30,7 @@ import glob
 import os
 import sys
 import time
+from typing import Any, Callable
 
 KEEP = 3
 """Checkpoints kept: the newest, and two to fall back to when it cannot be loaded."""
@@ -47,10 +48,10 @@ class Hooks:
         print(f"[rank {rank}] process group ready world_size={world}", flush=True)
 
     def load(self, rank: int, path: str):  # returns a context manager
-        return _PrintLoad(rank, path)
+        return _PrintOnSuccess(lambda info: f"[rank {rank}] Resuming training from snapshot at step {info.get('step')}")
 
     def save(self, rank: int, step: int):
-        return _PrintSave(rank, step)
+        return _PrintOnSuccess(lambda info: f"[rank {rank}] saved snapshot at step {step}")
 
     def load_failed(self, rank: int, path: str, exc: BaseException, fallback: str | None) -> None:
         then = f"falling back to {os.path.basename(fallback)}" if fallback else "no older checkpoint: starting from step 0"
@@ -66,28 +67,19 @@ class Hooks:
         print(f"[rank {rank}] collective failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
 
 
-class _PrintLoad:
-    def __init__(self, rank: int, path: str) -> None:
-        self.rank, self.path, self.info = rank, path, {}
+class _PrintOnSuccess:
+    """A load's or a save's context: the job fills the info dict it gives; ``line(info)`` is printed when the
+    block ends without an exception (a failed one is reported by ``load_failed`` / ``save_failed``)."""
+
+    def __init__(self, line: Callable[[dict[str, Any]], str]) -> None:
+        self.line, self.info = line, {}
 
     def __enter__(self):
         return self.info
 
     def __exit__(self, *exc):
         if exc[0] is None:
-            print(f"[rank {self.rank}] Resuming training from snapshot at step {self.info.get('step')}", flush=True)
-
-
-class _PrintSave:
-    def __init__(self, rank: int, step: int) -> None:
-        self.rank, self.step, self.info = rank, step, {}
-
-    def __enter__(self):
-        return self.info
-
-    def __exit__(self, *exc):
-        if exc[0] is None:
-            print(f"[rank {self.rank}] saved snapshot at step {self.step}", flush=True)
+            print(self.line(self.info), flush=True)
 
 
 class NvrxMonitor:

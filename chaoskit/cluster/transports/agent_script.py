@@ -52,11 +52,12 @@ import threading
 import time
 
 try:
-    StateDirError  # noqa: B018 - defined when the controller put nodefs' (and jobscope's) source in front of this one
+    StateDirError  # noqa: B018 - defined when the controller put nodefs' (jobscope's, procstat's) source in front of this one
 except NameError:  # imported on the controller (tests, BOOT)
     from chaoskit.cluster.nodefs import StateDirError, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
     from chaoskit.cluster.nodefs import inside as _inside_dir
     from chaoskit.nodeside.jobscope import job_marks, job_owns, uid_of  # noqa: I001 - bundled after nodefs on a node
+    from chaoskit.nodeside.procstat import proc_start_time, proc_stat_fields
 
     CHAOSKIT_WORKDIR = None
     CHAOSKIT_IDLE_EXIT_S = None
@@ -185,12 +186,11 @@ def _child_procs(pid):
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        fields = proc_stat_fields(int(name))
         try:
-            with open("/proc/%s/stat" % name, "rb") as fh:
-                stat = fh.read()
-            if int(stat[stat.rfind(b")") + 2:].split()[1]) != pid:
+            if fields is None or int(fields[1]) != pid:
                 continue
-        except (OSError, ValueError, IndexError):
+        except (ValueError, IndexError):
             continue
         info = _proc(int(name))
         if info is not None:
@@ -369,15 +369,6 @@ _NOT_WORKERS = {}
 """pid -> the start time of a process seen not to be a training worker: never read again while it lives."""
 
 
-def _start_time(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            stat = fh.read()
-        return stat[stat.rfind(b")") + 2:].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _is_worker(info):
     return "TORCHELASTIC_RUN_ID" in info["env"] and info["env"].get("RANK", "").isdigit()
 
@@ -400,7 +391,7 @@ def op_procs(req):
             continue  # cheap test first: the host's other processes are never read
         if workers:
             seen.add(pid)
-            if pid in _NOT_WORKERS and _NOT_WORKERS[pid] == _start_time(pid):
+            if pid in _NOT_WORKERS and _NOT_WORKERS[pid] == proc_start_time(pid):
                 continue
         info = _proc(pid)
         if info is None or not _in_node(info, scope):
@@ -670,16 +661,6 @@ WATCH_RECHECK_S = 5.0
 """How often ``watch`` re-reads the start time of every process it set aside (a pid reused in between)."""
 
 
-def _stat_fields(pid):
-    """``/proc/PID/stat`` after the command name, split, or None."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2:].split()
-
-
 def _exit_status(fields):
     """exitcode/signal of a zombie from ``/proc/PID/stat`` field 52 (its wait status, Linux 3.5+)."""
     try:
@@ -744,11 +725,11 @@ class _WorkerWatch(object):
             if pid in self.workers:
                 continue
             if pid in self.aside:
-                if not recheck or self.aside[pid] == _start_time(pid):
+                if not recheck or self.aside[pid] == proc_start_time(pid):
                     continue
                 del self.aside[pid]
             if self.own is not None and _netns_of(pid) != self.own:
-                start = _start_time(pid)
+                start = proc_start_time(pid)
                 if start is not None:
                     self.aside[pid] = start
                 continue
@@ -799,7 +780,7 @@ class _WorkerWatch(object):
 
     def _check(self, pid, present):
         w = self.workers[pid]
-        fields = _stat_fields(pid) if present else None
+        fields = proc_stat_fields(pid) if present else None
         base = {"pid": pid, "start": w["start"], "rank": w["rank"]}
         try:
             same = fields is not None and int(fields[19]) == w["start"]

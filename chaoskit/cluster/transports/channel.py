@@ -44,7 +44,8 @@ from typing import Any, Callable, Mapping
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.core.errors import InfraError
-from chaoskit.nodeside import jobscope
+from chaoskit.nodeside import jobscope, procstat
+from chaoskit.nodeside.procstat import proc_start_time
 
 __all__ = [
     "AgentChannel",
@@ -86,7 +87,7 @@ AGENT_TAG = "chaoskit-agent"
 def agent_program(workdir: str | None, idle_exit_s: float = AGENT_IDLE_EXIT_S) -> bytes:
     """The program the agent runs on a node: nodefs' source, the state folder asked for, how long it lives
     without hearing from its controller, the agent."""
-    return bundle(AGENT_SOURCE, jobscope, CHAOSKIT_WORKDIR=workdir, CHAOSKIT_IDLE_EXIT_S=idle_exit_s).encode("utf-8")
+    return bundle(AGENT_SOURCE, jobscope, procstat, CHAOSKIT_WORKDIR=workdir, CHAOSKIT_IDLE_EXIT_S=idle_exit_s).encode("utf-8")
 
 
 def boot_argv(python: str) -> list[str]:
@@ -132,11 +133,8 @@ def _host() -> str:
 
 
 def _start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    start = proc_start_time(pid)
+    return int(start) if start is not None and start.isdigit() else None
 
 
 class AgentGone(Exception):

@@ -18,6 +18,7 @@ import time
 from chaoskit.cluster import nodefs
 from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo, proc_env
 from chaoskit.core.errors import InfraError
+from chaoskit.nodeside.procstat import proc_stat_fields
 
 __all__ = ["LocalTransport", "read_proc"]
 
@@ -143,12 +144,12 @@ def proc_info(pid: int) -> ProcInfo | None:
     is cached per (pid, start time, command line): an exec changes the command line.
     """
     base = f"/proc/{pid}"
+    rest = proc_stat_fields(pid)
+    if rest is None:
+        return None
     try:
-        with open(f"{base}/stat", "rb") as fh:
-            stat = fh.read().decode(errors="replace")
         with open(f"{base}/cmdline", "rb") as fh:
             cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        rest = stat[stat.rfind(")") + 2 :].split()
         key = (pid, rest[19], cmdline)
         env = _ENV_CACHE.get(key)
         if env is None:
@@ -172,4 +173,5 @@ def proc_info(pid: int) -> ProcInfo | None:
         uid = os.stat(base).st_uid
     except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
         return None
-    return ProcInfo(pid=pid, ppid=int(rest[1]), cmdline=cmdline, env=env, state=rest[0], uid=uid, start_time=int(rest[19]))
+    return ProcInfo(pid=pid, ppid=int(rest[1]), cmdline=cmdline, env=env, state=rest[0].decode(errors="replace"), uid=uid,
+                    start_time=int(rest[19]))

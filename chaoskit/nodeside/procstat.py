@@ -1,0 +1,32 @@
+"""A process's ``/proc/PID/stat``, read one way: the fields after its command name.
+
+Standard library only, Python 3.6+, like every module of :mod:`chaoskit.nodeside`: the node's agent
+(:mod:`chaoskit.cluster.transports.agent_script`) carries its source in front of its own
+(:func:`chaoskit.cluster.nodefs.bundle`), and the controller imports it for its own processes (the channel's
+controller tag, local nodes' processes, the labs' daemons, rollback's pids). The command name (field 2) is
+skipped up to its last ``)``: a name may hold spaces and parentheses of its own.
+"""
+
+
+def proc_stat_fields(pid):
+    """The fields of ``/proc/PID/stat`` after the command name, as bytes (``[0]`` the state, ``[1]`` the
+    parent's pid, ``[19]`` the start time), or None when it cannot be read (the process is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def proc_start_time(pid):
+    """When ``pid`` started, in clock ticks after boot (field 22, as bytes), or None: with the pid it names one
+    process, where the pid alone may since name another."""
+    fields = proc_stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def proc_state(pid):
+    """The state letter of ``pid`` (``"R"``, ``"S"``, ``"Z"`` for a zombie, ...), or None when it cannot be read."""
+    fields = proc_stat_fields(pid)
+    return fields[0].decode("ascii", "replace") if fields else None
