@@ -220,3 +220,25 @@ def test_cancel_ends_the_stream_with_a_last_message(agent, workers):
         if reply["id"] == 9 and not reply.get("more"):
             return
     pytest.fail("the stream did not end after cancel")
+
+
+def test_a_process_seen_not_to_be_a_worker_is_not_read_again_while_it_lives(monkeypatch):
+    """The workers' poll (every 50 ms on each node) reads a process it has seen not to be a worker once, and
+    then, while its start time stays the same, skips it. (Its start time was compared as bytes with an int, so
+    every process was read again on every poll.) The agent's functions run here in-process."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        read: list[int] = []
+        real = agent_script._proc
+        monkeypatch.setattr(agent_script, "_proc", lambda pid: (read.append(pid), real(pid))[1])
+        deadline = time.monotonic() + 5
+        while child.pid not in agent_script._NOT_WORKERS and time.monotonic() < deadline:
+            agent_script.op_procs({"workers": True})  # its cmdline and environment read empty while it execs
+            time.sleep(0.02)
+        assert child.pid in agent_script._NOT_WORKERS
+        read.clear()
+        agent_script.op_procs({"workers": True})
+        assert child.pid not in read
+    finally:
+        child.kill()
+        child.wait()

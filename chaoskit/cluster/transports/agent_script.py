@@ -391,8 +391,10 @@ def op_procs(req):
             continue  # cheap test first: the host's other processes are never read
         if workers:
             seen.add(pid)
-            if pid in _NOT_WORKERS and _NOT_WORKERS[pid] == proc_start_time(pid):
-                continue
+            if pid in _NOT_WORKERS:
+                started = proc_start_time(pid)  # bytes, where _proc's "start" is an int
+                if started is not None and int(started) == _NOT_WORKERS[pid]:
+                    continue
         info = _proc(pid)
         if info is None or not _in_node(info, scope):
             continue
