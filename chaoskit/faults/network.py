@@ -44,6 +44,7 @@ from chaoskit.core.limits import MAX_RATE_BITS
 from chaoskit.core.models import IfName
 from chaoskit.core.shell import check_ifname, shell_quote
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
+from chaoskit.faults.node_tool import until_reverted
 
 __all__ = [
     "LinkDownFault",
@@ -275,7 +276,7 @@ class _NodeFault(Fault):
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        return _poll(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
+        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
 
     def _undo(self, ctx: FaultContext, transport: Any, fid: str, revert: list[str]) -> None:
         """The inject failed after the lease was armed: revert now, or let the watchdog do it within the TTL."""
@@ -507,7 +508,7 @@ class PartitionFault(_NodeFault):
     def verify(self, ctx, injection):
         if injection.detail.get("on") != "controller":
             return super().verify(ctx, injection)
-        return _poll(lambda: self.check_reverted(LocalTransport(injection.node), injection.detail["revert"]), VERIFY_S)
+        return until_reverted(lambda: self.check_reverted(LocalTransport(injection.node), injection.detail["revert"]), VERIFY_S)
 
     def devices(self, target):
         return []
@@ -648,16 +649,3 @@ def _rate_bits(rate: str) -> float:
     scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}[unit]
     return value * scale
-
-
-def _poll(check, timeout: float) -> str | None:
-    end = time.time() + timeout
-    problem = None
-    while True:
-        try:
-            problem = check()
-        except InfraError as exc:
-            problem = str(exc)
-        if problem is None or time.time() >= end:
-            return problem
-        time.sleep(0.1)

@@ -65,7 +65,7 @@ from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.sizes import ByteSize, format_size
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
-from chaoskit.faults.node_tool import journaled_python, node_python, undo
+from chaoskit.faults.node_tool import journaled_python, node_python, undo, until_reverted
 
 __all__ = ["CorruptFault", "CorruptSpec", "FullFault", "FullSpec", "STORAGE_TOOL", "ASIDE_PREFIX", "FILL_PREFIX"]
 
@@ -220,15 +220,7 @@ class _StorageFault(Fault):
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            try:
-                problem = self.check_reverted(transport, injection.detail["revert"])
-            except InfraError as exc:
-                problem = str(exc)
-            if problem is None or time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
 
 
 class CorruptFault(_StorageFault):
