@@ -319,11 +319,9 @@ class LinkDownFault(_NodeFault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """The inventory's interfaces of the node (every one but ``lo`` where it names none) that are down."""
-        if not view.transport.has_own_network:
-            return []
         named = {spec.name for spec in view.node.interfaces.values()}
         out = []
-        for line in (view.run(["ip", "-o", "link", "show"]) or "").splitlines():
+        for line in _own_network_lines(view, ["ip", "-o", "link", "show"]):
             parts = line.split(":", 2)
             if len(parts) < 3:
                 continue
@@ -364,10 +362,8 @@ class _QdiscFault(_NodeFault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """Every qdisc with chaoskit's handle (``network.blackhole``, ``network.degrade``), on any interface."""
-        if not view.transport.has_own_network:
-            return []
         out = []
-        for line in (view.run(["tc", "qdisc", "show"]) or "").splitlines():
+        for line in _own_network_lines(view, ["tc", "qdisc", "show"]):
             words = line.split()
             if QDISC_HANDLE in words and "dev" in words:
                 dev = words[words.index("dev") + 1] if words.index("dev") + 1 < len(words) else "?"
@@ -580,10 +576,8 @@ class PartitionFault(_NodeFault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """Every nft table named ``chaoskit_*`` (a partition's, with its chains and rules)."""
-        if not view.transport.has_own_network:
-            return []
         out = []
-        for line in (view.run(["nft", "list", "tables"]) or "").splitlines():
+        for line in _own_network_lines(view, ["nft", "list", "tables"]):
             words = line.split()
             if len(words) == 3 and words[0] == "table" and _TABLE.fullmatch(words[2]):
                 out.append(f"nft table {words[1]} {words[2]}")
@@ -603,6 +597,14 @@ def _transport(ctx: FaultContext, target: NodeTarget) -> Transport:
             hint="use the netns lab (chaoskit lab up --kind netns) or an SSH inventory",
         )
     return transport
+
+
+def _own_network_lines(view: NodeView, argv: list[str]) -> list[str]:
+    """The lines ``argv`` prints on the audited node; none on a node without a network stack of its own (a
+    process-lab node shares this machine's, and no network fault acts there)."""
+    if not view.transport.has_own_network:
+        return []
+    return (view.run(argv) or "").splitlines()
 
 
 def _cuts_own_connection(target: NodeTarget, devices: list[str]) -> bool:
