@@ -6,7 +6,9 @@ the node's state folder (:attr:`~chaoskit.cluster.transports.api.Transport.state
 checked), under a random name (:func:`state_path`); a path read back (from a revert armed earlier, or the
 journal) is accepted only when it has that form (:func:`own_state_path`). What a helper wrote is parsed here
 without echoing it (:func:`parse_started`): an error names the file, never its contents. The kinds whose helper is
-a cgroup tool (:func:`chaoskit.nodeside.cgroups.tool_main`) share one base class, :class:`CgroupTool`.
+a cgroup tool (:func:`chaoskit.nodeside.cgroups.tool_main`) share one base class, :class:`CgroupTool`. Beside
+them, what more than one kind reads of a node the same way: its Slurm drain, as ``chaoskit audit`` looks for one a
+drill left (:func:`slurm_drain`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import time
 from typing import Any, Callable, ClassVar
 
+from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
@@ -27,7 +30,7 @@ from chaoskit.faults.api import Fault, FaultContext, Injection, NodeView
 
 __all__ = ["COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
            "state_path", "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree",
-           "check_state_gone", "until_reverted", "CgroupTool"]
+           "check_state_gone", "until_reverted", "slurm_drain", "CgroupTool"]
 
 COMMAND_TIMEOUT_S = 15.0
 VERIFY_S = 5.0
@@ -158,6 +161,18 @@ def until_reverted(check: Callable[[], str | None], timeout: float = VERIFY_S) -
         if problem is None or time.time() >= end:
             return problem
         time.sleep(0.1)
+
+
+def slurm_drain(node: Node) -> tuple[str, str | None] | None:
+    """``(state, reason)`` of ``node`` when its Slurm has it drained; ``None`` when it is not, when the node is
+    not one of a Slurm cluster's, or when Slurm does not answer (what an audit reads: nothing to report)."""
+    if node.scheduler is None:
+        return None
+    try:
+        state, reason, _ = node.scheduler.node_state(node.name)
+    except InfraError:
+        return None
+    return (state, reason) if "DRAIN" in state.split("+") else None
 
 
 def undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
