@@ -206,11 +206,11 @@ class CgroupTool(Fault):
     (``mem.oom``, ``node.slow``; :func:`chaoskit.nodeside.cgroups.tool_main`).
 
     Per rank (a target whose process is a child of a rank already moved is skipped: it inherits ``RANK``): the
-    tool's ``probe`` for the controller; a state file; the tool's
-    ``restore`` of it armed as a lease; the kind's :meth:`move_in` (the tool's own operation, which writes the
-    processes' cgroups down in the state file first); then :meth:`after_move`. When anything after the lease fails,
-    the revert runs at once (:func:`undo`). A subclass sets the class attributes below and provides :meth:`move_in`,
-    :meth:`after_move` and :meth:`own_cgroup`."""
+    tool's ``probe`` for the controller; a new state file's path; the tool's ``restore`` of it armed as a lease;
+    the kind's :meth:`move_in` (the tool's own operation, which writes the processes' cgroups down in the state
+    file first); then :meth:`after_move`. When anything after the lease fails, the revert runs at once
+    (:func:`undo`). A subclass sets the class attributes below and provides :meth:`move_in`, :meth:`after_move`
+    and :meth:`own_cgroup`."""
 
     lasting: ClassVar[bool] = True
     tool_source: ClassVar[str]
