@@ -61,6 +61,7 @@ from chaoskit.faults.node_tool import (
     parse_started,
     read_node_file,
     run_helper,
+    slurm_drain,
     state_path,
     undo,
     until_reverted,
@@ -617,15 +618,9 @@ class GpuXidFault(Fault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """A Slurm drain a health check made for one of its lines (the reason names a drill's marker)."""
-        node = view.node
-        if node.scheduler is None:
-            return []
-        try:
-            state, reason, _ = node.scheduler.node_state(node.name)
-        except InfraError:
-            return []
-        if "DRAIN" in state.split("+") and re.search(r"chaoskit drill [0-9a-f]{8}", reason or ""):
-            return [f"Slurm drain for a gpu.xid line: {state} ({reason})"]
+        drain = slurm_drain(view.node)
+        if drain is not None and re.search(r"chaoskit drill [0-9a-f]{8}", drain[1] or ""):
+            return ["Slurm drain for a gpu.xid line: %s (%s)" % drain]
         return []
 
 

@@ -34,8 +34,7 @@ command that uses it.
 
 from __future__ import annotations
 
-import os
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -44,21 +43,14 @@ from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
+from chaoskit.faults.api import Action, FaultContext, FaultSpec, Injection
 from chaoskit.faults.node_tool import (
     COMMAND_TIMEOUT_S,
-    check_state_gone,
+    CgroupTool,
     helper_argv,
     helper_source,
-    journaled_helper,
-    node_python,
     parse_started,
-    process_tree,
     read_node_file,
-    run_helper,
-    state_path,
-    undo,
-    until_reverted,
     wait_node_file,
 )
 from chaoskit.nodeside import cgroups
@@ -97,11 +89,11 @@ class OomSpec(FaultSpec):
                           "moments of the fault).")
 
 
-class OomFault(Fault):
+class OomFault(CgroupTool):
     kind = "mem.oom"
     covers = ("software.oom",)
     Spec = OomSpec
-    lasting: ClassVar[bool] = True
+    tool_source, state_prefix, controller, cgroup_what = MEMORY_TOOL, STATE, "memory", "memory cap"
 
     def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
         d, limit = self.spec.duration, self.spec.limit_mib << 20
@@ -120,45 +112,22 @@ class OomFault(Fault):
                                       "rmdir the chaoskit cgroup", label))
         return out
 
-    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
-        out: list[Injection] = []
-        covered: set[tuple[str, int]] = set()
-        for i, t in enumerate(targets):
-            if (t.node, t.pid) in covered:  # a child of a rank already capped (it inherits RANK)
-                continue
-            fid = f"{self.fault_id}.{i}"
-            transport = ctx.transport(t.node)
-            pids = process_tree(transport, t.pid)
-            covered.update((t.node, p) for p in pids)
-            python = node_python(ctx, transport, t.node)
-            probe = _tool(transport, python, ["probe"])
-            if probe.get("version") is None:
-                raise InfraError(f"mem.oom: node {t.node} has no cgroup memory controller (v2 memory.max or v1 memory)")
-            state = state_path(transport, STATE, ".json")
-            token = os.path.basename(state)[len(STATE):-len(".json")]
-            ballast = state[: -len(".json")] + ".ballast"
-            revert = helper_argv(python, MEMORY_TOOL, "restore", state)
-            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
-            try:
-                done = _tool(transport, python, ["cap", f"{CGROUP_PREFIX}{t.node}-{token}", str(self.spec.limit_mib << 20),
-                                                 state, ballast, *map(str, pids)])
-                if t.pid not in done["moved"]:
-                    raise InfraError(f"mem.oom: could not move pid {t.pid} into {done['cgroup']} on node {t.node}")
-                transport.spawn_detached(helper_argv(python, BALLAST, f"{done['cgroup']}/cgroup.procs", ballast,
-                                                     f"{self.spec.duration:g}", *map(str, done["moved"])))
-                started = wait_node_file(transport, f"{ballast}/started", STARTED_S)
-                if started is None:
-                    raise InfraError(f"mem.oom: the ballast did not start on node {t.node} within {STARTED_S:g}s")
-                started_at, ballast_pid = parse_started(started, "mem.oom: the ballast's started file", t.node)
-            except InfraError:
-                undo(ctx, transport, fid, revert)
-                raise
-            detail = {"mechanism": f"cgroup {done['version']}", "fidelity": "real", "cgroup": done["cgroup"],
-                      "state": state, "ballast": ballast, "ballast_pid": ballast_pid, "pids": done["moved"],
-                      "limit_bytes": done["limit_bytes"], "rank_oom_score_adj_raised": bool(done["victim_first"]),
-                      "revert": revert}
-            out.append(Injection(fid, self.kind, t.node, [t.label()], started_at, detail))
-        return out
+    def move_in(self, transport: Transport, python: str, t: ProcessTarget, pids: list[int], state: str,
+                token: str) -> dict[str, Any]:
+        return self.run_tool(transport, python, ["cap", f"{CGROUP_PREFIX}{t.node}-{token}", str(self.spec.limit_mib << 20),
+                                                 state, _ballast_of(state), *map(str, pids)])
+
+    def after_move(self, ctx: FaultContext, transport: Transport, python: str, t: ProcessTarget, state: str,
+                   done: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        ballast = _ballast_of(state)
+        transport.spawn_detached(helper_argv(python, BALLAST, f"{done['cgroup']}/cgroup.procs", ballast,
+                                             f"{self.spec.duration:g}", *map(str, done["moved"])))
+        started = wait_node_file(transport, f"{ballast}/started", STARTED_S)
+        if started is None:
+            raise InfraError(f"mem.oom: the ballast did not start on node {t.node} within {STARTED_S:g}s")
+        started_at, ballast_pid = parse_started(started, "mem.oom: the ballast's started file", t.node)
+        return started_at, {"ballast": ballast, "ballast_pid": ballast_pid, "pids": done["moved"],
+                            "limit_bytes": done["limit_bytes"], "rank_oom_score_adj_raised": bool(done["victim_first"])}
 
     def revert(self, ctx: FaultContext, injection: Injection) -> None:
         transport = ctx.transport(injection.node)
@@ -168,31 +137,18 @@ class OomFault(Fault):
             raise InfraError(f"mem.oom: restoring the cgroups on node {injection.node} failed: {res.stderr.strip()}")
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
-        transport = ctx.transport(injection.node)
-        problem = until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
-                                                             cgroup=injection.detail["cgroup"]))
+        problem = super().verify(ctx, injection)
         if problem is None:
-            transport.run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
+            ctx.transport(injection.node).run(["rm", "-rf", injection.detail["ballast"]], COMMAND_TIMEOUT_S)
         return problem
-
-    @classmethod
-    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
-        """The memory tool's ``restore`` of a state file in the node's state folder."""
-        return journaled_helper(revert, node, MEMORY_TOOL, "restore", STATE, ".json")
-
-    @classmethod
-    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
-        return check_state_gone(transport, revert, STATE, cgroup or "")
 
     state_prefixes = (STATE,)
 
     @classmethod
-    def leftovers(cls, view: NodeView) -> list[str]:
-        """Its cgroups (``chaoskit-oom-*``, with their ``memory.max``) and its state (``oom-*``: the cap's, the ballast)."""
-        out = [f"cgroup {path} (mem.oom's memory cap)" for path in view.cgroups()
-               if path.rsplit("/", 1)[-1].startswith(CGROUP_PREFIX)]
-        return out + [f"state {name} (mem.oom)" for name in view.state_entries() if name.startswith(STATE) and "/" not in name.rstrip("/")]
+    def own_cgroup(cls, name: str) -> bool:
+        return name.startswith(CGROUP_PREFIX)
 
 
-def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
-    return run_helper(transport, python, MEMORY_TOOL, args, "mem.oom", "cgroups need root on the node")
+def _ballast_of(state: str) -> str:
+    """The ballast's folder beside the state file: ``oom-<token>.ballast``."""
+    return state[: -len(".json")] + ".ballast"

@@ -44,6 +44,7 @@ from chaoskit.core.limits import MAX_RATE_BITS
 from chaoskit.core.models import IfName
 from chaoskit.core.shell import check_ifname, shell_quote
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
+from chaoskit.faults.node_tool import until_reverted
 
 __all__ = [
     "LinkDownFault",
@@ -275,7 +276,7 @@ class _NodeFault(Fault):
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        return _poll(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
+        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
 
     def _undo(self, ctx: FaultContext, transport: Any, fid: str, revert: list[str]) -> None:
         """The inject failed after the lease was armed: revert now, or let the watchdog do it within the TTL."""
@@ -318,11 +319,9 @@ class LinkDownFault(_NodeFault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """The inventory's interfaces of the node (every one but ``lo`` where it names none) that are down."""
-        if not view.transport.has_own_network:
-            return []
         named = {spec.name for spec in view.node.interfaces.values()}
         out = []
-        for line in (view.run(["ip", "-o", "link", "show"]) or "").splitlines():
+        for line in _own_network_lines(view, ["ip", "-o", "link", "show"]):
             parts = line.split(":", 2)
             if len(parts) < 3:
                 continue
@@ -363,10 +362,8 @@ class _QdiscFault(_NodeFault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """Every qdisc with chaoskit's handle (``network.blackhole``, ``network.degrade``), on any interface."""
-        if not view.transport.has_own_network:
-            return []
         out = []
-        for line in (view.run(["tc", "qdisc", "show"]) or "").splitlines():
+        for line in _own_network_lines(view, ["tc", "qdisc", "show"]):
             words = line.split()
             if QDISC_HANDLE in words and "dev" in words:
                 dev = words[words.index("dev") + 1] if words.index("dev") + 1 < len(words) else "?"
@@ -507,7 +504,7 @@ class PartitionFault(_NodeFault):
     def verify(self, ctx, injection):
         if injection.detail.get("on") != "controller":
             return super().verify(ctx, injection)
-        return _poll(lambda: self.check_reverted(LocalTransport(injection.node), injection.detail["revert"]), VERIFY_S)
+        return until_reverted(lambda: self.check_reverted(LocalTransport(injection.node), injection.detail["revert"]), VERIFY_S)
 
     def devices(self, target):
         return []
@@ -579,10 +576,8 @@ class PartitionFault(_NodeFault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """Every nft table named ``chaoskit_*`` (a partition's, with its chains and rules)."""
-        if not view.transport.has_own_network:
-            return []
         out = []
-        for line in (view.run(["nft", "list", "tables"]) or "").splitlines():
+        for line in _own_network_lines(view, ["nft", "list", "tables"]):
             words = line.split()
             if len(words) == 3 and words[0] == "table" and _TABLE.fullmatch(words[2]):
                 out.append(f"nft table {words[1]} {words[2]}")
@@ -602,6 +597,14 @@ def _transport(ctx: FaultContext, target: NodeTarget) -> Transport:
             hint="use the netns lab (chaoskit lab up --kind netns) or an SSH inventory",
         )
     return transport
+
+
+def _own_network_lines(view: NodeView, argv: list[str]) -> list[str]:
+    """The lines ``argv`` prints on the audited node; none on a node without a network stack of its own (a
+    process-lab node shares this machine's, and no network fault acts there)."""
+    if not view.transport.has_own_network:
+        return []
+    return (view.run(argv) or "").splitlines()
 
 
 def _cuts_own_connection(target: NodeTarget, devices: list[str]) -> bool:
@@ -648,16 +651,3 @@ def _rate_bits(rate: str) -> float:
     scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}[unit]
     return value * scale
-
-
-def _poll(check, timeout: float) -> str | None:
-    end = time.time() + timeout
-    problem = None
-    while True:
-        try:
-            problem = check()
-        except InfraError as exc:
-            problem = str(exc)
-        if problem is None or time.time() >= end:
-            return problem
-        time.sleep(0.1)

@@ -5,27 +5,32 @@ run as ``python3 -I -c SOURCE ARGS...`` (:func:`helper_argv`) through the node's
 the node's state folder (:attr:`~chaoskit.cluster.transports.api.Transport.state_dir`, which chaoskit made and
 checked), under a random name (:func:`state_path`); a path read back (from a revert armed earlier, or the
 journal) is accepted only when it has that form (:func:`own_state_path`). What a helper wrote is parsed here
-without echoing it (:func:`parse_started`): an error names the file, never its contents.
+without echoing it (:func:`parse_started`): an error names the file, never its contents. The kinds whose helper is
+a cgroup tool (:func:`chaoskit.nodeside.cgroups.tool_main`) share one base class, :class:`CgroupTool`. Beside
+them, what more than one kind reads of a node the same way: its Slurm drain, as ``chaoskit audit`` looks for one a
+drill left (:func:`slurm_drain`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
+from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
-from chaoskit.faults.api import FaultContext
+from chaoskit.faults.api import Fault, FaultContext, Injection, NodeView
 
 __all__ = ["COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
            "state_path", "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree",
-           "check_state_gone", "until_reverted"]
+           "check_state_gone", "until_reverted", "slurm_drain", "CgroupTool"]
 
 COMMAND_TIMEOUT_S = 15.0
 VERIFY_S = 5.0
@@ -158,6 +163,18 @@ def until_reverted(check: Callable[[], str | None], timeout: float = VERIFY_S) -
         time.sleep(0.1)
 
 
+def slurm_drain(node: Node) -> tuple[str, str | None] | None:
+    """``(state, reason)`` of ``node`` when its Slurm has it drained; ``None`` when it is not, when the node is
+    not one of a Slurm cluster's, or when Slurm does not answer (what an audit reads: nothing to report)."""
+    if node.scheduler is None:
+        return None
+    try:
+        state, reason, _ = node.scheduler.node_state(node.name)
+    except InfraError:
+        return None
+    return (state, reason) if "DRAIN" in state.split("+") else None
+
+
 def undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:
     """The inject failed after the lease was armed: revert now, or leave it to the watchdog within the TTL."""
     leases = ctx.leases
@@ -182,3 +199,112 @@ def process_tree(transport: Transport, pid: int) -> list[int]:
         out.append(current)
         todo.extend(children.get(current, []))
     return out
+
+
+class CgroupTool(Fault):
+    """A kind that moves a rank's processes into a cgroup of chaoskit's own, through a cgroup tool on the node
+    (``mem.oom``, ``node.slow``; :func:`chaoskit.nodeside.cgroups.tool_main`).
+
+    Per rank (a target whose process is a child of a rank already moved is skipped: it inherits ``RANK``): the
+    tool's ``probe`` for the controller; a new state file's path; the tool's ``restore`` of it armed as a lease;
+    the kind's :meth:`move_in` (the tool's own operation, which writes the processes' cgroups down in the state
+    file first); then :meth:`after_move`. When anything after the lease fails, the revert runs at once
+    (:func:`undo`). A subclass sets the class attributes below and provides :meth:`move_in`, :meth:`after_move`
+    and :meth:`own_cgroup`."""
+
+    lasting: ClassVar[bool] = True
+    tool_source: ClassVar[str]
+    """The cgroup tool, as :func:`helper_source` bundles it."""
+    state_prefix: ClassVar[str]
+    """Its state files are ``<state folder>/<state_prefix><token>.json`` (the kind's ``state_prefixes`` too)."""
+    controller: ClassVar[str]
+    """The cgroup controller the tool acts through (``memory``, ``cpu``)."""
+    cgroup_what: ClassVar[str]
+    """What its cgroups hold, as ``leftovers`` names them (``memory cap``)."""
+
+    # What a subclass provides -------------------------------------------------------------
+
+    def move_in(self, transport: Transport, python: str, t: Any, pids: list[int], state: str, token: str) -> dict[str, Any]:
+        """Run the tool's operation that makes the cgroup ``token`` names and moves ``pids`` in: its answer
+        (``version``, ``cgroup``, ``moved``, ...)."""
+        raise NotImplementedError
+
+    def after_move(self, ctx: FaultContext, transport: Transport, python: str, t: Any, state: str,
+                   done: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """What follows the move (``t``'s pid is in ``done["moved"]``): the fault's time and the kind's own entries
+        of the injection's detail."""
+        raise NotImplementedError
+
+    def inject_otherwise(self, ctx: FaultContext, transport: Transport, fid: str, t: Any) -> Injection | None:
+        """An injection by another mechanism than the cgroup for ``t``, or ``None`` (the default): the cgroup."""
+        return None
+
+    @classmethod
+    def own_cgroup(cls, name: str) -> bool:
+        """Whether a cgroup named ``name`` is one this kind makes."""
+        raise NotImplementedError
+
+    # The verbs ------------------------------------------------------------------------
+
+    def inject(self, ctx: FaultContext, targets: list[Any]) -> list[Injection]:
+        out: list[Injection] = []
+        covered: set[tuple[str, int]] = set()
+        for i, t in enumerate(targets):
+            if (t.node, t.pid) in covered:  # a child of a rank already in a chaoskit cgroup (it inherits RANK)
+                continue
+            fid = f"{self.fault_id}.{i}"
+            transport = ctx.transport(t.node)
+            other = self.inject_otherwise(ctx, transport, fid, t)
+            if other is not None:
+                covered.add((t.node, t.pid))
+                out.append(other)
+                continue
+            pids = process_tree(transport, t.pid)
+            covered.update((t.node, p) for p in pids)
+            python = node_python(ctx, transport, t.node)
+            probe = self.run_tool(transport, python, ["probe"])
+            if probe.get("version") is None:
+                c = self.controller
+                raise InfraError(f"{self.kind}: node {t.node} has no cgroup {c} controller (v2 {c}.max or v1 {c})")
+            state = state_path(transport, self.state_prefix, ".json")
+            token = os.path.basename(state)[len(self.state_prefix):-len(".json")]
+            revert = helper_argv(python, self.tool_source, "restore", state)
+            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
+            try:
+                done = self.move_in(transport, python, t, pids, state, token)
+                if t.pid not in done["moved"]:
+                    raise InfraError(f"{self.kind}: could not move pid {t.pid} into {done['cgroup']} on node {t.node}")
+                ts, own = self.after_move(ctx, transport, python, t, state, done)
+            except InfraError:
+                undo(ctx, transport, fid, revert)
+                raise
+            detail = {"mechanism": f"cgroup {done['version']}", "fidelity": "real", "cgroup": done["cgroup"],
+                      "state": state, **own, "revert": revert}
+            out.append(Injection(fid, self.kind, t.node, [t.label()], ts, detail))
+        return out
+
+    def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
+        transport = ctx.transport(injection.node)
+        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
+                                                          cgroup=injection.detail["cgroup"]))
+
+    @classmethod
+    def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
+        """The cgroup tool's ``restore`` of a state file in the node's state folder."""
+        return journaled_helper(revert, node, cls.tool_source, "restore", cls.state_prefix, ".json")
+
+    @classmethod
+    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
+        return check_state_gone(transport, revert, cls.state_prefix, cgroup or "")
+
+    @classmethod
+    def leftovers(cls, view: NodeView) -> list[str]:
+        """Its cgroups (:meth:`own_cgroup`) and its state files (``<state_prefix>*``)."""
+        out = [f"cgroup {path} ({cls.kind}'s {cls.cgroup_what})" for path in view.cgroups()
+               if cls.own_cgroup(path.rsplit("/", 1)[-1])]
+        return out + [f"state {name} ({cls.kind})" for name in view.state_entries()
+                      if name.startswith(cls.state_prefix) and "/" not in name.rstrip("/")]
+
+    def run_tool(self, transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
+        """One command of the kind's cgroup tool (:func:`run_helper`)."""
+        return run_helper(transport, python, self.tool_source, args, self.kind, "cgroups need root on the node")

@@ -16,7 +16,6 @@ command that uses it.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from typing import Any, ClassVar, Literal
@@ -30,20 +29,8 @@ from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.limits import MAX_COUNT
-from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
-from chaoskit.faults.node_tool import (
-    COMMAND_TIMEOUT_S,
-    check_state_gone,
-    helper_argv,
-    helper_source,
-    journaled_helper,
-    node_python,
-    process_tree,
-    run_helper,
-    state_path,
-    undo,
-    until_reverted,
-)
+from chaoskit.faults.api import Action, FaultContext, FaultSpec, Injection
+from chaoskit.faults.node_tool import COMMAND_TIMEOUT_S, CgroupTool, helper_source, undo
 from chaoskit.nodeside import cgroups
 
 __all__ = ["SlowFault", "SlowSpec", "CGROUP_TOOL", "PERIOD_US"]
@@ -87,11 +74,11 @@ class SlowSpec(FaultSpec):
         return self
 
 
-class SlowFault(Fault):
+class SlowFault(CgroupTool):
     kind = "node.slow"
     covers = ("hardware.slow",)
     Spec = SlowSpec
-    lasting: ClassVar[bool] = True
+    tool_source, state_prefix, controller, cgroup_what = CGROUP_TOOL, STATE, "cpu", "CPU quota"
     measures_slowdown: ClassVar[bool] = True
     """The runner reports step time before, during and after this fault, and the throughput it cost."""
 
@@ -124,47 +111,27 @@ class SlowFault(Fault):
                               label))
         return out
 
-    def inject(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Injection]:
-        out: list[Injection] = []
-        covered: set[tuple[str, int]] = set()
-        for i, t in enumerate(targets):
-            if (t.node, t.pid) in covered:  # a child of a rank already throttled (it inherits RANK)
-                continue
-            fid = f"{self.fault_id}.{i}"
-            transport = ctx.transport(t.node)
-            if self.spec.mechanism != "cgroup" and self.spec.gpu_clock_mhz is not None:
-                envs = {p.pid: p.env for p in transport.processes()}
-                device = self.spec.device if self.spec.device is not None else device_of(envs.get(t.pid, {}))
-                if lists_devices(transport, [device], COMMAND_TIMEOUT_S):
-                    covered.add((t.node, t.pid))
-                    out.append(self._inject_nvidia(ctx, transport, fid, t, device))
-                    continue
-                if self.spec.mechanism == "nvidia":
-                    raise InfraError(f"node.slow with mechanism nvidia: 'nvidia-smi -L' on node {t.node} does not list GPU {device}",
-                                     hint="use mechanism: cgroup (or auto, with cpu_share) on nodes without NVIDIA GPUs")
-            pids = process_tree(transport, t.pid)
-            covered.update((t.node, p) for p in pids)
-            python = node_python(ctx, transport, t.node)
-            probe = _tool(transport, python, ["probe"])
-            if probe.get("version") is None:
-                raise InfraError(f"node.slow: node {t.node} has no cgroup cpu controller (v2 cpu.max or v1 cpu)")
-            state = state_path(transport, STATE, ".json")
-            name = f"chaoskit-{os.path.basename(state)[len(STATE):-len('.json')]}"
-            revert = helper_argv(python, CGROUP_TOOL, "restore", state)
-            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=t.label())
-            try:
-                done = _tool(transport, python, ["throttle", name, str(self.spec.cpu_share or 0), str(PERIOD_US), state, *map(str, pids)])
-            except InfraError:
-                undo(ctx, transport, fid, revert)
-                raise
-            ts = time.time()
-            if t.pid not in done["moved"]:
-                undo(ctx, transport, fid, revert)
-                raise InfraError(f"node.slow: could not move pid {t.pid} into {done['cgroup']} on node {t.node}")
-            detail = {"mechanism": f"cgroup {done['version']}", "fidelity": "real", "cgroup": done["cgroup"],
-                      "state": state, "pids": done["moved"], "cpu_share": self.spec.cpu_share, "revert": revert}
-            out.append(Injection(fid, self.kind, t.node, [t.label()], ts, detail))
-        return out
+    def inject_otherwise(self, ctx: FaultContext, transport: Transport, fid: str, t: ProcessTarget) -> Injection | None:
+        """The GPU's clocks locked, where the mechanism allows it and ``nvidia-smi -L`` lists the rank's device."""
+        if self.spec.mechanism == "cgroup" or self.spec.gpu_clock_mhz is None:
+            return None
+        envs = {p.pid: p.env for p in transport.processes()}
+        device = self.spec.device if self.spec.device is not None else device_of(envs.get(t.pid, {}))
+        if lists_devices(transport, [device], COMMAND_TIMEOUT_S):
+            return self._inject_nvidia(ctx, transport, fid, t, device)
+        if self.spec.mechanism == "nvidia":
+            raise InfraError(f"node.slow with mechanism nvidia: 'nvidia-smi -L' on node {t.node} does not list GPU {device}",
+                             hint="use mechanism: cgroup (or auto, with cpu_share) on nodes without NVIDIA GPUs")
+        return None
+
+    def move_in(self, transport: Transport, python: str, t: ProcessTarget, pids: list[int], state: str,
+                token: str) -> dict[str, Any]:
+        return self.run_tool(transport, python, ["throttle", f"chaoskit-{token}", str(self.spec.cpu_share or 0),
+                                                 str(PERIOD_US), state, *map(str, pids)])
+
+    def after_move(self, ctx: FaultContext, transport: Transport, python: str, t: ProcessTarget, state: str,
+                   done: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        return time.time(), {"pids": done["moved"], "cpu_share": self.spec.cpu_share}
 
     def _inject_nvidia(self, ctx: FaultContext, transport: Transport, fid: str, t: ProcessTarget, device: int) -> Injection:
         dev, mhz = str(int(device)), int(self.spec.gpu_clock_mhz or 0)
@@ -189,9 +156,7 @@ class SlowFault(Fault):
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         if injection.detail["mechanism"] == "nvidia":
             return None  # nvidia-smi -rgc answered 0 (revert raises otherwise); nvidia-smi shows no lock to read back
-        transport = ctx.transport(injection.node)
-        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"],
-                                                          cgroup=injection.detail["cgroup"]))
+        return super().verify(ctx, injection)
 
     @classmethod
     def journaled_revert(cls, revert: list[str], node: Any = None) -> list[str]:
@@ -199,23 +164,16 @@ class SlowFault(Fault):
         if len(revert) == 4 and revert[:2] == ["nvidia-smi", "-i"] and revert[2].isascii() and revert[2].isdigit() \
                 and revert[3] == "-rgc":
             return ["nvidia-smi", "-i", str(int(revert[2])), "-rgc"]
-        return journaled_helper(revert, node, CGROUP_TOOL, "restore", STATE, ".json")
+        return super().journaled_revert(revert, node)
 
     @classmethod
     def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None, cgroup: str | None = None) -> str | None:
         if revert[0] == "nvidia-smi":
             return None  # the reset is idempotent and ran; the driver shows no clock lock to compare with
-        return check_state_gone(transport, revert, STATE, cgroup or "")
+        return super().check_reverted(transport, revert, node, cgroup)
 
     state_prefixes = (STATE,)
 
     @classmethod
-    def leftovers(cls, view: NodeView) -> list[str]:
-        """Its cgroups (``chaoskit-<token>``, with their CPU quota) and its state files (``slow-*``)."""
-        out = [f"cgroup {path} (node.slow's CPU quota)" for path in view.cgroups()
-               if re.fullmatch(r"chaoskit-[0-9a-f]{12,32}", path.rsplit("/", 1)[-1])]
-        return out + [f"state {name} (node.slow)" for name in view.state_entries() if name.startswith(STATE) and "/" not in name.rstrip("/")]
-
-
-def _tool(transport: Transport, python: str, args: list[str]) -> dict[str, Any]:
-    return run_helper(transport, python, CGROUP_TOOL, args, "node.slow", "cgroups need root on the node")
+    def own_cgroup(cls, name: str) -> bool:
+        return re.fullmatch(r"chaoskit-[0-9a-f]{12,32}", name) is not None

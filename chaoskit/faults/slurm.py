@@ -37,6 +37,7 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.shell import shell_quote
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
+from chaoskit.faults.node_tool import slurm_drain
 
 __all__ = ["DrainFault", "DrainSpec", "RequeueFault", "RequeueSpec"]
 
@@ -168,15 +169,9 @@ class DrainFault(Fault):
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
         """The node drained with chaoskit's own reason."""
-        node = view.node
-        if node.scheduler is None:
-            return []
-        try:
-            state, reason, _ = node.scheduler.node_state(node.name)
-        except InfraError:
-            return []
-        if "DRAIN" in state.split("+") and (reason or "").startswith(REASON):
-            return [f"Slurm drain with chaoskit's reason: {state} ({reason})"]
+        drain = slurm_drain(view.node)
+        if drain is not None and (drain[1] or "").startswith(REASON):
+            return ["Slurm drain with chaoskit's reason: %s (%s)" % drain]
         return []
 
 

@@ -65,7 +65,7 @@ from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.sizes import ByteSize, format_size
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
-from chaoskit.faults.node_tool import journaled_python, node_python, undo
+from chaoskit.faults.node_tool import journaled_python, node_python, undo, until_reverted
 
 __all__ = ["CorruptFault", "CorruptSpec", "FullFault", "FullSpec", "STORAGE_TOOL", "ASIDE_PREFIX", "FILL_PREFIX"]
 
@@ -150,6 +150,12 @@ class FullSpec(_StorageSpec):
 class _StorageFault(Fault):
     target_type = "node"
     lasting: ClassVar[bool] = True
+    revert_op: ClassVar[str]
+    """The storage tool's operation that reverts the fault (its lease's revert)."""
+    check_op: ClassVar[str]
+    """The storage tool's operation that says what of the fault is left, on the revert's arguments."""
+    checked: ClassVar[str]
+    """What that operation looks at (its name is the revert's fifth argument), as an error says it."""
 
     @classmethod
     def leftovers(cls, view: NodeView) -> list[str]:
@@ -171,7 +177,15 @@ class _StorageFault(Fault):
         """The storage tool's own restore (or unfill), rebuilt from values of the forms it makes
         (:func:`parse_revert`), with a Python chaoskit runs its helpers with on this node."""
         python, args = parse_revert(cls.kind, revert)
-        return tool_argv(journaled_python(python, node), "restore" if cls.kind == "storage.corrupt" else "unfill", *args)
+        return tool_argv(journaled_python(python, node), cls.revert_op, *args)
+
+    @classmethod
+    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:
+        python, args = parse_revert(cls.kind, revert)
+        res = transport.run(tool_argv(python, cls.check_op, *args), COMMAND_TIMEOUT_S)
+        if res.returncode != 0:
+            return f"cannot check {cls.checked} {args[4]}: {_last(res)}"
+        return res.stdout.strip() or None
 
     def needs(self) -> tuple[str, ...]:
         return ("python3",)
@@ -209,6 +223,15 @@ class _StorageFault(Fault):
             raise InfraError(f"{self.kind} on node {transport.node}: {args[0]} failed: {_last(res)}")
         return json.loads(res.stdout) if res.stdout.strip() else None
 
+    def inject(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Injection]:
+        root = self._root(ctx)
+        return [self.inject_on(ctx, root, f"{self.fault_id}.{i}", t) for i, t in enumerate(targets)]
+
+    def inject_on(self, ctx: FaultContext, root: str, fid: str, t: NodeTarget) -> Injection:
+        """The fault on one target node, in the checkpoint folder ``root``; its lease armed first and released
+        again (:func:`undo`) when the node-side step fails."""
+        raise NotImplementedError
+
     def revert(self, ctx: FaultContext, injection: Injection) -> None:
         revert = injection.detail["revert"]
         parse_revert(self.kind, revert)
@@ -220,21 +243,14 @@ class _StorageFault(Fault):
 
     def verify(self, ctx: FaultContext, injection: Injection) -> str | None:
         transport = ctx.transport(injection.node)
-        end = time.time() + VERIFY_S
-        while True:
-            try:
-                problem = self.check_reverted(transport, injection.detail["revert"])
-            except InfraError as exc:
-                problem = str(exc)
-            if problem is None or time.time() >= end:
-                return problem
-            time.sleep(0.1)
+        return until_reverted(lambda: self.check_reverted(transport, injection.detail["revert"]), VERIFY_S)
 
 
 class CorruptFault(_StorageFault):
     kind = "storage.corrupt"
     covers = ("storage.checkpoint",)
     Spec = CorruptSpec
+    revert_op, check_op, checked = "restore", "check", "the aside folder"
     primes: ClassVar[bool] = True
 
     def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
@@ -253,48 +269,36 @@ class CorruptFault(_StorageFault):
                                       "name meanwhile); remove the aside folder", t.node))
         return out
 
-    def inject(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Injection]:
-        root = self._root(ctx)
-        out = []
-        for i, t in enumerate(targets):
-            fid = f"{self.fault_id}.{i}"
-            transport = ctx.transport(t.node)
-            found = self._tool(ctx, transport, ["find", root, self.spec.path, self.spec.pattern])
-            if "checkpoint" not in found:
-                raise InfraError(f"storage.corrupt: no checkpoint matching '{self.spec.pattern}' under {found['folder']} "
-                                 f"on node {t.node}; nothing was injected",
-                                 hint="trigger the fault after the job's first save (at: {step: N} past checkpoint_every)")
-            checkpoint = found["checkpoint"]
-            name = ASIDE_PREFIX + secrets.token_hex(8)
-            aside = posixpath.join(posixpath.dirname(checkpoint), name)
-            where = [root, found["root_id"], found["rel"], found["parent_id"], name, found["id"], str(found["uid"]),
-                     self.spec.mode]
-            revert = tool_argv(node_python(ctx, transport, t.node), "restore", *where)
-            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.node}:{checkpoint}")
-            try:
-                done = self._tool(ctx, transport, ["corrupt", *where])
-            except (InfraError, ScenarioError):
-                undo(ctx, transport, fid, revert)
-                raise
-            ts = time.time()
-            detail = {"mechanism": self.spec.mode, "fidelity": "real", "checkpoint": checkpoint, "aside": aside,
-                      "bytes": done["bytes"], "bytes_now": done["now"], "revert": revert}
-            out.append(Injection(fid, self.kind, t.node, [f"{t.node}:{checkpoint}"], ts, detail))
-        return out
-
-    @classmethod
-    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:
-        python, args = parse_revert(cls.kind, revert)
-        res = transport.run(tool_argv(python, "check", *args), COMMAND_TIMEOUT_S)
-        if res.returncode != 0:
-            return f"cannot check the aside folder {args[4]}: {_last(res)}"
-        return res.stdout.strip() or None
+    def inject_on(self, ctx: FaultContext, root: str, fid: str, t: NodeTarget) -> Injection:
+        transport = ctx.transport(t.node)
+        found = self._tool(ctx, transport, ["find", root, self.spec.path, self.spec.pattern])
+        if "checkpoint" not in found:
+            raise InfraError(f"storage.corrupt: no checkpoint matching '{self.spec.pattern}' under {found['folder']} "
+                             f"on node {t.node}; nothing was injected",
+                             hint="trigger the fault after the job's first save (at: {step: N} past checkpoint_every)")
+        checkpoint = found["checkpoint"]
+        name = ASIDE_PREFIX + secrets.token_hex(8)
+        aside = posixpath.join(posixpath.dirname(checkpoint), name)
+        where = [root, found["root_id"], found["rel"], found["parent_id"], name, found["id"], str(found["uid"]),
+                 self.spec.mode]
+        revert = tool_argv(node_python(ctx, transport, t.node), self.revert_op, *where)
+        ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.node}:{checkpoint}")
+        try:
+            done = self._tool(ctx, transport, ["corrupt", *where])
+        except (InfraError, ScenarioError):
+            undo(ctx, transport, fid, revert)
+            raise
+        ts = time.time()
+        detail = {"mechanism": self.spec.mode, "fidelity": "real", "checkpoint": checkpoint, "aside": aside,
+                  "bytes": done["bytes"], "bytes_now": done["now"], "revert": revert}
+        return Injection(fid, self.kind, t.node, [f"{t.node}:{checkpoint}"], ts, detail)
 
 
 class FullFault(_StorageFault):
     kind = "storage.full"
     covers = ("storage.disk",)
     Spec = FullSpec
+    revert_op, check_op, checked = "unfill", "filled", "the fill file"
 
     def plan(self, ctx: FaultContext, targets: list[Any]) -> list[Action]:
         d, size, where = self.spec.duration, format_size(self.spec.size), self._where()
@@ -325,43 +329,29 @@ class FullFault(_StorageFault):
                 hint="give the job a small checkpoint file system (workload: {checkpoint_fs: 64MiB}), or raise size "
                      "if filling that much is what you mean")
 
-    def inject(self, ctx: FaultContext, targets: list[NodeTarget]) -> list[Injection]:
-        root = self._root(ctx)
-        out = []
-        for i, t in enumerate(targets):
-            fid = f"{self.fault_id}.{i}"
-            transport = ctx.transport(t.node)
-            fs = self._tool(ctx, transport, ["statfs", root, self.spec.path])
-            self._refuse_if_roomy(fs["free"], fs["folder"], t.node)
-            if "folder_id" not in fs:
-                raise InfraError(f"storage.full: {fs['folder']} does not exist on node {t.node}; nothing was injected")
-            name = FILL_PREFIX + secrets.token_hex(8)
-            python = node_python(ctx, transport, t.node)
-            where = [root, fs["root_id"], fs["rel"], fs["folder_id"], name]
-            revert = tool_argv(python, "unfill", *where)
-            ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.node}:{fs['folder']}")
-            res = transport.run(tool_argv(python, "fill", *where, str(self.spec.size)), FILL_TIMEOUT_S)
-            if res.returncode != 0:
-                undo(ctx, transport, fid, revert)
-                if res.returncode == REFUSED:  # it grew roomier between the two looks
-                    self._refuse_if_roomy(self.spec.size + 1, fs["folder"], t.node)
-                raise InfraError(f"storage.full on node {t.node}: fill failed: {_last(res)}")
-            done = json.loads(res.stdout)
-            ts = time.time()
-            detail = {"mechanism": "fill", "fidelity": "real", "file": done["file"], "bytes": done["bytes"],
-                      "free_before": done["free_before"], "free_after": done["free_after"], "full": done["full"],
-                      "revert": revert}
-            out.append(Injection(fid, self.kind, t.node, [f"{t.node}:{fs['folder']}"], ts, detail))
-        return out
-
-    @classmethod
-    def check_reverted(cls, transport: Transport, revert: list[str], node: Any = None) -> str | None:
-        python, args = parse_revert(cls.kind, revert)
-        res = transport.run(tool_argv(python, "filled", *args), COMMAND_TIMEOUT_S)
+    def inject_on(self, ctx: FaultContext, root: str, fid: str, t: NodeTarget) -> Injection:
+        transport = ctx.transport(t.node)
+        fs = self._tool(ctx, transport, ["statfs", root, self.spec.path])
+        self._refuse_if_roomy(fs["free"], fs["folder"], t.node)
+        if "folder_id" not in fs:
+            raise InfraError(f"storage.full: {fs['folder']} does not exist on node {t.node}; nothing was injected")
+        name = FILL_PREFIX + secrets.token_hex(8)
+        python = node_python(ctx, transport, t.node)
+        where = [root, fs["root_id"], fs["rel"], fs["folder_id"], name]
+        revert = tool_argv(python, self.revert_op, *where)
+        ctx.arm(transport, fid, self.kind, revert, self.spec.duration, target=f"{t.node}:{fs['folder']}")
+        res = transport.run(tool_argv(python, "fill", *where, str(self.spec.size)), FILL_TIMEOUT_S)
         if res.returncode != 0:
-            return f"cannot check the fill file {args[4]}: {_last(res)}"
-        return res.stdout.strip() or None
-
+            undo(ctx, transport, fid, revert)
+            if res.returncode == REFUSED:  # it grew roomier between the two looks
+                self._refuse_if_roomy(self.spec.size + 1, fs["folder"], t.node)
+            raise InfraError(f"storage.full on node {t.node}: fill failed: {_last(res)}")
+        done = json.loads(res.stdout)
+        ts = time.time()
+        detail = {"mechanism": "fill", "fidelity": "real", "file": done["file"], "bytes": done["bytes"],
+                  "free_before": done["free_before"], "free_after": done["free_after"], "full": done["full"],
+                  "revert": revert}
+        return Injection(fid, self.kind, t.node, [f"{t.node}:{fs['folder']}"], ts, detail)
 
 def tool_argv(python: str, op: str, *args: str) -> list[str]:
     """The node's command for one operation of :data:`STORAGE_TOOL` (isolated: no PYTHON* variables, no cwd on the path)."""

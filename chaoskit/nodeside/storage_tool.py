@@ -37,6 +37,23 @@ def main():
         if not (dev.isdigit() and ino.isdigit()):
             die(6, "refusing: %r is not a device:inode" % value)
         return value
+    def lstat_at(fd, name):
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+    def step_at(fd, name, partial, missing):
+        # The next name of a walk, not followed: its lstat; None when it is not there and the walk may stop
+        # short (partial), else exit 1 with MISSING.
+        st = lstat_at(fd, name)
+        if st is None and not partial:
+            die(1, missing)
+        return st
+    def into(fd, name):
+        # The folder NAME of FD, opened by name without following a link; FD is closed.
+        nfd = os.open(name, D, dir_fd=fd)
+        os.close(fd)
+        return nfd
     def open_root(root, partial=False):
         # The checkpoint folder, walked from / without following a link anyone but root could have made.
         # partial: the nearest folder there is on the way when it does not exist (yet), and whether it is the folder.
@@ -46,12 +63,9 @@ def main():
         fd, parts, hops = os.open("/", D), [p for p in root.split("/") if p not in ("", ".")], 0
         while parts:
             name = parts.pop(0)
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                if partial:
-                    return fd, False
-                die(1, "the checkpoint folder %s does not exist" % root)
+            st = step_at(fd, name, partial, "the checkpoint folder %s does not exist" % root)
+            if st is None:
+                return fd, False
             if stat.S_ISLNK(st.st_mode):
                 here = os.fstat(fd)
                 hops += 1
@@ -66,9 +80,7 @@ def main():
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 die(1, "the checkpoint folder %s is not a folder" % root)
-            nfd = os.open(name, D, dir_fd=fd)  # ".." included: never a link
-            os.close(fd)
-            fd = nfd
+            fd = into(fd, name)  # ".." included: never a link
         return (fd, True) if partial else fd
     def become(rootfd):
         # Act as the owner of the checkpoint folder (the job's user), not as root.
@@ -102,20 +114,15 @@ def main():
         # Down from the root by names: no "..", no link. Returns (fd, how many parts were there).
         for i, name in enumerate(parts):
             where = os.path.join(root, *parts[:i + 1])
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                if partial:
-                    return fd, i
-                die(1, "%s does not exist" % where)
+            st = step_at(fd, name, partial, "%s does not exist" % where)
+            if st is None:
+                return fd, i
             if stat.S_ISLNK(st.st_mode):
                 die(2, "%s: %s is a symbolic link (to %s); storage faults follow no links, so it counts as outside the "
                        "job's checkpoint folder %s" % (rel, where, os.readlink(name, dir_fd=fd), root))
             if not stat.S_ISDIR(st.st_mode):
                 die(2, "%s: %s is not a folder" % (rel, where))
-            nfd = os.open(name, D, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
+            fd = into(fd, name)
         return fd, len(parts)
     def enter(root, root_id, rel, folder_id):
         # The folder REL of ROOT as chaoskit saw it at inject: the same inodes, as the folder's owner.
@@ -129,11 +136,6 @@ def main():
             die(3, "refusing: %s is not the folder it was at inject (inode %s now, %s then): it was replaced; nothing "
                    "was touched" % (os.path.join(root, rel), ident(os.fstat(fd)), folder_id))
         return fd
-    def lstat_at(fd, name):
-        try:
-            return os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
     def copy(src, dst, count):
         left, off = count, 0
         while left > 0:
