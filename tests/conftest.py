@@ -33,6 +33,16 @@ class CliResult:
     def json(self) -> Any:
         return json.loads(self.stdout)
 
+    def with_logs(self, run_dir: Path, lines: int = 25) -> str:
+        """The output, then the last ``lines`` of each node's job log in ``run_dir/logs``: what a failed drill's
+        assertion shows, so a CI failure names what the job printed (a worker's last traceback, an abort) after
+        its run folder is gone."""
+        parts = [self.stdout + self.stderr]
+        for log in sorted(Path(run_dir, "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+        return "\n".join(parts)
+
 
 def run_cli(*args: str) -> CliResult:
     """Run ``chaoskit ARGS`` in this process; return exit code, stdout, stderr."""

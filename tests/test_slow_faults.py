@@ -290,7 +290,7 @@ def test_straggler_drill_passes_and_costs_throughput(tmp_path):
     require(problem is None, problem or "")
     need_torch()
     res = run_cli("run", STRAGGLER, "--out", tmp_path / "run", "--json")
-    assert res.code == 0, res.stdout + res.stderr
+    assert res.code == 0, res.with_logs(tmp_path / "run")
     r = res.json
     assert r["verdict"] == "pass" and r["faults"][0]["mechanism"].startswith("cgroup")
     slow = r["slowdown"]

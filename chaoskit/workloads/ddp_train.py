@@ -49,6 +49,10 @@ class SdkHooks(Hooks):
     def step(self, rank: int, step: int, loss: float) -> None:
         probe.step(step, loss=round(loss, 5))
 
+    def finished(self, rank: int, steps: int) -> None:
+        if self.heartbeat is not None:  # no daemon thread beats on while the interpreter shuts down
+            self.heartbeat.set()
+
     def collective_error(self, rank: int, exc: BaseException) -> None:
         text = str(exc).splitlines()[0] if str(exc) else ""
         probe.detect("collective error", error=f"{type(exc).__name__}: {text}"[:300])

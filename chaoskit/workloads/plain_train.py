@@ -63,6 +63,9 @@ class Hooks:
     def step(self, rank: int, step: int, loss: float) -> None:
         print(f"[rank {rank}] step {step} loss {loss:.4f}", flush=True)
 
+    def finished(self, rank: int, steps: int) -> None:
+        """Every rank made its last step (after the closing barrier, before the process group goes)."""
+
     def collective_error(self, rank: int, exc: BaseException) -> None:
         print(f"[rank {rank}] collective failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
 
@@ -292,6 +295,16 @@ def train(args: argparse.Namespace, hooks: Hooks, session: Session | None = None
             _save(args.checkpoint_dir, step, model, opt, hooks, rank)
             nvrx.close("checkpointing")
     nvrx.shutdown()
+    # every rank leaves its last all-reduce before any rank closes its connections: a rank that tears its group
+    # down while a peer still reads from it can take that peer down at exit (SIGABRT), after the job finished
+    try:
+        dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - a peer that died after its last step
+        hooks.collective_error(rank, exc)
+        if session.in_process:
+            raise
+        return 1
+    hooks.finished(rank, args.steps)
     dist.destroy_process_group()
     if rank == 0:
         print(f"[rank {rank}] training finished at step {args.steps}", flush=True)
