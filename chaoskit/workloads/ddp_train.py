@@ -49,7 +49,7 @@ class SdkHooks(Hooks):
     def step(self, rank: int, step: int, loss: float) -> None:
         probe.step(step, loss=round(loss, 5))
 
-    def finished(self, rank: int, steps: int) -> None:
+    def finished(self, rank: int) -> None:
         if self.heartbeat is not None:  # no daemon thread beats on while the interpreter shuts down
             self.heartbeat.set()
 

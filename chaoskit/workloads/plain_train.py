@@ -63,7 +63,7 @@ class Hooks:
     def step(self, rank: int, step: int, loss: float) -> None:
         print(f"[rank {rank}] step {step} loss {loss:.4f}", flush=True)
 
-    def finished(self, rank: int, steps: int) -> None:
+    def finished(self, rank: int) -> None:
         """Every rank made its last step (after the closing barrier, before the process group goes)."""
 
     def collective_error(self, rank: int, exc: BaseException) -> None:
@@ -212,6 +212,15 @@ def compute(cpu_s: float) -> None:
             x += i * i
 
 
+def _collective_failed(hooks: Hooks, session: Session, rank: int, exc: Exception) -> int:
+    """A collective raised: reported, then the worker exits 1, or, under the in-process restart, the iteration
+    ends by raising it to the Wrapper."""
+    hooks.collective_error(rank, exc)
+    if session.in_process:
+        raise exc
+    return 1
+
+
 def train(args: argparse.Namespace, hooks: Hooks, session: Session | None = None) -> int:
     env = os.environ
     session = session or Session()
@@ -276,10 +285,7 @@ def train(args: argparse.Namespace, hooks: Hooks, session: Session | None = None
             opt.zero_grad()
             loss.backward()  # the gradient all-reduce: where a dead or hung peer is noticed
         except Exception as exc:  # noqa: BLE001 - any collective failure ends this worker (or its iteration)
-            hooks.collective_error(rank, exc)
-            if session.in_process:
-                raise
-            return 1
+            return _collective_failed(hooks, session, rank, exc)
         opt.step()
         if args.step_compute > 0:
             compute(args.step_compute)
@@ -300,11 +306,8 @@ def train(args: argparse.Namespace, hooks: Hooks, session: Session | None = None
     try:
         dist.barrier()
     except Exception as exc:  # noqa: BLE001 - a peer that died after its last step
-        hooks.collective_error(rank, exc)
-        if session.in_process:
-            raise
-        return 1
-    hooks.finished(rank, args.steps)
+        return _collective_failed(hooks, session, rank, exc)
+    hooks.finished(rank)
     dist.destroy_process_group()
     if rank == 0:
         print(f"[rank {rank}] training finished at step {args.steps}", flush=True)
