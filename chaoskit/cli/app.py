@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "Run one drill: start the job, inject the faults, measure the recovery."),
     "validate": ("chaoskit.cli.validate_cmd:validate_app",
                  "Check scenarios without touching anything (file:line:col for every error)."),
-    "schema": ("chaoskit.cli.validate_cmd:schema_app", "Print the JSON Schema of scenarios (for editors), or of result.json (--result)."),
+    "schema": ("chaoskit.cli.schema_cmd:schema_app", "Print the JSON Schema of scenarios (for editors), or of result.json (--result)."),
     "doctor": ("chaoskit.cli.doctor_cmd:doctor_app",
                "Check an inventory's nodes: reachable, sudo, tools, netem, clock offset, GPUs."),
     "rollback": ("chaoskit.cli.run_cmd:rollback_app",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 
@@ -12,13 +12,11 @@ from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env, print_js
 from chaoskit.cluster.inventory_spec import looks_like_inventory, validate_inventory_data
 from chaoskit.cluster.policy import SitePolicy, origin
 from chaoskit.core.errors import ExitCode, InfraError, ScenarioError
-from chaoskit.core.result import result_schema_text
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.scenario import scenario_files, validate_data
 from chaoskit.scenario.checks import check_scenario
-from chaoskit.scenario.schema import schema_text
 
-__all__ = ["validate_app", "schema_app"]
+__all__ = ["validate_app"]
 
 validate_app = command_app()
 
@@ -98,17 +96,3 @@ def _check(path: Path, as_inventory: bool) -> tuple[str, list[ScenarioError], Si
 def _one_line(exc: Exception) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-schema_app = command_app()
-
-
-@schema_app.command()
-def schema(output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
-           result: bool = typer.Option(False, "--result", help="The schema of a run's result.json instead.")) -> None:
-    """Print the JSON Schema of scenarios (for editors: yaml-language-server), or with --result of result.json."""
-    text = result_schema_text() if result else schema_text()
-    if output:
-        output.write_text(text)
-    else:
-        current_env().stdout.write(text)
