@@ -54,11 +54,11 @@ from chaoskit.observe.presets import PRESETS, preset_rules
 from chaoskit.observe.probes import (
     FileLogProbe,
     LogRegexProbe,
-    LogRule,
     ProcessWatcher,
     RemoteLogProbe,
     SdkLogProbe,
 )
+from chaoskit.observe.rules import LogRule
 from chaoskit.safety.journal import Journal, argv_digest
 from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock

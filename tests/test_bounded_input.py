@@ -24,7 +24,8 @@ from chaoskit.cluster.transports.channel import agent_program
 from chaoskit.core.limits import MAX_LINE_BYTES
 from chaoskit.core.lines import LineCutter, terminal_lines
 from chaoskit.observe.events import EventBus
-from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, LogRule, coerce_capture
+from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, coerce_capture
+from chaoskit.observe.rules import LogRule
 from tests.conftest import SCENARIOS, need, need_torch, run_cli, wait_until
 
 MB = 1 << 20

@@ -23,7 +23,8 @@ from chaoskit.core.errors import ScenarioError
 from chaoskit.measure import PHASE_MEANINGS, RECOVERY_MODELS, measure_nvrx_inprocess
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.presets import PRESETS, preset_rules
-from chaoskit.observe.probes import LogRegexProbe, LogRule
+from chaoskit.observe.probes import LogRegexProbe
+from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
 from tests.conftest import SCENARIOS, need_torch, run_cli
 

@@ -21,7 +21,8 @@ from chaoskit.core.errors import ScenarioError
 from chaoskit.measure import RECOVERY_MODELS, measure_fault, measure_nvrx
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.presets import PRESETS, preset_rules
-from chaoskit.observe.probes import LogRegexProbe, LogRule
+from chaoskit.observe.probes import LogRegexProbe
+from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
 
 DATA = Path(__file__).parent / "data" / "nvrx"

@@ -9,7 +9,8 @@ import pytest
 
 from chaoskit.observe.events import EventBus
 from chaoskit.observe.presets import PRESETS, preset_rules
-from chaoskit.observe.probes import LogRegexProbe, LogRule
+from chaoskit.observe.probes import LogRegexProbe
+from chaoskit.observe.rules import LogRule
 from tests.conftest import run_cli
 
 RED, GREEN, ORANGE, RESET = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[39m"

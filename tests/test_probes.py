@@ -11,14 +11,8 @@ from pathlib import Path
 
 from chaoskit.lab.process import ProcessLab
 from chaoskit.observe.events import EventBus
-from chaoskit.observe.probes import (
-    TORCHRUN_RULES,
-    FileLogProbe,
-    LogRegexProbe,
-    LogRule,
-    ProcessWatcher,
-    SdkLogProbe,
-)
+from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, ProcessWatcher, SdkLogProbe
+from chaoskit.observe.rules import TORCHRUN_RULES, LogRule
 from tests.conftest import wait_exec, wait_until
 
 

@@ -35,7 +35,8 @@ class _Collector:
 
 
 def _probe(conn, path):
-    from chaoskit.observe.probes import LogRegexProbe, LogRule, RemoteLogProbe
+    from chaoskit.observe.probes import LogRegexProbe, RemoteLogProbe
+    from chaoskit.observe.rules import LogRule
 
     bus = _Collector()
     rules = LogRegexProbe(bus, [LogRule.of(r"line (?P<n>\d+)$", "heartbeat")])

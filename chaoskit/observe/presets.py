@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaoskit.observe.probes import TORCHRUN_RULES, LogRule
+from chaoskit.observe.rules import TORCHRUN_RULES, LogRule
 
 __all__ = ["Preset", "PRESETS", "PRESET_NAMES", "preset_rules"]
 

@@ -18,7 +18,6 @@ bound (the ``regex`` package's ``timeout``): a pattern that takes longer on a li
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -26,11 +25,8 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
-
-import regex
 
 from chaoskit.cluster.clock import ClockedTransport
 from chaoskit.cluster.transports.api import FileFollower, ProcessStreamer, StreamUnsupported, rank_processes
@@ -39,38 +35,9 @@ from chaoskit.core.files import NotRegularFile, open_regular
 from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
 from chaoskit.core.lines import LineCutter, strip_ansi
 from chaoskit.observe.events import EventBus, make_event
+from chaoskit.observe.rules import LogRule
 
-__all__ = ["SdkLogProbe", "LogRegexProbe", "LogRule", "ProcessWatcher", "FileLogProbe", "RemoteLogProbe", "TORCHRUN_RULES",
-           "TEE_PREFIX", "coerce_capture"]
-
-
-@dataclass(frozen=True)
-class LogRule:
-    match: str
-    """The pattern's text, in ``re``'s syntax."""
-    event: str
-    fields: tuple[tuple[str, Any], ...] = ()
-
-    @classmethod
-    def of(cls, match: str, event: str, fields: dict[str, Any] | None = None) -> "LogRule":
-        return cls(match, event, tuple((fields or {}).items()))
-
-    @functools.cached_property
-    def pattern(self) -> Any:
-        """The compiled pattern (the ``regex`` package: ``re``'s syntax, plus a ``timeout`` on every search), made on
-        first use: the presets' 40 rules are module constants, and ``chaoskit validate`` needs only their names."""
-        return regex.compile(self.match, regex.VERSION0)
-
-
-TORCHRUN_RULES = (
-    # torch/distributed/elastic/multiprocessing/api.py, as the agent reports a dead worker:
-    # "failed (exitcode: -9) local_rank: 0 (pid: 2368) of binary: ..."
-    LogRule.of(
-        r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)",
-        "worker.exit",
-        {"source": "torchrun", "who": "torchrun agent"},
-    ),
-)
+__all__ = ["SdkLogProbe", "LogRegexProbe", "ProcessWatcher", "FileLogProbe", "RemoteLogProbe", "TEE_PREFIX", "coerce_capture"]
 
 
 NUMERIC_FIELDS = frozenset({"step", "rank", "local_rank", "pid", "exitcode", "restart_count", "world_size"})
