@@ -69,7 +69,8 @@ def _corrupt(mode: str, path: str = ".") -> CorruptFault:
 
 
 @pytest.mark.parametrize("mode", ["truncate", "flip", "remove"])
-def test_corrupt_harms_the_newest_checkpoint_and_revert_puts_the_original_back(lab, tmp_path, ckpts, mode):
+def test_corrupt_harms_the_newest_checkpoint_and_revert_puts_the_original_back(lab, tmp_path, ckpts, mode, monkeypatch):
+    monkeypatch.setattr("chaoskit.faults.storage.VERIFY_S", 0.5)  # "still in effect" below lasts: no 5 s poll for it
     newest = ckpts / "ckpt-00000075.pt"
     original, size = _sha(newest), newest.stat().st_size
     others = {p.name: _sha(p) for p in ckpts.glob("ckpt-*.pt") if p != newest}
@@ -246,7 +247,7 @@ def _root_mount() -> str | None:
     return None if os.geteuid() == 0 else "mounting a tmpfs needs root"
 
 
-def test_full_fills_a_small_file_system_and_revert_empties_it(lab, tmp_path):
+def test_full_fills_a_small_file_system_and_revert_empties_it(lab, tmp_path, monkeypatch):
     problem = _root_mount()
     require(problem is None, problem or "")
     folder = tmp_path / "checkpoints"
@@ -263,6 +264,7 @@ def test_full_fills_a_small_file_system_and_revert_empties_it(lab, tmp_path):
         assert fill.parent == folder and inj.detail["full"] is True and os.statvfs(folder).f_bavail == 0
         with pytest.raises(OSError):
             (folder / "ckpt-00000050.pt").write_bytes(b"y" * 100_000)
+        monkeypatch.setattr("chaoskit.faults.storage.VERIFY_S", 0.5)  # the fill lasts: no 5 s poll for it
         assert fault.verify(ctx, inj) is not None
         fault.revert(ctx, inj)
         assert fault.verify(ctx, inj) is None
