@@ -37,13 +37,15 @@ def test_help_lists_the_verbs_and_loads_nothing_heavy():
 
 
 def test_each_command_loads_only_what_it_needs():
-    """--help lists the commands from a table (no pydantic, no scenario model); validate loads no runner, and not
-    the result model (``schema --result`` does)."""
+    """--help lists the commands from a table (no pydantic, no scenario model); validate loads no runner, not the
+    result model (``schema --result`` does), no probe, not the ``regex`` package (a pattern is compiled where it is
+    first searched), and of the fault kinds only the one the file names."""
     def loaded(*args: str) -> list[str]:
         code = ("import io, sys; from chaoskit.cli.main import CliEnv, main; o = io.StringIO();"
                 f"rc = main({list(args)!r}, CliEnv(stdout=o, stderr=o));"
                 "print(rc, sorted(m for m in ('pydantic', 'chaoskit.scenario', 'chaoskit.runner', 'chaoskit.workloads',"
-                " 'chaoskit.report.html', 'chaoskit.core.result') if m in sys.modules))")
+                " 'chaoskit.report.html', 'chaoskit.core.result', 'chaoskit.observe.probes', 'regex',"
+                " 'chaoskit.faults.network', 'chaoskit.cluster.transports.ssh') if m in sys.modules))")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
 
     assert loaded("--help") == "0 []"
