@@ -141,12 +141,15 @@ steady_state: {{steps: 3, timeout: 2m}}
 faults:
   - kind: process.kill
     target: {{ranks: [1]}}
-    at: {{step: 10}}
+    at: {{step: 5}}
 safety: {{abort_after: 3m}}
 """
 
 # Its own length (30 steps, not the reference job's 400), resuming from the last step its rank 0 wrote; it ends
-# with the exit code it is given.
+# with the exit code it is given. Its ranks never talk to each other, so rank 0 runs on after rank 1 is killed:
+# its 25 steps left (5 s) must outlast rank 1's agent opening a new rendezvous round and rank 0's agent seeing it.
+# Were rank 0 done first, its agent would exit 0 and rank 1's wait alone for a round no one joins (at 50 ms a
+# step, 1 s after the kill, a loaded CI machine once lost that race: the drill aborted at abort_after).
 ENDS_WITH = textwrap.dedent("""\
     import os, sys, time
     from pathlib import Path
@@ -158,7 +161,7 @@ ENDS_WITH = textwrap.dedent("""\
         with probe.checkpoint_load(start):
             pass
     for step in range(start + 1, 31):
-        time.sleep(0.05)
+        time.sleep(0.2)
         probe.step(step)
         if step % 5 == 0 and os.environ["RANK"] == "0":
             mark.parent.mkdir(parents=True, exist_ok=True)
