@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chaoskit.cluster import nodefs
 from chaoskit.sdk import inproc
 from tests.conftest import ROOT, need_torch, run_cli, wait_until
 
@@ -231,8 +232,8 @@ def test_an_order_arms_in_a_live_process_and_a_bitflip_is_silent(tmp_path):
         deadline = time.time() + 60
         while time.time() < deadline and not (events.exists() and events.read_text().count('"kind":"step"') >= 12):
             time.sleep(0.05)
-        Path(inproc.order_path(folder, proc.pid)).write_bytes(
-            _order(proc.pid, "inproc.bitflip", name="2.weight", index=3, bit=10))
+        # as the node writes it: whole, by a rename (a file written in place can be read half-written, and refused)
+        nodefs.write_file(inproc.order_path(folder, proc.pid), _order(proc.pid, "inproc.bitflip", name="2.weight", index=3, bit=10))
         out, err = proc.communicate(timeout=120)
         clean.communicate(timeout=120)
     finally:
