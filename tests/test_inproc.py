@@ -256,6 +256,40 @@ def test_an_order_arms_in_a_live_process_and_a_bitflip_is_silent(tmp_path):
     assert all(flipped[s] != replica[s] for s in flipped if s >= at)  # the replicas disagree from the flip on
 
 
+JOB_ARMED_MID_FORWARD = JOB.replace(
+    "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))",
+    """import json, os
+from chaoskit.cluster import nodefs
+from chaoskit.sdk import inproc
+class Arm(torch.nn.Module):  # the order arrives while the model's forward runs, as the watcher's thread can take it
+    def forward(self, x):
+        if step == 5:
+            order = {"v": 1, "id": "f0.0", "kind": "inproc.bitflip", "pid": os.getpid(),
+                     "params": {"name": "3.weight", "index": 0, "bit": 10}}
+            nodefs.write_file(inproc.order_path(os.environ["CHAOSKIT_INPROC_DIR"], os.getpid()), json.dumps(order).encode())
+            inproc.take_order(os.environ["CHAOSKIT_INPROC_DIR"])
+        return x
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), Arm(), torch.nn.ReLU(), torch.nn.Linear(16, 1))""")
+
+
+def test_a_bitflip_by_name_armed_in_the_middle_of_a_forward_finds_the_models_parameter(tmp_path):
+    """The next module called after an order arms mid-forward is a submodule (here the ReLU): its parameter names
+    are not the model's. The flip waits for the model's own next forward and hits ``3.weight``; it used to be
+    refused as "no parameter named" (a Trainer job's flip of transformer.h.0.mlp.c_fc.weight in CI)."""
+    need_torch()
+    folder = _folder(tmp_path)
+    proc = _job(tmp_path, 20, 0.0, folder, JOB_ARMED_MID_FORWARD)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    status = json.loads(Path(inproc.status_path(folder, proc.pid)).read_text())
+    assert status["status"] == "fired" and status["detail"]["name"] == "3.weight", (status, err)
+    assert 5 <= status["step"] <= 7
+
+
 def test_an_attached_job_without_the_sdk_is_refused_in_process_faults(tmp_path):
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text("name: site\nnodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")

@@ -455,7 +455,12 @@ def _forward_hook(on: bool) -> None:
     post-hook), never while a module call iterates over the global hooks."""
     from torch.nn.modules.module import register_module_forward_pre_hook
 
+    global _before_step
     if on and not _forward_handle:
+        # installed from the watcher's thread, maybe while a forward runs: its next call may be a submodule's (a
+        # bit flip by name then finds ``c_fc.weight``, not ``transformer.h.0.mlp.c_fc.weight``); only a call after
+        # the optimizer's next step (its post-hook sets this again) is the model's
+        _before_step = False
         _forward_handle.append(register_module_forward_pre_hook(_forward_pre))
     elif not on and _forward_handle:
         _forward_handle.pop().remove()
