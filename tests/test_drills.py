@@ -70,6 +70,9 @@ def test_kill_rank_writes_the_run_directory(kill_rank):
     assert [j["action"] for j in journal] == ["inject", "injected"]
     assert abs(journal[1]["t_fault"] - result["faults"][0]["t_fault"]) < 1e-6
     assert sorted(x.name for x in (out / "logs").iterdir()) == ["n0.log", "n1.log", "n2.log"]
+    # torch's compile cache (made when DDP imports torch._dynamo) is the run's, not /tmp/torchinductor_<user>,
+    # a guessable name in a world-writable folder that another user could have made first
+    assert (out / "torchinductor").is_dir() and not (out / "torchinductor").is_symlink()
 
 
 def test_kill_rank_gives_the_result_json_recorded_before_the_house_was_rebuilt(kill_rank):

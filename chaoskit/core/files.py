@@ -23,7 +23,7 @@ __all__ = [
     "RESULT_FILE", "EVENTS_FILE", "JOURNAL_FILE", "RUN_REPORT",
     "GAMEDAY_FILE", "GAMEDAY_REPORT", "HISTORY_FILE", "load_gameday", "read_history",
     "utc_stamp", "utc_iso", "parse_utc_iso", "empty_out_dir", "make_run_dir", "open_append", "open_regular", "NotRegularFile",
-    "file_kind", "copy_regular", "make_folder_for",
+    "file_kind", "copy_regular", "make_folder_for", "TORCH_CACHE_VAR", "torch_cache_env",
 ]
 
 RESULT_FILE = "result.json"
@@ -33,6 +33,15 @@ RUN_REPORT = "report.html"
 GAMEDAY_FILE = "gameday.json"
 GAMEDAY_REPORT = "index.html"
 HISTORY_FILE = "history.jsonl"
+TORCH_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def torch_cache_env(folder: Path | str) -> dict[str, str]:
+    """The variable that keeps a job's torch compile caches in ``folder``/torchinductor. Unset, torch makes
+    ``/tmp/torchinductor_<user>`` (``os.makedirs(exist_ok=True)``, when DDP imports ``torch._dynamo``): a guessable
+    name in a world-writable folder, which another user on the node can make first, or make a link, for root's job
+    to write through. Triton's cache goes inside it."""
+    return {TORCH_CACHE_VAR: str(Path(folder) / "torchinductor")}
 
 
 def load_gameday(path: Path) -> dict[str, Any]:

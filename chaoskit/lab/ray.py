@@ -39,6 +39,7 @@ from chaoskit.cluster.inventory import Inventory, Node, PowerCommands
 from chaoskit.cluster.transports.local import LocalTransport, proc_info, read_proc
 from chaoskit.cluster.transports.ray import RayTransport, node_resource, node_table
 from chaoskit.core.errors import InfraError
+from chaoskit.core.files import torch_cache_env
 from chaoskit.core.state import state_dir
 from chaoskit.lab.process import ProcessLab
 
@@ -230,6 +231,8 @@ class RayLab:
 
     def _ray_start(self, node: str, args: list[str]) -> None:
         env = {**os.environ, **HEALTH_ENV, LocalTransport.SCOPE_ENV: self.lab.scope(node)}
+        if self.temp_dir:  # the workers inherit the raylet's environment: their torch caches in the lab's 0700 folder
+            env.update(torch_cache_env(os.path.dirname(self.temp_dir)))
         env.pop("RAY_ADDRESS", None)
         argv = [_ray_cli(), "start", "--node-ip-address=127.0.0.1", f"--object-store-memory={self.object_store_bytes}",
                 "--include-log-monitor=false", *([f"--temp-dir={self.temp_dir}"] if self.temp_dir else []), *args]

@@ -32,6 +32,7 @@ from typing import Callable
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
+from chaoskit.core.files import torch_cache_env
 from chaoskit.core.lines import terminal_lines
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.root_cause import RootCause
@@ -204,6 +205,7 @@ class TorchrunJob(Job):
             # with the agent mixes rounds when agents restart at different counts and can
             # deadlock init_process_group (seen with torch 2.13 on three local agents).
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            **torch_cache_env(self.job_dir),  # not /tmp/torchinductor_<user>; the cluster's or node's env may override
             **self.cluster.launch_env(node),
             **self.node_env.get(node, {}),
         }

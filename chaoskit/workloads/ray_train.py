@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
+from chaoskit.core.files import torch_cache_env
 from chaoskit.core.lines import bounded_lines
 from chaoskit.sdk import probe
 from chaoskit.workloads.api import Job
@@ -184,7 +185,7 @@ class RayTrainJob(Job):
             raise InfraError("the Ray Train workload needs ray[train] and torch", hint="pip install 'chaoskit[ray,workload]'")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, LocalTransport.SCOPE_ENV: self.cluster.scope(DRIVER_SCOPE), "PYTHONUNBUFFERED": "1",
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", **torch_cache_env(self.run_dir)}
         env.pop("RAY_ADDRESS", None)
         self.driver = subprocess.Popen(self.driver_argv(), env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

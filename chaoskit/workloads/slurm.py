@@ -28,6 +28,7 @@ from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, SubmitUser, node_list, submit_user
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
+from chaoskit.core.files import torch_cache_env
 from chaoskit.observe.probes import FileLogProbe
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
@@ -206,6 +207,7 @@ class SlurmJob(Job):
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            **torch_cache_env(self.job_dir),
             **self.cluster.launch_env(node),
         }
         if self.events_path is not None:
