@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,28 @@ def anyone_connected(sock) -> bool:
         return False
     conn.close()
     return True
+
+
+def _torch_temp_folders() -> set[str]:
+    """What torch makes in the temp folder when a job forgets to say where: ``torchinductor_<user>`` (a guessable
+    name) and torchrun's ``torchelastic_*`` log folders. chaoskit's jobs, and the jobs its tests start themselves,
+    keep both in their own run folders."""
+    tmp = Path(tempfile.gettempdir())
+    return {p.name for pattern in ("torchinductor_*", "torchelastic_*") for p in tmp.glob(pattern)}
+
+
+_TORCH_TEMP_BEFORE = _torch_temp_folders()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The whole run fails when a drill left torch's folders in /tmp: root's job wrote under a guessable name in a
+    world-writable folder (another user could have made it first, or made it a link). Folders that were there
+    before the run are not the run's."""
+    new = sorted(_torch_temp_folders() - _TORCH_TEMP_BEFORE)
+    if new:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        sys.stderr.write(f"\nFAILED: the run left torch's folders in {tempfile.gettempdir()}: {', '.join(new)} "
+                         "(a job started without TORCHINDUCTOR_CACHE_DIR or torchrun's --log-dir)\n")
 
 
 @pytest.fixture(autouse=True)

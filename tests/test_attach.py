@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from chaoskit.core.files import torch_cache_env
 from tests.conftest import need_torch, run_cli, wait_until
 
 pytest_plugins = ["tests.netns_fixtures"]
@@ -55,7 +56,7 @@ class UserJob:
     def start(self) -> "UserJob":
         port = 29000 + os.getpid() % 1000
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **torch_cache_env(self.folder)}  # torch's cache with the test's
         for i, node in enumerate(self.nodes):
             argv = self.lab.exec_argv(node, [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
