@@ -78,7 +78,8 @@ def test_a_silent_node_is_unreachable_its_workers_unknown_and_others_seen_on_tim
     watcher.start()
     agent = _agent_pid(nodes["n1"])
     try:
-        assert wait_until(lambda: {("n0", w0.pid), ("n1", w1.pid)} <= set(watcher.seen), 10), watcher.seen
+        assert wait_until(lambda: {("n0", w0.pid), ("n1", w1.pid)} <= set(watcher.seen), 10), (watcher.seen,
+                                                                                               watcher.errors)
         os.kill(agent, signal.SIGSTOP)
         silent_from = time.time()
         w1.kill()  # dies while its node cannot say so
@@ -108,6 +109,35 @@ def test_a_silent_node_is_unreachable_its_workers_unknown_and_others_seen_on_tim
     assert gone["pid"] == w1.pid and gone["rank"] == 1
     assert reachable["ts"] >= unreachable["ts"] and reachable["silent_s"] > 0
     assert len(bus.of("node.unreachable")) == 1  # n0 never was
+
+
+def test_a_worker_that_joins_the_nodes_namespace_after_it_started_is_seen(netns_lab, nodes, workers):
+    """``ip netns exec`` (and a container runtime) forks outside the node's namespace, joins it, then execs: a
+    streamed scan that meets the process before it joined must read it again, not set it aside for good (CI
+    once missed a worker so for 10 s). Here the window is made a second long: the process waits in the
+    controller's namespace, then joins n1's."""
+    from chaoskit.observe.probes import ProcessWatcher
+
+    bus = _Collector()
+    w0, w1 = workers("n0", 0), workers("n1", 1)
+    watcher = ProcessWatcher(bus, nodes, heartbeat_timeout=TIMEOUT, streams=True)
+    watcher.start()
+    late = None
+    try:
+        assert wait_until(lambda: {("n0", w0.pid), ("n1", w1.pid)} <= set(watcher.seen), 10), (watcher.seen,
+                                                                                               watcher.errors)
+        env = {"PATH": "/usr/bin:/bin", "TORCHELASTIC_RUN_ID": "watched", "RANK": "2"}
+        late = subprocess.Popen(["sh", "-c", 'sleep 1; exec ip netns exec "$0" sleep 300', netns_lab.netns("n1")],
+                                env=env, start_new_session=True)
+        time.sleep(0.6)  # two scans of n1's agent meet it outside n1
+        assert ("n1", late.pid) not in watcher.seen
+        assert wait_until(lambda: ("n1", late.pid) in watcher.seen, 3), (watcher.seen, watcher.errors)
+        assert watcher.seen[("n1", late.pid)] == 2 and ("n0", late.pid) not in watcher.seen
+    finally:
+        watcher.stop()
+        if late is not None:
+            late.kill()
+            late.wait()
 
 
 def test_a_silent_node_does_not_delay_a_kill_on_another_node(netns_lab, workers, tmp_path):

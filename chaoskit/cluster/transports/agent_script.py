@@ -682,13 +682,24 @@ def _uptime_ticks():
         return None
 
 
+def _young(start, ticks):
+    """Whether a process started (``start``: its start time in clock ticks, int or the bytes of
+    ``/proc/PID/stat``) less than 2 s before ``ticks`` (:func:`_uptime_ticks`; ``None``: unknown, so young).
+    Between fork and exec a process still shows its parent's environment and namespaces."""
+    try:
+        return ticks is None or ticks - int(start) < 2 * os.sysconf("SC_CLK_TCK")
+    except (TypeError, ValueError):
+        return True
+
+
 class _WorkerWatch(object):
     """What ``watch`` knows of the node's workers of the scope, and how it learns what changed.
 
     New pids are read once (their netns first, then their environment) and set aside when they are not the
     job's workers; a process younger than 2 s is read again on the next scan, since between fork and exec it
-    still shows its parent's environment. Known workers are followed through a pidfd each (their exit comes at
-    once) and their state is read on every scan (stopped, resumed, zombie)."""
+    still shows its parent's environment and, until it joins, its parent's netns. Known workers are followed
+    through a pidfd each (their exit comes at once) and their state is read on every scan (stopped, resumed,
+    zombie)."""
 
     def __init__(self, scope, known):
         self.scope = scope or {}
@@ -731,8 +742,12 @@ class _WorkerWatch(object):
                     continue
                 del self.aside[pid]
             if self.own is not None and _netns_of(pid) != self.own:
+                # Not in the node's netns now; a young process may still be on its way in (``ip netns exec``,
+                # a container runtime: fork outside, setns, exec), so it is read again on the next scan.
                 start = proc_start_time(pid)
-                if start is not None:
+                if ticks is None:
+                    ticks = _uptime_ticks()
+                if start is not None and not _young(start, ticks):
                     self.aside[pid] = start
                 continue
             info = _proc(pid)
@@ -741,8 +756,7 @@ class _WorkerWatch(object):
             if not self._worker(info):
                 if ticks is None:
                     ticks = _uptime_ticks()
-                young = ticks is None or ticks - info["start"] < 2 * os.sysconf("SC_CLK_TCK")
-                if not young and info["cmdline"] and info["env"]:
+                if not _young(info["start"], ticks) and info["cmdline"] and info["env"]:
                     self.aside[pid] = str(info["start"]).encode()
                 continue
             changes.extend(self._appeared(info))
