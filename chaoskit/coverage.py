@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from chaoskit.cluster.kernel import NETEM_CHECK, local_mounts
+from chaoskit.core.errors import did_you_mean
 from chaoskit.faults.registry import FAULTS, fault_covers, fault_kinds
 
 __all__ = [
@@ -338,7 +339,7 @@ def resolve_covers(declared: list[str] | None, kinds: Iterable[str]) -> list[str
     known = catalog_by_id()
     for cid in declared:
         if cid not in known:
-            raise ValueError(f"covers: unknown fault class {cid!r}; see 'chaoskit catalog'")
+            raise ValueError(f"covers: unknown fault class {cid!r}{did_you_mean(cid, known)}; see 'chaoskit catalog'")
         if cid not in exercised:
             by = ", ".join(known[cid].kinds) or "no fault kind yet"
             raise ValueError(f"covers: {cid} is not exercised by {', '.join(kinds)} (it is exercised by {by})")

@@ -33,7 +33,7 @@ import yaml
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.core.durations import parse_duration
-from chaoskit.core.errors import ChaoskitError, ScenarioError
+from chaoskit.core.errors import ChaoskitError, ScenarioError, did_you_mean
 from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE
 from chaoskit.core.limits import MAX_REPEAT
 from chaoskit.gameday import run_gameday
@@ -203,7 +203,8 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
     a row that does not load (file:line:col) or an ``out`` that already holds a scorecard."""
     unknown = [s for s in stacks if s not in STACKS]
     if unknown or not stacks:
-        raise ScenarioError(f"unknown stack {', '.join(unknown) or '(none)'}; known: {', '.join(STACKS)}",
+        typo = did_you_mean(unknown[0], STACKS) if len(unknown) == 1 else ""
+        raise ScenarioError(f"unknown stack {', '.join(unknown) or '(none)'}{typo}; known: {', '.join(STACKS)}",
                             hint="--stacks torchrun,nvrx,nvrx-inprocess,torchft,ray,slurm")
     if not 1 <= repeat <= MAX_REPEAT:
         raise ScenarioError(f"--repeat {repeat}: expected 1..{MAX_REPEAT}")

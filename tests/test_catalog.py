@@ -115,6 +115,8 @@ def test_covers_default_from_the_fault_kinds_and_are_checked() -> None:
     assert resolve_covers(["hardware.power"], ["node.poweroff"]) == ["hardware.power"]
     with pytest.raises(ValueError, match="unknown fault class 'gpu.melt'"):
         resolve_covers(["gpu.melt"], ["process.kill"])
+    with pytest.raises(ValueError, match=r"unknown fault class 'software.crsh' \(did you mean 'software.crash'\?\)"):
+        resolve_covers(["software.crsh"], ["process.kill"])
     with pytest.raises(ValueError, match="software.hang is not exercised by process.kill"):
         resolve_covers(["software.hang"], ["process.kill"])
 

@@ -99,6 +99,8 @@ def test_the_example_inventory_loads_with_merged_ssh_settings(tmp_path):
         ("    labels: {rack: 'r1|x'}\n", "5:", "invalid label 'r1|x'"),
         ("    workdir: /tmp/$HOME\n", "5:", "invalid path"),
         ("    bogus: 1\n", "5:5", "unknown key 'bogus'"),
+        ("    lables: {rack: r1}\n", "5:5", "unknown key 'lables' in nodes.0 (did you mean 'labels'?)"),
+        ("    ssh: {usr: chaos}\n", "5:11", "unknown key 'usr' in nodes.0.ssh (did you mean 'user'?)"),
     ],
 )
 def test_unsafe_or_unknown_values_are_refused_with_their_position(tmp_path, fragment, where, message):

@@ -52,6 +52,8 @@ def test_unknown_lab_kind_is_bad_input():
     res = run_cli("lab", "up", "--kind", "moon")
     assert res.code == 2 and "unknown cluster kind 'moon'" in res.stderr
     assert "known kinds: docker, inventory, netns, process, ray, slurm" in res.stderr
+    typo = run_cli("lab", "up", "--kind", "proces")
+    assert typo.code == 2 and "unknown cluster kind 'proces' (did you mean 'process'?)" in typo.stderr
 
 
 def test_a_flag_that_does_not_apply_to_the_kind_is_bad_input():

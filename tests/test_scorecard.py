@@ -78,6 +78,8 @@ def test_unknown_stack_is_bad_input(tmp_path):
     r = run_cli("scorecard", ROWS, "--stacks", "torchrun,kubeflow", "--out", tmp_path / "sc")
     assert r.code == 2 and "unknown stack kubeflow" in r.stderr
     assert not (tmp_path / "sc").exists()
+    typo = run_cli("scorecard", ROWS, "--stacks", "torchrun,nvxr", "--out", tmp_path / "sc")
+    assert typo.code == 2 and "unknown stack nvxr (did you mean 'nvrx'?)" in typo.stderr
 
 
 def test_a_small_scorecard_end_to_end(tmp_path):

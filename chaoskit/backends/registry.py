@@ -7,7 +7,7 @@ a test or an embedding program may call ``CLUSTERS.register("mykind", MyBackend)
 from __future__ import annotations
 
 from chaoskit.backends.api import ClusterBackend
-from chaoskit.core.errors import ScenarioError
+from chaoskit.core.errors import ScenarioError, did_you_mean
 from chaoskit.core.registry import Registry
 
 __all__ = ["CLUSTERS", "GROUP", "backend", "backend_names"]
@@ -33,7 +33,7 @@ CLUSTERS: Registry[type[ClusterBackend]] = Registry("cluster backend", GROUP, {
 def backend(name: str) -> ClusterBackend:
     """A backend instance by name; :class:`ScenarioError` naming the known ones otherwise."""
     if name not in CLUSTERS:
-        raise ScenarioError(f"unknown cluster kind {name!r}", hint=f"known kinds: {', '.join(CLUSTERS.names())}")
+        raise ScenarioError(f"unknown cluster kind {name!r}{did_you_mean(name, CLUSTERS.names())}", hint=f"known kinds: {', '.join(CLUSTERS.names())}")
     return CLUSTERS.get(name)()
 
 

@@ -68,7 +68,7 @@ from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
 from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy, with_origin
 from chaoskit.cluster.ssh_paths import config_problems, inside, ssh_roots
 from chaoskit.cluster.xid import normalize_pci
-from chaoskit.core.errors import ScenarioError, SourcePos
+from chaoskit.core.errors import ScenarioError, SourcePos, did_you_mean
 from chaoskit.core.trusted import untrusted_program
 from chaoskit.core.models import NAME_RE, NAME_RULE, StrictModel, check_each
 from chaoskit.core.shell import check_address, check_path
@@ -263,7 +263,7 @@ def validate_inventory_data(path: Path, data: Any, smap: SourceMap) -> "LoadedIn
     try:
         model = InventoryFile.model_validate(data)
     except ValidationError as exc:
-        return validation_errors(exc, data, smap)
+        return validation_errors(exc, data, smap, InventoryFile)
     loaded = LoadedInventory(path, model, smap)
     policy = _policy(loaded)
     if isinstance(policy, list):
@@ -424,7 +424,7 @@ def _bastion_errors(loaded: LoadedInventory, nodes: dict[str, int]) -> list[Scen
         if ssh is None or ssh.jump in (None, "none") or ssh.jump in bastions:
             continue
         dotted = ".".join(map(str, at + ("jump",)))
-        errors.append(loaded.error(f"{dotted}: no bastion is named {ssh.jump!r}; known bastions: {known}", *at, "jump"))
+        errors.append(loaded.error(f"{dotted}: no bastion is named {ssh.jump!r}{did_you_mean(ssh.jump, bastions)}; known bastions: {known}", *at, "jump"))
     for j, bastion in enumerate(model.bastions):
         chain, hop = [bastion.name], bastion
         while hop.ssh is not None and hop.ssh.jump in bastions:

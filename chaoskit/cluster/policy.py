@@ -213,7 +213,7 @@ def validate_policy(data: Any, smap: SourceMap) -> "SitePolicy | list[ScenarioEr
     try:
         return SitePolicy.model_validate(data)
     except ValidationError as exc:
-        return validation_errors(exc, data, smap)
+        return validation_errors(exc, data, smap, SitePolicy)
 
 
 def _strip(smap: SourceMap, key: str) -> SourceMap:

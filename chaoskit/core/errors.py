@@ -7,7 +7,9 @@ traceback only with ``--debug``.
 
 from __future__ import annotations
 
+import difflib
 import enum
+from typing import Iterable
 
 __all__ = [
     "ExitCode",
@@ -18,6 +20,7 @@ __all__ = [
     "SourcePos",
     "OutcomeUnknown",
     "one_line",
+    "did_you_mean",
 ]
 
 
@@ -58,6 +61,15 @@ class SourcePos:
 # Line breaks and other control characters, as a user's value may carry them into a message
 # ('unknown key "a\rb"'): shown escaped, so every error stays one line.
 _ESCAPES = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x7F, 0x85, 0x2028, 0x2029]}
+
+
+def did_you_mean(word: object, names: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` when one of ``names`` is close to ``word`` (a typo), else ``""``: what an error
+    about an unknown name adds, so ``process.kil`` is told ``process.kill`` and not only the list to read."""
+    if not isinstance(word, str) or not word:
+        return ""
+    close = difflib.get_close_matches(word, [n for n in names if n != word], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def one_line(text: str) -> str:

@@ -19,6 +19,8 @@ import functools
 import os
 import re
 import stat
+import types as types_module
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from chaoskit.core.errors import ScenarioError, SourcePos
+from chaoskit.core.errors import ScenarioError, SourcePos, did_you_mean
 from chaoskit.core.limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
 __all__ = ["SourceMap", "load_yaml", "load_yaml_text", "read_input", "validation_errors"]
@@ -415,17 +417,21 @@ def _short(tag: str) -> str:
     return "!!" + tag[len(_CORE):] if tag.startswith(_CORE) else tag
 
 
-def validation_errors(exc: ValidationError, data: Any, smap: SourceMap) -> list[ScenarioError]:
-    """One positioned :class:`ScenarioError` per place ``exc`` found wrong in ``data``, in file order."""
-    raw = _typos(exc.errors(include_url=False))
+def validation_errors(exc: ValidationError, data: Any, smap: SourceMap, model: Any = None) -> list[ScenarioError]:
+    """One positioned :class:`ScenarioError` per place ``exc`` found wrong in ``data``, in file order.
+
+    With the ``model`` that was validated, an unknown key is told the nearest key its mapping takes
+    (``rank`` -> ``ranks``), not only the missing ones."""
+    raw = _typos(exc.errors(include_url=False), model)
     if len(raw) > 1:  # a mapping checked against a union's scalar branch ('lab' | {kind: ...}) says nothing useful
         raw = [e for e in raw if not (e["type"] in ("literal_error", "string_type") and isinstance(e.get("input"), (dict, list)))]
     errors = _merge([_to_error(err, data, smap) for err in raw])
     return sorted(errors, key=lambda e: (e.pos.line, e.pos.col) if e.pos else (0, 0))
 
 
-def _typos(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """An unknown key that looks like a missing one is a typo: say so once, not twice."""
+def _typos(errors: list[dict[str, Any]], model: Any = None) -> list[dict[str, Any]]:
+    """An unknown key is told the nearest key its mapping takes; one that looks like a missing key is a typo of
+    it, said once, not twice (the missing key's error goes)."""
     missing = {(tuple(e["loc"][:-1]), e["loc"][-1]) for e in errors if e["type"] == "missing"}
     dropped = set()
     for e in errors:
@@ -437,7 +443,59 @@ def _typos(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if close:
             e["suggest"] = close[0]
             dropped.add((parent, close[0]))
+        elif model is not None and (close := difflib.get_close_matches(key, _keys_at(model, parent), n=1)):
+            e["suggest"] = close[0]
     return [e for e in errors if not (e["type"] == "missing" and (tuple(e["loc"][:-1]), e["loc"][-1]) in dropped)]
+
+
+def _keys_at(model: Any, loc: PathKey) -> list[str]:
+    """The keys the mapping at pydantic's ``loc`` in ``model`` takes, as written in a file (aliases). A union's
+    part of ``loc`` (a fault's ``kind`` tag, a member's name) picks its member; one that names no member, nor
+    any field, leaves every member in play, and the keys are then those of them all."""
+    types = [model]
+    for part in loc:
+        found = []
+        for tp in _members(types):
+            if isinstance(part, int) and typing.get_origin(tp) in (list, tuple, set, frozenset):
+                found.extend(typing.get_args(tp)[:1])
+            elif isinstance(part, str) and _is_model(tp):
+                fields = {f.alias or name: f for name, f in tp.model_fields.items()}
+                if part in fields:
+                    found.append(fields[part].annotation)
+                elif part == tp.__name__ or any(part in _literals(f.annotation) for f in fields.values()):
+                    found.append(tp)  # a union's member, by its name or its tag
+            elif typing.get_origin(tp) is dict and isinstance(part, str):
+                found.extend(typing.get_args(tp)[1:2])
+        if found or isinstance(part, int):
+            types = found
+        # else: a union member's label pydantic puts in loc (``function-after[...]``): every member stays in play
+        if not types:
+            return []
+    return sorted({f.alias or name for tp in _members(types) if _is_model(tp) for name, f in tp.model_fields.items()})
+
+
+def _members(types: list[Any]) -> list[Any]:
+    """``types`` with ``Annotated`` unwrapped and unions (``X | None`` too) opened into their members."""
+    out: list[Any] = []
+    todo = list(types)
+    while todo:
+        tp = todo.pop(0)
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            todo.append(typing.get_args(tp)[0])
+        elif origin is typing.Union or origin is types_module.UnionType:
+            todo.extend(typing.get_args(tp))
+        else:
+            out.append(tp)
+    return out
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and hasattr(tp, "model_fields")
+
+
+def _literals(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
 
 
 def _merge(errors: list[ScenarioError]) -> list[ScenarioError]:
@@ -484,10 +542,13 @@ def _to_error(err: dict[str, Any], data: Any, smap: SourceMap) -> ScenarioError:
         ctx = err.get("ctx", {})
         what = "fault kind" if real[:1] == ["faults"] else "cluster kind" if real[:1] == ["cluster"] else "kind"
         known = str(ctx.get("expected_tags", "")).replace("'", "")
-        message = (f"{dotted}: unknown {what} {ctx.get('tag', '')!r}; known kinds: {known}"
+        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+        message = (f"{dotted}: unknown {what} {ctx.get('tag', '')!r}{did_you_mean(ctx.get('tag'), tags)}; known kinds: {known}"
                    if etype == "union_tag_invalid" else f"{dotted}: missing 'kind'")
     else:
         pos = smap.at(tuple(real))
         msg = msg.removeprefix("Value error, ")
+        if etype in ("literal_error", "enum"):  # 'Input should be 'a', 'b' or 'c'': a typo is told the one it meant
+            msg += did_you_mean(err.get("input"), re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", ""))))
         message = f"{dotted}: {msg}"
     return ScenarioError(message, pos=pos)

@@ -20,6 +20,7 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.selectors import TargetSpec
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import Duration
+from chaoskit.core.errors import did_you_mean
 from chaoskit.core.limits import MAX_COUNT
 from chaoskit.core.models import StrictModel
 
@@ -141,7 +142,7 @@ def signal_number(name: str | int) -> int:
         return _signal.Signals[text].value
     except KeyError:
         shown = repr(name) if len(str(name)) <= 40 else repr(str(name)[:37] + "...")
-        raise ValueError(f"unknown signal {shown}") from None
+        raise ValueError(f"unknown signal {shown}{did_you_mean(text, _signal.Signals.__members__)}") from None
 
 
 def _by_number(number: int, given: object) -> int:

@@ -56,9 +56,10 @@ def validate_data(path: Path, data: Any, smap: SourceMap) -> "LoadedScenario | l
     if not isinstance(data, dict):
         return [ScenarioError("a scenario must be a YAML mapping (name:, faults:, ...)", pos=smap.at(()))]
     try:
-        model = model_for(data).model_validate(data)
+        scenario = model_for(data)
+        model = scenario.model_validate(data)
     except ValidationError as exc:
-        return validation_errors(exc, data, smap)
+        return validation_errors(exc, data, smap, scenario)
     return LoadedScenario(path, model, smap)
 
 

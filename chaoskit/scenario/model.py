@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, create_model, field_
 from chaoskit.backends.api import ClusterSpec
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import Duration, PositiveDuration
+from chaoskit.core.errors import did_you_mean
 from chaoskit.core.limits import MAX_COUNT, MAX_REPEAT
 from chaoskit.core.models import NAME_RE, Regex, StrictModel, check_each, check_http_url, check_match
 from chaoskit.core.sizes import ByteSize
@@ -54,7 +55,7 @@ _IDS = {  # a workload's field naming a job or a user: its pattern, its name and
 
 def _check_event_kind(v: str) -> str:
     if v not in EVENT_KINDS:
-        raise ValueError(f"unknown event kind {v!r}; known: {', '.join(EVENT_KINDS)}")
+        raise ValueError(f"unknown event kind {v!r}{did_you_mean(v, EVENT_KINDS)}; known: {', '.join(EVENT_KINDS)}")
     return v
 
 
