@@ -112,21 +112,39 @@ def test_a_fault_kind_importing_another_breaks_the_contract(tmp_path):
     assert "chaoskit.faults.gpu -> chaoskit.faults.process" in res.stdout
 
 
-def test_the_backends_table_agrees_with_the_entry_points_and_the_contracts():
-    """Each built-in backend is listed in its registry's table (what a source tree that was never installed
-    uses) and in pyproject.toml's entry points (what an install uses), the same in both; and every backend's
-    module is named in its layers contract, so the rule that no backend imports another covers it."""
+def test_the_built_in_backends_are_found_in_their_modules_not_in_entry_points():
+    """A built-in backend is a class in a module of chaoskit/backends/ declaring ``name = "..."``: no entry point
+    of pyproject.toml names one (the group is for other packages' backends), every backend found loads and
+    declares the name it was found under, every backend class of those modules is found, and each lives in a
+    module the "Cluster backends are independent of each other" contract reaches by its wildcard."""
+    import importlib
+    import inspect
+    import pkgutil
     import tomllib
 
+    import chaoskit.backends
+    from chaoskit.backends.api import ClusterBackend
     from chaoskit.backends.registry import CLUSTERS
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert CLUSTERS.builtin() == dict(sorted(project["project"]["entry-points"][CLUSTERS.group].items()))
-    [layers] = [c["layers"] for c in project["tool"]["importlinter"]["contracts"]
-                if c["name"].startswith("Cluster backends: the registry")]
-    named = {m.strip() for layer in layers for m in layer.split("|")}
-    missing = {target.split(":")[0] for target in CLUSTERS.builtin().values()} - named
-    assert not missing, f"{sorted(missing)} not in the 'Cluster backends' contract of pyproject.toml"
+    assert CLUSTERS.group not in project["project"].get("entry-points", {})
+    found = CLUSTERS.builtin()
+    assert {"process", "netns", "slurm", "inventory"} <= set(found)
+    for name, target in found.items():
+        module, _, attr = target.partition(":")
+        assert module.count(".") == 2 and module.startswith("chaoskit.backends."), target
+        cls = CLUSTERS.get(name)
+        assert (cls.__module__, cls.__qualname__, cls.name) == (module, attr, name)
+        assert issubclass(cls, ClusterBackend) and cls.Spec.model_fields["kind"].annotation.__args__ == (name,)
+    declared = {}
+    for info in pkgutil.iter_modules(chaoskit.backends.__path__):
+        for attr, obj in vars(importlib.import_module(f"chaoskit.backends.{info.name}")).items():
+            if inspect.isclass(obj) and issubclass(obj, ClusterBackend) and "name" in vars(obj) and obj.__module__ == f"chaoskit.backends.{info.name}":
+                declared[obj.name] = f"{obj.__module__}:{attr}"
+    assert declared == found
+    [independent] = [c["modules"] for c in project["tool"]["importlinter"]["contracts"]
+                     if c["name"] == "Cluster backends are independent of each other"]
+    assert independent == ["chaoskit.backends.*"]
 
 
 def test_the_built_in_fault_kinds_are_found_in_their_modules_not_in_entry_points():

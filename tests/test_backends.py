@@ -92,24 +92,33 @@ def test_a_second_registration_under_a_taken_name_is_refused(toy_backend):
 
 
 def test_backends_are_imported_only_when_used():
-    code = ("import sys; from chaoskit.backends.registry import CLUSTERS, backend; names = CLUSTERS.names(); "
-            "backend('process'); "
-            "print(names, sorted(m for m in sys.modules if m.startswith('chaoskit.backends.')))")
+    """Listing the kinds and the lab kinds imports no backend; using one imports that one alone."""
+    code = ("import sys; from chaoskit.backends.registry import CLUSTERS, backend, lab_kinds; names = CLUSTERS.names(); "
+            "labs = lab_kinds(); backend('process'); "
+            "print(names, labs, sorted(m for m in sys.modules if m.startswith('chaoskit.backends.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == ("['docker', 'inventory', 'netns', 'process', 'ray', 'slurm'] "
+    names = sorted(CLUSTERS.builtin())
+    labs = [name for name in names if CLUSTERS.get(name).has_lab]
+    assert "inventory" in names and "inventory" not in labs and "process" in labs
+    assert out.strip() == (f"{names} {labs} "
                            "['chaoskit.backends.api', 'chaoskit.backends.process', 'chaoskit.backends.registry']")
 
 
-def test_the_built_ins_come_from_the_entry_point_group():
-    """Built-ins register as a plugin would: through the installed package's chaoskit.clusters entry points."""
-    from importlib.metadata import entry_points
+def test_a_backend_module_dropped_in_is_found_without_a_table_or_an_entry_point(tmp_path):
+    """Adding a backend is adding its module: the scan finds a class that says ``name = "..."`` (and whether it has
+    a lab), and nothing else: not an annotation, not a nested class, not a module starting with '_'."""
+    from chaoskit.backends.registry import NAME_RE
+    from chaoskit.core.registry import declared_in_source
 
-    declared = {ep.name: ep.value for ep in entry_points(group="chaoskit.clusters")}
-    assert declared == {
-        "process": "chaoskit.backends.process:ProcessBackend", "ray": "chaoskit.backends.ray:RayBackend",
-        "netns": "chaoskit.backends.netns:NetnsBackend", "docker": "chaoskit.backends.docker:DockerBackend",
-        "inventory": "chaoskit.backends.inventory:InventoryBackend", "slurm": "chaoskit.backends.slurm:SlurmBackend",
-    }
+    (tmp_path / "mine.py").write_text(
+        'class MineBackend(ClusterBackend):\n    """One."""\n\n    name = "mine"  # the kind\n    has_lab = False\n\n'
+        'class Other:\n    name: str = "x"\n\n    class Inner:\n        name = "inner"\n')
+    (tmp_path / "_private.py").write_text('class Hidden:\n    name = "hidden"\n')
+    found = declared_in_source(tmp_path, "pkg.backends", "name", NAME_RE, ("has_lab",))
+    assert found == {"mine": ("pkg.backends.mine:MineBackend", {"has_lab": "False"})}
+    (tmp_path / "again.py").write_text('class Again:\n    name = "mine"\n')
+    with pytest.raises(RuntimeError, match="'mine' is declared by pkg.backends2.again:Again and pkg.backends2.mine:MineBackend"):
+        declared_in_source(tmp_path, "pkg.backends2", "name", NAME_RE)
 
 
 def test_the_entry_point_scan_agrees_with_importlib_metadata():
@@ -131,9 +140,11 @@ def test_a_backend_without_a_lab_is_refused_by_lab_up():
 
 
 def test_lab_up_help_names_every_built_in_lab_kind():
-    """The --kind help is a literal (building it would import every backend on each start); it must not drift."""
+    """The --kind help names the kinds from the registry's scan of the backends' source; a backend that cannot
+    make a lab is not offered."""
     from chaoskit.backends.registry import CLUSTERS
 
     labs = [name for name, cls in CLUSTERS.all().items() if cls.has_lab]
     text = " ".join(run_cli("lab", "up", "--help").stdout.split())
-    assert labs and all(f"{name}," in text for name in labs), (labs, text)
+    offered = text.split("--kind <str>")[1].split(";")[0].replace(",", " ").split()
+    assert labs and offered == labs and "inventory" not in offered, (labs, text)

@@ -5,8 +5,9 @@ A backend is one class with a pydantic ``Spec`` (its ``cluster:`` syntax, with a
 one without touching anything (validation, ``--dry-run``), open one for a run,
 bring a lab up, show it and take it down, and what a crashed run left of it.
 Nothing outside the backend asks which kind a cluster is; it asks the backend
-or the :class:`ClusterHandle`. Backends register by name in
-:mod:`chaoskit.backends.registry` (entry-point group ``chaoskit.clusters``).
+or the :class:`ClusterHandle`. Backends are known by name in
+:mod:`chaoskit.backends.registry`: a built-in by its class's ``name = "..."`` in its own module, a plugin
+through the entry-point group ``chaoskit.clusters``.
 """
 
 from __future__ import annotations

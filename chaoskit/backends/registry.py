@@ -1,18 +1,35 @@
-"""Cluster backends by name, from the ``chaoskit.clusters`` entry-point group (see :mod:`chaoskit.core.registry`).
+"""Cluster backends by name: the built-ins found in this package's modules, plugins from the ``chaoskit.clusters``
+entry-point group (see :mod:`chaoskit.core.registry`).
 
-A plugin declares ``[project.entry-points."chaoskit.clusters"] mykind = "pkg.module:MyBackend"``;
-a test or an embedding program may call ``CLUSTERS.register("mykind", MyBackend)`` instead.
+A built-in backend is a class of a module of ``chaoskit/backends/`` that declares ``name = "kind"`` in its body
+(:func:`~chaoskit.core.registry.declared_in_source`): the modules' source is read, not imported, so listing the
+kinds (``validate`` does, on every start) imports no backend, and adding a backend is adding its module: no table
+here, no entry point. The same class body says ``has_lab = False`` when ``chaoskit lab up`` cannot make one
+(:func:`lab_kinds`). A plugin from another package declares
+``[project.entry-points."chaoskit.clusters"] mykind = "pkg.module:MyBackend"``; a test or an embedding program may
+call ``CLUSTERS.register("mykind", MyBackend)`` instead.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from chaoskit.backends.api import ClusterBackend
 from chaoskit.core.errors import ScenarioError, did_you_mean
-from chaoskit.core.registry import Registry
+from chaoskit.core.registry import Registry, declared_in_source
 
-__all__ = ["CLUSTERS", "GROUP", "backend", "backend_names"]
+__all__ = ["CLUSTERS", "GROUP", "NAME_RE", "backend", "backend_names", "builtin_backends", "lab_kinds"]
 
 GROUP = "chaoskit.clusters"
+
+NAME_RE = r"[a-z][a-z0-9_-]*"
+"""A cluster kind's name, as ``cluster: {kind: NAME}`` and ``lab up --kind NAME`` write it."""
+
+
+def builtin_backends(folder: Path = Path(__file__).parent, package: str = "chaoskit.backends") -> dict[str, str]:
+    """Every built-in backend's kind to ``module:Class``, from the source of the modules in ``folder``: a
+    top-level class whose body assigns a string literal to ``name``."""
+    return {name: target for name, (target, _) in declared_in_source(folder, package, "name", NAME_RE, ("has_lab",)).items()}
 
 
 def _check(name: str, cls: type[ClusterBackend]) -> None:
@@ -20,14 +37,7 @@ def _check(name: str, cls: type[ClusterBackend]) -> None:
         raise RuntimeError(f"cluster backend {cls!r} registered as {name!r} but declares name {getattr(cls, 'name', None)!r}")
 
 
-CLUSTERS: Registry[type[ClusterBackend]] = Registry("cluster backend", GROUP, {
-    "process": "chaoskit.backends.process:ProcessBackend",
-    "ray": "chaoskit.backends.ray:RayBackend",
-    "netns": "chaoskit.backends.netns:NetnsBackend",
-    "docker": "chaoskit.backends.docker:DockerBackend",
-    "inventory": "chaoskit.backends.inventory:InventoryBackend",
-    "slurm": "chaoskit.backends.slurm:SlurmBackend",
-}, check=_check)
+CLUSTERS: Registry[type[ClusterBackend]] = Registry("cluster backend", GROUP, builtin_backends, check=_check)
 
 
 def backend(name: str) -> ClusterBackend:
@@ -39,3 +49,11 @@ def backend(name: str) -> ClusterBackend:
 
 def backend_names() -> list[str]:
     return CLUSTERS.names()
+
+
+def lab_kinds() -> list[str]:
+    """The kinds ``chaoskit lab up`` can make, sorted: a built-in's from its source (its class body does not say
+    ``has_lab = False``), without importing it; a plugin's from its class (loaded for it)."""
+    found = declared_in_source(Path(__file__).parent, "chaoskit.backends", "name", NAME_RE, ("has_lab",))
+    return [name for name in CLUSTERS.names()
+            if (found[name][1].get("has_lab") != "False" if name in found else CLUSTERS.get(name).has_lab)]

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from pydantic import ValidationError
 
-from chaoskit.backends.registry import CLUSTERS, backend
+from chaoskit.backends.registry import CLUSTERS, backend, lab_kinds
 from chaoskit.cli.env import command_app, current_env, print_json
 from chaoskit.core.errors import ScenarioError
 from chaoskit.safety.rollback import find_crashed_runs
@@ -21,7 +21,7 @@ lab_app = command_app(help="Local lab clusters: nodes on this machine, no infras
 
 @lab_app.command("up")
 def lab_up(
-    kind: str = typer.Option("process", "--kind", help="process, ray, netns, docker, slurm, or a plugin's kind; 'chaoskit lab kinds' says what each is and needs."),
+    kind: str = typer.Option("process", "--kind", help=f"{', '.join(lab_kinds())}; 'chaoskit lab kinds' says what each is and needs."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Number of nodes the job runs on (default 3)."),
     spare: Optional[int] = typer.Option(None, "--spare", help="Extra idle nodes that can take over (netns)."),
     compose: Optional[Path] = typer.Option(

@@ -3,9 +3,10 @@
 Modelled on torch elastic's rendezvous handler registry: a name maps to a
 creator that is imported only when that name is first used, and a second
 registration under a name already taken is refused. A registry's built-ins come
-from chaoskit's own tree (a table, or for fault kinds a scan of their modules'
-source, :mod:`chaoskit.faults.registry`), so they are found alike in a checkout
-and an install; an entry-point group adds outside plugins to them.
+from chaoskit's own tree, found in their modules' source (:func:`declared_in_source`:
+each fault kind's class says ``kind = "..."``, each backend's ``name = "..."``), so they
+are found alike in a checkout and an install, and adding one is adding its module; an
+entry-point group adds outside plugins to them.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import sys
+from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
-__all__ = ["Registry", "DuplicateName", "declared_entry_points"]
+__all__ = ["Registry", "DuplicateName", "declared_entry_points", "declared_in_source"]
 
 T = TypeVar("T")
 Creator = Callable[[], T]
@@ -102,6 +105,44 @@ class Registry(Generic[T]):
                 creators[name] = _importer(target)
             self._creators = creators
         return self._creators
+
+
+_CLASS = re.compile(r"^class\s+([A-Za-z_]\w*)\s*[(:]")
+
+
+@functools.lru_cache(maxsize=8)
+def declared_in_source(folder: Path, package: str, key: str, name_re: str,
+                       also: tuple[str, ...] = ()) -> dict[str, tuple[str, dict[str, str]]]:
+    """The built-ins of one registry, found in the source of the modules of ``folder`` (package ``package``):
+    every top-level class whose body assigns a string literal ``name_re`` matches whole to ``key``
+    (``kind = "process.kill"``; an annotation such as ``kind: Literal[...]`` does not count), by that name, as
+    ``("package.module:Class", {attribute: its value's source text})`` for the attributes of ``also`` the same
+    body assigns on one line (read, not evaluated: the caller parses them).
+
+    The modules are read, not imported, so listing the names costs a read of a few files. A module whose name
+    starts with ``_`` is skipped; a name found twice is refused (``RuntimeError``), as a second registration is.
+    What is found is checked where it is loaded (the registry's ``check``: the class exists and declares it)."""
+    key_line = re.compile(rf"""^    {key}\s*=\s*(["'])({name_re})\1\s*(?:#.*)?$""")
+    also_line = re.compile(rf"^    ({'|'.join(map(re.escape, also)) or '(?!)'})\s*=\s*(.+?)\s*(?:#[^\"')]*)?$")
+    found: dict[str, tuple[str, dict[str, str]]] = {}
+    for path in sorted(Path(folder).glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        cls, name, extra = None, None, {}
+        for line in [*path.read_text(encoding="utf-8").splitlines(), "end"]:
+            start = _CLASS.match(line)
+            if start or line[:1].isalpha() or line.startswith("@"):  # a top-level statement: the class body has ended
+                if name is not None:
+                    target = f"{package}.{path.stem}:{cls}"
+                    if name in found:
+                        raise RuntimeError(f"{key} {name!r} is declared by {found[name][0]} and {target}")
+                    found[name] = (target, extra)
+                cls, name, extra = (start.group(1) if start else None), None, {}
+            elif cls is not None and (m := key_line.match(line)):
+                name = m.group(2)
+            elif cls is not None and (m := also_line.match(line)):
+                extra[m.group(1)] = m.group(2)
+    return found
 
 
 def _same_target(a: str, b: str) -> bool:

@@ -13,11 +13,9 @@ no list of kinds there either. A plugin from another package declares
 from __future__ import annotations
 
 import ast
-import functools
-import re
 from pathlib import Path
 
-from chaoskit.core.registry import Registry
+from chaoskit.core.registry import Registry, declared_in_source
 from chaoskit.faults.api import Fault
 
 __all__ = ["FAULTS", "builtin_kinds", "builtin_covers", "fault_covers", "fault_kinds", "fault_kinds_markdown", "get_fault", "readme_with_fault_kinds",
@@ -25,9 +23,8 @@ __all__ = ["FAULTS", "builtin_kinds", "builtin_covers", "fault_covers", "fault_k
 
 GROUP = "chaoskit.faults"
 
-_CLASS = re.compile(r"^class\s+([A-Za-z_]\w*)\s*[(:]")
-_KIND = re.compile(r"""^    kind\s*=\s*(["'])([a-z][a-z0-9_]*\.[a-z][a-z0-9_]*)\1\s*(?:#.*)?$""")
-_COVERS = re.compile(r"^    covers\s*=\s*(\(.*\))\s*(?:#.*)?$")
+KIND_RE = r"[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*"
+"""A kind's name: ``family.name``."""
 
 
 def builtin_kinds(folder: Path = Path(__file__).parent, package: str = "chaoskit.faults") -> dict[str, str]:
@@ -47,27 +44,10 @@ def builtin_covers(folder: Path = Path(__file__).parent, package: str = "chaoski
     return {name: covers for name, (_, covers) in _declared(folder, package).items()}
 
 
-@functools.lru_cache(maxsize=4)
 def _declared(folder: Path, package: str) -> dict[str, tuple[str, tuple[str, ...]]]:
-    found: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for path in sorted(folder.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        cls, kind, covers = None, None, ()
-        for line in [*path.read_text(encoding="utf-8").splitlines(), "end"]:
-            start = _CLASS.match(line)
-            if start or line[:1].isalpha() or line.startswith("@"):  # a top-level statement: the class body has ended
-                if kind is not None:
-                    target = f"{package}.{path.stem}:{cls}"
-                    if kind in found:
-                        raise RuntimeError(f"fault kind {kind!r} is declared by {found[kind][0]} and {target}")
-                    found[kind] = (target, covers)
-                cls, kind, covers = (start.group(1) if start else None), None, ()
-            elif cls is not None and (m := _KIND.match(line)):
-                kind = m.group(2)
-            elif cls is not None and (m := _COVERS.match(line)):
-                covers = _class_ids(m.group(1), f"{path.name}: {cls}.covers")
-    return found
+    found = declared_in_source(folder, package, "kind", KIND_RE, also=("covers",))
+    return {name: (target, _class_ids(extra["covers"], f"{target}.covers") if "covers" in extra else ())
+            for name, (target, extra) in found.items()}
 
 
 def _class_ids(text: str, where: str) -> tuple[str, ...]:
