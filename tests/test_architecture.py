@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -112,78 +114,49 @@ def test_a_fault_kind_importing_another_breaks_the_contract(tmp_path):
     assert "chaoskit.faults.gpu -> chaoskit.faults.process" in res.stdout
 
 
-def test_the_built_in_backends_are_found_in_their_modules_not_in_entry_points():
-    """A built-in backend is a class in a module of chaoskit/backends/ declaring ``name = "..."``: no entry point
-    of pyproject.toml names one (the group is for other packages' backends), every backend found loads and
-    declares the name it was found under, every backend class of those modules is found, and each lives in a
-    module the "Cluster backends are independent of each other" contract reaches by its wildcard."""
+@pytest.mark.parametrize("package, registry, base, attr, some, contract", [
+    ("chaoskit.faults", "FAULTS", "chaoskit.faults.api:Fault", "kind", {"process.kill", "gpu.xid", "inproc.slow"},
+     "Fault kinds are independent of each other"),
+    ("chaoskit.backends", "CLUSTERS", "chaoskit.backends.api:ClusterBackend", "name", {"process", "netns", "slurm", "inventory"},
+     "Cluster backends are independent of each other"),
+])
+def test_the_built_ins_are_found_in_their_modules_not_in_entry_points(package, registry, base, attr, some, contract):
+    """A built-in fault kind (backend) is a class in a module of chaoskit/faults/ (backends/) declaring
+    ``kind = "..."`` (``name = "..."``): no entry point of pyproject.toml names one (the group is for other
+    packages'), every one found loads and declares the name it was found under, every such class of those
+    modules is found, and each lives in a module the independence contract reaches by its wildcard (a direct
+    child of the package)."""
     import importlib
     import inspect
     import pkgutil
     import tomllib
 
-    import chaoskit.backends
-    from chaoskit.backends.api import ClusterBackend
-    from chaoskit.backends.registry import CLUSTERS
-
+    registry = getattr(importlib.import_module(f"{package}.registry"), registry)
+    module_name, _, cls_name = base.partition(":")
+    base = getattr(importlib.import_module(module_name), cls_name)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert CLUSTERS.group not in project["project"].get("entry-points", {})
-    found = CLUSTERS.builtin()
-    assert {"process", "netns", "slurm", "inventory"} <= set(found)
+    assert registry.group not in project["project"].get("entry-points", {})
+    found = registry.builtin()
+    assert some <= set(found)
     for name, target in found.items():
-        module, _, attr = target.partition(":")
-        assert module.count(".") == 2 and module.startswith("chaoskit.backends."), target
-        cls = CLUSTERS.get(name)
-        assert (cls.__module__, cls.__qualname__, cls.name) == (module, attr, name)
-        assert issubclass(cls, ClusterBackend) and cls.Spec.model_fields["kind"].annotation.__args__ == (name,)
+        module, _, cls_attr = target.partition(":")
+        assert module.count(".") == 2 and module.startswith(f"{package}."), target
+        cls = registry.get(name)
+        assert (cls.__module__, cls.__qualname__, getattr(cls, attr)) == (module, cls_attr, name)
+        assert issubclass(cls, base) and cls.Spec.model_fields["kind"].annotation.__args__ == (name,)
     declared = {}
-    for info in pkgutil.iter_modules(chaoskit.backends.__path__):
-        for attr, obj in vars(importlib.import_module(f"chaoskit.backends.{info.name}")).items():
-            if inspect.isclass(obj) and issubclass(obj, ClusterBackend) and "name" in vars(obj) and obj.__module__ == f"chaoskit.backends.{info.name}":
-                declared[obj.name] = f"{obj.__module__}:{attr}"
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        for name, obj in vars(importlib.import_module(f"{package}.{info.name}")).items():
+            if inspect.isclass(obj) and issubclass(obj, base) and attr in vars(obj) and obj.__module__ == f"{package}.{info.name}":
+                declared[getattr(obj, attr)] = f"{obj.__module__}:{name}"
     assert declared == found
-    [independent] = [c["modules"] for c in project["tool"]["importlinter"]["contracts"]
-                     if c["name"] == "Cluster backends are independent of each other"]
-    assert independent == ["chaoskit.backends.*"]
-
-
-def test_the_built_in_fault_kinds_are_found_in_their_modules_not_in_entry_points():
-    """A built-in kind is a class in a module of chaoskit/faults/ declaring ``kind = "..."``: no entry point of
-    pyproject.toml names one (the group is for other packages' kinds), every kind found loads and declares
-    the name it was found under, every kind class of those modules is found, and each lives in a module the
-    "Fault kinds are independent of each other" contract reaches by its wildcard (a direct child of
-    chaoskit.faults)."""
-    import importlib
-    import inspect
-    import pkgutil
-    import tomllib
-
-    import chaoskit.faults
-    from chaoskit.faults.api import Fault
-    from chaoskit.faults.registry import FAULTS
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert FAULTS.group not in project["project"].get("entry-points", {})
-    found = FAULTS.builtin()
-    assert len(found) >= 21 and {"process.kill", "gpu.xid", "inproc.slow"} <= set(found)
-    for name, target in found.items():
-        module, _, attr = target.partition(":")
-        assert module.count(".") == 2 and module.startswith("chaoskit.faults."), target
-        cls = FAULTS.get(name)
-        assert (cls.__module__, cls.__qualname__, cls.kind) == (module, attr, name)
-        assert issubclass(cls, Fault) and cls.Spec.model_fields["kind"].annotation.__args__ == (name,)
-    declared = {}
-    for info in pkgutil.iter_modules(chaoskit.faults.__path__):
-        for attr, obj in vars(importlib.import_module(f"chaoskit.faults.{info.name}")).items():
-            if inspect.isclass(obj) and issubclass(obj, Fault) and "kind" in vars(obj) and obj.__module__ == f"chaoskit.faults.{info.name}":
-                declared[obj.kind] = f"{obj.__module__}:{attr}"
-    assert declared == found
+    [independent] = [c["modules"] for c in project["tool"]["importlinter"]["contracts"] if c["name"] == contract]
+    assert independent == [f"{package}.*"]
 
 
 def test_an_entry_point_under_a_built_in_kinds_name_is_refused_unless_it_is_the_built_in(monkeypatch):
     """An install made when the built-ins were entry points still declares them, each naming the built-in
     itself: those are the built-ins. A plugin taking a built-in's name is refused, as a second registration is."""
-    import pytest
 
     from chaoskit.core import registry as core_registry
 
