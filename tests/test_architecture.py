@@ -157,7 +157,6 @@ def test_the_built_ins_are_found_in_their_modules_not_in_entry_points(package, r
 def test_an_entry_point_under_a_built_in_kinds_name_is_refused_unless_it_is_the_built_in(monkeypatch):
     """An install made when the built-ins were entry points still declares them, each naming the built-in
     itself: those are the built-ins. A plugin taking a built-in's name is refused, as a second registration is."""
-
     from chaoskit.core import registry as core_registry
 
     # What an install declares stands in here (installing a plugin package would change the shared venv); the
