@@ -123,7 +123,7 @@ def run_gameday(
     if push is not None and not gd.interrupted:
         pushed = push_gameday(out, push)
         if console is not None:
-            console.print(f"pushed to {push}: {len(pushed) - 1} drill group(s) and the game day's coverage")
+            console.print(f"pushed to {push}: {len(pushed) - 1} drill group(s) and the game day's coverage", markup=False)
     return outcome
 
 
@@ -512,7 +512,7 @@ def _print_summary(console, summary: dict[str, Any], out: Path) -> None:
         f"scenarios: {summary['passed']} passed, {summary['failed']} failed, {summary['errored']} errored"
         + (f", {summary['not_run']} not run (interrupted)" if summary["not_run"] else "")
     )
-    console.print(f"report: {out / 'index.html'}  junit: {out / 'junit.xml'}")
+    console.print(f"report: {out / 'index.html'}  junit: {out / 'junit.xml'}", markup=False, highlight=False)
 
 
 # -- helpers ----------------------------------------------------------------------------

@@ -118,12 +118,16 @@ class RunContext:
 
 
 class _Progress:
+    """The run's progress lines: ``message`` is Rich markup, so a value from outside chaoskit (a job's words, a
+    scenario's pattern, a path) is put in with :func:`~rich.markup.escape`. One line each, never wrapped (a CI log
+    is read with grep): the terminal wraps what is too long for it."""
+
     def __init__(self, console, t0: float) -> None:
         self.console, self.t0 = console, t0
 
     def __call__(self, message: str) -> None:
         if self.console is not None:
-            self.console.print(f"[dim]{time.time() - self.t0:7.2f}s[/dim]  {message}")
+            self.console.print(f"[dim]{time.time() - self.t0:7.2f}s[/dim]  {message}", soft_wrap=True)
 
 
 def _uses_inproc(sc) -> bool:
@@ -363,7 +367,7 @@ class _Run:
             self.say(f"[yellow]after the run:[/yellow] {type(exc).__name__}: {escape(str(exc))}")
         else:
             if said:
-                self.say(str(said))
+                self.say(escape(str(said)))
 
     def _preflight(self) -> None:
         """Reach every node, measure the clocks of those with their own, and let each fault check its targets,
@@ -421,7 +425,7 @@ class _Run:
             self.leases.release(CHECKPOINT_FS_ID)
             raise
         self._checkpoint_fs = (node, revert)
-        self.say(f"the job's checkpoint folder is a file system of its own: {folder} ({size} bytes)")
+        self.say(f"the job's checkpoint folder is a file system of its own: {escape(str(folder))} ({size} bytes)")
 
     def _unmount_checkpoint_fs(self) -> None:
         if self._checkpoint_fs is None:
@@ -518,12 +522,12 @@ class _Run:
         if not self.job.started:
             where = (f"Slurm job {sc.workload.slurm_job}" if sc.workload.slurm_job is not None
                      else f"the job on {', '.join(self.cluster.job_nodes)}")
-            self.say(f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: attaching to {where} "
-                     f"(processes matching '{sc.workload.process}')")
+            self.say(f"{self.cluster.kind} [bold]{escape(self.cluster.id)}[/bold]: attaching to {escape(where)} "
+                     f"(processes matching '{escape(sc.workload.process or '')}')")
         else:
             length = "until its script ends" if self.job.finish_step() is None else f"{sc.workload.steps} steps"
             self.say(
-                f"{self.cluster.kind} [bold]{self.cluster.id}[/bold]: {len(self.cluster.job_nodes)} nodes x "
+                f"{self.cluster.kind} [bold]{escape(self.cluster.id)}[/bold]: {len(self.cluster.job_nodes)} nodes x "
                 f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
                 f"starting the {sc.workload.launch} job ({length})"
             )

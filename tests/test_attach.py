@@ -168,6 +168,20 @@ def test_a_job_that_is_not_there_is_exit_3_and_nothing_is_injected(site, tmp_pat
     assert not (out / "journal.jsonl").exists() or "inject" not in (out / "journal.jsonl").read_text()
 
 
+def test_a_pattern_that_looks_like_markup_is_printed_as_written_on_one_line(site, tmp_path):
+    """The run's progress lines are Rich markup: a scenario's pattern holding '[/.]' (a closing tag to Rich) is
+    printed as written, not taken for markup (it was an internal error, exit 70), and a long line is not wrapped."""
+    job = UserJob(site.lab, tmp_path)          # never started
+    sc = scenario(tmp_path, site.inventory_path, job,
+                  "  - {kind: network.link_down, target: {nodes: [n1]}, interface: data, duration: 5s}\n",
+                  process="plain_train[/.]py --some-rather-long-argument-that-takes-the-line-past-its-width")
+    sc.write_text(sc.read_text().replace("timeout: 90s", "timeout: 2s"))
+    res = run_cli("run", sc, "--out", tmp_path / "run")
+    assert res.code == 3, res.stdout + res.stderr
+    [line] = [line for line in res.stdout.splitlines() if "attaching to" in line]
+    assert line.endswith("(processes matching 'plain_train[/.]py --some-rather-long-argument-that-takes-the-line-past-its-width')"), line
+
+
 def test_a_selector_that_matches_nothing_is_exit_3_before_any_fault(site, user_job, tmp_path):
     sc = scenario(tmp_path, site.inventory_path, user_job,
                   "  - {kind: process.kill, target: {process: 'no-such-trainer', nodes: [n1]}, at: {after: 1s}}\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,18 @@ def test_examples_are_valid_and_dry_run_without_a_connection():
     assert "never started or stopped" in res.json["attach"]
     [fault] = res.json["plan"]
     assert fault["nodes"] == ["gpu01", "gpu02"] and fault["actions"][0]["node"] == "gpu02"  # rank 9 of 8 per node
+
+
+def test_a_dry_run_prints_the_scenarios_own_words_as_written_not_as_markup(tmp_path: Path):
+    """The plan is printed through Rich: a pattern holding '[/.]' (a closing tag to Rich) and '[a-z]' (a style)
+    is shown as the scenario wrote it (it was an internal error, exit 70, or silently cut)."""
+    own = ROOT / "examples" / "own-cluster"
+    shutil.copy(own / "inventory.yaml", tmp_path / "inventory.yaml")
+    text = (own / "kill-rank-attach.yaml").read_text().replace("'train\\.py'", "'train[/.]py [a-z]+'")
+    assert text.count("train[/.]py [a-z]+") == 2
+    (tmp_path / "attach.yaml").write_text(text)
+    res = run_cli("run", tmp_path / "attach.yaml", "--dry-run")
+    assert res.code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert any(line.startswith("job: ") and "'train[/.]py [a-z]+'" in line for line in lines), res.stdout
+    assert any(line.startswith("fault f0 ") and line.endswith("process=train[/.]py [a-z]+:") for line in lines), res.stdout

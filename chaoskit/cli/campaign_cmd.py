@@ -54,6 +54,6 @@ def campaign(
     if stopped["early"]:
         console.print(f"[red]stopped early[/red] after {stopped['faults_injected']} of {stopped['faults_drawn']} faults: "
                       f"{escape(str(stopped['why']))}")
-    console.print(f"campaign: {folder / 'campaign.json'}  report: {page}")
+    console.print(f"campaign: {folder / 'campaign.json'}  report: {page}", markup=False, highlight=False)
     return code
 

@@ -37,7 +37,7 @@ def _render(result: Diagnosis) -> None:
     from rich.table import Table
 
     console = current_env().console()
-    table = Table(title=f"doctor: {result.inventory}", title_justify="left")
+    table = Table(title=f"doctor: {escape(str(result.inventory))}", title_justify="left")
     for column in ("node", "reach", "privilege", "agent", "tools", "netem", "clock offset", "GPUs"):
         table.add_column(column)
     for n in result.nodes:

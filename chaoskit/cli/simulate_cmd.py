@@ -189,7 +189,7 @@ def simulate(
     else:
         render(console, result)
         if svg is not None:
-            console.print(f"plot: {svg}")
+            console.print(f"plot: {svg}", markup=False, highlight=False)
     return 0
 
 

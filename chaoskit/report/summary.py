@@ -116,7 +116,7 @@ def _verdict(console, verdict: str, run_dir: str | None) -> None:
     colour = {"pass": "green", "fail": "red"}.get(verdict, "yellow")
     console.print(f"verdict: [bold {colour}]{verdict.upper()}[/bold {colour}]")
     if run_dir:
-        console.print(f"result: {run_dir}/result.json")
+        console.print(f"result: {run_dir}/result.json", markup=False, highlight=False)
 
 
 _DIST_ROWS = (*((name, key) for name, key, _ in _ROWS[:3]), ("startup", "startup_s"), ("recovery", "recovery_s"),
@@ -157,28 +157,30 @@ PLAN_NODES = 8
 
 
 def render_plan(console, result: dict[str, Any]) -> None:
+    """A dry run's plan; every value from the scenario, the inventory or the nodes is escaped (not markup)."""
+    from rich.markup import escape
+
     console.print(f"[bold]dry run[/bold] of {result['scenario']}: nothing will be touched")
     nodes = result["cluster"]["nodes"]
     shown = ", ".join(f"{n['name']} ({', '.join(f'{k}={v}' for k, v in n['labels'].items())})" for n in nodes[:PLAN_NODES])
     more = f", ... {len(nodes) - PLAN_NODES} more" if len(nodes) > PLAN_NODES else ""
-    console.print(f"cluster {result['cluster']['id']}: {len(nodes)} node(s): {shown}{more}", soft_wrap=True)
+    console.print(f"cluster {escape(str(result['cluster']['id']))}: {len(nodes)} node(s): {escape(shown)}{more}", soft_wrap=True)
     if result.get("attach"):
-        console.print(f"job: {result['attach']}", soft_wrap=True)
+        console.print(f"job: {escape(str(result['attach']))}", soft_wrap=True)
     else:
         console.print("job, one torchrun agent per node:")
     for node, cmd in result["job"].items():
-        console.print(f"  {node}: {cmd}", soft_wrap=True)
+        console.print(f"  {node}: {escape(str(cmd))}", soft_wrap=True)
     for item in result["plan"]:
-        console.print(f"fault {item['fault']} [bold]{item['kind']}[/bold] at {item['at']}, target {item['target']}:")
+        console.print(f"fault {item['fault']} [bold]{item['kind']}[/bold] at {escape(str(item['at']))}, "
+                      f"target {escape(str(item['target']))}:", soft_wrap=True)
         for a in item["actions"]:
-            console.print(f"  {a['node']}  {a['target']:<14} {a['command']}")
+            console.print(f"  {a['node']}  {escape(str(a['target'])):<14} {escape(str(a['command']))}", soft_wrap=True)
     scope = result.get("scope")
     if scope:
-        from rich.markup import escape
-
         console.print(f"scope: {escape(scope['note'])}", soft_wrap=True)
         for item in scope.get("outside", []):
             console.print(f"  {item['what']} '{escape(item['regex'])}': {item['outside']} process(es) on this machine match "
                           "outside every node's scope (never touched)", soft_wrap=True)
     for line in result.get("preflight", []):
-        console.print(f"[yellow]preflight:[/yellow] {line}")
+        console.print(f"[yellow]preflight:[/yellow] {escape(str(line))}", soft_wrap=True)
