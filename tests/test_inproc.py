@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chaoskit.cluster import nodefs
+from chaoskit.core.files import torch_cache_env
 from chaoskit.sdk import inproc
 from tests.conftest import ROOT, need_torch, run_cli, wait_until
 
@@ -181,7 +182,8 @@ def _job(tmp_path: Path, steps: int, pause: float, folder: str | None, script_te
     script = tmp_path / "job.py"
     script.write_text(script_text)
     env = dict(os.environ, **extra, RANK="1", CHAOSKIT_EVENTS=str(tmp_path / f"events-{bool(folder)}.jsonl"),
-               PYTHONPATH=os.pathsep.join([str(BOOT), str(ROOT)]))
+               PYTHONPATH=os.pathsep.join([str(BOOT), str(ROOT)]),
+               **torch_cache_env(tmp_path))  # torch's compile cache in the test's folder, not /tmp/torchinductor_root
     env.pop("CHAOSKIT_INPROC_DIR", None)
     if folder:
         env["CHAOSKIT_INPROC_DIR"] = folder
