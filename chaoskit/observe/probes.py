@@ -24,7 +24,6 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -34,6 +33,7 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.files import NotRegularFile, open_regular
 from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
 from chaoskit.core.lines import LineCutter, strip_ansi
+from chaoskit.core.threads import DaemonPool
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.rules import LogRule
 
@@ -406,8 +406,9 @@ class ProcessWatcher(threading.Thread):
         self._lock = threading.Lock()
         self._nodes = {name: _NodeWatch(name, t, streams and isinstance(t, ProcessStreamer))
                        for name, t in transports.items()}
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(transports))),
-                                        thread_name_prefix="chaoskit-procwatch")
+        # daemon threads: a poll wedged past its deadline (a Ray driver's get once its cluster is gone) must not
+        # keep chaoskit from exiting, as an executor's threads, joined at exit, would
+        self._pool = DaemonPool(max(1, min(max_workers, len(transports))), "chaoskit-procwatch")
         self.errors: list[str] = []
 
     @property
@@ -469,7 +470,7 @@ class ProcessWatcher(threading.Thread):
                 nw.epoch += 1
         for stream in streams:
             stream.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(cancel_futures=True)
 
     # -- streams -------------------------------------------------------------------------------------------
 

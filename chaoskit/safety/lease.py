@@ -21,7 +21,7 @@ import shutil
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from chaoskit.cluster.nodefs import REVERT_FILE, StateDirError, ensure_dir, make
 from chaoskit.cluster.transports.api import Transport, WatchdogHost
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
+from chaoskit.core.threads import DaemonPool
 from chaoskit.safety.watchdog import watchdog_source
 
 __all__ = ["Lease", "LeaseManager", "default_lease_root"]
@@ -61,7 +62,7 @@ class LeaseManager:
         self.ttl = ttl
         self._remote: dict[int, Transport] = {}
         self._renewals: dict[str, Future] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self.leases: dict[str, Lease] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -134,7 +135,7 @@ class LeaseManager:
         if self._thread:
             self._thread.join(timeout=2)
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(cancel_futures=True)
         for transport in self._remote.values():
             try:
                 transport.cleanup_leases(self.run_id)  # type: ignore[attr-defined]
@@ -153,7 +154,7 @@ class LeaseManager:
             with self._lock:
                 leases = list(self.leases.values())
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="chaoskit-lease")
+                self._pool = DaemonPool(16, "chaoskit-lease")  # a wedged renewal must not keep chaoskit from exiting
             for lease in leases:
                 # One renewal in flight per lease: a node that does not answer delays only its own.
                 busy = self._renewals.get(lease.fault_id)
