@@ -241,3 +241,29 @@ def test_a_node_ray_does_not_know_fails_fast(ray_lab):
     with pytest.raises(InfraError, match="no live Ray node carries the resource chaoskit_node_n9"):
         conn.processes()
     assert time.time() - start < 5
+
+
+def test_leaving_the_cluster_waits_for_the_calls_in_flight(ray_lab):
+    """A run's teardown leaves Ray (``disconnect_ray``) only once the calls in flight have answered: a get still
+    waiting when its driver shuts down can spin in Ray's core worker for good (CI's pytest never exited, a process
+    watch's poll spinning). A call made afterwards is an InfraError, not a get on a driver that is gone."""
+    import threading
+
+    import ray
+
+    from chaoskit.cluster.transports import ray as ray_transport
+
+    conn = ray_lab.inventory()["n1"].conn
+    conn.connect()
+    answer = {}
+    call = threading.Thread(target=lambda: answer.setdefault("run", conn.run(["sleep", "2"], 10)))
+    call.start()
+    deadline = time.monotonic() + 10
+    while ray_transport._IN_FLIGHT == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ray_transport._IN_FLIGHT == 1
+    ray_transport.disconnect_ray()
+    assert "run" in answer and not ray.is_initialized()  # the sleep answered first, then the driver left
+    call.join(timeout=5)
+    with pytest.raises(InfraError, match="has left the Ray cluster"):
+        conn.processes()

@@ -22,6 +22,7 @@ from chaoskit.backends.api import (
     Say,
 )
 from chaoskit.cluster.inventory import Inventory
+from chaoskit.cluster.transports.ray import disconnect_ray
 from chaoskit.core.errors import ScenarioError
 from chaoskit.lab.process import ProcessLab
 from chaoskit.lab.ray import (
@@ -73,10 +74,8 @@ class RayBackend(ClusterBackend):
                 node.conn.connect()  # start every ChaosAgent now, each bounded by its start timeout
 
         def teardown() -> None:
-            import ray
-
             inventory.close()
-            ray.shutdown()
+            disconnect_ray()
             if ephemeral:
                 ray_lab.down()
                 lab.kill_all()

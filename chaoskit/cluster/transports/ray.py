@@ -124,6 +124,9 @@ class ChaosAgent:
 
 
 _CONNECT_LOCK = threading.Lock()
+_DRIVER = threading.Condition()
+_IN_FLIGHT = 0
+"""Calls of this process's Ray driver that are waiting for their answer (:func:`disconnect_ray` waits for them)."""
 
 
 def connect_ray(address: str) -> None:
@@ -140,6 +143,20 @@ def connect_ray(address: str) -> None:
         except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ...: the cluster is not there
             raise InfraError(f"cannot join the Ray cluster at {address}: {exc}",
                              hint="is it up? 'chaoskit lab up --ray' or 'ray status'") from None
+
+
+def disconnect_ray(wait_s: float = 15.0) -> None:
+    """Leave the Ray cluster as a driver (``ray.shutdown``) once the calls in flight have answered or ``wait_s``
+    has passed, and no call starts meanwhile: a ``ray.get`` still waiting when its driver shuts down (a process
+    watch's poll as the run ends) can spin in Ray's core worker for good, a core lost to a thread nobody waits
+    for. Every call has its own deadline, so the wait is bounded by the longest of them."""
+    import ray
+
+    end = time.monotonic() + wait_s
+    with _DRIVER:
+        while _IN_FLIGHT and (left := end - time.monotonic()) > 0:
+            _DRIVER.wait(left)
+        ray.shutdown()
 
 
 def _errors_to_stderr() -> None:
@@ -356,7 +373,12 @@ class RayTransport:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+        global _IN_FLIGHT
         actor = self._agent()
+        with _DRIVER:  # not while disconnect_ray holds it; after it, the actor's driver is gone
+            if not ray.is_initialized():
+                raise InfraError(f"{method} on node {self.node}: this process has left the Ray cluster")
+            _IN_FLIGHT += 1
         try:
             return ray.get(getattr(actor, method).remote(*args), timeout=timeout or self.call_timeout)
         except GetTimeoutError:
@@ -371,3 +393,7 @@ class RayTransport:
             cause = getattr(exc, "cause", None)
             message = getattr(cause, "message", None) or str(cause or exc).strip().splitlines()[-1]
             raise InfraError(message if isinstance(cause, InfraError) else f"{method} on node {self.node} failed: {message}") from None
+        finally:
+            with _DRIVER:
+                _IN_FLIGHT -= 1
+                _DRIVER.notify_all()
