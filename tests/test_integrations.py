@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from chaoskit.core.files import torch_cache_env
 from tests.conftest import ROOT, need
 
 EXAMPLES = ROOT / "examples" / "frameworks"
@@ -24,7 +25,8 @@ def _run(script: str, tmp_path: Path, calls: list[list[str]]) -> list[dict]:
     """Run ``script``'s main once per argument list, in one process (one import of the framework); its events."""
     events = tmp_path / "events.jsonl"
     env = {**os.environ, "CHAOSKIT_EVENTS": str(events), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLES)]), "OMP_NUM_THREADS": "1"}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLES)]), "OMP_NUM_THREADS": "1",
+           **torch_cache_env(tmp_path)}  # torch's compile cache in the test's folder, not /tmp/torchinductor_root
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     code = f"import {script} as job\n" + "".join(f"job.main({args!r})\n" for args in calls)
