@@ -29,7 +29,11 @@ NAME_RE = r"[a-z][a-z0-9_-]*"
 def builtin_backends(folder: Path = Path(__file__).parent, package: str = "chaoskit.backends") -> dict[str, str]:
     """Every built-in backend's kind to ``module:Class``, from the source of the modules in ``folder``: a
     top-level class whose body assigns a string literal to ``name``."""
-    return {name: target for name, (target, _) in declared_in_source(folder, package, "name", NAME_RE, ("has_lab",)).items()}
+    return {name: target for name, (target, _) in _declared(folder, package).items()}
+
+
+def _declared(folder: Path = Path(__file__).parent, package: str = "chaoskit.backends") -> dict[str, tuple[str, dict[str, str]]]:
+    return declared_in_source(folder, package, "name", NAME_RE, ("has_lab",))
 
 
 def _check(name: str, cls: type[ClusterBackend]) -> None:
@@ -54,6 +58,6 @@ def backend_names() -> list[str]:
 def lab_kinds() -> list[str]:
     """The kinds ``chaoskit lab up`` can make, sorted: a built-in's from its source (its class body does not say
     ``has_lab = False``), without importing it; a plugin's from its class (loaded for it)."""
-    found = declared_in_source(Path(__file__).parent, "chaoskit.backends", "name", NAME_RE, ("has_lab",))
+    found = _declared()
     return [name for name in CLUSTERS.names()
             if (found[name][1].get("has_lab") != "False" if name in found else CLUSTERS.get(name).has_lab)]
