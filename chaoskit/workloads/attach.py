@@ -17,7 +17,9 @@ with its own ``RANK=1``). A job is told apart by what only it has: torchrun's ru
 chosen only when it is plausibly the operator's and consistently there (:func:`why_not`):
 
 - its uid is one the operator acts as on the node (the node agent's, the login user's) unless
-  ``workload.user``, ``run_id`` or ``slurm_job`` names it;
+  ``workload.user`` or ``run_id`` names it; with ``slurm_job``, it is the uid Slurm's own record gives
+  the job (``squeue``'s ``UserId``, read with its allocation): anyone may put ``SLURM_JOB_ID=ID`` in a
+  process's environment, so a process of another uid that says so is a look-alike, never the job's;
 - it has workers on every node the scenario names (or Slurm allocated it): a one-node look-alike is
   never taken for a multi-node job;
 - each torchrun worker has its torchrun agent (its parent, same uid, ``torchrun`` or
@@ -36,6 +38,7 @@ then nothing of any job is in scope.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -49,7 +52,7 @@ from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.workloads.api import Job
 
 __all__ = ["AttachedJob", "Worker", "jobs_matching", "job_picked", "why_not", "operator_uids", "policy_refuses", "user_uid",
-           "describe_job", "describe_job_dict", "AGENT_MARKS", "CONFIRM_S"]
+           "describe_job", "describe_job_dict", "slurm_uid", "AGENT_MARKS", "CONFIRM_S"]
 
 LineSink = Callable[[str, str, float], None]
 POLL_S = 0.5
@@ -116,7 +119,8 @@ class AttachedJob(Job):
         """What ``--dry-run`` says instead of commands."""
         if self.slurm_job is not None:
             return (f"attached, never started or stopped: Slurm job {self.slurm_job}'s processes matching "
-                    f"'{self.workload.process}' with torchrun's RANK in their environment, on the nodes Slurm allocated it")
+                    f"'{self.workload.process}' with torchrun's RANK in their environment, running as the job's user and on "
+                    "the nodes Slurm allocated it (Slurm's own record, not a process's SLURM_JOB_ID)")
         nodes = self.cluster.job_nodes
         where = ", ".join(nodes) if len(nodes) <= 4 else f"{nodes[0]} .. {nodes[-1]} ({len(nodes)} nodes)"
         return (f"attached, never started or stopped: the processes matching '{self.workload.process}' with torchrun's "
@@ -125,13 +129,19 @@ class AttachedJob(Job):
     def start(self, nodes: list[str] | None = None) -> None:
         """Look for the job once now; it may also start later (``running`` keeps looking).
 
-        :class:`InfraError` when ``slurm_job`` names a job Slurm does not know (nothing was touched)."""
+        :class:`InfraError` when ``slurm_job`` names a job Slurm does not know, or one whose user Slurm does not
+        say (nothing was touched)."""
         if self.slurm_job is not None:
             assert self.cluster.scheduler is not None
             fields = self.cluster.scheduler.job(self.slurm_job)
             if fields is None:
                 raise InfraError(f"workload.slurm_job: Slurm knows no job {self.slurm_job}; nothing was injected",
                                  hint="squeue shows the queued and running jobs (a finished one is forgotten after MinJobAge)")
+            if slurm_uid(fields) is None:
+                raise InfraError(f"workload.slurm_job: Slurm gives no user for job {self.slurm_job} "
+                                 f"(UserId {fields.get('UserId')!r}), so none of its processes can be told from a "
+                                 "look-alike; nothing was injected")
+            self.slurm = fields
             rule = self._jobs_rule()
             problem = rule.refuses_slurm(fields) if rule is not None else None
             if problem:
@@ -219,8 +229,9 @@ class AttachedJob(Job):
         jobs = jobs_matching(self._tables(nodes, node_wide=True), self.pattern, self.slurm_job)
         self.looks += 1
         now = time.monotonic()
+        slurm = (self.slurm_job, slurm_uid(self.slurm)) if self.slurm_job is not None else None
         for j in jobs:
-            j["why_not"] = [] if not self._picked(j) else why_not(j, nodes, self._named(), self._own_uids)
+            j["why_not"] = [] if not self._picked(j) else why_not(j, nodes, self._named(), self._own_uids, slurm)
             if self._picked(j) and not j["why_not"]:
                 j["why_not"] = self._policy_refuses(j)
         self._seen = jobs
@@ -393,12 +404,22 @@ def jobs_matching(tables: dict[str, list[ProcInfo]], pattern: Any, slurm_job: st
     return list(jobs.values())
 
 
-def why_not(job: dict[str, Any], nodes: list[str], named: bool, own_uids: Callable[[str], set[int]]) -> list[str]:
+def why_not(job: dict[str, Any], nodes: list[str], named: bool, own_uids: Callable[[str], set[int]],
+            slurm: tuple[str, int | None] | None = None) -> list[str]:
     """Why ``job`` (of :func:`jobs_matching`) is not plausibly the drilled job on ``nodes`` (the scenario's job
     nodes, or the Slurm allocation); empty when it is. ``named``: the operator named it (``workload.user``,
-    ``run_id`` or ``slurm_job``), so its uid need not be one of ``own_uids(node)``, those the operator acts as."""
+    ``run_id`` or ``slurm_job``), so its uid need not be one of ``own_uids(node)``, those the operator acts as.
+    ``slurm``: the Slurm job named (``slurm_job``) and the uid Slurm runs it as (``None``: not known): a process
+    is that job's only when it runs as that uid, whatever ``SLURM_JOB_ID`` its environment carries."""
     scope: JobScope = job["scope"]
     reasons = []
+    if slurm is not None:
+        slurm_job, owner = slurm
+        if owner is None:
+            reasons.append(f"Slurm's record of job {slurm_job}'s user was not read")
+        elif scope.uid != owner:
+            reasons.append(f"uid {scope.uid if scope.uid is not None else '?'} is not Slurm job {slurm_job}'s user "
+                           f"(uid {owner}, per Slurm): its SLURM_JOB_ID={scope.slurm_job} is only its environment's word")
     missing = [n for n in nodes if n not in job["nodes"]]
     if missing:
         reasons.append(f"no worker on {', '.join(missing)} (the job runs on {', '.join(nodes)})")
@@ -461,6 +482,14 @@ def job_picked(job: dict[str, Any], run_id: str | None, user: str | None,
         if want is None or scope.uid != want:
             return False
     return True
+
+
+def slurm_uid(fields: dict[str, str]) -> int | None:
+    """The uid Slurm runs a job as, from its fields (:meth:`~chaoskit.cluster.slurm.SlurmAccess.job`: ``UserId``
+    is ``1001``, or ``name(1001)`` as ``scontrol`` prints it); ``None`` when they do not say."""
+    value = fields.get("UserId") or ""
+    m = re.fullmatch(r"([0-9]{1,10})|[^()\s]*\(([0-9]{1,10})\)", value)
+    return None if m is None else int(m.group(1) or m.group(2))
 
 
 def user_uid(inventory: Any, node: str, user: str, cache: dict[str, int | None]) -> int | None:
