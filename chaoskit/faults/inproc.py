@@ -12,6 +12,13 @@ Every lasting kind has its end armed in the process *and* a lease on the node wh
 ``end``: it takes the order back, gives the process :data:`END_GRACE_S` to report its end, and kills it
 (its start time checked, through a pidfd) when it did not; the journal records that kill.
 
+The answer is the job's word, not chaoskit's: what it reports of the fault (a bit flip's tensor and bit, an
+exception's text) is kept in the injection's detail, but never over what chaoskit chose itself
+(:data:`CHOSEN_KEYS`: the pid, its start time, the rank, the folder, the order), which the fault's end acts on;
+the fault's time it reports counts only when it falls between the order's writing and the answer's reading
+(on the controller's clock, the node's measured offset applied), else the answer's reading is the fault's time
+and the detail's ``note`` says why.
+
 Kinds: ``inproc.hang`` (the training thread held before the step or in the data loader; every other thread
 runs on), ``inproc.gil`` (the GIL held: nothing runs), ``inproc.raise`` (an exception with a CUDA error's real
 text, or a given one), ``inproc.nan`` (NaN/Inf into one rank's loss or gradients), ``inproc.bitflip`` (one bit
@@ -21,6 +28,7 @@ of one element of a parameter or gradient: silent), ``inproc.slow`` (a share of 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from typing import Any, ClassVar, Literal
@@ -28,6 +36,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit import nodeside
+from chaoskit.cluster.clock import ClockOffset
 from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
@@ -39,7 +48,7 @@ from chaoskit.faults.node_tool import journaled_python, node_python
 from chaoskit.sdk.inproc import CUDA_ERRORS, ID_RE, NAME_RE
 
 __all__ = ["InprocHangFault", "InprocGilFault", "InprocRaiseFault", "InprocNanFault", "InprocBitflipFault",
-           "InprocSlowFault", "CHECKIN_S", "FIRE_S", "END_GRACE_S", "HELPER", "describe_flip"]
+           "InprocSlowFault", "CHECKIN_S", "FIRE_S", "END_GRACE_S", "HELPER", "CHOSEN_KEYS", "describe_flip"]
 
 CHECKIN_S = 10.0
 """How long a process has to answer an order (its watcher polls every 0.05 s): past it, the fault fails, exit 3."""
@@ -52,6 +61,12 @@ HELPER = bundle(nodeside.source("inproc_tool"))
 """The node side of the channel: ``order``/``wait``/``clear``/``end FOLDER PID ...``, in the node's state folder only."""
 
 TIMEOUT_S = 60.0
+
+CHOSEN_KEYS = frozenset({"pid", "start_time", "rank", "order", "folder", "mechanism", "fidelity", "scope", "killed",
+                         "reported", "note"})
+"""An injection's detail that chaoskit sets itself (the fault's end signals ``pid`` at ``start_time`` in ``folder``;
+the report reads ``mechanism``, ``fidelity``, ``scope``): a process's answer never sets one. Those it claimed anyway
+are kept apart, under ``reported``."""
 
 
 class InprocSpec(FaultSpec):
@@ -253,8 +268,10 @@ class _InprocFault(Fault):
             if self.lasting:
                 ctx.arm(transport, fid, self.kind, self.revert_argv(python, folder, t.pid, start, fid), self.duration,
                         target=t.label())
+            t_order = time.time()
             answer = self._helper(ctx, transport, t.node, "order", folder, str(t.pid), json.dumps(order, separators=(",", ":")),
                                   fid, f"{CHECKIN_S:g}", f"{FIRE_S:g}", timeout=CHECKIN_S + FIRE_S + TIMEOUT_S)
+            t_answer = time.time()
             status = answer.get("status")
             if status in ("timeout", "refused", "gone", "unfired"):
                 self._take_back(ctx, transport, t, fid)
@@ -268,14 +285,38 @@ class _InprocFault(Fault):
                 raise InfraError(f"{self.kind}: {t.label()} took the order but its point (the next "
                                  f"{'batch from a DataLoader' if getattr(self.spec, 'where', 'step') == 'data' else 'step'}) "
                                  f"did not come within {FIRE_S:g}s; the order was taken back")
-            fired = answer
-            detail = {"pid": t.pid, "start_time": start, "rank": t.rank, "order": fid, "folder": folder,
-                      "step": fired.get("step"), **(fired.get("detail") or {}), **self.mechanism()}
+            reported = answer.get("detail") if isinstance(answer.get("detail"), dict) else {}
+            step = answer.get("step")
+            detail = {**{k: v for k, v in reported.items() if k not in CHOSEN_KEYS},
+                      "pid": t.pid, "start_time": start, "rank": t.rank, "order": fid, "folder": folder,
+                      "step": step if isinstance(step, int) and not isinstance(step, bool) else None, **self.mechanism()}
+            claimed = {k: v for k, v in reported.items() if k in CHOSEN_KEYS}
+            if claimed:
+                detail["reported"] = claimed
+            t_fault, note = self._fault_time(transport, t, answer.get("ts"), t_order, t_answer)
+            if note is not None:
+                detail["note"] = note
             if not self.lasting:
                 self._helper(ctx, transport, t.node, "clear", folder, str(t.pid))
-            ts = fired.get("ts")
-            out.append(Injection(fid, self.kind, t.node, [t.label()], float(ts) if isinstance(ts, (int, float)) else time.time(), detail))
+            out.append(Injection(fid, self.kind, t.node, [t.label()], t_fault, detail))
         return out
+
+    def _fault_time(self, transport: Transport, t: ProcessTarget, ts: Any, t_order: float, t_answer: float
+                    ) -> tuple[float, str | None]:
+        """The fault's time on the controller's clock, and a note when it is not the one the process reported: that
+        one counts only inside the injection's window, from ``t_order`` (before the order was written) to
+        ``t_answer`` (once the answer was read), widened by how well the node's clock offset is known."""
+        clock = getattr(transport, "clock", None)
+        clock = clock if isinstance(clock, ClockOffset) else ClockOffset()
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts):
+            at = clock.to_controller(float(ts))
+            if t_order - clock.error_s <= at <= t_answer + clock.error_s:
+                return at, None
+            why = f"{at - t_order:+.3f}s from the order, outside its window of {t_answer - t_order:.3f}s"
+        else:
+            why = "no time"
+        return t_answer, (f"{self.kind}: {t.label()} (pid {t.pid}) reported {why}; the fault's time is chaoskit's own "
+                          "(when its answer was read)")
 
     def _take_back(self, ctx: FaultContext, transport: Transport, t: ProcessTarget, fid: str) -> None:
         try:
