@@ -13,6 +13,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import pwd
 import shutil
 import signal
 import threading
@@ -35,6 +36,7 @@ from chaoskit.cluster.selectors import (
 from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.fanout import fan_out as parallel
+from chaoskit.core.accounts import python_paths, unreachable_by
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.files import RESULT_FILE, copy_regular, make_folder_for, make_run_dir
 from chaoskit.core.result import RunResult
@@ -250,6 +252,13 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     return run.execute()
 
 
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def _utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
@@ -282,11 +291,36 @@ class _Run:
         self.threads: list[Probe] = []
         self.job_dir: Path | None = None
         self.job_owner = job_class(self.sc.workload.launch, cluster).runs_as(self.sc.workload, loaded.path.parent)
-        """The user an author's batch script runs as (chaoskit as root submits it as that user), or ``None``."""
+        """The user the job runs as when not chaoskit's: an author's batch script's (chaoskit as root submits it
+        as that user), or the lab's account (:mod:`chaoskit.core.accounts`); ``None``: as chaoskit."""
+        self.root_job = self._account_for_job()
+        """Why a job on a cluster with an account of its own still runs as root (``None``: it does not)."""
         self.t_baseline: float | None = None
         self._checkpoint_fs: tuple[str, list[str]] | None = None
         self.stop_watcher: StopWatcher | None = None
         self.prometheus_probe: PrometheusProbe | None = None
+
+    def _account_for_job(self) -> str | None:
+        """Run the job as the cluster's account (``job_account``) unless it cannot run as that account; return why
+        it stays root, or ``None``. The account needs to reach the job's Python and script, and the in-process
+        channel is root's state folder for now (the job keeps root there, still out of other users' reach)."""
+        account = self.cluster.job_account
+        if account is None or self.job_owner is not None:
+            return None
+        why = None
+        if _uses_inproc(self.sc):
+            why = "the in-process channel's folder is root's own"
+        else:
+            script = self.sc.workload.command_script(self.loaded.path.parent) if self.sc.workload.command else None
+            needs = [*python_paths(self.cluster.python), *([script] if script else []), self.run_dir.parent]
+            problem = unreachable_by(account, needs)  # the job's folder goes beside the run folder
+            if problem:
+                why = f"{account.name} cannot run the job: {problem}"
+        if why is not None:
+            self.cluster.job_account = None
+            return why
+        self.job_owner = account
+        return None
 
     # -- stages -------------------------------------------------------------------------
 
@@ -470,7 +504,7 @@ class _Run:
                        if sc.probes.sdk and LAUNCHES[sc.workload.launch].sdk_events else None)
         if owner is not None:  # the job's user's folder: made new, its files made in it, then given to them
             self.job_dir.parent.mkdir(parents=True, exist_ok=True)
-            make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=("checkpoints",),
+            make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=("checkpoints", "tmp"),
                             files=("sdk-events.jsonl",) if events_path is not None else ())
         else:
             self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -531,7 +565,23 @@ class _Run:
                 f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
                 f"starting the {sc.workload.launch} job ({length})"
             )
+            self.say(escape(self._job_user_line()))
         self.job.start()
+
+    def _job_user_line(self) -> str:
+        """Whom the job runs as and what keeps its stores from other users (also kept in result.json's cluster)."""
+        user = self.job_owner.name if self.job_owner is not None else _user_name(os.geteuid())
+        details = self.cluster.details
+        details["job_user"] = user
+        line = f"the job runs as {user}"
+        if self.root_job is not None:
+            details["job_user_why"] = self.root_job
+            line += f" ({self.root_job})"
+            self.notes.append(f"the job ran as root: {self.root_job}")
+        if self.cluster.job_isolation:
+            details["job_isolation"] = self.cluster.job_isolation
+            line += f"; in {self.cluster.job_isolation}"
+        return line
 
     def _baseline(self) -> None:
         need, timeout = self.sc.steady_state.steps, self.sc.steady_state.timeout

@@ -24,6 +24,7 @@ from pydantic import Field
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.api import JobScope, Transport
+from chaoskit.core.accounts import Account
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import StrictModel
 from chaoskit.core.state import state_dir
@@ -104,6 +105,12 @@ class ClusterHandle:
     author_files: dict[str, Path] = field(default_factory=dict)
     """Files of the scenario's author that the cluster itself runs, by the ``cluster:`` field that names them
     (docker: ``compose``, its services' images and mounts): the site policy's ``script_roots`` bound them."""
+    job_account: Account | None = None
+    """The unprivileged account the job chaoskit starts runs as on this cluster (a lab's, when chaoskit is root;
+    :mod:`chaoskit.core.accounts`); ``None``: as chaoskit itself."""
+    job_isolation: str | None = None
+    """What keeps the job's own services (its rendezvous store) out of other users' reach, in words, for the plan
+    and the report (``None``: nothing beyond the cluster's own network)."""
     scheduler_options: dict[str, str] = field(default_factory=dict)
     """What a generated batch script needs to know of this cluster: ``partition``, ``local_addr_interface``
     (the NIC whose address a torchrun agent advertises)."""

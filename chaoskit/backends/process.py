@@ -20,7 +20,8 @@ from chaoskit.backends.api import (
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.lab.checkpoint_fs import TmpfsCheckpoints
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
-from chaoskit.lab.process import ProcessLab
+from chaoskit.core.accounts import lab_account
+from chaoskit.lab.process import JobNetns, ProcessLab
 
 __all__ = ["ProcessBackend", "ProcessSpec"]
 
@@ -48,12 +49,32 @@ class ProcessBackend(ClusterBackend):
         if ephemeral:
             lab = ProcessLab.create(spec.nodes)
         inventory = lab.inventory()
-        return ClusterHandle(
+        details: dict[str, Any] = {"lab": lab.lab_id, "ephemeral": ephemeral}
+        handle = ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=inventory.names(),
-            rdzv_host="127.0.0.1", scope=lab.scope,
-            teardown=lab.kill_all if ephemeral else (lambda: None),
-            details={"lab": lab.lab_id, "ephemeral": ephemeral}, checkpoint_fs=TmpfsCheckpoints(),
+            rdzv_host="127.0.0.1", scope=lab.scope, details=details, checkpoint_fs=TmpfsCheckpoints(),
         )
+        if os.geteuid() != 0:  # the job is the invoking user's, on the machine's loopback as any job of theirs
+            handle.teardown = lab.kill_all if ephemeral else (lambda: None)
+            return handle
+        # As root: the job's nodes share a network namespace of their own, so its rendezvous store (which
+        # unpickles what a client writes) and its workers' stores are out of every other user's reach, and the
+        # job runs as the lab's account (the runner keeps root only where the job cannot run as it).
+        netns = JobNetns.create()
+        details["netns"] = netns.name
+        handle.job_account = lab_account()
+        handle.job_isolation = f"a private network namespace ({netns.name}): no other user reaches its stores"
+        handle.launch_prefix = lambda node: netns.prefix(handle.job_account)
+
+        def teardown() -> None:
+            try:
+                if ephemeral:
+                    lab.kill_all()
+            finally:
+                netns.remove()
+
+        handle.teardown = teardown
+        return handle
 
     def lab_up(self, spec: ProcessSpec, base: Path, say: Say, rebuild: bool = False) -> str:
         existing = ProcessLab.load()
@@ -82,6 +103,13 @@ class ProcessBackend(ClusterBackend):
         return ProcessLab(details.get("lab", ""), 0).inventory_of(nodes)
 
     def crash_teardown(self, details: dict[str, Any]) -> str | None:
+        gone = JobNetns(str(details["netns"])).remove() if details.get("netns") else False
+        said = self._crash_stop(details)
+        if gone:
+            said = (said + "; " if said else "") + f"the job's network namespace {details['netns']} removed"
+        return said
+
+    def _crash_stop(self, details: dict[str, Any]) -> str | None:
         lab = ProcessLab(details.get("lab", ""), 0)
         if not details.get("ephemeral"):
             # A lab that stays up ('lab up', a game day's shared one): the job the dead run started (torchrun with

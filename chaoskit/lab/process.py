@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +22,14 @@ from pathlib import Path
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.xid import lab_pci
+from chaoskit.core.accounts import Account, setpriv_argv
+from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
 
-__all__ = ["ProcessLab", "lab_state_path"]
+__all__ = ["ProcessLab", "lab_state_path", "JobNetns", "JOB_NETNS_PREFIX"]
+
+JOB_NETNS_PREFIX = "ckjob-"
+"""Named network namespaces a process lab's job runs in when chaoskit is root (``ip netns list`` shows them)."""
 
 
 def lab_state_path() -> Path:
@@ -113,3 +120,35 @@ class ProcessLab:
         if self.persistent:
             self.state_path.unlink(missing_ok=True)
         return n
+
+
+@dataclass
+class JobNetns:
+    """A private network namespace for one run's job on the process lab (root only): its nodes' agents and workers
+    share its loopback, so torchrun's rendezvous store, the workers' stores and gloo's sockets are reachable by the
+    job alone; no other user of the machine can enter it. Its name is random (not the lab's id), made per run and
+    removed at the run's end (or by ``chaoskit rollback`` from the run's marker)."""
+
+    name: str
+
+    @classmethod
+    def create(cls) -> "JobNetns":
+        ns = cls(JOB_NETNS_PREFIX + secrets.token_hex(6))
+        for argv in (["ip", "netns", "add", ns.name], ["ip", "-n", ns.name, "link", "set", "lo", "up"]):
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            if res.returncode != 0:
+                ns.remove()
+                raise InfraError(f"could not make the job's network namespace: {' '.join(argv)}: "
+                                 f"{res.stderr.strip() or res.returncode}", hint="is iproute2 installed?")
+        return ns
+
+    def prefix(self, account: Account | None) -> list[str]:
+        """What starts a command in the namespace (as ``account`` when given)."""
+        return ["ip", "netns", "exec", self.name, *(setpriv_argv(account) if account is not None else [])]
+
+    def remove(self) -> bool:
+        """Remove the namespace's name (idempotent); its last process gone, the namespace goes with it."""
+        if not re.fullmatch(re.escape(JOB_NETNS_PREFIX) + "[0-9a-f]{12}", self.name):
+            return False
+        res = subprocess.run(["ip", "netns", "del", self.name], capture_output=True, text=True, timeout=30)
+        return res.returncode == 0

@@ -113,8 +113,11 @@ class TorchrunJob(Job):
         """Why workers died, from their output (torchrun's Root Cause block, the last exception)."""
         self.line_errors: list[str] = []
         """What went wrong handling a line of the job's output (the line was skipped; the job kept being read)."""
-        self.job_dir = job_dir(cluster, self.run_dir, run_id)
-        self.ckpt_dir = checkpoint_dir(cluster, self.run_dir, run_id)
+        self.account = cluster.job_account
+        """The unprivileged account the job runs as (its folder is then ``RUN.job``, that account's), or ``None``."""
+        owned = self.account is not None
+        self.job_dir = job_dir(cluster, self.run_dir, run_id, owned=owned)
+        self.ckpt_dir = checkpoint_dir(cluster, self.run_dir, run_id, owned=owned)
         self.log_dir = self.run_dir / "logs"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._readers: list[threading.Thread] = []
@@ -216,6 +219,8 @@ class TorchrunJob(Job):
             # the Wrapper's store waits warn from c10d's C++ twice a second per rank ("waitForInput ... timed out
             # after 500ms"), every one of them expected
             env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+        if self.account is not None:  # none of root's identity; its temporary files in its own folder, not /tmp
+            env.update({**self.account.env(), "HOME": str(self.job_dir), "TMPDIR": str(self.job_dir / "tmp")})
         if self.nvrx:
             # ft_launcher makes its sockets in tempfile.gettempdir() under names from its pid (guessable in /tmp)
             env["TMPDIR"] = str(self.nvrx_socket_dir())
@@ -233,7 +238,13 @@ class TorchrunJob(Job):
             import tempfile
 
             mine = self.job_dir / "nvrx"
-            if len(str(mine)) <= _SOCKET_DIR_MAX:
+            if self.account is not None:  # the account's own folder (made with it), or a fresh random one given to it
+                mine = self.job_dir / "tmp"
+                if len(str(mine)) > _SOCKET_DIR_MAX:
+                    mine = Path(tempfile.mkdtemp(prefix="chaoskit-nvrx-"))
+                    os.chown(mine, self.account.uid, self.account.gid, follow_symlinks=False)
+                self._nvrx_tmp = mine
+            elif len(str(mine)) <= _SOCKET_DIR_MAX:
                 mine.mkdir(mode=0o700, parents=True, exist_ok=True)
                 if mine.is_symlink() or not mine.is_dir() or mine.stat().st_uid != os.geteuid():
                     raise InfraError(f"{mine} is not a folder of this user's: refusing to put ft_launcher's sockets there")
@@ -263,7 +274,8 @@ class TorchrunJob(Job):
                 "PyTorch is not installed, so the reference training job cannot start",
                 hint="pip install 'chaoskit[workload]' (torch==2.13.0, the CPU build)",
             )
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if self.account is None:  # else made with the account's folder, as that account's (the runner's job_owner)
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.torchft and self.lighthouse is None:
             first = self.cluster.agent_nodes[0]
