@@ -9,6 +9,7 @@ with the framework's log preset and SLOs to edit, plus any file the scenario nam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import typer
 
 from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env
 from chaoskit.core.errors import ExitCode
+from chaoskit.core.files import UnsafePath, write_new
 from chaoskit.observe.presets import PRESETS
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -62,18 +64,22 @@ def init(
         env.stderr.write(f"error: --launch {launch} does not run on --cluster {cluster}; it runs "
                          f"{' or '.join(LAUNCHES[cluster])}\n")
         return ExitCode.BAD_INPUT
-    if out.exists() and not force:
+    scenario, extras = render(framework, cluster, launch)
+    # Made O_EXCL|O_NOFOLLOW from the folder's descriptor (--force: renamed over it), never through a link planted
+    # at the name: exists() is false for a dangling link, and writing through one made its target as root.
+    try:
+        write_new(out, scenario, replace=force, make_folders=True)
+    except FileExistsError:
         env.stderr.write(f"error: {out} exists; pick another --out, or --force to replace it\n")
         return ExitCode.BAD_INPUT
-    scenario, extras = render(framework, cluster, launch)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(scenario)
+    except UnsafePath as exc:
+        env.stderr.write(f"error: {out} was not written: {exc}\n")
+        return ExitCode.BAD_INPUT
     written = [str(out)]
     for name, text in extras.items():
         path = out.parent / name
-        if not path.exists():
-            path.write_text(text)
-            written.append(str(path))
+        with contextlib.suppress(FileExistsError):  # theirs (a link too) is kept as it is
+            written.append(str(write_new(path, text)))
     env.stdout.write(f"wrote {', '.join(written)}\nnext: edit the lines marked EDIT, then chaoskit validate {out}\n")
     return ExitCode.OK
 

@@ -8,6 +8,7 @@ The report is rendered from these files alone.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import json
@@ -15,7 +16,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from chaoskit.core.errors import ScenarioError
 
@@ -23,7 +24,8 @@ __all__ = [
     "RESULT_FILE", "EVENTS_FILE", "JOURNAL_FILE", "RUN_REPORT",
     "GAMEDAY_FILE", "GAMEDAY_REPORT", "HISTORY_FILE", "load_gameday", "read_history",
     "utc_stamp", "utc_iso", "parse_utc_iso", "empty_out_dir", "make_run_dir", "open_append", "open_regular", "NotRegularFile",
-    "file_kind", "copy_regular", "make_folder_for", "TORCH_CACHE_VAR", "torch_cache_env",
+    "UnsafePath", "open_folder", "open_inside", "write_new", "file_kind", "copy_regular", "make_folder_for", "TORCH_CACHE_VAR",
+    "torch_cache_env",
 ]
 
 RESULT_FILE = "result.json"
@@ -97,29 +99,30 @@ def empty_out_dir(out: Path, what: str) -> Path:
 def make_run_dir(path: Path, mode: int, default: bool) -> Path:
     """The run folder, made now: ``path`` with ``mkdir`` (which fails where anything, a link too, has the name), or,
     for a ``default`` name someone took first, the same name with a random suffix. The operator's own ``--out`` may
-    be a folder that exists: then it must be a folder (not a link) of this user's that nobody else can write. Either
-    way its parent must be this user's or root's, and not one that others can write without the sticky bit (they
-    could swap the run folder for a link after it is made). :class:`ScenarioError` otherwise: nothing was injected."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pst = os.stat(path.parent)
-    if pst.st_uid not in (os.geteuid(), 0):
-        raise ScenarioError(f"the run folder's parent {path.parent} belongs to uid {pst.st_uid}, who could swap the run "
-                            "folder for a link; choose another --out")
-    if pst.st_mode & 0o002 and not pst.st_mode & stat.S_ISVTX:
-        raise ScenarioError(f"the run folder's parent {path.parent} can be written by anyone (mode "
-                            f"{stat.S_IMODE(pst.st_mode):04o}, no sticky bit): someone could swap the run folder for a "
-                            "link; choose another --out")
-    candidate = path
-    for _ in range(16):
-        try:
-            os.mkdir(candidate, mode)
-            break
-        except FileExistsError:
-            if not default:
-                break  # the operator's own folder: checked below
-            candidate = path.with_name(f"{path.name}-{secrets.token_hex(3)}")
-    st = os.lstat(candidate)
+    be a folder that exists: then it must be a folder (not a link) of this user's that nobody else can write.
+    Its parents are walked from ``/`` (:func:`open_folder`, missing ones made 0755 on the way): a link is followed
+    only when root or this user made it, and every folder on the way must be this user's or root's, and not one
+    that others can write without the sticky bit (they could swap the run folder, or a folder above it, for a link
+    after it is made, and root's later writes by name would go there). The run folder is made from the parent's
+    descriptor, never by name. :class:`ScenarioError` otherwise: nothing was injected."""
+    path = Path(os.path.abspath(path))
+    try:
+        pfd = open_folder(path.parent, make=True, folder_problem=_run_parent_problem)
+    except UnsafePath as exc:
+        raise ScenarioError(f"the run folder's parent {path.parent}: {exc}; choose another --out") from None
+    try:
+        candidate = path
+        for _ in range(16):
+            try:
+                os.mkdir(candidate.name, mode, dir_fd=pfd)
+                break
+            except FileExistsError:
+                if not default:
+                    break  # the operator's own folder: checked below
+                candidate = path.with_name(f"{path.name}-{secrets.token_hex(3)}")
+        st = os.stat(candidate.name, dir_fd=pfd, follow_symlinks=False)
+    finally:
+        os.close(pfd)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ScenarioError(f"run folder {candidate} is {'a link' if stat.S_ISLNK(st.st_mode) else 'not a folder'}; "
                             "chaoskit writes a run only into a folder of its own")
@@ -129,13 +132,28 @@ def make_run_dir(path: Path, mode: int, default: bool) -> Path:
     return candidate
 
 
+def _run_parent_problem(st: os.stat_result) -> str | None:
+    """What is wrong with a folder on the way to a run folder (as ``nodefs`` asks of one above its state folder)."""
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"belongs to uid {st.st_uid}, who could swap the run folder for a link"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (f"can be written by {'anyone' if st.st_mode & 0o002 else 'its group'} (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit): someone could swap the run folder for a link")
+    return None
+
+
 def open_append(path: Path, mode: int = 0o640):
     """``path`` opened to append text, made if absent, never through a link (``O_NOFOLLOW``)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
-class NotRegularFile(OSError):
+class UnsafePath(OSError):
+    """A path chaoskit will not go through: a link on it that neither root nor this user made, a folder on it that
+    became a link while it was walked, or (for a run folder) a folder on it that someone else could change."""
+
+
+class NotRegularFile(UnsafePath):
     """A file chaoskit was to read that is not a regular file (a FIFO, a device, a socket, a folder), or whose
     path changed to pass through a link while it was walked: it was never opened, or closed at once."""
 
@@ -152,6 +170,104 @@ def file_kind(mode: int) -> str:
 MAX_LINKS = 16
 """Links one path may pass through (as the kernel's own limit, ``ELOOP``)."""
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _walk(path: Path | str, *, follow_last: bool = True, make: bool = False, error: type[UnsafePath] = NotRegularFile,
+          folder_problem: Callable[[os.stat_result], str | None] | None = None) -> tuple[int, str | None, Any]:
+    """``(folder, name, st)``: a descriptor of the folder that holds ``path``'s last name, that name (``None`` when
+    the path ends at ``/``) and its ``lstat`` (``None`` when it is absent: only with ``follow_last`` false).
+
+    The path is walked from ``/`` one name at a time, each folder opened ``O_NOFOLLOW`` (one swapped for a link
+    meanwhile is refused). A link is followed only when root or this user made it: one of anybody else's is
+    refused, wherever on the path it is; the last name is left as it is unless ``follow_last``. ``make``: a missing
+    folder on the way is made (0755, from its parent's descriptor). ``folder_problem`` is asked of every folder
+    passed through (``/`` too); its answer refuses the path. Raises ``error`` (with the reason) or
+    ``FileNotFoundError``; the caller closes the descriptor."""
+    trusted = (0, os.geteuid())
+    parts = [p for p in os.path.abspath(path).split("/") if p]
+    links = 0
+    dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _check_folder(dfd, "/", folder_problem, error)
+        while parts:
+            part = parts.pop(0)
+            if part == ".":
+                continue
+            try:
+                st = os.stat(part, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not parts and not follow_last:
+                    return dfd, part, None
+                if not make:
+                    raise
+                try:
+                    os.mkdir(part, 0o755, dir_fd=dfd)
+                except FileExistsError:
+                    pass  # made meanwhile: checked as any other below
+                st = os.stat(part, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode) and (parts or follow_last):
+                if st.st_uid not in trusted:
+                    raise error(f"{path}: {part} is a link of uid {st.st_uid}'s; chaoskit follows only "
+                                "root's and its own")
+                links += 1
+                if links > MAX_LINKS:
+                    raise error(f"{path}: more than {MAX_LINKS} links")
+                target = os.readlink(part, dir_fd=dfd)
+                if target.startswith("/"):
+                    os.close(dfd)
+                    dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                parts = [p for p in target.split("/") if p] + parts
+                continue
+            if not parts:
+                return dfd, part, st
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise error(f"{path}: {part} on its way is not a folder (or became a link)") from None
+                raise
+            os.close(dfd)
+            dfd = nfd
+            _check_folder(dfd, part, folder_problem, error)
+        return dfd, None, os.fstat(dfd)
+    except BaseException:
+        os.close(dfd)
+        raise
+
+
+def _check_folder(dfd: int, name: str, problem: Callable[[os.stat_result], str | None] | None,
+                  error: type[UnsafePath]) -> None:
+    said = problem(os.fstat(dfd)) if problem is not None else None
+    if said:
+        raise error(f"{name} {said}")
+
+
+def open_folder(path: Path | str, *, make: bool = False, error: type[UnsafePath] = UnsafePath,
+                folder_problem: Callable[[os.stat_result], str | None] | None = None) -> int:
+    """A descriptor (``O_DIRECTORY``) of the folder ``path``, walked as :func:`open_regular` walks (only root's links
+    and this user's followed, the folder itself too); ``make``: missing folders made 0755 on the way;
+    ``folder_problem`` asked of every folder passed through. ``error`` (an :class:`UnsafePath`) or
+    ``FileNotFoundError``; the caller closes it."""
+    dfd, name, _ = _walk(path, make=make, error=error, folder_problem=folder_problem)
+    if name is None:
+        return dfd
+    try:
+        try:
+            nfd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise error(f"{path} is not a folder (or became a link)") from None
+            raise
+    finally:
+        os.close(dfd)
+    try:
+        _check_folder(nfd, name, folder_problem, error)
+    except BaseException:
+        os.close(nfd)
+        raise
+    return nfd
+
 
 def open_regular(path: Path | str):
     """``path`` opened to read (binary) only once it is checked, for a file someone else may control (a job's
@@ -161,57 +277,101 @@ def open_regular(path: Path | str):
     ``lstat``-ed before it is opened (a FIFO, a device such as ``/dev/watchdog``, a socket is never opened:
     opening one can block, or act), opened ``O_NOFOLLOW|O_NONBLOCK`` and ``fstat``-ed again.
     ``FileNotFoundError`` when it is not there, :class:`NotRegularFile` (with the reason) when it may not be read."""
-    trusted = (0, os.geteuid())
-    parts = [p for p in os.path.abspath(path).split("/") if p]
-    links = 0
-    dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dfd, name, st = _walk(path)
     try:
-        while parts:
-            part = parts.pop(0)
-            if part == ".":
-                continue
-            st = os.stat(part, dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                if st.st_uid not in trusted:
-                    raise NotRegularFile(f"{path}: {part} is a link of uid {st.st_uid}'s; chaoskit follows only "
-                                         "root's and its own")
-                links += 1
-                if links > MAX_LINKS:
-                    raise NotRegularFile(f"{path}: more than {MAX_LINKS} links")
-                target = os.readlink(part, dir_fd=dfd)
-                if target.startswith("/"):
-                    os.close(dfd)
-                    dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                parts = [p for p in target.split("/") if p] + parts
-                continue
-            if not parts:
-                break
+        if name is None:
+            raise NotRegularFile(f"{path} is a folder, not a regular file")
+        return _open_checked(dfd, name, st, path)
+    finally:
+        os.close(dfd)
+
+
+def open_inside(folder: Path | str, relative: str, owners: tuple[int, ...] = ()):
+    """``relative`` (no ``..``, not absolute) opened to read (binary) inside ``folder`` (a job's own folder, which
+    its user fills), following no link at all below ``folder``: each name is opened ``O_NOFOLLOW`` from the
+    descriptor of the one above, so a link the job's user planted (to ``/etc/shadow``, to another user's folder)
+    is refused, never read. ``folder`` itself is reached as :func:`open_regular` reaches a file. The file must be
+    regular and, with ``owners``, owned by one of them; one of another owner's (a hard link to a file only root may
+    read) is refused, as is one with more than one name that is not the first owner's (a hard link the job's user
+    made to a file of chaoskit's). ``FileNotFoundError`` or :class:`NotRegularFile`, as :func:`open_regular`."""
+    parts = [p for p in str(relative).split("/") if p not in ("", ".")]
+    if not parts or str(relative).startswith("/") or ".." in parts:
+        raise NotRegularFile(f"{relative}: not a path inside {folder}; chaoskit reads only below the job's folder")
+    dfd = open_folder(folder, error=NotRegularFile)
+    try:
+        for part in parts[:-1]:
             try:
-                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=dfd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise NotRegularFile(f"{path}: {part} on its way is not a folder (or became a link)") from None
+                    raise NotRegularFile(f"{folder}/{relative}: {part} is a link or not a folder; chaoskit follows "
+                                         "no link in the job's folder") from None
                 raise
             os.close(dfd)
             dfd = nfd
-        else:
-            raise NotRegularFile(f"{path} is a folder, not a regular file")
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(f"{path} is {file_kind(st.st_mode)}, not a regular file; chaoskit reads regular "
-                                 "files only and never opens it")
-        try:
-            fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise NotRegularFile(f"{path} became a link; chaoskit never reads through one") from None
-            raise
+        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise NotRegularFile(f"{folder}/{relative} is a link; chaoskit follows no link in the job's folder")
+        fh = _open_checked(dfd, parts[-1], st, f"{folder}/{relative}")
     finally:
         os.close(dfd)
+    st = os.fstat(fh.fileno())
+    if owners and (st.st_uid not in owners or st.st_uid != owners[0] and st.st_nlink > 1):
+        fh.close()
+        raise NotRegularFile(f"{folder}/{relative} belongs to uid {st.st_uid}{' and has other names' if st.st_uid in owners else ''}, "
+                             f"not to the job's user (uid {owners[0]}); chaoskit reads only the job's own files")
+    return fh
+
+
+def _open_checked(dfd: int, name: str, st: Any, path: Path | str):
+    """``name`` in ``dfd`` (``st``: its ``lstat``) opened to read once it is a regular file, never through a link."""
+    if not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise NotRegularFile(f"{path} is a folder, not a regular file")
+        raise NotRegularFile(f"{path} is {file_kind(st.st_mode)}, not a regular file; chaoskit reads regular "
+                             "files only and never opens it")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(f"{path} became a link; chaoskit never reads through one") from None
+        raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise NotRegularFile(f"{path} is {file_kind(st.st_mode)}, not a regular file")
     return os.fdopen(fd, "rb")
+
+
+def write_new(path: Path | str, data: str | bytes, *, replace: bool = False, make_folders: bool = False,
+              mode: int = 0o644) -> Path:
+    """Write ``path`` (a report, a starter file) without following a link: its folder is reached as
+    :func:`open_folder` reaches one (a link of anybody's but root's and this user's is refused), and the file is
+    made ``O_CREAT|O_EXCL|O_NOFOLLOW`` from that folder's descriptor. ``replace``: the data goes to a fresh random
+    name made so beside it, renamed over ``path`` from the same descriptor, so a link planted at ``path`` is
+    replaced, never written through, and a reader sees the old file or the new one. The folder may be one that
+    others can write: nothing here is opened by name there. ``FileExistsError`` when ``path`` exists (a link too)
+    and not ``replace``; :class:`UnsafePath` when its folder may not be reached; ``make_folders``: missing folders
+    are made (0755). Returns ``path``."""
+    path = Path(path)
+    body = data.encode("utf-8") if isinstance(data, str) else data
+    dfd = open_folder(path.parent, make=make_folders)
+    try:
+        name = f".{path.name[:64]}.{secrets.token_hex(8)}.tmp" if replace else path.name
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(body)
+            if replace:
+                os.replace(name, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            if replace:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
+    return path
 
 
 def copy_regular(src: Path, dst: Path, limit: int = 1 << 30) -> bool:

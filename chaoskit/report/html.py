@@ -34,8 +34,10 @@ from chaoskit.core.files import (
     GAMEDAY_REPORT,
     HISTORY_FILE,
     RUN_REPORT,
+    UnsafePath,
     load_gameday,
     read_history,
+    write_new,
 )
 from chaoskit.coverage import (
     CATEGORIES,
@@ -87,8 +89,7 @@ def write_run_report(run_dir: str | Path) -> Path:
         "trend": None, "gameday": None, "repeat": None,
     }
     out = run_dir / RUN_REPORT
-    out.write_text(render_html(page), encoding="utf-8")
-    return out
+    return _write_page(out, render_html(page))
 
 
 def write_repeat_report(repeat_dir: str | Path) -> Path:
@@ -108,8 +109,7 @@ def write_repeat_report(repeat_dir: str | Path) -> Path:
         "repeat": {**summary, "strips": _strips(summary.get("distribution") or {}, summary.get("slo") or {})},
     }
     out = repeat_dir / RUN_REPORT
-    out.write_text(render_html(page), encoding="utf-8")
-    return out
+    return _write_page(out, render_html(page))
 
 
 _STRIP_LABELS = {"detection_s": "detection", "reallocation_s": "reallocation", "checkpoint_load_s": "checkpoint load",
@@ -161,8 +161,7 @@ def write_gameday_report(gd_dir: str | Path) -> Path:
         "recovery_trends": _recovery_trends(history, summary.get("regressions") or []),
     }
     out = gd_dir / GAMEDAY_REPORT
-    out.write_text(render_html(page), encoding="utf-8")
-    return out
+    return _write_page(out, render_html(page))
 
 
 _BUCKET_LABELS = {"startup": "job start-up", "detection": "detection", "reallocation": "reallocation",
@@ -208,8 +207,18 @@ def write_campaign_report(folder: str | Path) -> Path:
     env = jinja2.Environment(loader=jinja2.PackageLoader("chaoskit.report", "templates"), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     env.filters["pct"] = lambda v: "-" if v is None else f"{v:.1%}"
-    out.write_text(env.get_template("campaign.html.j2").render(page=page), encoding="utf-8")
-    return out
+    return _write_page(out, env.get_template("campaign.html.j2").render(page=page))
+
+
+def _write_page(out: Path, html: str) -> Path:
+    """``out`` replaced by ``html`` without following a link (:func:`~chaoskit.core.files.write_new`): ``chaoskit
+    report`` runs as root on folders other users can write, and a link they plant at ``report.html`` (to a ``.pth``
+    file, say) is replaced, never written through; a folder reached through a link of theirs is refused."""
+    try:
+        return write_new(out, html, replace=True)
+    except UnsafePath as exc:
+        raise ScenarioError(f"{out} was not written: {exc}",
+                            hint="give the folder itself, not a link another user made to it") from None
 
 
 def render_html(page: dict[str, Any]) -> str:
