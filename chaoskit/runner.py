@@ -515,12 +515,16 @@ class _Run:
             self.threads.append(self.sdk_probe)
         for lf in sc.probes.log_files:
             conn = self.inventory[lf.node].conn
+            roots = self.inventory.policy.log_roots if self.inventory.policy is not None else None
             if Path(lf.path).is_absolute() and isinstance(conn, FileFollower):  # on the node, read there by its agent
-                policy = self.inventory.policy
-                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path,
-                                                   roots=policy.log_roots if policy is not None else None))
-            else:
-                self.threads.append(FileLogProbe(self.log_probe, lf.node, self.job_dir / lf.path))
+                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path, roots=roots))
+                continue
+            # on this machine, as root: below the job's folder (no link followed), or inside the policy's log_roots;
+            # only a file of the job's user (or chaoskit's), never one only root may read
+            owners = (owner.uid, os.geteuid()) if owner is not None else (os.geteuid(),)
+            self.threads.append(FileLogProbe(self.log_probe, lf.node, Path(lf.path), owners=owners, roots=roots or [])
+                                if Path(lf.path).is_absolute() else
+                                FileLogProbe(self.log_probe, lf.node, Path(lf.path), folder=self.job_dir, owners=owners))
         if sc.probes.prometheus:  # the site's monitoring as a detection source
             self.prometheus_probe = PrometheusProbe(self.bus, sc.probes.prometheus)
             self.threads.append(self.prometheus_probe)

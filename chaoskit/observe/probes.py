@@ -30,7 +30,8 @@ from typing import Any, Iterable
 from chaoskit.cluster.clock import ClockedTransport
 from chaoskit.cluster.transports.api import FileFollower, ProcessStreamer, StreamUnsupported, rank_processes
 from chaoskit.core.errors import InfraError
-from chaoskit.core.files import NotRegularFile, open_regular
+from chaoskit.cluster.policy import under_roots
+from chaoskit.core.files import NotRegularFile, open_inside, open_regular
 from chaoskit.core.limits import MAX_LINE_BYTES, MAX_NUMBER_DIGITS, REGEX_TIMEOUT_S
 from chaoskit.core.lines import LineCutter, strip_ansi
 from chaoskit.core.threads import DaemonPool
@@ -141,7 +142,7 @@ class _Tailer(threading.Thread):
         pos, inode, cutter = 0, None, LineCutter()
         while not self.stop_event.is_set():
             try:
-                with open_regular(self.path) as fh:
+                with self._open() as fh:
                     st = os.fstat(fh.fileno())
                     if st.st_ino != inode or st.st_size < pos:
                         if inode is not None:
@@ -161,7 +162,7 @@ class _Tailer(threading.Thread):
                 self.stop_event.wait(self.interval)
         # drain what is left after stop
         try:
-            with open_regular(self.path) as fh:
+            with self._open() as fh:
                 fh.seek(pos)
                 while chunk := fh.read(self.CHUNK):
                     for raw in cutter.feed(chunk):
@@ -174,6 +175,9 @@ class _Tailer(threading.Thread):
             pass
         except NotRegularFile as exc:
             self.seen_refusal = self.seen_refusal or str(exc)
+
+    def _open(self):
+        return open_regular(self.path)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -273,11 +277,34 @@ class SdkLogProbe(_Tailer):
 
 
 class FileLogProbe(_Tailer):
-    """Tail a job's log file (for jobs chaoskit did not start) through a :class:`LogRegexProbe`."""
+    """Tail a job's log file through a :class:`LogRegexProbe`.
 
-    def __init__(self, probe: LogRegexProbe, node: str, path: Path, interval: float = 0.01) -> None:
+    A scenario's ``probes.log_files`` name files the job writes, and chaoskit reads them as root: with ``folder``
+    (the job's own folder), ``path`` is relative to it and opened by :func:`~chaoskit.core.files.open_inside`,
+    following no link below it; with ``roots``, an absolute ``path`` is read only inside one of them (an empty list:
+    never). ``owners``: the file must be one of theirs (the job's user first), so a file only root may read never
+    reaches the events. Without these (chaoskit's own followers, a Slurm job's output) it is read as
+    :func:`~chaoskit.core.files.open_regular` reads one."""
+
+    def __init__(self, probe: LogRegexProbe, node: str, path: Path, interval: float = 0.01, *,
+                 folder: Path | None = None, owners: tuple[int, ...] = (), roots: list[str] | None = None) -> None:
         super().__init__(Path(path), interval)
         self.probe, self.node = probe, node
+        self.folder, self.owners, self.roots = folder, owners, roots
+
+    def _open(self):
+        if self.folder is not None:
+            return open_inside(self.folder, str(self.path), self.owners)
+        if self.roots is not None and not under_roots(str(self.path), self.roots):
+            raise NotRegularFile(f"{self.path} is outside the job's folder and the site policy's log_roots "
+                                 f"({', '.join(self.roots) or 'none'}); chaoskit reads it only inside them")
+        fh = open_regular(self.path)
+        uid = os.fstat(fh.fileno()).st_uid
+        if self.owners and uid not in self.owners:
+            fh.close()
+            raise NotRegularFile(f"{self.path} belongs to uid {uid}, not to the job's user (uid {self.owners[0]}) or "
+                                 "chaoskit's; chaoskit reads only their files")
+        return fh
 
     def run(self) -> None:
         for line in self.lines():

@@ -193,6 +193,12 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
         if sc.workload.launch == "attach" and not lf.path.startswith("/"):
             raise loaded.error(f"probes.log_files.{j}.path: an attached job writes its logs on its nodes: give the "
                                f"absolute path on {lf.node} (each node's agent reads it there)", "probes", "log_files", j, "path")
+        roots = inventory.policy.log_roots if inventory.policy is not None else None
+        if sc.workload.launch != "attach" and lf.path.startswith("/") and roots is None:
+            # read as root on this machine: /etc/shadow would reach the events (with log_roots, checked above)
+            raise loaded.error(f"probes.log_files.{j}.path: {lf.path} is outside the job's folder: a job's log file is "
+                               "a path relative to its folder, or one inside the site policy's log_roots",
+                               "probes", "log_files", j, "path")
     if sc.workload.launch not in backend(sc.cluster.kind).launches:
         able = [name for name in CLUSTERS.names() if sc.workload.launch in CLUSTERS.get(name).launches]
         raise loaded.error(f"workload.launch: {sc.workload.launch} does not run on a cluster of kind {sc.cluster.kind}; "

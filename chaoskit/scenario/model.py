@@ -277,8 +277,19 @@ class LogRule(StrictModel):
 class LogFile(StrictModel):
     """A log file to tail; its lines count as output of ``node``."""
 
-    path: str = Field(..., min_length=1, description="Path of the file; relative paths are taken from the run directory.")
+    path: str = Field(..., min_length=1, description=(
+        "A file the job writes in its own folder: a relative path, read on this machine below the job's folder "
+        "(never through a link, and only a file of the job's user). An absolute path only for launch: attach (each "
+        "node's agent reads it there) or inside the site policy's log_roots. No '..' in either."))
     node: str = Field(..., pattern=NAME_RE, description="The node whose output this file is.")
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        if ".." in v.split("/"):
+            raise ValueError(f"{v!r} climbs out with '..': a log file is a path inside the job's folder (or, read on a "
+                             "node, an absolute path inside the site policy's log_roots)")
+        return v
 
 
 MAX_QUERY = 4096
