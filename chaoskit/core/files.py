@@ -173,15 +173,15 @@ MAX_LINKS = 16
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _walk(path: Path | str, *, follow_last: bool = True, make: bool = False, error: type[UnsafePath] = NotRegularFile,
+def _walk(path: Path | str, *, make: bool = False, error: type[UnsafePath] = NotRegularFile,
           folder_problem: Callable[[os.stat_result], str | None] | None = None) -> tuple[int, str | None, Any]:
     """``(folder, name, st)``: a descriptor of the folder that holds ``path``'s last name, that name (``None`` when
-    the path ends at ``/``) and its ``lstat`` (``None`` when it is absent: only with ``follow_last`` false).
+    the path ends at ``/``) and its ``lstat``.
 
     The path is walked from ``/`` one name at a time, each folder opened ``O_NOFOLLOW`` (one swapped for a link
     meanwhile is refused). A link is followed only when root or this user made it: one of anybody else's is
-    refused, wherever on the path it is; the last name is left as it is unless ``follow_last``. ``make``: a missing
-    folder on the way is made (0755, from its parent's descriptor). ``folder_problem`` is asked of every folder
+    refused, wherever on the path it is (the last name too). ``make``: a missing folder on the way (the last name
+    too) is made (0755, from its parent's descriptor). ``folder_problem`` is asked of every folder
     passed through (``/`` too); its answer refuses the path. Raises ``error`` (with the reason) or
     ``FileNotFoundError``; the caller closes the descriptor."""
     trusted = (0, os.geteuid())
@@ -197,8 +197,6 @@ def _walk(path: Path | str, *, follow_last: bool = True, make: bool = False, err
             try:
                 st = os.stat(part, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
-                if not parts and not follow_last:
-                    return dfd, part, None
                 if not make:
                     raise
                 try:
@@ -206,7 +204,7 @@ def _walk(path: Path | str, *, follow_last: bool = True, make: bool = False, err
                 except FileExistsError:
                     pass  # made meanwhile: checked as any other below
                 st = os.stat(part, dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode) and (parts or follow_last):
+            if stat.S_ISLNK(st.st_mode):
                 if st.st_uid not in trusted:
                     raise error(f"{path}: {part} is a link of uid {st.st_uid}'s; chaoskit follows only "
                                 "root's and its own")
