@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaoskit.core.errors import InfraError
+from chaoskit.core.trusted import CheckedFile, UntrustedFile, open_program
 
 __all__ = ["SlurmAccess", "parse_show", "parse_jobs", "job_ids", "node_reason", "node_list", "JOB_DONE_STATES", "JOB_FIELDS",
            "NODE_FREE_TEXT", "USER_JOB_FIELDS", "SubmitUser", "SubmitRefused", "submit_user"]
@@ -232,23 +233,40 @@ class SlurmAccess:
 
     def run(self, tool: str, *args: str, check: bool = True, timeout: float | None = None,
             cwd: str | None = None, env: dict[str, str] | None = None,
-            as_user: SubmitUser | None = None) -> subprocess.CompletedProcess[str]:
+            as_user: SubmitUser | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """``tool`` on the controller; ``as_user``: as that user (uid, gid, groups), with only their own
         environment and ``env`` (none of this process's), from ``/`` (the child changes folder before it drops
-        root, so never into one of theirs)."""
-        argv = self.argv(tool, *args)
+        root, so never into one of theirs). ``input``: its standard input (else none).
+
+        From ``bin_dir``, the program is opened once, checked on what was opened (root alone can change it:
+        :func:`~chaoskit.core.trusted.open_program`) and run as that file (``/proc/self/fd/N``): a link in
+        ``bin_dir`` swapped after the check is never run. :class:`InfraError` when it fails the check."""
         ids: dict[str, Any] = {}
         base = os.environ
         if as_user is not None:
             ids = {"user": as_user.uid, "group": as_user.gid, "extra_groups": list(as_user.groups)}
             base, cwd = as_user.env(), "/"
+        program: CheckedFile | None = None
+        if self.bin_dir:
+            try:
+                program = open_program(os.path.join(self.bin_dir, tool))
+            except FileNotFoundError:
+                raise InfraError(f"{tool}: not found in {self.bin_dir}", hint="cluster.slurm.bin") from None
+            except UntrustedFile as exc:
+                raise InfraError(f"cluster.slurm.bin: {exc}; not run") from None
+            ids.update(executable=program.exec_path(), pass_fds=(program.fd,))
+        argv = [tool, *args]
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout or self.timeout, cwd=cwd,
-                                 stdin=subprocess.DEVNULL, env={**base, **(env or {})}, **ids)
+                                 input=input, stdin=None if input is not None else subprocess.DEVNULL,
+                                 env={**base, **self.env(), **(env or {})}, **ids)
         except FileNotFoundError:
             raise InfraError(f"{tool}: not found on the controller", hint="apt-get install slurm-client") from None
         except subprocess.TimeoutExpired:
-            raise InfraError(f"{' '.join(argv)}: no answer within {timeout or self.timeout:g}s") from None
+            raise InfraError(f"{' '.join(self.argv(tool, *args))}: no answer within {timeout or self.timeout:g}s") from None
+        finally:
+            if program is not None:
+                program.close()
         if check and res.returncode != 0:
             raise InfraError(f"{tool} {' '.join(args)} failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}")
         return res

@@ -23,10 +23,11 @@ import os
 import posixpath
 import re
 import shlex
-import stat
 from pathlib import Path
 
-__all__ = ["ssh_roots", "inside", "config_problems", "append_known_host", "FORBIDDEN"]
+from chaoskit.core.trusted import UntrustedFile, open_checked
+
+__all__ = ["ssh_roots", "inside", "config_problems", "read_config", "append_known_host", "FORBIDDEN"]
 
 FORBIDDEN = {"proxycommand": "runs a command", "localcommand": "runs a command",
              "knownhostscommand": "runs a command"}
@@ -58,17 +59,32 @@ def inside(path: str, roots: list[str]) -> bool:
 def config_problems(path: str, roots: list[str], _depth: int = 0, _seen: set[str] | None = None
                     ) -> list[tuple[str, int, int, str]]:
     """``(file, line, col, message)`` for each directive of the OpenSSH client config at ``path`` (and the
-    files it includes) that would run a command or read outside ``roots``; empty when none."""
+    files it includes) that would run a command or read outside ``roots``; empty when none. Each file is read once,
+    through :func:`~chaoskit.core.trusted.open_checked`."""
+    return read_config(path, roots, _depth, _seen)[1]
+
+
+def read_config(path: str, roots: list[str] | None, _depth: int = 0, _seen: set[str] | None = None
+                ) -> tuple[str, list[tuple[str, int, int, str]]]:
+    """The OpenSSH client config at ``path``, opened once (:func:`~chaoskit.core.trusted.open_checked`: a regular file
+    inside ``roots``, ``None``: anywhere), and the problems of :func:`config_problems` found in *that* text: what is
+    checked is what the caller hands paramiko (``SSHConfig.from_text``), never a second read of the path."""
     seen = set() if _seen is None else _seen
-    real = os.path.realpath(path)
-    if real in seen or _depth > _MAX_DEPTH:
-        return [] if real in seen else [(path, 1, 1, f"Include nests more than {_MAX_DEPTH} deep")]
-    seen.add(real)
     try:
-        with open(path, "rb") as fh:
-            text = fh.read(1 << 20).decode("utf-8", errors="replace")
+        with open_checked(path, roots=roots, what="ssh config") as checked:
+            data = checked.read(1 << 20)
+            real = checked.real
     except OSError as exc:
-        return [(path, 1, 1, f"cannot read the ssh config: {exc.strerror}")]
+        return "", [(path, 1, 1, str(exc) if isinstance(exc, UntrustedFile) else
+                     f"cannot read the ssh config: {exc.strerror}")]
+    if real in seen or _depth > _MAX_DEPTH:
+        return "", [] if real in seen else [(path, 1, 1, f"Include nests more than {_MAX_DEPTH} deep")]
+    seen.add(real)
+    text = data.decode("utf-8", errors="replace")
+    return text, ([] if roots is None else _text_problems(path, text, roots, _depth, seen))
+
+
+def _text_problems(path: str, text: str, roots: list[str], _depth: int, seen: set[str]) -> list[tuple[str, int, int, str]]:
     problems = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -110,7 +126,7 @@ def config_problems(path: str, roots: list[str], _depth: int = 0, _seen: set[str
                         problems.append((path, number, col, f"Include {pattern} reaches {included}, outside the "
                                                             f"allowed roots ({', '.join(roots)})"))
                     elif os.path.isfile(included):
-                        problems += config_problems(included, roots, _depth + 1, seen)
+                        problems += read_config(included, roots, _depth + 1, seen)[1]
     return problems
 
 
@@ -121,21 +137,16 @@ def key_name(key: str) -> str:
 
 def append_known_host(path: str, line: str, roots: list[str] | None) -> None:
     """Append ``line`` to the known_hosts file ``path``: inside ``roots`` (``None``: not checked), in a folder
-    that exists, never through a link, to a regular file the operator owns (made 0600 if absent).
+    that exists, never through a link, to a regular file the operator owns (made 0600 if absent). The folders on the
+    way are walked from ``/`` with ``openat`` (:func:`~chaoskit.core.trusted.open_checked`), so the roots are checked
+    on the very folder the file is written in: a parent swapped for a link after the check is never written through.
     ``OSError``/``PermissionError`` with the reason otherwise."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise PermissionError(f"known_hosts folder {folder} does not exist; trust on first use creates no folder")
-    if roots is not None and not inside(path, roots):
-        raise PermissionError(f"known_hosts {path} is outside the allowed roots ({', '.join(roots)})")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PermissionError(f"known_hosts {path} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise PermissionError(f"known_hosts {path} belongs to uid {st.st_uid}, not to the user chaoskit runs as; "
-                                  "it is not written")
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+        checked = open_checked(path, append=True, roots=roots, what="known_hosts")
+    except FileNotFoundError:
+        raise PermissionError(f"known_hosts folder {os.path.dirname(os.path.abspath(path))} does not exist; trust on "
+                              "first use creates no folder") from None
+    except UntrustedFile as exc:
+        raise PermissionError(str(exc)) from None
+    with checked:
+        os.write(checked.fd, line.encode())

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from chaoskit.cluster.clock import SAMPLES, ClockOffset, measure_clock
-from chaoskit.cluster.ssh_paths import append_known_host, config_problems, inside
+from chaoskit.cluster.ssh_paths import append_known_host, inside, read_config
 from chaoskit.cluster.transports.api import (
     CommandResult, FollowStream, JobScope, KmsgBatch, LineBatch, NvmlBatch, ProcInfo, StreamUnsupported, WatchMessage,
 )
@@ -75,6 +75,7 @@ from chaoskit.cluster.transports.channel import (
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 from chaoskit.core.shell import shell_quote
+from chaoskit.core.trusted import open_checked
 
 __all__ = [
     "SSHTransport",
@@ -307,12 +308,15 @@ class SSHTransport:
             if not os.path.exists(path):
                 raise InfraError(f"ssh config {path} of {self.label} does not exist",
                                  hint="point ssh.config at an OpenSSH client config, or set ssh.config: none")
-            if self.ssh_roots is not None and self.config_named:  # again: it may have changed since validation
-                problems = config_problems(path, self.ssh_roots)
-                if problems:
-                    file, line, col, message = problems[0]
+            # read once: checked again (it may have changed since validation), and paramiko reads the checked text
+            checked = self.ssh_roots is not None and self.config_named
+            text, problems = read_config(path, self.ssh_roots if checked else None)
+            if problems:
+                file, line, col, message = problems[0]
+                if checked:
                     raise InfraError(f"{file}:{line}:{col}: {message} (ssh config of {self.label}); nothing connected")
-            entry = host_config(path, self.address)
+                raise InfraError(f"ssh config {path} of {self.label}: {message}", hint="fix it, or set ssh.config: none")
+            entry = host_config(text, path, self.address)
             if (self.ssh_roots is not None and self.config_named and "identityfile" in entry
                     and "key" not in self.explicit and not inside(entry["identityfile"], self.ssh_roots)):
                 raise InfraError(f"ssh config {path}: IdentityFile {entry['identityfile']} of {self.label} is outside "
@@ -379,10 +383,19 @@ class SSHTransport:
             raise InfraError(
                 "the SSH transport needs paramiko", hint="pip install 'chaoskit[ssh]'"
             ) from None
+        from paramiko.hostkeys import HostKeyEntry
+
         client = paramiko.SSHClient()
         if os.path.exists(self.known_hosts):
-            try:
-                client.load_host_keys(self.known_hosts)
+            try:  # opened once, inside the roots where it really is, and its keys taken from what was opened
+                with open_checked(self.known_hosts, roots=self.ssh_roots, what="known_hosts") as checked:
+                    text = checked.read(32 << 20).decode("utf-8", errors="replace")
+                keys = client.get_host_keys()
+                for number, line in enumerate(text.splitlines(), 1):
+                    entry = HostKeyEntry.from_line(line, number) if line.strip() and not line.lstrip().startswith("#") \
+                        else None
+                    for host in entry.hostnames if entry is not None and entry.key is not None else ():
+                        keys.add(host, entry.key.get_name(), entry.key)
             except (OSError, paramiko.SSHException) as exc:
                 raise InfraError(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
         elif not self.trust_on_first_use:

@@ -2,7 +2,7 @@
 
 - :func:`host_config` reads an OpenSSH client config (``~/.ssh/config``) with
   ``paramiko.SSHConfig`` and answers what it says about one host: HostName,
-  User, Port, IdentityFile, ProxyJump. Each file is parsed once per process.
+  User, Port, IdentityFile, ProxyJump. It parses the text its caller read and checked.
 - :func:`parse_jumps` splits a ProxyJump value (``[user@]host[:port]``, comma
   separated, the first hop nearest to the controller).
 - :class:`Bastions` holds the bastions of one inventory: one connection each,
@@ -24,14 +24,13 @@ from chaoskit.core.shell import USER_RE, check_address
 
 __all__ = ["host_config", "parse_jumps", "Bastions"]
 
-_CONFIGS: dict[str, tuple[float, Any]] = {}
-_CONFIGS_LOCK = threading.Lock()
 _JUMP_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]\s]+\]|[^:@\s]+)(?::(?P<port>\d{1,5}))?$")
 
 
-def host_config(path: str, alias: str) -> dict[str, Any]:
-    """What the OpenSSH client config at ``path`` says about ``alias``: any of ``hostname``,
-    ``user``, ``port`` (int), ``identityfile`` (the first, ``~`` expanded), ``proxyjump``.
+def host_config(text: str, path: str, alias: str) -> dict[str, Any]:
+    """What the OpenSSH client config ``text`` (the file ``path``, as the caller read and checked it) says about
+    ``alias``: any of ``hostname``, ``user``, ``port`` (int), ``identityfile`` (the first, ``~`` expanded),
+    ``proxyjump``. paramiko parses the text given (``SSHConfig.from_text``), never the file again.
 
     Values are checked like the inventory's own (a config is input too); a bad one raises
     :class:`InfraError` naming the file and the host."""
@@ -40,13 +39,7 @@ def host_config(path: str, alias: str) -> dict[str, Any]:
     except ImportError:
         raise InfraError("the SSH transport needs paramiko", hint="pip install 'chaoskit[ssh]'") from None
     try:
-        mtime = os.stat(path).st_mtime
-        with _CONFIGS_LOCK:
-            cached = _CONFIGS.get(path)
-            if cached is None or cached[0] != mtime:
-                cached = (mtime, paramiko.SSHConfig.from_path(path))
-                _CONFIGS[path] = cached
-        entry = cached[1].lookup(alias)
+        entry = paramiko.SSHConfig.from_text(text).lookup(alias)
     except (OSError, paramiko.SSHException, ValueError) as exc:
         raise InfraError(f"cannot read the ssh config {path}: {exc}", hint="fix it, or set ssh.config: none") from None
     out: dict[str, Any] = {}
