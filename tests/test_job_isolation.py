@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -26,9 +27,9 @@ import pytest
 
 from chaoskit.cluster.transports.local import read_proc
 from chaoskit.core.accounts import LAB_ACCOUNT, lab_account, python_paths, unreachable_by
-from tests.conftest import SCENARIOS, need, need_root_tool, need_torch, run_cli
-
-pytestmark = pytest.mark.slow
+from chaoskit.core.errors import InfraError
+from chaoskit.lab.process import ProcessLab
+from tests.conftest import SCENARIOS, need, need_root_tool, need_torch, run_cli, wait_until
 
 NOBODY = 65534
 
@@ -76,6 +77,7 @@ def open_folder():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_second_user_cannot_reach_the_drilled_jobs_store_and_the_job_is_not_root(open_folder, python_open_to_others):
     need_torch()
     need(os.geteuid() == 0, "root (the job's own namespace and account)")
@@ -107,6 +109,7 @@ def test_a_second_user_cannot_reach_the_drilled_jobs_store_and_the_job_is_not_ro
                 if line.startswith(result["cluster"]["netns"])], "the job's namespace outlived the run"
 
 
+@pytest.mark.slow
 def test_a_job_the_account_cannot_run_stays_root_in_its_namespace_and_the_run_says_why(tmp_path):
     """``--out`` in a folder closed to others (pytest's own is 0700): the account could not reach the job's
     folder, so the job keeps root, still in its own namespace, and result.json and the notes say why."""
@@ -135,3 +138,36 @@ def test_unreachable_by_names_the_first_closed_folder(open_folder):
     assert problem is not None and str(open_folder / "a") in problem and "0700" in problem
     (open_folder / "a").chmod(0o755)
     assert unreachable_by(account, [inner]) is None
+
+
+def _sleeper(env_scope: str, *prefix: str) -> subprocess.Popen:
+    env = {**os.environ, "CHAOSKIT_SCOPE": env_scope}
+    return subprocess.Popen([*prefix, "sleep", "60"], env=env, stdin=subprocess.DEVNULL)
+
+
+def test_a_lab_nodes_processes_are_the_labs_users_and_younger_than_the_lab():
+    """Finding 11: a lab node's processes were any process carrying ``CHAOSKIT_SCOPE=<lab>.n0`` (the lab id is in
+    world-readable names): another user's process was listed, and signalled, as n0's. Now the token, a user of
+    the lab's (chaoskit's, its job account) and a start after the lab's birth are all needed."""
+    need(os.geteuid() == 0, "root (a second user's process)")
+    need_root_tool("setpriv")
+    older = _sleeper("lab-0ddba11.n0")
+    time.sleep(1.5)
+    lab = ProcessLab("lab-0ddba11", 2, created=time.time())
+    others = _sleeper("lab-0ddba11.n0", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    ours = _sleeper("lab-0ddba11.n0")
+    try:
+        n0 = lab.inventory()["n0"].conn
+        assert wait_until(lambda: ours.pid in {p.pid for p in n0.processes()}, 5)
+        listed = {p.pid for p in n0.processes()}
+        assert others.pid not in listed and older.pid not in listed
+        assert {pid for _, pid, _ in lab.processes()} == {ours.pid}
+        for stranger in (others, older):
+            with pytest.raises(InfraError, match="not a process of"):
+                n0.signal(stranger.pid, signal.SIGKILL)
+            assert stranger.poll() is None
+        assert lab.kill_all(grace=1) == 1 and others.poll() is None and older.poll() is None
+    finally:
+        for p in (older, others, ours):
+            p.kill()
+            p.wait()

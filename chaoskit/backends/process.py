@@ -21,7 +21,7 @@ from chaoskit.cluster.inventory import Inventory
 from chaoskit.lab.checkpoint_fs import TmpfsCheckpoints
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.core.accounts import lab_account
-from chaoskit.lab.process import JobNetns, ProcessLab
+from chaoskit.lab.process import JobNetns, ProcessLab, lab_uids
 
 __all__ = ["ProcessBackend", "ProcessSpec"]
 
@@ -131,8 +131,9 @@ def _stop_run_job(lab: ProcessLab, run_id: str, grace: float = 5.0) -> int:
 
     def job() -> list[int]:
         out = []
+        uids = lab_uids()
         for p in read_proc():
-            if not p.env.get(LocalTransport.SCOPE_ENV, "").startswith(prefix) or p.state == "Z":
+            if not p.env.get(LocalTransport.SCOPE_ENV, "").startswith(prefix) or p.state == "Z" or p.uid not in uids:
                 continue
             rid = p.env.get("TORCHELASTIC_RUN_ID", "")
             if rid == run_id or rid.startswith(run_id + "-") or f"--rdzv-id {run_id}" in p.cmdline:

@@ -397,7 +397,8 @@ def _scope(transport: Transport) -> dict[str, Any]:
     if not scope:
         raise InfraError(f"gpu.fail: node {transport.node} has no process scope, so a crash loop could not tell its "
                          "workers from other processes")
-    return {"env": str(scope), "netns": False, "job": wire}
+    wire_scope = getattr(transport, "scope_wire", None)
+    return {**(wire_scope() if wire_scope is not None else {"env": str(scope), "netns": False}), "job": wire}
 
 
 # -- gpu.xid ----------------------------------------------------------------------------------

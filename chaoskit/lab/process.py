@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import secrets
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.xid import lab_pci
-from chaoskit.core.accounts import Account, setpriv_argv
+from chaoskit.core.accounts import LAB_ACCOUNT, Account, setpriv_argv
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
 
@@ -43,14 +44,16 @@ class ProcessLab:
     persistent: bool = False
     state: Path | None = None
     """Where a persistent lab records itself (default :func:`lab_state_path`; the Ray lab's nodes keep their own)."""
+    created: float | None = None
+    """When the lab was made (unix time): a process that started before it is none of its nodes'."""
 
     @classmethod
     def create(cls, nodes: int, persistent: bool = False, state: Path | None = None) -> "ProcessLab":
-        lab = cls(f"lab-{secrets.token_hex(4)}", nodes, persistent, state)
+        lab = cls(f"lab-{secrets.token_hex(4)}", nodes, persistent, state, created=time.time())
         if persistent:
             path = lab.state_path
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"lab_id": lab.lab_id, "nodes": nodes, "created": time.time()}))
+            path.write_text(json.dumps({"lab_id": lab.lab_id, "nodes": nodes, "created": lab.created}))
         return lab
 
     @classmethod
@@ -60,7 +63,9 @@ class ProcessLab:
         if not path.exists():
             return None
         data = json.loads(path.read_text())
-        return cls(data["lab_id"], int(data["nodes"]), persistent=True, state=state)
+        created = data.get("created")
+        return cls(data["lab_id"], int(data["nodes"]), persistent=True, state=state,
+                   created=float(created) if isinstance(created, (int, float)) else None)
 
     @property
     def state_path(self) -> Path:
@@ -76,21 +81,28 @@ class ProcessLab:
         nodes = []
         for i, name in enumerate(self.node_names()):
             labels = {"rack": f"r{i // 2}", "role": "worker", "lab": "process"}
-            nodes.append(Node(name, "127.0.0.1", "local", labels, 0, LocalTransport(name, self.scope(name)),
+            nodes.append(Node(name, "127.0.0.1", "local", labels, 0, self._transport(name),
                               gpu_pci=(lab_pci(self.lab_id, i),)))
         return Inventory(self.lab_id, nodes)
+
+    def _transport(self, node: str) -> LocalTransport:
+        """The node's processes: its scope's token, of chaoskit's user or the lab's job account, started after
+        the lab was made (a token copied into another user's process, or an older one, is not the node's)."""
+        return LocalTransport(node, self.scope(node), uids=lab_uids(), since=_ticks_since_boot(self.created))
 
     def inventory_of(self, names: list[str]) -> Inventory:
         """Nodes ``names`` of this lab by their scopes alone (a crashed run's, whose lab may be gone)."""
         return Inventory(self.lab_id, [Node(n, conn=LocalTransport(n, self.scope(n))) for n in names])
 
     def processes(self) -> list[tuple[str, int, str]]:
-        """(node, pid, command line) of every live process of this lab."""
+        """(node, pid, command line) of every live process of this lab (of its users: :meth:`_transport`)."""
         prefix = self.lab_id + "."
+        uids, since = lab_uids(), _ticks_since_boot(self.created)
         out = []
         for p in read_proc():
             scope = p.env.get(LocalTransport.SCOPE_ENV, "")
-            if scope.startswith(prefix) and p.state != "Z":
+            if (scope.startswith(prefix) and p.state != "Z" and p.uid in uids
+                    and (since is None or p.start_time is None or p.start_time >= since)):
                 out.append((scope[len(prefix):], p.pid, p.cmdline))
         return out
 
@@ -120,6 +132,29 @@ class ProcessLab:
         if self.persistent:
             self.state_path.unlink(missing_ok=True)
         return n
+
+
+def lab_uids() -> frozenset[int]:
+    """Who a process lab's processes may run as: chaoskit's own user, and as root the lab's job account."""
+    uids = {os.geteuid()}
+    if os.geteuid() == 0:
+        try:
+            uids.add(pwd.getpwnam(LAB_ACCOUNT).pw_uid)
+        except KeyError:
+            pass
+    return frozenset(uids)
+
+
+def _ticks_since_boot(when: float | None) -> int | None:
+    """``when`` (unix time) in ``/proc/PID/stat``'s start-time unit, less a second of slack; ``None`` if unknown."""
+    if when is None:
+        return None
+    try:
+        with open("/proc/stat", "rb") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith(b"btime "))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return max(0, int((when - 1.0 - btime) * os.sysconf("SC_CLK_TCK")))
 
 
 @dataclass

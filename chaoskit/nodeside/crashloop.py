@@ -34,6 +34,8 @@ def main():
             return None
     own = netns("self") if scope.get("netns") else None
     token = scope.get("env")
+    uids = set(scope["uids"]) if scope.get("uids") is not None else None
+    since = scope.get("since")
     job = scope.get("job") or None
     def owned(pid, env):  # the job's rule is the agent's own (jobscope, bundled in front of this program)
         return job_owns(uid_of(pid), env, job)
@@ -115,6 +117,10 @@ def main():
         if env is None:
             return None
         if token is not None and env.get("CHAOSKIT_SCOPE") != token:
+            return None
+        if uids is not None and uid_of(pid) not in uids:  # the token copied into another user's process
+            return None
+        if since is not None and int(rest[19]) < since:  # older than the lab: not one of its processes
             return None
         if own is not None and netns(pid) != own:
             return None

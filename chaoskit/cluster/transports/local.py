@@ -30,10 +30,17 @@ class LocalTransport:
     has_own_network = False
     container = None
 
-    def __init__(self, node: str, scope: str | None = None, state_dir: str | None = None) -> None:
+    def __init__(self, node: str, scope: str | None = None, state_dir: str | None = None, *,
+                 uids: frozenset[int] | None = None, since: int | None = None) -> None:
         self.node = node
         self.scope = scope
-        """Processes whose environment has ``CHAOSKIT_SCOPE=<scope>`` belong to the node."""
+        """Processes whose environment has ``CHAOSKIT_SCOPE=<scope>`` belong to the node (and, with ``uids`` and
+        ``since``, are of those users and started after that moment)."""
+        self.uids = uids
+        """The users a node's process may be (a lab's: chaoskit's and its job account's); ``None``: any. Another
+        user can copy the token into a process of theirs; it is not the node's for that."""
+        self.since = since
+        """The earliest start (clock ticks since boot, as ``/proc/PID/stat``) of a node's process: the lab's birth."""
         self._wanted_state_dir = state_dir
         self._state_dir: str | None = None
         self.job: JobScope | None = None
@@ -61,18 +68,30 @@ class LocalTransport:
     def processes(self, workers_only: bool = False, *, node_wide: bool = False) -> list[ProcInfo]:
         if not self.scope:
             return []
-        procs = [p for p in read_proc() if p.env.get(self.SCOPE_ENV) == self.scope]
+        procs = [p for p in read_proc() if p.env.get(self.SCOPE_ENV) == self.scope and self._admits(p)]
         if self.job is not None and not node_wide:
             procs = self.job.select(procs)
         return [p for p in procs if p.is_worker or not workers_only]
 
     def _ours(self, info: ProcInfo | None) -> bool:
         """``info`` is of the node's scope and of the drilled job."""
-        if not self.scope or info is None or info.env.get(self.SCOPE_ENV) != self.scope:
+        if not self.scope or info is None or info.env.get(self.SCOPE_ENV) != self.scope or not self._admits(info):
             return False
         if self.job is None or self.job.carries(info):
             return True
         return any(p.pid == info.pid for p in self.job.select(self.processes(node_wide=True)))
+
+    def _admits(self, info: ProcInfo) -> bool:
+        """``info``'s user and start are the node's (see :attr:`uids`, :attr:`since`)."""
+        if self.uids is not None and info.uid not in self.uids:
+            return False
+        return self.since is None or info.start_time is None or info.start_time >= self.since
+
+    def scope_wire(self) -> dict[str, object]:
+        """The node's scope as a node-side program judges it (the crash loop): token, users, earliest start."""
+        return {"env": self.scope, "netns": False,
+                **({"uids": sorted(self.uids)} if self.uids is not None else {}),
+                **({"since": self.since} if self.since is not None else {})}
 
     def in_scope(self, pid: int) -> bool:
         info = proc_info(pid)
