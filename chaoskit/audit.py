@@ -33,6 +33,7 @@ from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.state import state_dir
 from chaoskit.crash import recover
 from chaoskit.faults.registry import fault_kinds
+from chaoskit.lab.process import JOB_NETNS_PREFIX
 from chaoskit.labpool import node_problems
 from chaoskit.safety.journal import read_journal, unreverted
 from chaoskit.safety.lease import default_lease_root
@@ -333,12 +334,25 @@ def _controller_leftovers(live: set[str]) -> list[Leftover]:
     for pid, cmdline in _controller_procs():
         if "watchdog" in cmdline and prefix in cmdline and not any(f"{prefix}{run}/" in cmdline for run in live):
             out.append(Leftover(CONTROLLER, f"watchdog running: pid {pid} {cmdline[:120]}", "watchdog"))
+    held = " ".join(m.read_text(errors="replace") for m in (state_dir() / "runs").glob("*.json")
+                    if m.stem in live) if (state_dir() / "runs").is_dir() else ""
+    for ns in _job_namespaces():
+        if ns not in held:  # a process lab's job namespace (root's runs) that no live run holds
+            out.append(Leftover(CONTROLLER, f"network namespace {ns} of a process-lab job whose run is gone", "lab"))
     for run in find_crashed_runs():
         pending = unreverted(read_journal(run.journal)) if run.journal.is_file() else []
         for entry in pending:
             out.append(Leftover(CONTROLLER, f"run {run.run_id} died with {entry.get('kind')} armed on {entry.get('node')} "
                                             f"({entry.get('fault_id')}) and not reverted in its journal", "journal"))
     return out
+
+
+def _job_namespaces() -> list[str]:
+    """The named network namespaces of process-lab jobs on this machine (``ip netns`` keeps them in /run/netns)."""
+    try:
+        return sorted(n for n in os.listdir("/run/netns") if n.startswith(JOB_NETNS_PREFIX))
+    except OSError:
+        return []
 
 
 def _controller_procs() -> list[tuple[int, str]]:

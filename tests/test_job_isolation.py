@@ -171,3 +171,13 @@ def test_a_lab_nodes_processes_are_the_labs_users_and_younger_than_the_lab():
         for p in (older, others, ours):
             p.kill()
             p.wait()
+
+
+def test_the_plan_says_whom_the_job_runs_as_and_where():
+    need(os.geteuid() == 0, "root (the lab's account)")
+    res = run_cli("run", SCENARIOS / "kill-rank.yaml", "--dry-run", "--json")
+    plan = res.json
+    assert plan["cluster"]["job_user"].startswith(LAB_ACCOUNT) and "private network namespace" in plan["cluster"]["job_isolation"]
+    assert all(" setpriv --reuid=chaoskit-lab " in cmd and cmd.startswith("ip netns exec ") for cmd in plan["job"].values())
+    text = run_cli("run", SCENARIOS / "kill-rank.yaml", "--dry-run").stdout
+    assert f"the job runs as {LAB_ACCOUNT}" in text

@@ -176,6 +176,10 @@ def render_plan(console, result: dict[str, Any]) -> None:
                       f"target {escape(str(item['target']))}:", soft_wrap=True)
         for a in item["actions"]:
             console.print(f"  {a['node']}  {escape(str(a['target'])):<14} {escape(str(a['command']))}", soft_wrap=True)
+    cluster = result.get("cluster") or {}
+    if cluster.get("job_user"):
+        isolation = f"; in {cluster['job_isolation']}" if cluster.get("job_isolation") else ""
+        console.print(f"the job runs as {escape(str(cluster['job_user']))}{escape(isolation)}", soft_wrap=True)
     scope = result.get("scope")
     if scope:
         console.print(f"scope: {escape(scope['note'])}", soft_wrap=True)
