@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.core.errors import InfraError, ScenarioError
-from tests.conftest import run_cli
+from tests.conftest import need_root_tool, run_cli
 
 pytest_plugins = ["tests.docker_fixtures"]
 
@@ -149,6 +149,26 @@ def test_lab_up_makes_what_compose_would(docker_lab):
     inventory = docker_lab.inventory()
     assert inventory.names() == ["n0", "n1", "n2"]
     assert inventory["n2"].labels["role"] == "spare" and inventory["n0"].interfaces["data"].name == "eth0"
+
+
+def test_another_user_of_this_machine_reaches_no_lab_node(docker_lab):
+    """The job's rendezvous store listens on a node's address, which this machine reaches through docker's bridge
+    (issue 48's suspected docker form of finding 1): root (chaoskit) connects, another user is refused."""
+    need_root_tool("setpriv")
+    c = docker_lab.containers()["n1"]
+    address = docker_lab.address("n1")
+    server = c.exec_run(["python3", "-c", "import socket,time\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+                         "socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 29411)); s.listen(8); time.sleep(20)"], detach=True)
+    reach = ("import socket,sys,time\nfor _ in range(50):\n s=socket.socket(); s.settimeout(3)\n try:\n"
+             "  s.connect((sys.argv[1], 29411)); print('connected'); break\n except ConnectionRefusedError:\n"
+             "  time.sleep(0.1)\n except OSError as e:\n  print('refused', e); break\n")
+    as_root = subprocess.run([sys.executable, "-c", reach, address], capture_output=True, text=True, timeout=60)
+    assert as_root.stdout.startswith("connected"), as_root.stdout + as_root.stderr
+    once = ("import socket,sys\ns=socket.socket(); s.settimeout(3)\ntry:\n s.connect((sys.argv[1], 29411)); print('connected')\n"
+            "except OSError as e:\n print('refused', e)\n")
+    other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                            once, address], capture_output=True, text=True, timeout=60)
+    assert other.stdout.startswith("refused"), other.stdout + other.stderr
 
 
 def test_the_transport_runs_commands_in_the_container(docker_inventory):

@@ -60,6 +60,14 @@ def test_lab_up_gives_an_ssh_cluster_and_down_leaves_nothing(tmp_path):
         )
         assert ssh.returncode == 0, ssh.stderr
         assert lab.data_address("n2") in ssh.stdout
+        # Another user of this machine reaches none of the lab's addresses (its job's stores listen there:
+        # issue 48, finding 1's suspected netns form): the node's sshd answers root, not them.
+        reach = ("import socket,sys\ns=socket.socket(); s.settimeout(3)\n"
+                 "try:\n s.connect((sys.argv[1], 22)); print('connected')\nexcept OSError as e:\n print('refused', e)\n")
+        for address in (lab.mgmt_address("n0"), lab.data_address("n1")):
+            other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                    "-c", reach, address], capture_output=True, text=True, timeout=30)
+            assert other.stdout.startswith("refused"), (address, other.stdout, other.stderr)
         # Each node sees only its own network: the data bridge joins them, the controller is not on it.
         assert fx().ns_run(lab, "n0", "ip", "-o", "addr").stdout.count("inet ") == 3  # lo, eth0, eth1
         # Power commands, as the inventory runs them.
@@ -76,6 +84,7 @@ def test_lab_up_gives_an_ssh_cluster_and_down_leaves_nothing(tmp_path):
         lab.down()
     assert fx().wait_until(lambda: not leftovers(lab.lab_id, directory), 5), leftovers(lab.lab_id, directory)
     assert NetnsLab.load(directory) is None
+    assert lab.guard_table not in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
 
 
 def test_a_lab_that_fails_to_build_leaves_nothing(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from chaoskit.backends.api import ClusterHandle, ClusterSpec, LabStatus, RootLab
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.transports.ssh_many import connect_all
+from chaoskit.core.accounts import lab_account, setpriv_argv
 from chaoskit.lab.netns import NetnsLab, netns_lab_dir, require_netns_tools
 
 __all__ = ["NetnsBackend", "NetnsSpec"]
@@ -58,17 +59,21 @@ class NetnsBackend(RootLabBackend):
         lab, ephemeral = self.open_lab(spec)
         inventory = _marked_inventory(lab)
         names = lab.node_names()
-        return ClusterHandle(
+        handle = ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=names[: spec.nodes],
             rdzv_host=lab.mgmt_address(names[0]),
             scope=lambda node: f"{lab.lab_id}.{node}",
-            launch_prefix=lambda node: lab.exec_argv(node, []),
+            # the job as the lab's account where it can run as it (the runner decides; root otherwise, and says why)
+            launch_prefix=lambda node: lab.exec_argv(node, setpriv_argv(handle.job_account) if handle.job_account else []),
             launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
             agent_args=lambda node: ["--local-addr", lab.data_address(node)],
             connect=lambda: connect_all([n.conn for n in inventory.nodes]),
             teardown=teardown_of(inventory, lab.down if ephemeral else None),
             details={"inventory": str(lab.inventory_path), "directory": str(lab.directory), "ephemeral": ephemeral},
+            job_account=lab_account(),
+            job_isolation=f"the lab's namespaces: other users of this machine are refused its networks ({lab.guard_table})",
         )
+        return handle
 
     def lab_inventory(self) -> Inventory | None:
         lab = self.root_lab()

@@ -37,6 +37,7 @@ from chaoskit.cluster.transports.docker import (
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.state import state_dir
 from chaoskit.core.yaml_source import load_yaml
+from chaoskit.lab.guard import guard, guard_table, unguard
 
 __all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose", "private_bind"]
 
@@ -371,6 +372,7 @@ class DockerLab:
         try:
             lab._ensure_images(build, say)
             lab._create(say)
+            lab.guard()
             lab.wait_ready()
         except BaseException:
             lab.down()
@@ -516,10 +518,25 @@ class DockerLab:
 
     # -- down ----------------------------------------------------------------------------
 
+    @property
+    def guard_table(self) -> str:
+        return guard_table(f"docker_{self.project.name}")
+
+    def guard(self) -> None:
+        """Keep this machine's other users out of the lab's networks (the job's stores listen there; docker's
+        bridges are reachable from the host): :mod:`chaoskit.lab.guard`."""
+        subnets = []
+        for net in self.client.networks.list(filters={"label": [f"{PROJECT}={self.project.name}"]}):
+            for cfg in (net.attrs.get("IPAM") or {}).get("Config") or []:
+                if cfg.get("Subnet"):
+                    subnets.append(cfg["Subnet"])
+        guard(self.guard_table, subnets)
+
     def down(self) -> dict[str, list[str]]:
         """Remove the project's containers, networks and volumes (whoever made them). Safe to run twice."""
         import docker.errors
 
+        unguard(self.guard_table)
         removed: dict[str, list[str]] = {"containers": [], "networks": [], "volumes": []}
         label = {"label": [f"{PROJECT}={self.project.name}"]}
         # Only lab nodes (a project of the same name that is not a lab keeps its containers); a

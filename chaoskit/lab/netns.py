@@ -38,6 +38,7 @@ from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.xid import lab_pci
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
+from chaoskit.lab.guard import guard, guard_table, unguard
 from chaoskit.lab import labdir
 from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.admin import lab_main
@@ -112,6 +113,7 @@ class NetnsLab:
         for link in self._host_links():
             run_tool(["ip", "link", "del", link], check=False)
         self._forwarding("-D")
+        self._guard(False)
         _remove_privsep_dir()
         shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -135,6 +137,17 @@ class NetnsLab:
             else:
                 while run_tool(["iptables", "-D", *rule], check=False).returncode == 0:
                     pass
+
+    @property
+    def guard_table(self) -> str:
+        return guard_table(self.lab_id)
+
+    def _guard(self, on: bool) -> None:
+        """Keep this machine's other users out of the lab's two /24s (on) or stop (off): :mod:`chaoskit.lab.guard`."""
+        if on:
+            guard(self.guard_table, [f"{SUBNET}.{2 * self.slot}.0/24", f"{SUBNET}.{2 * self.slot + 1}.0/24"])
+        else:
+            unguard(self.guard_table)
 
     # -- names and paths ------------------------------------------------------------------
 
@@ -277,6 +290,7 @@ class NetnsLab:
             run_tool(["ip", "link", "add", "name", bridge, "type", "bridge"])
             run_tool(["ip", "link", "set", "dev", bridge, "up"])
         self._forwarding("-I")
+        self._guard(True)
         run_tool(["ip", "addr", "add", f"{self.controller_address}/24", "dev", self.mgmt_bridge])
         if not PRIVSEP_DIR.exists():
             # sshd needs its privilege separation directory; mark it ours so `down` removes it.
