@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until
+from tests.conftest import SYSTEM_PYTHON, need_root_tool, run_cli, wait_until
 from tests.test_slurm import require_slurm
 
 LOOKALIKE_USER = "ckslurmlook"
@@ -37,6 +37,7 @@ WORKER = "import time; time.sleep(600)"
 def lab():
     """A one-node Slurm lab (n0) that other local users can submit to, and a second user for the look-alike."""
     require_slurm()
+    need_root_tool("setpriv")
     from chaoskit.lab.slurm import SlurmLab
 
     subprocess.run(["userdel", "--remove", "--force", LOOKALIKE_USER], capture_output=True)
