@@ -11,7 +11,7 @@ from pydantic import AfterValidator
 from chaoskit.core.limits import MAX_DURATION_S
 from chaoskit.core.models import with_units
 
-__all__ = ["Duration", "PositiveDuration", "parse_duration", "format_duration"]
+__all__ = ["Duration", "PositiveDuration", "parse_duration", "format_duration", "SCHEMA_PATTERN"]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # [0-9], not \d: Python's \d takes any Unicode digit ("٣٠s"); the whole string must match (fullmatch).
@@ -66,7 +66,11 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-Duration = with_units(float, parse_duration, r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$", 0, MAX_DURATION_S,
+SCHEMA_PATTERN = f"^{_WHOLE.pattern}$"
+"""The JSON Schema's pattern of a written duration: the parser's own (``_WHOLE``), so an editor using
+``chaoskit.schema.json`` accepts what ``validate`` accepts (``1d`` too). Spaces, which the parser drops, are not in it."""
+
+Duration = with_units(float, parse_duration, SCHEMA_PATTERN, 0, MAX_DURATION_S,
                       "A duration: 250ms, 30s, 5m, 1h, or a number of seconds; at most 30 days.", max_length=_MAX_TEXT)
 
 
