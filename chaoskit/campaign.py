@@ -54,6 +54,7 @@ from chaoskit.observe.events import read_events
 from chaoskit.runner import RunOutcome, run_scenario
 from chaoskit.scenario import LoadedScenario, load_scenario, validate_data
 from chaoskit.scenario.checks import preview_cluster
+from chaoskit.sim import require_numpy
 
 __all__ = ["plan_campaign", "run_campaign", "measure_campaign", "restart_warning", "CAMPAIGN_FILE", "BUCKETS"]
 
@@ -170,6 +171,7 @@ def run_campaign(path: str | Path, *, duration_s: float, mtbf_s: float, seed: in
     when the run stopped on one, 3 for a job out of restarts, with ``stopped`` saying why); bad input raises
     :class:`ScenarioError` before anything starts, and an error before the run began is raised as it is."""
     loaded = load_scenario(path)
+    require_numpy("a campaign's prediction (the simulator's model)")
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     draws = plan_campaign(loaded, duration_s, mtbf_s, seed, kinds)
     scenario = campaign_scenario(loaded, draws, duration_s)

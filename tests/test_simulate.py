@@ -20,6 +20,8 @@ from chaoskit.cli import main
 from chaoskit.cli.main import CliEnv
 from chaoskit.sim import demo, montecarlo, redundancy
 from chaoskit.sim import model as m
+from tests.conftest import SCENARIOS
+from tests.conftest import run_cli as chaoskit_cli
 
 DATA = Path(__file__).parent / "data"
 
@@ -440,3 +442,19 @@ def test_long_spans_are_allowed_but_bounded():
     for flag in ("--gpu-mtbf", "--repair"):
         code, _, err, _ = run_cli(flag, "1e400d", "--trials", "10", "--json")
         assert code == 2 and f"{flag}: invalid duration '1e400d'" in err
+
+
+def test_without_numpy_simulate_and_campaign_say_what_to_install_before_any_work(monkeypatch, tmp_path):
+    """numpy is the ``sim`` extra's (issue 53): a plain install has none. Uninstalling it under the suite is not
+    possible, so the one thing mocked here is the lookup that finds it (``importlib.util.find_spec``)."""
+    import importlib.util
+
+    import chaoskit.sim as sim
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(sim.importlib.util, "find_spec", lambda name, *a: None if name == "numpy" else real(name, *a))
+    res = chaoskit_cli("simulate")
+    assert res.code == 3 and "chaoskit simulate needs numpy" in res.stderr and "chaoskit[sim]" in res.stderr
+    res = chaoskit_cli("campaign", SCENARIOS / "kill-rank.yaml", "--duration", "1m", "--mtbf", "30s", "--out", tmp_path / "c")
+    assert res.code == 3 and "needs numpy" in res.stderr, res.stdout + res.stderr
+    assert not (tmp_path / "c").exists()  # nothing drawn, nothing started

@@ -16,6 +16,7 @@ import typer
 from chaoskit.cli.env import command_app, current_env
 from chaoskit.core.durations import parse_duration
 from chaoskit.core.errors import ScenarioError
+from chaoskit.sim import require_numpy
 
 __all__ = ["simulate_app"]
 
@@ -119,6 +120,7 @@ def simulate(
 
     env = current_env()
     console = env.console()
+    require_numpy("chaoskit simulate")
     if demo:
         from chaoskit.sim.summary import render_demo, summarise_demo
 
