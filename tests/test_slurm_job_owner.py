@@ -56,10 +56,13 @@ def lab():
         subprocess.run(["userdel", "--remove", "--force", LOOKALIKE_USER], capture_output=True)
 
 
-def _as(user: pwd.struct_passwd, lab, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ["PATH"], "HOME": user.pw_dir, "USER": user.pw_name, "SLURM_CONF": str(lab.conf_path)}
-    return subprocess.run(list(argv), capture_output=True, text=True, user=user.pw_uid, group=user.pw_gid,
-                          extra_groups=[], cwd=user.pw_dir, env=env, timeout=30)
+def _on_n0_as(user: pwd.struct_passwd, lab, *argv: str) -> list[str]:
+    """``argv`` as ``user``, logged in on n0 (inside its namespace: the lab's guard keeps this machine's other users
+    off the lab's networks), with only their own environment."""
+    return lab.net.exec_argv("n0", [
+        "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+        "env", "-i", "PATH=/usr/bin:/bin", f"HOME={user.pw_dir}", f"USER={user.pw_name}",
+        f"SLURM_CONF={lab.conf_path}", *argv])
 
 
 def _env_of(pid: int) -> dict[bytes, bytes]:
@@ -83,10 +86,11 @@ def test_a_lookalike_with_the_jobs_slurm_job_id_is_never_chosen_and_the_jobs_own
     go = Path(job_user.pw_dir) / "go"
     go.unlink(missing_ok=True)
     # the job user's job: it waits for the test's word, then runs its worker (RANK set; SLURM_JOB_ID set by Slurm)
-    res = _as(job_user, lab, "sbatch", "--parsable", "-N1", "-w", "n0", "--oversubscribe", "-J", "owned",
-              "-o", "/dev/null", "--wrap",
-              f"while [ ! -e {go} ]; do sleep 0.1; done; export RANK=0 LOCAL_RANK=0; "
-              f"exec {SYSTEM_PYTHON} -c '{WORKER}' {MARK}")
+    res = subprocess.run(_on_n0_as(job_user, lab, "sbatch", "--parsable", "-N1", "-w", "n0", "--oversubscribe",
+                                   "-J", "owned", "-o", "/dev/null", "--wrap",
+                                   f"while [ ! -e {go} ]; do sleep 0.1; done; export RANK=0 LOCAL_RANK=0; "
+                                   f"exec {SYSTEM_PYTHON} -c '{WORKER}' {MARK}"),
+                         capture_output=True, text=True, cwd=job_user.pw_dir, timeout=30)
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip().split(";")[0]
     look = pwd.getpwnam(LOOKALIKE_USER)
@@ -95,10 +99,8 @@ def test_a_lookalike_with_the_jobs_slurm_job_id_is_never_chosen_and_the_jobs_own
         assert wait_until(lambda: (access.job(job_id) or {}).get("JobState") == "RUNNING", 30), access.job(job_id)
         assert access.job(job_id)["UserId"] == str(job_user.pw_uid)  # Slurm's own word on whose it is
         # the second user's look-alike on the job's node: its command line, RANK and the job's SLURM_JOB_ID
-        lookalike = subprocess.Popen(lab.net.exec_argv("n0", [
-            "setpriv", f"--reuid={look.pw_uid}", f"--regid={look.pw_gid}", "--clear-groups",
-            "env", "-i", "PATH=/usr/bin:/bin", "RANK=0", "LOCAL_RANK=0", f"SLURM_JOB_ID={job_id}",
-            SYSTEM_PYTHON, "-c", WORKER, MARK]),
+        lookalike = subprocess.Popen(_on_n0_as(look, lab, "RANK=0", "LOCAL_RANK=0", f"SLURM_JOB_ID={job_id}",
+                                               SYSTEM_PYTHON, "-c", WORKER, MARK),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
         assert wait_until(lambda: os.path.exists(f"/proc/{lookalike.pid}")
                           and _env_of(lookalike.pid).get(b"SLURM_JOB_ID") == job_id.encode(), 10)
