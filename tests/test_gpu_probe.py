@@ -113,3 +113,18 @@ def test_not_started_when_nvml_does_not_load(fake_pynvml, monkeypatch):
 def test_not_started_when_nvidia_ml_py_is_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     assert NvmlProbe.for_nodes(EventBus(), [_gpu_node()]) is None
+
+
+def test_nvml_is_nvidia_ml_pys_module_without_the_deprecated_shadows_warning():
+    """NVRx installs the deprecated ``pynvml`` package beside nvidia-ml-py: its import hook warned on every GPU
+    probe's start (issue 53). The module the probe gets is nvidia-ml-py's, and no FutureWarning escapes."""
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "from chaoskit.observe.gpu import import_nvml\n"
+            "m = import_nvml(); print(m.__file__, hasattr(m, 'nvmlInit'))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    path, has_init = res.stdout.split()
+    assert path.endswith("site-packages/pynvml.py") and has_init == "True"

@@ -32,7 +32,7 @@ from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 from chaoskit.observe.events import EventBus, make_event
 
-__all__ = ["NvmlProbe", "RemoteNvmlProbe", "WAIT_MS"]
+__all__ = ["NvmlProbe", "RemoteNvmlProbe", "WAIT_MS", "import_nvml"]
 
 WAIT_MS = 200
 """How long one ``nvmlEventSetWait`` blocks: the probe's reaction time to ``stop``."""
@@ -68,8 +68,7 @@ class NvmlProbe(threading.Thread):
         if not local:
             return None
         try:
-            import pynvml  # nvidia-ml-py: heavy, optional, and only for GPU nodes
-
+            pynvml = import_nvml()
             pynvml.nvmlInit()
         except Exception:  # noqa: BLE001 - ImportError, or NVMLError when there is no driver: not started
             return None
@@ -237,3 +236,17 @@ class RemoteNvmlProbe(threading.Thread):
         for t in self._threads:
             t.join(timeout=3)
         self.join(timeout=2)
+
+
+def import_nvml():
+    """nvidia-ml-py's ``pynvml`` module (heavy, optional, and only for GPU nodes: imported here, when used).
+
+    NVRx pulls in the deprecated ``pynvml`` package, which installs nothing of its own but an import hook that
+    warns (FutureWarning) on every ``import pynvml`` and then lets nvidia-ml-py's module load: the module is the
+    right one, so that one warning, and no other, is kept out of the run's output."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+        import pynvml
+    return pynvml
