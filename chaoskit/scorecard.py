@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -30,16 +31,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from rich.markup import escape
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.core.durations import parse_duration
-from chaoskit.core.errors import ChaoskitError, ScenarioError, did_you_mean
+from chaoskit.core.errors import ChaoskitError, InfraError, ScenarioError, did_you_mean
 from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE
 from chaoskit.core.limits import MAX_REPEAT
 from chaoskit.gameday import run_gameday
 from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metrics
 from chaoskit.scenario import load_scenario, scenario_files
 from chaoskit.scenario.checks import check_scenario
+from chaoskit.workloads.launch import torch_available
 
 __all__ = ["STACKS", "Stack", "CannotRun", "SCORECARD_FILE", "run_scorecard", "cells_from_gameday", "adapt_row"]
 
@@ -196,6 +199,21 @@ def adapt_row(row: Path, stack: str) -> dict[str, Any]:
     return STACKS[stack].adapt(doc, Path(row).resolve().parent)
 
 
+def _missing_before_drills(runnable: list[Path], console) -> list[str]:
+    """What this install lacks, found before the first drill: PyTorch for the drills (an error: nothing runs),
+    ``prometheus_client`` for ``metrics.prom`` (a note: the file is skipped, the drills run)."""
+    if runnable and not torch_available():
+        raise InfraError("the scorecard's drills start a PyTorch job, and PyTorch is not installed; no drill was run",
+                         hint="pip install 'chaoskit[workload]' (torch==2.13.0, the CPU build)")
+    notes = []
+    if importlib.util.find_spec("prometheus_client") is None:
+        notes.append("metrics.prom not written: it needs prometheus_client (pip install 'chaoskit[prometheus]')")
+    for note in notes:
+        if console is not None:
+            console.print(f"[yellow]note:[/yellow] {escape(note)}")
+    return notes
+
+
 def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out: Path | None = None,
                   console=None, capabilities=None) -> dict[str, Any]:
     """Run every row of ``folder`` on every stack of ``stacks``; write ``scorecard.json``, ``index.html`` and
@@ -240,6 +258,7 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
                 continue
             planned.append((stack, fault, path, None))
     runnable = [p[2] for p in planned if p[2] is not None]
+    notes = _missing_before_drills(runnable, console)
     gameday_dir = out / "gameday"
     if runnable:
         run_gameday(runnable, out=gameday_dir, console=console, capabilities=capabilities)
@@ -253,11 +272,13 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
         "ended_at": _iso(time.time()),
         "duration_s": round(time.time() - started, 3),
         "cells": cells_from_gameday(planned, gameday_dir),
+        **({"notes": notes} if notes else {}),
     }
     (out / SCORECARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
     _attach_to_gameday(gameday_dir, card)
     write_scorecard_html(out, card)
-    write_scorecard_metrics(out, card)
+    if not notes:  # else the note above says why there is no metrics.prom
+        write_scorecard_metrics(out, card)
     return card
 
 

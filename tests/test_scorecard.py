@@ -74,6 +74,27 @@ def test_a_pair_that_cannot_run_and_a_drill_that_never_noticed_are_cells_not_bla
     assert "chaoskit_scorecard_detection_seconds{" not in text  # not measured: no sample, never zero
 
 
+def test_on_a_plain_install_what_is_missing_is_named_before_any_drill(tmp_path, monkeypatch):
+    """Issue 50: on a plain install (no extras) the scorecard ran every drill, then died writing metrics.prom
+    (ModuleNotFoundError: prometheus_client). Uninstalling packages under the suite is not possible, so what is
+    mocked is the two lookups that find them (torch's, prometheus_client's)."""
+    import importlib.util
+
+    import chaoskit.scorecard as sc
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(sc.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "prometheus_client" else real(name, *a))
+    monkeypatch.setattr(sc, "torch_available", lambda: False)
+    r = run_cli("scorecard", ROWS, "--stacks", "torchrun", "--out", tmp_path / "sc")
+    assert r.code == 3 and "PyTorch is not installed; no drill was run" in r.stderr and "chaoskit[workload]" in r.stderr
+    assert not (tmp_path / "sc" / "gameday").exists()
+    # with torch but without prometheus_client: said before the drills, and the card says why no metrics.prom
+    monkeypatch.setattr(sc, "torch_available", lambda: True)
+    notes = sc._missing_before_drills([tmp_path / "row.yaml"], None)
+    assert notes == ["metrics.prom not written: it needs prometheus_client (pip install 'chaoskit[prometheus]')"]
+
+
 def test_unknown_stack_is_bad_input(tmp_path):
     r = run_cli("scorecard", ROWS, "--stacks", "torchrun,kubeflow", "--out", tmp_path / "sc")
     assert r.code == 2 and "unknown stack kubeflow" in r.stderr
