@@ -32,10 +32,14 @@ def ray_lab(tmp_path_factory):
     from chaoskit.lab.process import ProcessLab
     from chaoskit.lab.ray import RayLab
 
+    state = pytest.MonkeyPatch()  # the lab's record in a state folder of this module's, not the machine's
+    state.setenv("CHAOSKIT_STATE_DIR", str(tmp_path_factory.mktemp("ray-state")))
     lab = ProcessLab.create(3)
     ray_lab = RayLab.start(lab)
     temp = Path(ray_lab.temp_dir).parent  # Ray's files in a 0700 folder of the lab's own, not the shared /tmp/ray
-    assert temp.name.startswith(f"ckray-{lab.lab_id}-") and (temp.stat().st_mode & 0o777) == 0o700
+    assert temp.name.startswith("chaoskit-ray-") and lab.lab_id not in temp.name  # a name nobody can guess
+    assert (temp.stat().st_mode & 0o777) == 0o700
+    assert temp.stat().st_uid == (ray_lab.account.uid if ray_lab.account else os.geteuid())
     assert any(p.name.startswith("session_") for p in Path(ray_lab.temp_dir).iterdir())
     try:
         yield ray_lab
@@ -48,6 +52,7 @@ def ray_lab(tmp_path_factory):
         tree = scope_pids({lab.scope(n) for n in [HEAD_NODE, *lab.node_names()]})
         ray_lab.down()
         left = [pid for pid in tree if (info := proc_info(pid)) is not None and info.state != "Z"]
+        state.undo()
         assert left == [], f"Ray processes left behind: {left}"
         assert not temp.exists()
 
@@ -56,10 +61,11 @@ def ray_lab(tmp_path_factory):
 def workers(ray_lab):
     """One fake training worker (torchrun's env, the node's scope) per lab node, and one outsider."""
     lab = ray_lab.lab
+    ids = ray_lab.account.popen_ids() if ray_lab.account else {}  # a job of the lab's, as its nodes' account
     procs = []
     for i, node in enumerate(lab.node_names()):
         env = dict(os.environ, CHAOSKIT_SCOPE=lab.scope(node), RANK=str(i), TORCHELASTIC_RUN_ID="t")
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env))
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env, cwd="/", **ids))
     outsider = subprocess.Popen([sys.executable, "-c", WORKER], env=dict(os.environ, RANK="1", TORCHELASTIC_RUN_ID="t"))
     for p in procs + [outsider]:
         wait_exec(p)
@@ -211,7 +217,10 @@ def test_power_off_kills_the_node_and_ray_declares_it_dead(ray_lab, workers, tmp
 
 def test_an_inventory_discovers_its_nodes_from_ray(ray_lab, tmp_path, monkeypatch):
     from chaoskit.cluster.inventory_file import load_inventory
+    from chaoskit.cluster.transports.ray import ray_auth_env
 
+    for name, value in ray_auth_env(ray_lab.token_file).items():  # the cluster's token, as a Ray user names it
+        monkeypatch.setenv(name, value)
     path = tmp_path / "inventory.yaml"
     path.write_text(
         "name: raycluster\n"

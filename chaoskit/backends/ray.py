@@ -83,8 +83,11 @@ class RayBackend(ClusterBackend):
         return ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=inventory.names(),
             rdzv_host="127.0.0.1", scope=lab.scope, connect=connect, teardown=teardown,
-            details={"lab": lab.lab_id, "ephemeral": ephemeral, "ray_address": ray_lab.address},
-            probes=lambda bus: [RayNodeProbe(bus, ray_lab.address, inventory.names())],
+            details={"lab": lab.lab_id, "ephemeral": ephemeral, "ray_address": ray_lab.address,
+                     "ray_token_file": ray_lab.token_file, "ray_nodes_run": ray_lab.runs_as},
+            probes=lambda bus: [RayNodeProbe(bus, ray_lab.address, inventory.names(), token_file=ray_lab.token_file)],
+            job_account=ray_lab.account,
+            job_isolation="a Ray cluster with token authentication (a token per lab, in a 0600 file): no other user joins it",
         )
 
     def lab_up(self, spec: RaySpec, base: Path, say: Say, rebuild: bool = False) -> str:
@@ -101,7 +104,8 @@ class RayBackend(ClusterBackend):
             lab.down()
             raise
         return (f"lab {lab.lab_id} up: {spec.nodes} process nodes ({', '.join(lab.node_names())}) "
-                f"joined into Ray at {ray_lab.address} in {time.time() - t0:.1f}s")
+                f"joined into Ray at {ray_lab.address} in {time.time() - t0:.1f}s; its nodes run {ray_lab.runs_as}, "
+                f"and only a client with its token (RAY_AUTH_TOKEN_PATH={ray_lab.token_file}) may join")
 
     def lab_down(self, compose: Path | None = None) -> list[str]:
         ray_lab = RayLab.load()

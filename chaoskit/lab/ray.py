@@ -18,12 +18,25 @@ The head holds no CPUs (nothing is scheduled there) and lives in a scope of its
 own, ``<lab id>.ray-head``; a Ray Train driver gets ``<lab id>.ray-driver``. Ray's failure detector is tightened on the lab
 (``RAY_health_check_*``) so that a dead node is declared within a few seconds;
 the detection a drill measures is Ray's own, with these settings.
+
+Who may use the cluster: Ray's GCS listens on loopback, where every local user reaches it, and whoever joins a
+Ray cluster runs code on its nodes. So the lab turns on Ray's token authentication (``RAY_AUTH_MODE=token``):
+a fresh random token per lab, in a 0600 file of the lab's folder, named to the nodes, chaoskit's driver and the
+Ray Train driver by ``RAY_AUTH_TOKEN_PATH`` (never on a command line). And when chaoskit is root the nodes run
+as the lab's account (:func:`~chaoskit.core.accounts.lab_account`), not as root, unless that account cannot run
+chaoskit's Python (:attr:`RayLab.root_why` says why; ``lab up`` prints it).
+
+The lab's folder (:data:`TEMP_PREFIX` and a random name in the system's temporary folder, mode 0700, the
+nodes' account's) holds Ray's ``--temp-dir`` (sessions, logs, sockets), the token, the agents' state folder
+and the nodes' ``HOME`` and ``TMPDIR``. Its name says nothing of the lab: chaoskit's own state folder records
+which folder is which lab's (:func:`lab_record_path`), for ``lab down`` and a crashed run's rollback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -37,13 +50,15 @@ from pathlib import Path
 
 from chaoskit.cluster.inventory import Inventory, Node, PowerCommands
 from chaoskit.cluster.transports.local import LocalTransport, proc_info, read_proc
-from chaoskit.cluster.transports.ray import RayTransport, node_resource, node_table
+from chaoskit.cluster.transports.ray import WORKDIR_ENV, RayTransport, node_resource, node_table, ray_auth_env
+from chaoskit.core.accounts import Account, account_named, lab_account, python_paths, unreachable_by
 from chaoskit.core.errors import InfraError
 from chaoskit.core.files import torch_cache_env
-from chaoskit.core.state import state_dir
+from chaoskit.core.state import private_dir, state_dir
 from chaoskit.lab.process import ProcessLab
 
-__all__ = ["RayLab", "ray_lab_state_path", "ray_nodes_state_path", "HEAD_NODE", "ray_available", "scope_pids", "stop_lab_processes"]
+__all__ = ["RayLab", "ray_lab_state_path", "ray_nodes_state_path", "lab_record_path", "HEAD_NODE", "ray_available",
+           "scope_pids", "stop_lab_processes", "TEMP_PREFIX"]
 
 HEAD_NODE = "ray-head"
 
@@ -65,6 +80,14 @@ def ray_lab_state_path() -> Path:
 def ray_nodes_state_path() -> Path:
     """Where the process lab under a persistent Ray lab records itself (apart from a plain process lab's)."""
     return state_dir() / "lab" / "ray-nodes.json"
+
+
+def lab_record_path(lab_id: str) -> Path:
+    """Where chaoskit's private state records a Ray lab while it is up (ephemeral ones too): its address, folder,
+    token file and account; what ``lab down``, the power commands and a crashed run's rollback read."""
+    if not lab_id or "/" in lab_id or lab_id.startswith("."):
+        raise ValueError(f"not a lab id: {lab_id!r}")
+    return private_dir("ray-labs") / f"{lab_id}.json"
 
 
 def _ray_cli() -> str:
@@ -91,8 +114,22 @@ class RayLab:
     object_store_bytes: int = 80 * 1024 * 1024
     persistent: bool = False
     temp_dir: str | None = None
-    """Ray's ``--temp-dir``: ``r`` in a 0700 folder of a random name made for this lab (Ray makes its own temp folder
-    0777; the default ``/tmp/ray`` is shared by every user of the machine). Short: Ray's socket paths live in it."""
+    """Ray's ``--temp-dir``: ``r`` in the lab's folder (see the module docstring; Ray makes its own temp folder
+    0777, and the default ``/tmp/ray`` is shared by every user of the machine). Short: Ray's socket paths live in it."""
+    account: Account | None = None
+    """Whom the nodes run as: the lab's account when chaoskit is root; ``None``: as chaoskit itself."""
+    root_why: str | None = None
+    """Why the nodes run as root though chaoskit has an account for them (``None``: they do not)."""
+
+    @property
+    def folder(self) -> str | None:
+        """The lab's own folder (0700, the nodes' account's): Ray's temp folder, the token, the agents' state."""
+        return os.path.dirname(self.temp_dir) if self.temp_dir else None
+
+    @property
+    def token_file(self) -> str | None:
+        """The file holding the cluster's token (0600, the nodes' account's); ``None`` for a lab never started."""
+        return os.path.join(self.folder, "token") if self.folder else None
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -101,10 +138,12 @@ class RayLab:
               persistent: bool = False, timeout: float = 90.0) -> "RayLab":
         """Start the head and one Ray node per lab node; return once every node is alive in Ray's table."""
         port = _free_port()
-        # mkdtemp: 0700, a name nobody could guess (the lab's id in it, so a crashed run's rollback finds it)
-        temp = os.path.join(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{lab.lab_id}-"), "r")
-        ray_lab = cls(lab, f"127.0.0.1:{port}", num_cpus, object_store_mb * 1024 * 1024, persistent, temp)
+        account, root_why = _nodes_account()
+        folder = _make_folder(account)
+        ray_lab = cls(lab, f"127.0.0.1:{port}", num_cpus, object_store_mb * 1024 * 1024, persistent,
+                      os.path.join(folder, "r"), account, root_why)
         try:
+            ray_lab._record()
             ray_lab._ray_start(HEAD_NODE, ["--head", f"--port={port}", "--num-cpus=0",
                                            "--include-dashboard=false", "--disable-usage-stats",
                                            f"--resources={json.dumps({'chaoskit_head': 1})}"])
@@ -117,8 +156,7 @@ class RayLab:
         if persistent:
             path = ray_lab_state_path()
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"lab_id": lab.lab_id, "address": ray_lab.address, "num_cpus": num_cpus,
-                                        "object_store_mb": object_store_mb, "temp_dir": temp}))
+            path.write_text(json.dumps(ray_lab._fields()))
         return ray_lab
 
     @classmethod
@@ -131,8 +169,48 @@ class RayLab:
         data = json.loads(path.read_text())
         if data.get("lab_id") != lab.lab_id:
             return None
-        return cls(lab, data["address"], int(data["num_cpus"]), int(data["object_store_mb"]) * 1024 * 1024, True,
-                   data.get("temp_dir"))
+        return cls._from_fields(lab, data, persistent=True)
+
+    @classmethod
+    def recorded(cls, lab_id: str, nodes: int = 0) -> "RayLab | None":
+        """The Ray lab ``lab_id`` as chaoskit's state recorded it when it started (:func:`lab_record_path`)."""
+        try:
+            data = json.loads(lab_record_path(lab_id).read_text())
+        except (OSError, ValueError):
+            return None
+        return cls._from_fields(ProcessLab(lab_id, nodes or int(data.get("nodes", 0))), data)
+
+    @classmethod
+    def _from_fields(cls, lab: ProcessLab, data: dict, persistent: bool = False) -> "RayLab":
+        account = None
+        if data.get("account"):
+            try:
+                account = account_named(data["account"])
+            except InfraError:
+                account = None
+        return cls(lab, data["address"], int(data["num_cpus"]), int(data["object_store_mb"]) * 1024 * 1024,
+                   persistent, data.get("temp_dir"), account, data.get("root_why"))
+
+    def _fields(self) -> dict:
+        return {"lab_id": self.lab.lab_id, "nodes": self.lab.nodes, "address": self.address,
+                "num_cpus": self.num_cpus, "object_store_mb": self.object_store_bytes // (1024 * 1024),
+                "temp_dir": self.temp_dir, "account": self.account.name if self.account else None,
+                "root_why": self.root_why}
+
+    def _record(self) -> None:
+        path = lab_record_path(self.lab.lab_id)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        tmp.write_text(json.dumps(self._fields()))
+        os.replace(tmp, path)
+
+    @property
+    def runs_as(self) -> str:
+        """Whom the nodes run as, in words (``lab up`` and the run's plan say it)."""
+        if self.account is not None:
+            return f"as {self.account.name}"
+        if os.geteuid() == 0:
+            return f"as root ({self.root_why})" if self.root_why else "as root"
+        return "as you"
 
     def start_node(self, node: str, wait: bool = True, timeout: float = 60.0) -> None:
         """``ray start`` one lab node (again, after a power-off) with the node's scope and resource."""
@@ -162,8 +240,9 @@ class RayLab:
         n = _stop_scopes({self.lab.scope(node) for node in [HEAD_NODE, "ray-driver", *self.lab.node_names()]})
         if self.persistent:
             ray_lab_state_path().unlink(missing_ok=True)
-        if self.temp_dir is not None:  # the lab's own folder (mkdtemp's, 0700): Ray's files with it
-            _remove_temp(os.path.dirname(self.temp_dir), self.lab.lab_id)
+        if self.folder is not None:  # the lab's own folder (mkdtemp's, 0700): Ray's files with it
+            _remove_folder(self.folder, self.account)
+        lab_record_path(self.lab.lab_id).unlink(missing_ok=True)
         return n
 
     # -- what runs use ---------------------------------------------------------------------
@@ -173,17 +252,20 @@ class RayLab:
         base = self.lab.inventory()
         nodes: list[Node] = []
         for n in base.nodes:
-            conn = RayTransport(n.name, self.lab.scope(n.name), address=self.address, resource=node_resource(n.name))
+            conn = RayTransport(n.name, self.lab.scope(n.name), address=self.address, resource=node_resource(n.name),
+                                token_file=self.token_file)
             power = PowerCommands(**{a: self.power_argv(n.name, a) for a in ("off", "on", "status")}, timeout=90)
             nodes.append(Node(n.name, n.address, "ray", {**n.labels, "ray": "yes"}, n.gpus, conn, power=power))
         return Inventory(base.name, nodes)
 
     def power_argv(self, node: str, action: str) -> list[str]:
-        """The inventory's power command for a lab node (run on the controller)."""
+        """The inventory's power command for a lab node (run on the controller). Nothing secret: the token stays
+        in its file, which the command finds in the lab's folder."""
         return [sys.executable, "-m", "chaoskit.lab.ray", "power", action, "--lab", self.lab.lab_id,
                 "--nodes", str(self.lab.nodes), "--address", self.address, "--num-cpus", str(self.num_cpus),
                 "--object-store-mb", str(self.object_store_bytes // (1024 * 1024)),
-                *(["--temp-dir", self.temp_dir] if self.temp_dir else []), node]
+                *(["--temp-dir", self.temp_dir] if self.temp_dir else []),
+                *(["--account", self.account.name] if self.account else []), node]
 
     def power(self, node: str, action: str) -> bool:
         """off: kill the node's raylet and every process of the node; on: ``ray start`` it again; return whether it is on."""
@@ -206,7 +288,7 @@ class RayLab:
     def alive_nodes(self) -> dict[str, bool]:
         """Lab node name -> alive in Ray's node table (a node never seen is absent)."""
         out: dict[str, bool] = {}
-        for entry in _ray_list_nodes(self.address):
+        for entry in _ray_list_nodes(self.address, self.token_file):
             for name in self.lab.node_names():
                 if entry.get("resources", {}).get(node_resource(name)):
                     out[name] = out.get(name, False) or entry["alive"]
@@ -230,13 +312,22 @@ class RayLab:
     # -- internals -------------------------------------------------------------------------
 
     def _ray_start(self, node: str, args: list[str]) -> None:
-        env = {**os.environ, **HEALTH_ENV, LocalTransport.SCOPE_ENV: self.lab.scope(node)}
-        if self.temp_dir:  # the workers inherit the raylet's environment: their torch caches in the lab's 0700 folder
-            env.update(torch_cache_env(os.path.dirname(self.temp_dir)))
-        env.pop("RAY_ADDRESS", None)
+        if self.folder is None or self.token_file is None:
+            raise InfraError(f"Ray lab {self.lab.lab_id} has no folder of its own: was it started by this chaoskit?")
+        env = {**os.environ, **HEALTH_ENV, LocalTransport.SCOPE_ENV: self.lab.scope(node),
+               **ray_auth_env(self.token_file), WORKDIR_ENV: os.path.join(self.folder, "state"),
+               # the workers inherit the raylet's environment: their temporary files and torch caches in the lab's folder
+               "TMPDIR": os.path.join(self.folder, "tmp"), **torch_cache_env(self.folder)}
+        for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
+            env.pop(name, None)
+        ids: dict = {}
+        if self.account is not None:  # none of root's identity, and no group but its own
+            env.update({**self.account.env(), "HOME": self.folder})
+            ids = self.account.popen_ids()
         argv = [_ray_cli(), "start", "--node-ip-address=127.0.0.1", f"--object-store-memory={self.object_store_bytes}",
-                "--include-log-monitor=false", *([f"--temp-dir={self.temp_dir}"] if self.temp_dir else []), *args]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                "--include-log-monitor=false", f"--temp-dir={self.temp_dir}", *args]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                              cwd=self.folder, **ids)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise InfraError(f"ray start for node {node} failed (exit {proc.returncode}): {' | '.join(tail)}")
@@ -266,29 +357,77 @@ def scope_pids(scopes: set[str] | None = None, prefix: str | None = None) -> lis
     return sorted(members)
 
 
-TEMP_PREFIX = "ckray-"
-"""Ray's temp folder of a lab: ``<system temp>/ckray-<lab id>-<random>/r``."""
+TEMP_PREFIX = "chaoskit-ray-"
+"""A Ray lab's folder: ``<system temp>/chaoskit-ray-<random>`` (nothing of the lab's id: a name nobody can guess;
+before, ``ckray-<lab id>-<random>``)."""
 
 
-def _remove_temp(folder: str, lab_id: str) -> None:
-    """``folder`` removed when it is a lab temp folder of ``lab_id`` that this user made (a folder, not a link)."""
+def _nodes_account() -> tuple[Account | None, str | None]:
+    """Whom the lab's Ray nodes run as, and why root when chaoskit has an account for them but it cannot run
+    them: the account must reach chaoskit's Python, its packages and Ray's own binaries."""
+    account = lab_account()
+    if account is None:
+        return None, None
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray")
+    ray_dirs = [Path(d) for d in (spec.submodule_search_locations or [])] if spec is not None else []
+    # The runner asks the same of the job's driver (runner._account_for_job): both run as the account, or neither.
+    problem = unreachable_by(account, [*python_paths(), *ray_dirs, Path(_ray_cli())])
+    if problem:
+        return None, f"{account.name} cannot run Ray here: {problem}"
+    return account, None
+
+
+def _make_folder(account: Account | None) -> str:
+    """The lab's folder: a fresh random name (``mkdtemp``, 0700) with the token file (0600) and the folders the
+    nodes write (``state``, ``tmp``) in it, all given to ``account`` (the folder itself last: until then only
+    this process can write in it)."""
+    folder = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+    try:
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open("token", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
+                if account is not None:
+                    os.fchown(fh.fileno(), account.uid, account.gid)
+            for name in ("state", "tmp"):
+                os.mkdir(name, 0o700, dir_fd=dfd)
+                if account is not None:
+                    os.chown(name, account.uid, account.gid, dir_fd=dfd, follow_symlinks=False)
+            if account is not None:
+                os.fchown(dfd, account.uid, account.gid)
+        finally:
+            os.close(dfd)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def _remove_folder(folder: str, account: Account | None = None) -> None:
+    """``folder`` removed when it is a Ray lab's folder (a folder of the system's temporary one named
+    :data:`TEMP_PREFIX`..., not a link) owned by this user or the lab's account."""
     try:
         st = os.lstat(folder)
     except OSError:
         return
-    if (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-            and os.path.basename(folder).startswith(f"{TEMP_PREFIX}{lab_id}-")):
+    owners = {os.geteuid(), *([account.uid] if account is not None else [])}
+    if (stat.S_ISDIR(st.st_mode) and st.st_uid in owners and os.path.dirname(folder) == tempfile.gettempdir()
+            and os.path.basename(folder).startswith(TEMP_PREFIX)):
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def stop_lab_processes(lab_id: str) -> int:
     """Stop every process of a lab, Ray's renamed ones included (``chaoskit rollback`` after a crash), and remove the
-    lab's Ray temp folder."""
+    lab's folder that chaoskit's state recorded."""
     n = _stop_scopes(set(), prefix=f"{lab_id}.")
-    base = tempfile.gettempdir()
-    for name in os.listdir(base):
-        if name.startswith(f"{TEMP_PREFIX}{lab_id}-"):
-            _remove_temp(os.path.join(base, name), lab_id)
+    ray_lab = RayLab.recorded(lab_id)
+    if ray_lab is not None:
+        if ray_lab.folder is not None:
+            _remove_folder(ray_lab.folder, ray_lab.account)
+        lab_record_path(lab_id).unlink(missing_ok=True)
     return n
 
 
@@ -320,10 +459,10 @@ def _cmdline(pid: int) -> str | None:
     return info.cmdline if info is not None and info.state != "Z" else None
 
 
-def _ray_list_nodes(address: str) -> list[dict]:
+def _ray_list_nodes(address: str, token_file: str | None) -> list[dict]:
     """Ray's node table, read from the GCS (no driver: this process does not join the cluster)."""
     return [{"node_id": e["NodeID"], "alive": bool(e["Alive"]), "resources": e.get("Resources", {}),
-             "labels": e.get("Labels", {})} for e in node_table(address)]
+             "labels": e.get("Labels", {})} for e in node_table(address, token_file)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,10 +479,16 @@ def main(argv: list[str] | None = None) -> int:
     p_power.add_argument("--num-cpus", type=int, default=2)
     p_power.add_argument("--object-store-mb", type=int, default=80)
     p_power.add_argument("--temp-dir")
+    p_power.add_argument("--account", help="the account the lab's nodes run as (chaoskit as root)")
     p_power.add_argument("node")
     args = parser.parse_args(argv)
+    try:
+        account = account_named(args.account) if args.account else None
+    except InfraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     lab = RayLab(ProcessLab(args.lab, args.nodes), args.address, args.num_cpus, args.object_store_mb * 1024 * 1024,
-                 temp_dir=args.temp_dir)
+                 temp_dir=args.temp_dir, account=account)
     if args.node not in lab.lab.node_names():
         print(f"error: {args.node} is not a node of lab {args.lab}", file=sys.stderr)
         return 2

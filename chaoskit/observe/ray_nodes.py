@@ -20,9 +20,12 @@ __all__ = ["RayNodeProbe"]
 
 
 class RayNodeProbe(threading.Thread):
-    def __init__(self, bus: EventBus, address: str, nodes: list[str], interval: float = 0.2) -> None:
+    def __init__(self, bus: EventBus, address: str, nodes: list[str], interval: float = 0.2,
+                 token_file: str | None = None) -> None:
+        """``token_file``: the cluster's token (:func:`~chaoskit.cluster.transports.ray.ray_auth_env`), if it has one."""
         super().__init__(daemon=True, name="chaoskit-raynodes")
         self.bus, self.address, self.nodes, self.interval = bus, address, list(nodes), interval
+        self.token_file = token_file
         self.stop_event = threading.Event()
         self.alive: dict[str, str] = {}
         """Ray node id -> chaoskit node, for every Ray node seen alive and not yet seen dead."""
@@ -30,7 +33,7 @@ class RayNodeProbe(threading.Thread):
     def poll(self) -> list[dict]:
         """One look at the node table; return the events it published."""
         try:
-            table = node_table(self.address)
+            table = node_table(self.address, self.token_file)
         except InfraError:
             return []  # the head is unreachable: no verdict on any node
         ts = time.time()

@@ -11,6 +11,10 @@ The driver (``python -m chaoskit.workloads.ray_train``) runs on the controller
 machine in a scope of its own (``<lab>.ray-driver``), so powering a node off
 never kills it; the workers run in the raylets' worker processes and so carry
 their node's ``CHAOSKIT_SCOPE``. They write SDK events like the torchrun job.
+
+The driver joins with the cluster's token (``ray_token_file`` in the cluster's details, named to it by
+``RAY_AUTH_TOKEN_PATH``) and runs as the account the lab's nodes run as (the cluster's ``job_account``), in the
+job's own folder, where the workers keep their checkpoints too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.cluster.transports.ray import ray_auth_env
 from chaoskit.core.errors import InfraError
 from chaoskit.core.files import torch_cache_env
 from chaoskit.core.lines import bounded_lines
@@ -159,6 +164,11 @@ class RayTrainJob(Job):
         """``base``: unused (the driver is chaoskit's own module)."""
         self.cluster, self.workload, self.run_dir, self.run_id = cluster, workload, Path(run_dir).resolve(), run_id
         self.events_path, self.on_line = events_path, on_line
+        self.account = cluster.job_account
+        """The account the driver runs as (the lab's nodes'), or ``None``: as chaoskit."""
+        # The runner's job folder (launch.job_dir, which this sibling may not import): the account's own beside the
+        # run folder, whose files are chaoskit's; else the run folder. The Ray lab has no shared folder.
+        self.job_dir = self.run_dir.with_name(self.run_dir.name + ".job") if self.account is not None else self.run_dir
         self.log_dir = self.run_dir / "logs"
         self.driver: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -170,7 +180,7 @@ class RayTrainJob(Job):
                 "--workers", str(len(self.cluster.job_nodes) * w.nproc_per_node), "--steps", str(w.steps),
                 "--step-time", f"{w.step_time:g}", "--checkpoint-every", str(w.checkpoint_every),
                 "--collective-timeout", f"{w.collective_timeout:g}", "--max-failures", str(w.max_restarts),
-                "--storage", str(self.run_dir / "checkpoints")]
+                "--storage", str(self.job_dir / "checkpoints")]
         if self.events_path is not None:
             argv += ["--events", str(Path(self.events_path).resolve())]
         return argv
@@ -185,10 +195,18 @@ class RayTrainJob(Job):
             raise InfraError("the Ray Train workload needs ray[train] and torch", hint="pip install 'chaoskit[ray,workload]'")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, LocalTransport.SCOPE_ENV: self.cluster.scope(DRIVER_SCOPE), "PYTHONUNBUFFERED": "1",
-               "OMP_NUM_THREADS": "1", **torch_cache_env(self.run_dir)}
-        env.pop("RAY_ADDRESS", None)
-        self.driver = subprocess.Popen(self.driver_argv(), env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+               "OMP_NUM_THREADS": "1", **torch_cache_env(self.job_dir)}
+        for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
+            env.pop(name, None)
+        token = self.cluster.details.get("ray_token_file")
+        if token:
+            env.update(ray_auth_env(str(token)))
+        ids: dict[str, Any] = {}
+        if self.account is not None:  # the job's folder is the account's (the runner made it); none of root's identity
+            env.update({**self.account.env(), "HOME": str(self.job_dir), "TMPDIR": str(self.job_dir / "tmp")})
+            ids = self.account.popen_ids()
+        self.driver = subprocess.Popen(self.driver_argv(), env=env, cwd=self.job_dir, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **ids)
         self._reader = threading.Thread(target=self._pump, daemon=True, name="chaoskit-log-driver")
         self._reader.start()
 

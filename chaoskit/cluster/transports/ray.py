@@ -15,7 +15,13 @@ seen or signalled. Leases (``start_watchdog``) ship the standard-library
 watchdog to the node and start it outside the actor's process tree, so a killed
 agent leaves the watchdog to revert the fault when the lease goes stale. The
 node's files (leases, the watchdog) live in its state folder
-(:mod:`chaoskit.cluster.nodefs`: ``/run/chaoskit`` as root), never in ``/tmp``.
+(:mod:`chaoskit.cluster.nodefs`: ``/run/chaoskit`` as root, or ``$CHAOSKIT_WORKDIR`` of the raylet's
+environment, which the Ray lab sets), never in ``/tmp``.
+
+A cluster with Ray's token authentication (``RAY_AUTH_MODE=token``; the Ray lab's always has it) is joined with
+its token file: :func:`ray_auth_env` names it to a child process, :func:`connect_ray` and :func:`node_table` to
+this one. Ray reads the token from ``RAY_AUTH_TOKEN_PATH`` (a file, never a command line); without one given,
+the user's own ``RAY_AUTH_*`` settings apply, as they do to ``ray`` itself.
 """
 
 from __future__ import annotations
@@ -34,7 +40,12 @@ from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 
-__all__ = ["RayTransport", "ChaosAgent", "connect_ray", "find_node_id", "discover_nodes"]
+__all__ = ["RayTransport", "ChaosAgent", "connect_ray", "find_node_id", "discover_nodes", "ray_auth_env",
+           "WORKDIR_ENV"]
+
+WORKDIR_ENV = "CHAOSKIT_WORKDIR"
+"""In a Ray node's environment: the state folder its ChaosAgent uses (the Ray lab's nodes run as an account with
+no home of its own); unset, the effective user's default one."""
 
 # A launcher that starts argv in a session of its own and exits at once: the
 # started process is then no child of the actor's worker, which Ray may kill
@@ -53,7 +64,7 @@ class ChaosAgent:
     def __init__(self, node: str, scope: str | None) -> None:
         # Without a scope given, the node's scope is the mark its raylet was started with (the lab sets it).
         self.local = LocalTransport(node, scope or os.environ.get(LocalTransport.SCOPE_ENV))
-        self.state_dir = state_dir()
+        self.state_dir = state_dir(os.environ.get(WORKDIR_ENV) or None)
         self.lease_root = os.path.join(self.state_dir, "leases")
 
     def where(self) -> dict[str, Any]:
@@ -129,13 +140,14 @@ _IN_FLIGHT = 0
 """Calls of this process's Ray driver that are waiting for their answer (:func:`disconnect_ray` waits for them)."""
 
 
-def connect_ray(address: str) -> None:
-    """Join the Ray cluster at ``address`` as a driver (once per process)."""
+def connect_ray(address: str, token_file: str | None = None) -> None:
+    """Join the Ray cluster at ``address`` as a driver (once per process), with its token file when it has one."""
     import ray
 
     with _CONNECT_LOCK:
         if ray.is_initialized():
             return
+        _use_auth(token_file)
         _errors_to_stderr()
         try:
             ray.init(address=address, namespace="chaoskit", log_to_driver=False, logging_level="ERROR",
@@ -157,6 +169,36 @@ def disconnect_ray(wait_s: float = 15.0) -> None:
         while _IN_FLIGHT and (left := end - time.monotonic()) > 0:
             _DRIVER.wait(left)
         ray.shutdown()
+
+
+def ray_auth_env(token_file: str) -> dict[str, str]:
+    """The variables that make a Ray process (a node, a driver, ``ray`` itself) use token authentication with the
+    token in ``token_file``: the token stays in the file, off every command line and environment."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+
+
+_AUTH_SEEN: list[tuple[str | None, ...]] = []
+
+
+def _use_auth(token_file: str | None) -> None:
+    """Make this process's Ray client use ``token_file`` (when given) for what it does next. Ray reads its
+    settings from the environment once and keeps the token it loaded (``RayConfig``, ``AuthenticationTokenLoader``),
+    so when they change (another lab's token) both are read again, as ``ray.init`` itself does when it turns
+    token mode on (ray/_private/authentication/authentication_token_setup.py, ``_enable_token_auth``)."""
+    if token_file is not None:
+        os.environ.update(ray_auth_env(token_file))
+        os.environ.pop("RAY_AUTH_TOKEN", None)  # it would win over the file
+    seen = tuple(os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN"))
+    if _AUTH_SEEN and _AUTH_SEEN[-1] == seen:
+        return
+    first = not _AUTH_SEEN
+    _AUTH_SEEN[:] = [seen]
+    if first and token_file is None:
+        return  # nothing read yet: Ray reads the environment as it starts
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _errors_to_stderr() -> None:
@@ -187,10 +229,12 @@ def node_resource(node: str) -> str:
 _STATES: dict[str, object] = {}
 
 
-def node_table(address: str) -> list[dict]:
-    """``ray.nodes()`` of the cluster at ``address``, without ``ray.init``; raise InfraError when the GCS is gone."""
+def node_table(address: str, token_file: str | None = None) -> list[dict]:
+    """``ray.nodes()`` of the cluster at ``address`` (with its token file when it has one), without ``ray.init``;
+    raise InfraError when the GCS is gone or refuses us."""
     from ray._private.internal_api import get_state_from_address
 
+    _use_auth(token_file)
     try:
         state = _STATES.get(address)
         if state is None:
@@ -215,7 +259,7 @@ def find_node_id(resource: str, address: str | None = None) -> str | None:
     return None
 
 
-def discover_nodes(address: str = "auto") -> list[tuple[str, dict[str, str], "RayTransport"]]:
+def discover_nodes(address: str = "auto", token_file: str | None = None) -> list[tuple[str, dict[str, str], "RayTransport"]]:
     """(name, labels, transport) of every live Ray node but a head that holds no chaoskit node.
 
     A node started with a ``chaoskit_node_<name>`` resource (the lab's are) gets that
@@ -226,7 +270,7 @@ def discover_nodes(address: str = "auto") -> list[tuple[str, dict[str, str], "Ra
     import re
 
     out = []
-    for entry in node_table(address):
+    for entry in node_table(address, token_file):
         if not entry.get("Alive"):
             continue
         resources = entry.get("Resources") or {}
@@ -238,7 +282,7 @@ def discover_nodes(address: str = "auto") -> list[tuple[str, dict[str, str], "Ra
                   for k, v in (entry.get("Labels") or {}).items() if k != "ray.io/node-id"}
         labels["ray"] = "yes"
         conn = RayTransport(name, None, address=address, resource=f"{RESOURCE_PREFIX}{name}" if named else None,
-                            node_id=None if named else entry["NodeID"])
+                            node_id=None if named else entry["NodeID"], token_file=token_file)
         out.append((name, labels, conn))
     return out
 
@@ -250,10 +294,13 @@ class RayTransport:
     container = None
 
     def __init__(self, node: str, scope: str | None, *, address: str, resource: str | None = None,
-                 node_id: str | None = None, start_timeout: float = 30.0, call_timeout: float = 10.0) -> None:
+                 node_id: str | None = None, start_timeout: float = 30.0, call_timeout: float = 10.0,
+                 token_file: str | None = None) -> None:
         if resource is None and node_id is None:
             raise ValueError("a RayTransport needs the node's resource or its Ray node id")
         self.node, self.scope, self.address, self.resource = node, scope, address, resource
+        self.token_file = token_file
+        """The cluster's token file (:func:`ray_auth_env`); ``None``: the user's own Ray settings."""
         self.start_timeout, self.call_timeout = start_timeout, call_timeout
         self.node_id: str | None = None
         self.pinned_id = node_id
@@ -343,7 +390,7 @@ class RayTransport:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            connect_ray(self.address)
+            connect_ray(self.address, self.token_file)
             if self.resource is not None:
                 node_id = find_node_id(self.resource)
                 missing = f"no live Ray node carries the resource {self.resource}"
