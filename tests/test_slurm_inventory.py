@@ -120,14 +120,16 @@ def test_an_attached_slurm_job_is_looked_for_only_on_its_allocation():
     handle = ClusterHandle(id="site", kind="inventory", inventory=inventory, job_nodes=["n0", "n1", "n2"],
                            rdzv_host="", scope=lambda node: "", scheduler=FakeSlurm())
     job = AttachedJob(handle, SimpleNamespace(process="train", slurm_job="7"), Path("."), "r")
-    FakeSlurm.answer = {"JobId": "7", "JobState": "PENDING", "Reason": "Resources", "NodeList": "(null)"}
+    # Slurm's record names the job's user (squeue's UserId): a process of another uid is never the job's
+    FakeSlurm.answer = {"JobId": "7", "UserId": "alice(1001)", "JobState": "PENDING", "Reason": "Resources",
+                        "NodeList": "(null)"}
     job.start()
     assert handle.scheduler_jobs == {"7"} and sum(c.asked for c in conns.values()) == 0 and job.running()
     assert "PENDING" in job.diagnosis()
-    FakeSlurm.answer = {"JobId": "7", "JobState": "RUNNING", "NodeList": "n[1-2],gpu9"}
+    FakeSlurm.answer = {"JobId": "7", "UserId": "alice(1001)", "JobState": "RUNNING", "NodeList": "n[1-2],gpu9"}
     job.scan()
     assert handle.job_nodes == ["n1", "n2"] and conns["n0"].asked == 0
-    FakeSlurm.answer = {"JobId": "7", "JobState": "RUNNING", "NodeList": "n0"}
+    FakeSlurm.answer = {"JobId": "7", "UserId": "alice(1001)", "JobState": "RUNNING", "NodeList": "n0"}
     job.scan()
     assert handle.job_nodes == ["n0"] and job.info()["slurm_nodes"] == ["n0"]
     FakeSlurm.answer = None

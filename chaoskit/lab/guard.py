@@ -25,15 +25,19 @@ def guard_table(lab_id: str) -> str:
     return GUARD_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", lab_id)[:48]
 
 
-def guard(table: str, networks: list[str]) -> None:
-    """Make (or remake) ``table``: only root may send to ``networks`` (CIDRs) from this machine."""
+def guard(table: str, networks: list[str], allow: list[tuple[str, int]] = ()) -> None:
+    """Make (or remake) ``table``: only root may send to ``networks`` (CIDRs) from this machine, but for the
+    services in ``allow`` ((address, TCP port): a lab's slurmctld, which every user's ``sbatch`` talks to, with
+    munge as its login)."""
     nets = [str(ipaddress.ip_network(n, strict=False)) for n in networks]
     if not nets:
         return
     v4 = [n for n in nets if ":" not in n]
     v6 = [n for n in nets if ":" in n]
-    rules = "".join(f"  {fam} daddr {{ {', '.join(group)} }} meta skuid != 0 reject\n"
-                    for fam, group in (("ip", v4), ("ip6", v6)) if group)
+    rules = "".join(f"  {'ip6' if ':' in str(ipaddress.ip_address(a)) else 'ip'} daddr {ipaddress.ip_address(a)} "
+                    f"tcp dport {int(port)} accept\n" for a, port in allow)
+    rules += "".join(f"  {fam} daddr {{ {', '.join(group)} }} meta skuid != 0 reject\n"
+                     for fam, group in (("ip", v4), ("ip6", v6)) if group)
     ruleset = (f"table inet {table} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n"
                f"{rules} }}\n}}\n")
     unguard(table)

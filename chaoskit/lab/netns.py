@@ -142,12 +142,18 @@ class NetnsLab:
     def guard_table(self) -> str:
         return guard_table(self.lab_id)
 
-    def _guard(self, on: bool) -> None:
-        """Keep this machine's other users out of the lab's two /24s (on) or stop (off): :mod:`chaoskit.lab.guard`."""
+    def _guard(self, on: bool, allow: list[tuple[str, int]] = ()) -> None:
+        """Keep this machine's other users out of the lab's two /24s (on), but for the services in ``allow``
+        (the Slurm lab's slurmctld), or stop (off): :mod:`chaoskit.lab.guard`."""
         if on:
-            guard(self.guard_table, [f"{SUBNET}.{2 * self.slot}.0/24", f"{SUBNET}.{2 * self.slot + 1}.0/24"])
+            guard(self.guard_table, [f"{SUBNET}.{2 * self.slot}.0/24", f"{SUBNET}.{2 * self.slot + 1}.0/24"], allow)
         else:
             unguard(self.guard_table)
+
+    def open_to_all(self, address: str, port: int) -> None:
+        """Let every user of this machine reach ``address:port`` on the lab's networks (a service with a login
+        of its own: the Slurm lab's slurmctld, whose clients authenticate with munge)."""
+        self._guard(True, [(address, port)])
 
     # -- names and paths ------------------------------------------------------------------
 

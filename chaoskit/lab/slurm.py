@@ -235,6 +235,7 @@ class SlurmLab:
         if self.settings.get("health_check_interval", 0) > 0:
             self._write_healthcheck(net)
         self.conf_path.write_text(self.conf_text(net))
+        net.open_to_all(net.controller_address, self.port)  # every user's sbatch/squeue (munge is their login)
         _run([os.path.join(self.bin_dir, "slurmctld"), "-c", "-f", str(self.conf_path)], env=self._env())
         for node in self.node_names():
             self._start_slurmd(node)
