@@ -665,6 +665,8 @@ class _Run:
             problem = fault.verify(self.ctx, inj) if not fault.lasting else None
             if problem:
                 self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
+            if inj.detail.get("note"):  # what chaoskit set aside of the fault's own word (an in-process time)
+                self._note(f"{fault.kind} on {inj.node}: {inj.detail['note']}")
 
     def _note(self, message: str) -> None:
         """A note for result.json, once (resolution may run from several threads)."""
