@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from chaoskit.cluster.policy import SitePolicy, site_policy, under_roots
 from chaoskit.cluster.selectors import check_static, select_nodes
 from chaoskit.cluster.slurm import SubmitRefused, submit_user
 from chaoskit.core.errors import ScenarioError
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.coverage import resolve_covers
 from chaoskit.faults.registry import get_fault
 from chaoskit.observe.presets import PRESETS
@@ -156,6 +158,12 @@ def _submit_user(loaded: LoadedScenario):
         raise loaded.error(f"workload.{exc.field}: {exc.message}; nothing was submitted", "workload", exc.field) from None
 
 
+def _bounds_steps(workload: Any) -> bool:
+    """Whether ``workload.steps`` bounds the job's steps: not for a launch that ends itself (``launch: command``:
+    its script ends when it will) unless the scenario sets it, as the job's ``finish_step`` has it."""
+    return not LAUNCHES[workload.launch].ends_itself or "steps" in workload.model_fields_set
+
+
 def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
     inventory = cluster.inventory
     sc = loaded.model
@@ -178,11 +186,17 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
             if name not in inventory:
                 raise loaded.error(f"faults.{i}.peers: node {name!r} is not in the inventory ({', '.join(inventory.names())})",
                                    "faults", i, "peers", "nodes")
-        if spec.at.step is not None and spec.at.step >= sc.workload.steps:
+        if spec.at.step is not None and _bounds_steps(sc.workload) and spec.at.step >= sc.workload.steps:
             raise loaded.error(
                 f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",
                 "faults", i, "at", "step",
             )
+    for j, rule in enumerate(sc.probes.log):
+        if rule.event == "step" and "step" not in rule.fields and "step" not in re.compile(rule.match).groupindex:
+            raise loaded.error(
+                f"probes.log.{j}.match: a step rule needs a group named step ((?P<step>...)): without one its lines "
+                "give no step number, so the rule can never report a step", "probes", "log", j, "match",
+                hint=r"capture the step number, e.g. match: 'step (?P<step>\d+)'")
     try:
         resolve_covers(sc.covers, [f.catalog_tag() for f in sc.faults])
     except ValueError as exc:
