@@ -186,13 +186,20 @@ def find_reallocation(after: list[Event], resumed: Event | None, load: Checkpoin
     return Reallocation(realloc, ready=max(ready) if ready else None)
 
 
-def find_lost_work(before: list[Event], restored_step: int | None, resumed: Event | None) -> LostWork:
+def find_lost_work(before: list[Event], restored_step: int | None, resumed: Event | None,
+                   loads: int = 0) -> LostWork:
     """The steps lost: the last step before the fault (``before``: the events up to it) minus the step restored,
-    once training resumed."""
+    once training resumed; ``loads``: how many ranks' checkpoint loads were seen (for the reason when none of
+    them named its step)."""
     steps = [e["step"] for e in before if e.get("kind") == "step" and isinstance(e.get("step"), int)]
     last = max(steps) if steps else None
-    if last is None or restored_step is None or resumed is None:
-        return LostWork(None, last, "not observed: no step before the fault or no restored step")
+    if resumed is None:
+        return LostWork(None, last, "not observed: training did not resume after the fault")
+    if last is None:
+        return LostWork(None, last, "not observed: no step before the fault")
+    if restored_step is None:
+        return LostWork(None, last, "not observed: no restored step" + (
+            f" (the checkpoint load of {loads} rank{'s' if loads != 1 else ''} seen, none naming its step)" if loads else ""))
     return LostWork(max(0, last - restored_step), last)
 
 
@@ -218,7 +225,7 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     resumed = find_resume(after)
     loaded = find_checkpoint_load(after, resumed.event)
     realloc = find_reallocation(after, resumed.event, loaded)
-    lost = find_lost_work(before, loaded.restored_step, resumed.event)
+    lost = find_lost_work(before, loaded.restored_step, resumed.event, loads=len(loaded.per_rank))
 
     # the reasons in the order result.json has always had them
     reasons: dict[str, str] = {}
@@ -232,6 +239,8 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         reasons["recovery"] = resumed.reason
     if detect.event is None and realloc.event is not None:
         reasons["reallocation"] = "not measurable: detection was not observed"
+    if lost.reason:
+        reasons["lost_steps"] = lost.reason
 
     t_detect, t_realloc, t_loaded, t_resumed = detect.ts, realloc.ts, loaded.ts, resumed.ts
     detection = _span(t_fault, t_detect)
@@ -302,8 +311,9 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
       ``Loaded state dict.`` (``ckpt.load.end``), both on ``node``;
     - recovery: ``t_fault`` to the healed group's first committed step (the job at full strength again);
     - lost work: the steps the survivors discarded (``step.discarded``: ``should_commit=False``) plus the healed
-      group's catch-up (the step it healed to minus its last committed step before the fault: the steps it did
-      not take part in).
+      group's catch-up: the steps it did not take part in, from the one after its last committed step before the
+      fault to the one before the step it healed to (``max_step``, the peers' next step to run, which the group
+      runs itself): ``restored_step - 1 - last committed``.
 
     The keys are :func:`measure_fault`'s, plus ``discarded_steps``, ``catch_up_steps`` and ``healed_group``.
     """
@@ -354,9 +364,14 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
     end = resumed["ts"] if resumed is not None else float("inf")
     discarded = sorted({e.get("step") for e in after if e.get("kind") == "step.discarded" and survivor(e)
                         and e["ts"] <= end and isinstance(e.get("step"), int)})
-    catch_up = (max(0, restored_step - group_before) if restored_step is not None and group_before is not None
+    # restored_step is the next step to run (torchft's max_step), group_before the last one the group committed
+    catch_up = (max(0, restored_step - 1 - group_before) if restored_step is not None and group_before is not None
                 else None)
     lost = len(discarded) + catch_up if catch_up is not None and resumed is not None else None
+    if lost is None:
+        reasons["lost_steps"] = ("not observed: " + ("the healed group did not commit a step" if resumed is None else
+                                 f"no step of the group on {node or '?'} before the fault" if group_before is None else
+                                 "no step the group healed to"))
 
     detection, reallocation = _span(t_fault, detect), _span(detect, realloc)
     if reallocation is not None and reallocation < 0:
@@ -584,7 +599,7 @@ def slo_verdict(phases: dict[str, Any], slo: dict[str, Any]) -> dict[str, dict[s
         measured = phases.get("lost_steps")
         entry = {"limit": lost_limit, "measured": measured, "pass": measured is not None and measured <= lost_limit}
         if measured is None:
-            entry["reason"] = "not observed: no step before the fault or no restored step"
+            entry["reason"] = reasons.get("lost_steps", "not observed: no step before the fault or no restored step")
         out["lost_steps"] = entry
     return out
 

@@ -82,6 +82,42 @@ def test_unobserved_phases_are_null_with_a_reason_and_fail_their_slo():
     assert not slo["recovery"]["pass"] and not slo["lost_steps"]["pass"]
 
 
+def test_a_lost_work_not_observed_says_why_and_the_terminal_says_what_the_report_says(tmp_path):
+    """Issue 51, item 9: both ranks' checkpoint loads were seen, but neither named its step (a job's own log line
+    without one). Lost work is null: its reason is in ``phases.reasons`` and its SLO entry, and the terminal's
+    lost-work row says "no restored step observed", as the HTML report does (not "nothing restored")."""
+    import io
+
+    from rich.console import Console
+
+    from chaoskit.report.summary import render_result
+    from tests.conftest import run_cli
+    from tests.test_report import synth_run
+
+    events = [{k: v for k, v in e.items() if not (e["kind"] == "ckpt.load.end" and k == "step")} for e in timeline()]
+    m = measure_fault(events, 10.0)
+    assert m["recovery_s"] == pytest.approx(3.6) and m["restored_step"] is None and m["lost_steps"] is None
+    why = "not observed: no restored step (the checkpoint load of 2 ranks seen, none naming its step)"
+    assert m["reasons"] == {"lost_steps": why}
+    assert slo_verdict(m, {"lost_steps": 25})["lost_steps"] == {"limit": 25, "measured": None, "pass": False, "reason": why}
+    # a lost work that is not measurable for another cause names that cause
+    assert measure_fault([e for e in events if e["ts"] <= 10.0 or e["kind"] != "step"], 10.0)["reasons"]["lost_steps"] == (
+        "not observed: training did not resume after the fault")
+    assert measure_fault([e for e in events if e["ts"] > 10.0 or e["kind"] != "step"], 10.0)["reasons"]["lost_steps"] == (
+        "not observed: no step before the fault")
+
+    run = tmp_path / "run"
+    result = synth_run(run)
+    result["phases"].update({key: m[key] for key in ("lost_steps", "restored_step", "last_step_before", "reasons")})
+    (run / "result.json").write_text(json.dumps(result))
+    out = io.StringIO()
+    render_result(Console(file=out, width=200), result)
+    terminal = out.getvalue()
+    assert "step 59 before the fault, no restored step observed" in terminal and "nothing restored" not in terminal
+    assert run_cli("report", run).code == 0
+    assert "step 59 before the fault, no restored step observed" in (run / "report.html").read_text()
+
+
 def test_slo_limits_are_inclusive_and_unset_slos_are_absent():
     m = measure_fault(timeline(), 10.0)
     slo = slo_verdict(m, {"detection": 0.2, "reallocation": 1.0, "lost_steps": 9})

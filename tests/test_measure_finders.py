@@ -335,6 +335,25 @@ def _old(model: str):
     return reference
 
 
+def _since_issue_51(want: dict[str, Any]) -> dict[str, Any]:
+    """The reference's answer with issue 51's two changes made on purpose since: a null lost work has its reason
+    (``reasons["lost_steps"]``, last; its wording is :func:`find_lost_work`'s, checked in tests/test_measure.py),
+    and torchft's catch-up is one less (the step healed to is the next to run, not one the group missed)."""
+    if want["model"] == "torchft" and want["catch_up_steps"] is not None:
+        want["catch_up_steps"] = max(0, want["catch_up_steps"] - 1)
+        if want["lost_steps"] is not None:
+            want["lost_steps"] = len(want["discarded_steps"]) + want["catch_up_steps"]
+    if want["lost_steps"] is None:
+        want["reasons"]["lost_steps"] = "*"
+    return want
+
+
+def _reason_wildcard(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+    if want["reasons"].get("lost_steps") == "*" and got["reasons"].get("lost_steps", "").startswith("not observed: "):
+        got["reasons"]["lost_steps"] = "*"
+    return got
+
+
 @pytest.mark.parametrize("model", sorted(RECOVERY_MODELS))
 def test_the_finders_measure_what_measure_fault_measured(model: str) -> None:
     rng = random.Random(f"finders-{model}")
@@ -343,13 +362,13 @@ def test_the_finders_measure_what_measure_fault_measured(model: str) -> None:
     for i in range(TIMELINES):
         events, t_fault, unc = random_timeline(rng)
         node = rng.choice((None, *NODES))
-        want = old([dict(e) for e in events], t_fault, unc, node=node)
-        got = new([dict(e) for e in events], t_fault, unc, node=node)
+        want = _since_issue_51(old([dict(e) for e in events], t_fault, unc, node=node))
+        got = _reason_wildcard(new([dict(e) for e in events], t_fault, unc, node=node), want)
         # json.dumps keeps the key order: result.json is written in it
         assert json.dumps(got, default=str) == json.dumps(want, default=str), f"timeline {i}: {events!r}, t_fault={t_fault}"
         seen_reasons.update(f"{k}: {v}" for k, v in want["reasons"].items())
     if model == "restart":  # the timelines reach every reason the restart model gives
-        assert len({r.split(":")[0] for r in seen_reasons}) == 4
+        assert len({r.split(":")[0] for r in seen_reasons}) == 5  # the four phases and lost work
         assert any("not measurable" in r for r in seen_reasons)
         assert any("without loading" in r for r in seen_reasons)
         assert any("injected Xid" in r for r in seen_reasons)

@@ -69,7 +69,8 @@ def test_a_killed_replica_group_measured_with_the_torchft_model():
     # group 1's heal: "healing required ... max_step=368" at 15:32:59.789 .. "Loaded state dict." at 15:33:00.049
     assert abs(m["checkpoint_load_s"] - 0.26) < 0.001
     assert m["restored_step"] == 368 and m["last_step_before"] == 102
-    assert m["discarded_steps"] == [] and m["catch_up_steps"] == 368 - 102 and m["lost_steps"] == 266
+    # it last committed step 102 and healed to 368, the next step to run (it commits 368 itself): 103..367 missed
+    assert m["discarded_steps"] == [] and m["catch_up_steps"] == 367 - 102 and m["lost_steps"] == 265
     assert m["t_resumed"] > m["t_loaded"] and m["recovery_s"] > 31
     slo = slo_verdict(m, {"detection": 15, "reallocation": 10, "checkpoint_load": 30, "recovery": 60, "lost_steps": 300})
     assert all(v["pass"] for v in slo.values())
@@ -95,13 +96,31 @@ def test_discarded_steps_and_a_survivors_collective_error_come_first():
     m = measure_torchft(base + after, 10.5, node="n1")
     assert m["detection_s"] == 0.7 and m["detected_by"] == "torchft manager on n0: allreduce"
     assert m["reallocation_s"] == 3.9 and m["checkpoint_load_s"] == 0.5 and m["recovery_s"] == 10.2
-    assert m["discarded_steps"] == [6] and m["catch_up_steps"] == 25 and m["lost_steps"] == 26
+    assert m["discarded_steps"] == [6] and m["catch_up_steps"] == 24 and m["lost_steps"] == 25
     # a group that never came back: no heal, no recovery, no lost work, each with its reason; never zero
     gone = measure_torchft(base + after[:6], 10.5, node="n1")
     assert gone["checkpoint_load_s"] is None and gone["recovery_s"] is None and gone["lost_steps"] is None
     assert "never healed" in gone["reasons"]["checkpoint_load"] and "did not commit" in gone["reasons"]["recovery"]
+    assert gone["reasons"]["lost_steps"] == "not observed: the healed group did not commit a step"
     silent = measure_torchft(base, 10.5, node="n1")
     assert silent["detection_s"] is None and "torchft preset" in silent["reasons"]["detection"]
+
+
+def test_the_catch_up_is_the_steps_between_the_last_commit_and_the_step_healed_to():
+    """Issue 51, item 8: group n1 last committed step 20, was killed, and healed to max_step=57 (the peers' next
+    step, which it then commits itself): it missed steps 21..56, 36 of them, not 57 - 20 = 37."""
+    events = [*({"ts": 1.0 + i * 0.1, "kind": "step", "step": i, "node": node, "source": "torchft"}
+                for i in range(1, 21) for node in ("n0", "n1")),
+              {"ts": 3.5, "kind": "detect", "node": "n0", "source": "torchft lighthouse", "who": "torchft lighthouse"},
+              {"ts": 3.5, "kind": "rendezvous.done", "node": "n0", "source": "torchft", "quorum_id": 2},
+              *({"ts": 3.6 + i * 0.1, "kind": "step", "step": i, "node": "n0", "source": "torchft"} for i in range(21, 57)),
+              {"ts": 8.0, "kind": "ckpt.load.start", "step": 57, "node": "n1", "source": "torchft"},
+              {"ts": 8.2, "kind": "ckpt.load.end", "step": 57, "node": "n1", "source": "torchft"},
+              {"ts": 8.3, "kind": "step", "step": 57, "node": "n0", "source": "torchft"},
+              {"ts": 8.3, "kind": "step", "step": 57, "node": "n1", "source": "torchft"}]
+    m = measure_torchft(events, 3.05, node="n1")
+    assert m["restored_step"] == 57 and m["catch_up_steps"] == 36 and m["lost_steps"] == 36
+    assert "lost_steps" not in m["reasons"]
 
 
 def test_recovery_torchft_is_refused_with_a_launch_that_chaoskit_does_not_start(tmp_path):

@@ -64,8 +64,8 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
         f"<= {entry.limit}" if entry else "-", _mark(entry),
         f"{len(phases.discarded_steps)} discarded by the survivors + catch-up {phases.catch_up_steps} "
         f"(healed to step {phases.restored_step})" if model == "torchft" else
-        f"step {phases.last_step_before} before the fault, restored {phases.restored_step}"
-        if phases.restored_step is not None else f"step {phases.last_step_before} before the fault; nothing restored",
+        f"step {'?' if phases.last_step_before is None else phases.last_step_before} before the fault, "
+        + ("no restored step observed" if phases.restored_step is None else f"restored {phases.restored_step}"),
     )
     console.print(table)
     slow = result.slowdown
