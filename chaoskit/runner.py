@@ -241,6 +241,8 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
             hint="pick another --out, or remove that folder",
         )
     cluster = backend(sc.cluster.kind).open(sc.cluster, loaded.path.parent)
+    if cluster.inventory.policy is None:  # a lab's: the machine's policy that the checks applied binds the run too
+        cluster.inventory.policy = preview.inventory.policy
     try:
         run = _Run(loaded, cluster, run_id, out, console, capabilities or detect_capabilities(), after_run)
         run.gate = gate

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need, need_root_tool
+from tests.conftest import need, need_root_tool, need_torch, wait_until
 from tests.swap_fixtures import flipping_link, swap_on_open
 
 AUTHOR = "ckauthor48"
@@ -179,3 +179,189 @@ def test_a_power_program_swapped_while_it_is_polled_never_runs(drill, system_dir
     with swap_on_open(status, link, evil, user=AUTHOR) as swap:  # swapped as the program is opened to be checked
         res = run_power_command([str(link)], 5, "n1")
     assert swap["swapped"] and res.stdout == "on\n" and not marker.exists(), (swap, res)
+
+
+# -- the paths left: a launch: command script, a batch script, a compose file (issue 48 #5, #7, compose) ----------
+
+@pytest.fixture()
+def policy(system_dir, monkeypatch):
+    """This machine's policy (root's, as a site's is), with ``script_roots`` = the system folder: what a drill may
+    run of an author's lies there."""
+    folder = system_dir / "etc"
+    folder.mkdir(mode=0o755)
+    path = folder / "policy.yaml"
+    path.write_text(f"faults: [process.*]\nscript_roots: [{system_dir}]\n")
+    os.chmod(path, 0o644)
+    monkeypatch.setenv("CHAOSKIT_SITE_POLICY", str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def slurm_lab():
+    """A Slurm lab of one node that another local user can submit to (slurm.conf and munge's socket reachable)."""
+    from tests.test_slurm import require_slurm
+
+    require_slurm()
+    from chaoskit.lab.slurm import SlurmLab
+
+    root = Path(tempfile.mkdtemp(prefix="ck48-slurm-"))
+    root.chmod(0o711)
+    lab = None
+    try:
+        lab = SlurmLab.create(1, 0, directory=root / "slurm")
+        yield lab
+    finally:
+        if lab is not None:
+            lab.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _checked(scenario: Path):
+    """What ``chaoskit validate`` and every run do before anything starts: the scenario checked against its
+    cluster's preview and the site policy (``script_roots``); the preview is returned."""
+    from chaoskit.scenario import load_scenario
+    from chaoskit.scenario.checks import check_scenario
+
+    loaded = load_scenario(scenario)
+    return loaded, check_scenario(loaded)
+
+
+def test_a_command_script_swapped_after_its_check_is_not_what_torchrun_runs(drill, system_dir, policy, tmp_path):
+    """#5: ``launch: command``'s script was checked against ``script_roots`` with its links resolved, then torchrun
+    (root's) ran it by its path: a link swapped after the check ran the author's script as root. Now the job's
+    start opens it once inside the roots and the workers run a copy of the bytes read there."""
+    need_torch()
+    from chaoskit.backends.api import ClusterHandle
+    from chaoskit.cluster.inventory import Inventory, Node
+    from chaoskit.core.errors import ScenarioError
+    from chaoskit.workloads.launch import TorchrunJob
+
+    folder, marker = drill
+    _program(system_dir / "helper.py", "WORD = 'reviewed'\n")
+    good = _program(system_dir / "train.py", "import pathlib, helper\nprint(helper.WORD, pathlib.Path(__file__).name, "
+                                            "flush=True)\n")
+    evil = _write(folder / "evil.py", f"import os\nopen({str(marker)!r}, 'w').write(str(os.getuid()))\n")
+    link = _link(folder / "train.py", good)
+    scenario = folder / "lab.yaml"
+    scenario.write_text("name: ck48\ncluster: {kind: process, nodes: 1}\nworkload: {launch: command, command: "
+                        "[train.py]}\nfaults:\n  - {kind: process.kill, target: {ranks: [0]}, at: {after: 1s}}\n")
+    loaded, preview = _checked(scenario)  # the check: the link resolves inside script_roots
+
+    def job(name: str) -> TorchrunJob:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        cluster = ClusterHandle(id=f"ck48-{name}", kind="process", inventory=Inventory("ck48", [Node("n0", "127.0.0.1")]),
+                                job_nodes=["n0"], rdzv_host="127.0.0.1", scope=lambda node: f"ck48-{tmp_path.name}.{node}")
+        cluster.inventory.policy = preview.inventory.policy  # the policy the checks applied binds the run
+        return TorchrunJob(cluster, loaded.model.workload, run_dir, f"ck48-{name}", None, base=folder)
+
+    def ran(j: TorchrunJob) -> str:
+        assert wait_until(lambda: not j.running(), 90), "the job did not end"
+        j.stop()
+        return (j.log_dir / "n0.log").read_text()
+
+    _link(link, evil)  # after the check
+    swapped = job("after")
+    refused = ""
+    try:
+        swapped.start()
+    except ScenarioError as exc:
+        refused = str(exc)
+    else:
+        ran(swapped)
+    assert not marker.exists(), f"root's torchrun ran the author's script (uid {marker.read_text()})"
+    assert "outside the allowed roots" in refused, refused
+    _link(link, good)
+    opened = job("at-open")
+    with swap_on_open(good, link, evil, user=AUTHOR) as swap:  # swapped as the script is opened to be checked
+        opened.start()
+    log = ran(opened)
+    assert swap["swapped"] and not marker.exists(), swap
+    assert "reviewed train.py" in log, log  # the checked bytes, beside their module, under their own name
+
+
+def test_a_batch_script_swapped_after_its_owner_was_taken_is_not_submitted_as_that_owner(
+        slurm_lab, drill, job_user, job_user_folders):
+    """#7 (a race): ``launch: sbatch`` submits the script as its owner, taken from the file the path resolved to;
+    sbatch then opened the path again, as that user: a link swapped between the two submitted the author's script as
+    the other user. Now the script is opened once, its owner taken from that descriptor (it must still be the user
+    the job's folder was made for) and its checked text goes to sbatch's standard input."""
+    from chaoskit.backends.api import ClusterHandle
+    from chaoskit.cluster.inventory import Inventory, Node
+    from chaoskit.core.errors import ScenarioError
+    from chaoskit.core.files import make_folder_for
+    from chaoskit.scenario.model import Workload
+    from chaoskit.workloads.slurm import SlurmJob
+
+    folder, marker = drill
+    base, own = job_user_folders
+    good = own / "train.sbatch"
+    good.write_text("#!/bin/bash\necho the-users-own-job\n")
+    os.chown(good, job_user.pw_uid, job_user.pw_gid)
+    evil = _write(folder / "evil.sbatch", f"#!/bin/bash\nid -u > {marker}\necho the-authors-job\n")
+    link = _link(folder / "train.sbatch", good)
+    access = slurm_lab.access()
+    cluster = ClusterHandle(id="ck48-slurm", kind="slurm", inventory=Inventory("ck48", [Node("n0", "127.0.0.1")]),
+                            job_nodes=["n0"], rdzv_host="127.0.0.1", scope=lambda node: f"ck48.{node}", scheduler=access)
+
+    def job(name: str) -> SlurmJob:
+        run_dir = base / name
+        run_dir.mkdir()
+        j = SlurmJob(cluster, Workload(launch="sbatch", script="train.sbatch"), run_dir, f"ck48-{name}", base=folder)
+        assert j.owner is not None and j.owner.uid == job_user.pw_uid  # the link's file's owner, as the run begins
+        make_folder_for(j.job_dir, j.owner.uid, j.owner.gid, dirs=("checkpoints",))  # what the runner makes
+        return j
+
+    def submitted(j: SlurmJob) -> str:
+        res = access.run("scontrol", "write", "batch_script", str(j.job_id), "-", check=False)
+        access.run("scancel", str(j.job_id), check=False)
+        return res.stdout + res.stderr
+
+    swapped = job("after")
+    _link(link, evil)  # after the owner was taken
+    refused = ""
+    try:
+        swapped.start()
+    except ScenarioError as exc:
+        refused = str(exc)
+    else:
+        script = submitted(swapped)
+        assert "the-authors-job" not in script, f"the author's script was submitted as {job_user.pw_name}: {script}"
+    assert "not of ckjobuser" in refused, refused
+    _link(link, good)
+    opened = job("at-open")
+    with swap_on_open(good, link, evil, user=AUTHOR) as swap:  # swapped as the script is opened to be checked
+        opened.start()
+    script = submitted(opened)
+    assert swap["swapped"] and "the-users-own-job" in script and "the-authors-job" not in script, (swap, script)
+    assert access.job_field(opened.job_id, "Name") == "train.sbatch"  # named as a script file's job is
+
+
+def test_a_compose_file_swapped_after_its_check_is_not_what_the_lab_is_made_of(drill, system_dir, policy):
+    """Suspected (a compose file): it was checked inside ``script_roots`` with its links resolved, then the run read
+    it again by its path to bring the lab up: a link swapped after the check made root's engine run the author's
+    services. Now the file is read once (through the descriptor checked) and the checks and the run use that one
+    project: the lab brought up is the checked file's (here: its image, which this engine does not have)."""
+    from tests.docker_fixtures import docker_problem
+
+    problem = docker_problem()
+    need(problem is None, problem or "")
+    from chaoskit.backends.registry import backend
+    from chaoskit.core.errors import InfraError
+
+    folder, _ = drill
+    services = "services:\n" + "".join(f"  n{i}:\n    image: {{image}}\n    labels: {{{{io.chaoskit.role: worker}}}}\n"
+                                       for i in range(2))
+    good = system_dir / "docker-compose.yml"
+    good.write_text("name: ck48good\n" + services.format(image="ck48-reviewed-image:none"))
+    evil = _write(folder / "evil-compose.yml", "name: ck48evil\n" + services.format(image="ck48-authors-image:none"))
+    link = _link(folder / "docker-compose.yml", good)
+    scenario = folder / "d.yaml"
+    scenario.write_text("name: ck48\ncluster: {kind: docker, nodes: 2, compose: docker-compose.yml}\nworkload: "
+                        "{steps: 50}\nfaults:\n  - {kind: process.kill, target: {ranks: [1]}, at: {after: 1s}}\n")
+    loaded, preview = _checked(scenario)  # the check: the link resolves inside script_roots
+    assert preview.author_files["compose"] == good
+    _link(link, evil)  # after it
+    with pytest.raises(InfraError) as err:  # the run's lab: brought up from the checked project, whose image is absent
+        backend("docker").open(loaded.model.cluster, loaded.path.parent)
+    assert "ck48-reviewed-image" in str(err.value) and "ck48-authors" not in str(err.value), err.value

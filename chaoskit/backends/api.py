@@ -104,7 +104,8 @@ class ClusterHandle:
     """The scheduler's jobs this run submitted or attached to (a shared cluster's probe follows only these)."""
     author_files: dict[str, Path] = field(default_factory=dict)
     """Files of the scenario's author that the cluster itself runs, by the ``cluster:`` field that names them
-    (docker: ``compose``, its services' images and mounts): the site policy's ``script_roots`` bound them."""
+    (docker: ``compose``, its services' images and mounts), each where the file the cluster read and uses really is
+    (links resolved when it was opened; never read again by name): the site policy's ``script_roots`` bound them."""
     job_account: Account | None = None
     """The unprivileged account the job chaoskit starts runs as on this cluster (a lab's, when chaoskit is root;
     :mod:`chaoskit.core.accounts`); ``None``: as chaoskit itself."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from chaoskit.backends.api import (
     ClusterBackend,
@@ -32,9 +32,9 @@ from chaoskit.cluster.transports.docker import (
 )
 from chaoskit.cluster.transports.ssh_many import connect_all
 from chaoskit.core.errors import InfraError, ScenarioError
-from chaoskit.lab.docker import DockerLab, find_compose, load_compose
+from chaoskit.lab.docker import ComposeProject, DockerLab, find_compose, load_compose
 
-__all__ = ["DockerBackend", "DockerSpec"]
+__all__ = ["DockerBackend", "DockerSpec", "project_of"]
 
 NODE_PYTHON = "/opt/chaoskit/bin/python"
 """The node image's Python (docker/Dockerfile), which runs torchrun and chaoskit's agent."""
@@ -50,6 +50,8 @@ class DockerSpec(ClusterSpec):
     compose: str | None = Field(None, description=(
         "The compose file whose services are the nodes, relative to the scenario file "
         "(default: the nearest docker-compose.yml in the scenario's folder or a parent)."))
+    _project: ComposeProject | None = PrivateAttr(None)
+    """The compose file as read once for this spec (:func:`project_of`): the checks judge it and the run uses it."""
 
 
 class DockerBackend(ClusterBackend):
@@ -59,7 +61,7 @@ class DockerBackend(ClusterBackend):
     builds_images = True
 
     def preview(self, spec: DockerSpec, base: Path) -> ClusterHandle:
-        project = load_compose(compose_file(spec, base))
+        project = project_of(spec, base)
         services = project.services
         if spec.nodes + spec.spare > len(services):
             raise ScenarioError(
@@ -89,12 +91,13 @@ class DockerBackend(ClusterBackend):
         )
 
     def open(self, spec: DockerSpec, base: Path) -> ClusterHandle:
-        """The compose project's containers: the ones already up, or brought up for this run and removed after it."""
-        compose = compose_file(spec, base)
-        lab = DockerLab.load(compose)
+        """The compose project's containers: the ones already up, or brought up for this run and removed after it.
+        The project is the one :meth:`preview` read for ``spec`` (and the checks judged), never the file read again."""
+        project = project_of(spec, base)
+        lab = DockerLab.load(project=project)
         ephemeral = lab is None
         if ephemeral:
-            lab = DockerLab.up(compose)
+            lab = DockerLab.up(project=project)
         try:
             return self._handle(spec, lab, ephemeral)
         except BaseException:
@@ -150,13 +153,13 @@ class DockerBackend(ClusterBackend):
         if spec.model_fields_set & {"nodes", "spare"}:
             raise ScenarioError("--nodes and --spare do not apply to --kind docker: the compose file's services are the nodes",
                                 hint="add or remove services in docker-compose.yml; a scenario picks how many it uses")
-        compose = compose_file(spec, base) if spec.compose else None
-        existing = DockerLab.load(compose)
+        project = load_compose(compose_file(spec, base) if spec.compose else find_compose())
+        existing = DockerLab.load(project=project)
         if existing is not None:
             return (f"docker lab {existing.project.name} is already up ({', '.join(existing.containers())}); "
                     "'chaoskit lab down' first")
         t0 = time.time()
-        lab = DockerLab.up(compose, build=rebuild, say=lambda msg: say(f"  {msg}"))
+        lab = DockerLab.up(project=project, build=rebuild, say=lambda msg: say(f"  {msg}"))
         return (f"docker lab {lab.project.name} up in {time.time() - t0:.1f}s: {', '.join(lab.containers())} "
                 f"(from {lab.project.path})")
 
@@ -203,6 +206,14 @@ def compose_file(spec: DockerSpec, base: Path) -> Path:
         path = Path(spec.compose)
         return path if path.is_absolute() else base / path
     return find_compose(base)
+
+
+def project_of(spec: DockerSpec, base: Path) -> ComposeProject:
+    """The compose project of ``spec``: its file read once (:func:`~chaoskit.lab.docker.load_compose`), then the
+    same object for the preview, the checks and the run."""
+    if spec._project is None:
+        spec._project = load_compose(compose_file(spec, base))
+    return spec._project
 
 
 def _labs(compose: Path | None = None) -> list[DockerLab]:

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from chaoskit.core.errors import ScenarioError, SourcePos, did_you_mean
 from chaoskit.core.limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
-__all__ = ["SourceMap", "load_yaml", "load_yaml_text", "read_input", "validation_errors"]
+__all__ = ["SourceMap", "input_text", "load_yaml", "load_yaml_text", "read_input", "validation_errors"]
 
 PathKey = tuple[Any, ...]
 
@@ -116,9 +116,17 @@ def read_input(path: str | Path, what: str = "file") -> str:
         raise ScenarioError(f"cannot read this {what}: {_reason(exc)}", pos=start) from None
     finally:
         os.close(fd)
-    if size > MAX_FILE_BYTES:
-        raise ScenarioError(f"the {what} is larger than {MAX_FILE_BYTES // 1024} KiB, the limit for input files", pos=start)
-    return _decode(b"".join(chunks), name)
+    return input_text(b"".join(chunks), name, what)
+
+
+def input_text(data: bytes, name: str, what: str = "file") -> str:
+    """The text of an input file already read (at most :data:`MAX_FILE_BYTES` + 1 bytes of it, e.g. through a
+    checked descriptor), with :func:`read_input`'s limit and decoding: :class:`ScenarioError` at ``name:1:1`` when
+    it is larger, at the byte's ``line:col`` when it is not UTF-8."""
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioError(f"the {what} is larger than {MAX_FILE_BYTES // 1024} KiB, the limit for input files",
+                            pos=SourcePos(name, 1, 1))
+    return _decode(data, name)
 
 
 def load_yaml(path: str | Path, *, merge: bool = False, what: str = "file") -> tuple[Any, SourceMap]:

@@ -34,9 +34,11 @@ from chaoskit.cluster.transports.docker import (
     docker_client,
     power_argv,
 )
-from chaoskit.core.errors import InfraError, ScenarioError
+from chaoskit.core.errors import InfraError, ScenarioError, SourcePos
+from chaoskit.core.limits import MAX_FILE_BYTES
 from chaoskit.core.state import state_dir
-from chaoskit.core.yaml_source import load_yaml
+from chaoskit.core.trusted import UntrustedFile, open_checked
+from chaoskit.core.yaml_source import input_text, load_yaml_text
 from chaoskit.lab.guard import guard, guard_table, unguard
 
 __all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose", "private_bind"]
@@ -85,7 +87,10 @@ class Service:
 
 @dataclass
 class ComposeProject:
+    """One compose file as read once (:func:`load_compose`): everything a lab does with it is done with this."""
+
     path: Path
+    """Where the file read really is (links resolved on the way to it, :func:`~chaoskit.core.trusted.open_checked`)."""
     name: str
     services: list[Service]
     networks: dict[str, dict[str, Any]]
@@ -131,10 +136,20 @@ def find_compose(start: Path | None = None) -> Path:
 def load_compose(path: str | Path, environ: dict[str, str] | None = None) -> ComposeProject:
     """Parse the subset of the Compose format a lab uses; an unsupported key is an error, not ignored.
 
-    Read within the input limits (:func:`~chaoskit.core.yaml_source.load_yaml`, merge keys allowed as
-    Compose allows them); every error is a :class:`ScenarioError` at its ``file:line:col``."""
-    path = Path(path).resolve()
-    data, smap = load_yaml(path, merge=True, what="compose file")
+    The file is opened once (:func:`~chaoskit.core.trusted.open_checked`) and parsed from what was read there,
+    within the input limits (merge keys allowed as Compose allows them); the project's ``path`` is where that file
+    really is, which the site policy's ``script_roots`` check judges: nothing reads the file by its name again.
+    Every error is a :class:`ScenarioError` at its ``file:line:col``."""
+    try:
+        with open_checked(path, what="compose file") as checked:
+            path = Path(checked.real)
+            text = input_text(checked.read(MAX_FILE_BYTES + 1), str(path), "compose file")
+    except FileNotFoundError:
+        raise ScenarioError("no such compose file", pos=SourcePos(str(path), 1, 1)) from None
+    except OSError as exc:  # UntrustedFile (not a regular file, a folder swapped for a link), EACCES, ELOOP
+        reason = str(exc) if isinstance(exc, UntrustedFile) else exc.strerror
+        raise ScenarioError(f"cannot read this compose file: {reason}", pos=SourcePos(str(path), 1, 1)) from None
+    data, smap = load_yaml_text(text, str(path), merge=True)
     env = dict(os.environ if environ is None else environ)
 
     def error(message: str, *where: Any, key: bool = False) -> ScenarioError:
@@ -300,9 +315,10 @@ class DockerLab:
     # -- finding -----------------------------------------------------------------------
 
     @classmethod
-    def load(cls, compose: str | Path | None = None) -> "DockerLab | None":
-        """The lab of ``compose`` (default: the nearest docker-compose.yml) when its containers exist."""
-        project = load_compose(compose or find_compose())
+    def load(cls, compose: str | Path | None = None, *, project: ComposeProject | None = None) -> "DockerLab | None":
+        """The lab of ``project`` (else of ``compose``, default: the nearest docker-compose.yml) when its containers
+        exist."""
+        project = project or load_compose(compose or find_compose())
         lab = cls(project, docker_client())
         return lab if lab.containers() else None
 

@@ -130,19 +130,21 @@ def _me() -> str:
 
 def _script_roots(loaded: LoadedScenario, cluster: ClusterHandle, roots: list[str]) -> None:
     """Every program of the author's that the drill runs (``workload.command``'s script, ``workload.script``, the
-    cluster's own files such as a compose file) lies, links resolved, inside the site policy's ``script_roots``."""
+    cluster's own files such as a compose file) lies, links resolved, inside the site policy's ``script_roots``.
+    A cluster's file is judged where it was when the cluster read it (``author_files``: the very file it uses); the
+    workload's scripts are checked here early, and again on the file opened when the job starts."""
     w, base = loaded.model.workload, loaded.path.parent
-    files: list[tuple[tuple[Any, ...], Path]] = [(("cluster", field), path) for field, path in cluster.author_files.items()]
+    files: list[tuple[tuple[Any, ...], Path, str]] = [(("cluster", field), path, str(path))
+                                                      for field, path in cluster.author_files.items()]
     if w.launch == "command" and w.command:
         script = w.command_script(base)
         if script is None:
             raise loaded.error(f"workload.command: {w.command[0]} runs a module, which the site policy's script_roots "
                                f"({', '.join(roots)}) cannot bound: name the script's file", "workload", "command", 0)
-        files.append((("workload", "command", 0), script))
+        files.append((("workload", "command", 0), script, os.path.realpath(script)))
     if w.script is not None:
-        files.append((("workload", "script"), base / w.script))
-    for where, path in files:
-        real = os.path.realpath(path)
+        files.append((("workload", "script"), base / w.script, os.path.realpath(base / w.script)))
+    for where, path, real in files:
         if not under_roots(real, roots):
             raise loaded.error(f"{'.'.join(str(p) for p in where)}: {path} is outside the site policy's script_roots "
                                f"({', '.join(roots)}); a drill runs an author's program only from there", *where)

@@ -31,9 +31,10 @@ from typing import Callable
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
-from chaoskit.core.errors import InfraError
-from chaoskit.core.files import torch_cache_env
+from chaoskit.core.errors import InfraError, ScenarioError
+from chaoskit.core.files import open_folder, torch_cache_env
 from chaoskit.core.lines import terminal_lines
+from chaoskit.core.trusted import UntrustedFile, open_checked
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.root_cause import RootCause
 
@@ -44,6 +45,9 @@ NVRX_LAUNCHER = ("-c", "import sys; from nvidia_resiliency_ext.fault_tolerance.l
 _SOCKET_DIR_MAX = 60
 """The longest folder ``ft_launcher``'s Unix sockets may go in: it adds up to ~45 characters of its own
 (``_ft_launcher<pid>_rmon<n>.socket``), and a socket path is at most 107 bytes."""
+
+MAX_SCRIPT_BYTES = 16 << 20
+"""The largest ``launch: command`` script chaoskit copies to run (a larger one is refused, never cut short)."""
 
 LineSink = Callable[[str, str, float], None]
 
@@ -133,6 +137,9 @@ class TorchrunJob(Job):
         self.nvrx_inprocess = workload.recovery == "nvrx-inprocess"
         self.inprocess_store_port = free_port() if self.nvrx_inprocess else None
         """The job's own store under NVRx's in-process restart (the Wrapper's is at MASTER_PORT)."""
+        self.checked_script: tuple[Path, str] | None = None
+        """``launch: command``: the copy of its script that the workers run, and where the checked script really is
+        (:meth:`check_script`); ``None`` until the job starts."""
 
     def use_inproc(self, folders: dict[str, str], sdc_every: int | None = None, final_checksum: bool = False) -> None:
         """Load chaoskit's bootstrap into the job's Python processes (its folder first on ``PYTHONPATH``), with the
@@ -164,7 +171,44 @@ class TorchrunJob(Job):
         if w.launch == "uninstrumented":
             return [str(Path(__file__).with_name("plain_train.py")), *args]
         script = w.command_script(self.base)
-        return [str(script), *w.command[1:]] if script is not None else list(w.command)
+        if script is None:
+            return list(w.command)
+        if self.checked_script is not None:  # the checked bytes, run under the script's own name
+            copy, real = self.checked_script
+            return ["-m", "chaoskit.workloads.checked_script", str(copy), real, *w.command[1:]]
+        return [str(script), *w.command[1:]]  # the plan of a job not started
+
+    def check_script(self) -> None:
+        """``launch: command``'s script opened once (:func:`~chaoskit.core.trusted.open_checked`; inside the site
+        policy's ``script_roots`` when it has them, judged where the opened file really is) and its bytes written to
+        a new file in the job's folder (``O_EXCL``, never through a link, mode 0644: chaoskit's, which the job's
+        account reads and cannot change), which the workers run (:mod:`chaoskit.workloads.checked_script`): a link
+        swapped after the check is never run. :class:`ScenarioError` when it is not there or is refused."""
+        script = self.workload.command_script(self.base)
+        if script is None or self.checked_script is not None:
+            return
+        policy = self.cluster.inventory.policy
+        roots = policy.script_roots if policy is not None else None
+        try:
+            with open_checked(script, roots=roots, what="workload.command's script") as checked:
+                body, real = checked.read(MAX_SCRIPT_BYTES + 1), checked.real
+        except FileNotFoundError:
+            raise ScenarioError(f"workload.command: no script {script}; nothing was started") from None
+        except UntrustedFile as exc:
+            raise ScenarioError(f"workload.command: {exc}; nothing was started") from None
+        if len(body) > MAX_SCRIPT_BYTES:
+            raise ScenarioError(f"workload.command: {script} is larger than {MAX_SCRIPT_BYTES >> 20} MiB; nothing was "
+                                "started")
+        name = f"command-{Path(real).name}"
+        dfd = open_folder(self.job_dir)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fd, 0o644)  # whatever the umask: the job's account reads it
+            fh.write(body)
+        self.checked_script = (self.job_dir / name, real)
 
     def agent_argv(self, node: str) -> list[str]:
         """The torchrun agent's command line as it runs on the node."""
@@ -276,6 +320,7 @@ class TorchrunJob(Job):
             )
         if self.account is None:  # else made with the account's folder, as that account's (the runner's job_owner)
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.check_script()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.torchft and self.lighthouse is None:
             first = self.cluster.agent_nodes[0]

@@ -29,15 +29,18 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, 
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.files import torch_cache_env
+from chaoskit.core.trusted import UntrustedFile, open_checked
 from chaoskit.observe.probes import FileLogProbe
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
 
-__all__ = ["SlurmJob", "job_owner", "batch_script_path"]
+__all__ = ["SlurmJob", "job_owner", "batch_script_path", "names_job"]
 
 LineSink = Callable[[str, str, float], None]
 POLL_S = 0.5
 STOP_WAIT_S = 20.0
+MAX_BATCH_SCRIPT_BYTES = 4 << 20
+"""The largest batch script submitted (Slurm's own default limit, ``max_script_size``, is 4 MB)."""
 
 
 def batch_script_path(workload: Any, base: Path) -> Path:
@@ -102,12 +105,16 @@ class SlurmJob(Job):
             return self.slurm_dir / "job.sbatch"
         return batch_script_path(self.workload, self.base)
 
-    def sbatch_args(self) -> list[str]:
-        """``sbatch``'s arguments: the script is never edited; where it runs (and, generated, its output) is said here."""
+    def sbatch_args(self, text: str | None = None) -> list[str]:
+        """``sbatch``'s arguments: the script is never edited; where it runs (and, generated, its output) is said here.
+        ``text``: the author's script as it was checked, which goes to sbatch's standard input (no script argument),
+        named as sbatch names a script's job (its file's name) unless its ``#SBATCH`` lines name it."""
         args = ["--parsable", f"--chdir={self.job_dir}"]
         if self.generated:
             args.append(f"--output={self.log_dir / 'slurm-%j.out'}")
-        return [*args, str(self.script_path())]
+        if text is None:
+            return [*args, str(self.script_path())]
+        return [*args, *([] if names_job(text) else [f"--job-name={self.script_path().name}"])]
 
     def commands(self) -> dict[str, list[str]]:
         """What ``--dry-run`` shows: the submission, on the controller."""
@@ -222,16 +229,17 @@ class SlurmJob(Job):
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         script = self.script_path()
+        text = None
         if self.generated:
             self.slurm_dir.mkdir(parents=True, exist_ok=True)
             script.write_text(self.batch_script())
             (self.slurm_dir / "agent.sh").write_text(self.agent_script())
-        elif not script.is_file():
-            raise ScenarioError(f"workload.script: no batch script {script}; nothing was submitted")
+        else:
+            text = self.checked_text()
         # the author's script as its own user, with none of chaoskit's environment; chaoskit's own script as chaoskit
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} if self.owner is None else {}
-        res = self.access.run("sbatch", *self.sbatch_args(), check=False, env={**env, **self.job_env()}, timeout=30,
-                              as_user=self.owner)
+        res = self.access.run("sbatch", *self.sbatch_args(text), check=False, env={**env, **self.job_env()}, timeout=30,
+                              as_user=self.owner, input=text)
         if res.returncode != 0:
             raise InfraError(f"sbatch refused the job (exit {res.returncode}): {(res.stderr or res.stdout).strip()}",
                              hint=f"the script: {script}")
@@ -245,6 +253,39 @@ class SlurmJob(Job):
             for node in self.cluster.inventory.names():
                 self._follow(node, self.log_dir / f"{node}.log")
         self._follow_outputs()
+
+    def checked_text(self) -> str:
+        """The author's batch script, read once through the descriptor that was checked (issue 48, finding 7): inside
+        the site policy's ``script_roots`` when it has them (where the opened file really is), the file of the user it
+        is submitted as when that user was taken from its owner (``self.owner``, for whom the job's folder was made),
+        and one that user could read. :class:`ScenarioError` otherwise; nothing was submitted."""
+        script = self.script_path()
+        policy = self.cluster.inventory.policy
+        roots = policy.script_roots if policy is not None else None
+        try:
+            with open_checked(script, roots=roots, what="batch script") as checked:
+                data, st = checked.read(MAX_BATCH_SCRIPT_BYTES + 1), checked.st
+        except FileNotFoundError:
+            raise ScenarioError(f"workload.script: no batch script {script}; nothing was submitted") from None
+        except UntrustedFile as exc:
+            raise ScenarioError(f"workload.script: {exc}; nothing was submitted") from None
+        if len(data) > MAX_BATCH_SCRIPT_BYTES:
+            raise ScenarioError(f"workload.script: {script} is larger than {MAX_BATCH_SCRIPT_BYTES >> 20} MiB; nothing "
+                                "was submitted")
+        owner = self.owner
+        if owner is not None:
+            if self.workload.user is None and st.st_uid != owner.uid:
+                raise ScenarioError(f"workload.script: {script} is now a file of uid {st.st_uid}, not of {owner.name} "
+                                    f"(uid {owner.uid}), whom it was to be submitted as (its owner when the run began); "
+                                    "nothing was submitted")
+            if not _readable_by(st, owner):
+                raise ScenarioError(f"workload.script: {owner.name} cannot read {script} (uid {st.st_uid}, gid "
+                                    f"{st.st_gid}, mode {st.st_mode & 0o777:04o}); chaoskit submits as a user only a "
+                                    "script that user could read; nothing was submitted")
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise ScenarioError(f"workload.script: {script} is not UTF-8 text; nothing was submitted") from None
 
     def start_spares(self) -> list[str]:
         """Nothing: Slurm's idle nodes are the spares; a requeued job is allocated one."""
@@ -331,6 +372,32 @@ class SlurmJob(Job):
                 time.sleep(0.2)
         for follower in self.followers:
             follower.stop()
+
+
+def names_job(text: str) -> bool:
+    """Whether a batch script's ``#SBATCH`` lines (those sbatch reads: before its first command) may name its job
+    (``-J``, ``--job-name``, or an abbreviation of it): a name given on sbatch's command line would override it."""
+    for i, line in enumerate(text.splitlines()):
+        if i == 0 and line.startswith("#!"):
+            continue
+        if line.startswith("#SBATCH"):
+            try:
+                words = shlex.split(line[len("#SBATCH"):], comments=True)
+            except ValueError:
+                return True  # sbatch reads it some way: let its own words stand
+            if any(w.startswith("-J") or w.startswith("--job") for w in words):
+                return True
+        elif line.strip() and not line.lstrip().startswith("#"):
+            return False
+    return False
+
+
+def _readable_by(st: os.stat_result, user: SubmitUser) -> bool:
+    if st.st_uid == user.uid:
+        return bool(st.st_mode & 0o400)
+    if st.st_gid == user.gid or st.st_gid in user.groups:
+        return bool(st.st_mode & 0o040)
+    return bool(st.st_mode & 0o004)
 
 
 class _Sink:
