@@ -155,9 +155,9 @@ def test_another_user_cannot_join_the_ray_lab_or_run_tasks_on_it(ray_lab, accoun
                 p.kill()
         _end_processes_of(other.pw_uid)
         shutil.rmtree(own_temp, ignore_errors=True)
+    assert join.returncode != 0 and re.search(r"Authentication|InvalidAuthToken|Unauthenticated", joined), joined[-2000:]
     assert "RAN AS UID" not in ran, ran[-2000:]
     assert task.returncode != 0 and re.search(r"Authentication|InvalidAuthToken|Unauthenticated", ran), ran[-2000:]
-    assert join.returncode != 0 and re.search(r"Authentication|InvalidAuthToken|Unauthenticated", joined), joined[-2000:]
     token = getattr(lab, "token_file", None)
     assert token is not None
     peek = _as_user(other, ["cat", token])
