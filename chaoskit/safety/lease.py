@@ -12,11 +12,16 @@ Other transports get the controller-local watchdog through ``spawn_detached``, i
 under a root of the controller's own (checked as :mod:`chaoskit.cluster.nodefs` checks a node's state folder).
 Either way the watchdog runs with ``python3 -I`` as one self-contained program
 (:func:`~chaoskit.safety.watchdog.watchdog_source`).
+
+A fault with no duration (``inproc.hang`` without one: "for good") has no deadline: its watchdog reverts only
+when its lease goes stale, and the run reverts it itself (once recovery is measured or the job ended, at
+``abort_after``, on Ctrl-C), renewing its lease until then.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import threading
@@ -68,8 +73,13 @@ class LeaseManager:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def arm(self, transport: Transport, fault_id: str, revert: list[str], duration: float) -> Lease:
-        """Start the watchdog for one fault; return once it is running."""
+    def arm(self, transport: Transport, fault_id: str, revert: list[str], duration: float | None) -> Lease:
+        """Start the watchdog for one fault; return once it is running.
+
+        ``duration`` ``None``: the fault lasts until the run reverts it; the watchdog has no deadline (``inf``)
+        and reverts only on a stale lease."""
+        if duration is None:
+            duration = math.inf
         if isinstance(transport, WatchdogHost):
             deadline = time.time() + duration
             remote_dir, pid = transport.start_watchdog(f"{self.run_id}/{fault_id}", self.ttl, duration, revert,
