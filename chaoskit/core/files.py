@@ -13,6 +13,7 @@ import datetime as _dt
 import errno
 import json
 import os
+import pwd
 import secrets
 import stat
 from pathlib import Path
@@ -24,7 +25,7 @@ __all__ = [
     "RESULT_FILE", "EVENTS_FILE", "JOURNAL_FILE", "RUN_REPORT",
     "GAMEDAY_FILE", "GAMEDAY_REPORT", "HISTORY_FILE", "load_gameday", "read_history",
     "utc_stamp", "utc_iso", "parse_utc_iso", "empty_out_dir", "make_run_dir", "open_append", "open_regular", "NotRegularFile",
-    "UnsafePath", "open_folder", "open_inside", "write_new", "file_kind", "copy_regular", "make_folder_for", "TORCH_CACHE_VAR",
+    "UnsafePath", "open_folder", "open_inside", "open_shown", "others_who_change", "ANYONE", "write_new", "file_kind", "copy_regular", "make_folder_for", "TORCH_CACHE_VAR",
     "torch_cache_env",
 ]
 
@@ -46,18 +47,24 @@ def torch_cache_env(folder: Path | str) -> dict[str, str]:
     return {TORCH_CACHE_VAR: str(Path(folder) / "torchinductor")}
 
 
-def load_gameday(path: Path) -> dict[str, Any]:
-    """Read ``gameday.json`` from a game-day folder."""
-    return json.loads((Path(path) / GAMEDAY_FILE).read_text(encoding="utf-8"))
+def load_gameday(path: Path, readers: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """Read ``gameday.json`` from a game-day folder, opened as :func:`open_shown` opens a file for ``readers``."""
+    with open_shown(Path(path) / GAMEDAY_FILE, readers) as fh:
+        return json.loads(fh.read().decode("utf-8"))
 
 
-def read_history(path: Path, until: str | None = None) -> list[dict[str, Any]]:
+def read_history(path: Path, until: str | None = None, readers: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
     """Entries of a ``history.jsonl`` (bad lines skipped), oldest first; only those
-    that started at or before ``until`` (an ISO time) when given."""
-    if not Path(path).is_file():
+    that started at or before ``until`` (an ISO time) when given. Opened as :func:`open_shown` opens a file for
+    ``readers``: none when it is not there; :class:`UnsafePath` when it may not be read."""
+    try:
+        fh = open_shown(path, readers)
+    except FileNotFoundError:
         return []
+    with fh:
+        text = fh.read().decode("utf-8", errors="replace")
     entries = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
@@ -282,6 +289,68 @@ def open_regular(path: Path | str):
         return _open_checked(dfd, name, st, path)
     finally:
         os.close(dfd)
+
+
+ANYONE = -1
+"""In :func:`others_who_change`'s answer: every local user."""
+
+
+def others_who_change(folder: Path | str) -> frozenset[int]:
+    """Who, besides root and this user, can change what ``folder`` holds, and so can plant what chaoskit reads
+    there and read what it writes there: the owner of a folder on its path (``folder`` too) that is not root's or
+    this user's, and :data:`ANYONE` when ``folder`` can be written by others (with the sticky bit too: they can
+    still add files) or a folder above it can without the sticky bit. Empty when nobody else can. The path is
+    walked as :func:`open_folder` walks it (:class:`UnsafePath`, ``FileNotFoundError``)."""
+    seen: list[os.stat_result] = []
+    os.close(open_folder(folder, folder_problem=lambda st: seen.append(st)))
+    others: set[int] = set()
+    for i, st in enumerate(seen):
+        if st.st_uid not in (0, os.geteuid()):
+            others.add(st.st_uid)
+        if st.st_mode & 0o022 and (i == len(seen) - 1 or not st.st_mode & stat.S_ISVTX):
+            others.add(ANYONE)
+    return frozenset(others)
+
+
+def open_shown(path: Path | str, readers: frozenset[int] = frozenset()):
+    """``path`` opened as :func:`open_regular` opens it (a regular file, no link of another user's followed), for
+    content chaoskit copies into a file that ``readers`` (:func:`others_who_change` of that file's folder) can
+    read: then it must be a file each of them could read themselves, by its mode (readable by all, or their own,
+    or their group's) and every folder on its way (they may pass through it), so root never copies a file only
+    root may read (``/etc/shadow`` linked in, a root ``0600`` file renamed, a file in a root ``0700`` folder that
+    a path of theirs names) where they read it. :class:`UnsafePath` (with the reason) otherwise;
+    ``FileNotFoundError``."""
+    folders: list[os.stat_result] = []
+    dfd, name, st = _walk(path, folder_problem=lambda fst: folders.append(fst))
+    try:
+        if name is None:
+            raise NotRegularFile(f"{path} is a folder, not a regular file")
+        fh = _open_checked(dfd, name, st, path)
+    finally:
+        os.close(dfd)
+    st = os.fstat(fh.fileno())
+    shut = [uid for uid in readers if not _may(st, uid, 0o444) or not all(_may(f, uid, 0o111) for f in folders)]
+    if shut:
+        fh.close()
+        who = "every local user" if ANYONE in shut else "uid " + ", ".join(str(u) for u in sorted(shut))
+        raise UnsafePath(f"{path} (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) is not one {who} could "
+                         "read, who can read what chaoskit writes from it; chaoskit never copies it there")
+    return fh
+
+
+def _may(st: os.stat_result, uid: int, bits: int) -> bool:
+    """Whether ``uid`` (:data:`ANYONE`: every user) has ``bits`` (``0o444`` read, ``0o111`` search) on a file of
+    ``st`` by its mode, as the kernel decides for a user who is not root (ACLs aside)."""
+    if uid == ANYONE:
+        return bool(st.st_mode & bits & 0o007)
+    if st.st_uid == uid:
+        return bool(st.st_mode & bits & 0o700)
+    try:
+        user = pwd.getpwuid(uid)
+        in_group = st.st_gid in os.getgrouplist(user.pw_name, user.pw_gid)
+    except KeyError:
+        in_group = False
+    return bool(st.st_mode & bits & (0o070 if in_group else 0o007))
 
 
 def open_inside(folder: Path | str, relative: str, owners: tuple[int, ...] = ()):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from chaoskit.core.files import open_append
+from chaoskit.core.files import open_append, open_shown
 from chaoskit.core.secrets import redact_value
 
 __all__ = ["EventBus", "Event", "EVENT_KINDS", "make_event", "read_events"]
@@ -94,12 +94,16 @@ class EventBus:
                 self._fh = None
 
 
-def read_events(path: Path) -> list[Event]:
+def read_events(path: Path, readers: frozenset[int] = frozenset()) -> list[Event]:
     """The events of a run's ``events.jsonl`` by time: whatever a line holds, only an object with a finite ``ts``
     (and, where it has one, a whole-number ``step``) is an event; any other line (not JSON, invalid UTF-8, NaN) is
-    passed over, so a report renders whatever the file holds."""
+    passed over, so a report renders whatever the file holds. The file is opened as
+    :func:`~chaoskit.core.files.open_shown` opens one for ``readers`` (a regular file, no link of another user's
+    followed): ``FileNotFoundError``, :class:`~chaoskit.core.files.UnsafePath`."""
+    with open_shown(path, readers) as fh:
+        data = fh.read()
     out = []
-    for line in Path(path).read_bytes().decode("utf-8", errors="replace").splitlines():
+    for line in data.decode("utf-8", errors="replace").splitlines():
         try:
             event = json.loads(line)
         except (ValueError, RecursionError):  # JSONDecodeError, a number past int's digit limit, too deep

@@ -22,10 +22,11 @@ their SLO lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.result import REPEAT_KIND, ResultPart, RunResult, Silent, Slowdown
@@ -36,6 +37,8 @@ from chaoskit.core.files import (
     RUN_REPORT,
     UnsafePath,
     load_gameday,
+    open_shown,
+    others_who_change,
     read_history,
     write_new,
 )
@@ -67,7 +70,7 @@ def build_report(path: str | Path) -> Path:
     path = Path(path)
     if (path / GAMEDAY_FILE).is_file():
         return write_gameday_report(path)
-    if (_read_json(path / "result.json") or {}).get("kind") == REPEAT_KIND:
+    if (_read_json(path / "result.json", _readers(path)) or {}).get("kind") == REPEAT_KIND:
         return write_repeat_report(path)
     if any((path / f).is_file() for f in ("result.json", "events.jsonl", "error.json")):
         return write_run_report(path)
@@ -80,7 +83,7 @@ def build_report(path: str | Path) -> Path:
 def write_run_report(run_dir: str | Path) -> Path:
     """Render ``report.html`` of a run folder from its files alone; return its path."""
     run_dir = Path(run_dir)
-    run = load_run(run_dir)
+    run = load_run(run_dir, readers=_readers(run_dir))
     record = {"scenario": run["name"], "covers": run["covers"], "injected_kinds": run["injected_kinds"], "status": run["status"]}
     page = {
         "kind": "run", "title": f"chaoskit run: {run['name']}", "runs": [run],
@@ -96,9 +99,10 @@ def write_repeat_report(repeat_dir: str | Path) -> Path:
     """Render ``report.html`` of a ``chaoskit run --repeat`` folder: the distribution of each phase, then every
     sample as a game day shows its scenarios; return its path."""
     repeat_dir = Path(repeat_dir)
-    summary = _read_json(repeat_dir / "result.json") or {}
+    readers = _readers(repeat_dir)
+    summary = _read_json(repeat_dir / "result.json", readers) or {}
     runs = [load_run(repeat_dir / s["dir"], {"index": i, "status": s.get("status"), "error": s.get("error") and {
-                 "type": "Error", "message": s["error"], "hint": None}})
+                 "type": "Error", "message": s["error"], "hint": None}}, readers)
             for i, s in enumerate(summary.get("samples") or [], 1) if (repeat_dir / s["dir"]).is_dir()]
     records = [{"scenario": r["name"], "covers": r["covers"], "injected_kinds": r["injected_kinds"], "status": r["status"]} for r in runs]
     caps = Capabilities.from_dict(runs[0]["capabilities"] if runs else {})
@@ -150,10 +154,13 @@ def _strips(dist: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_gameday_report(gd_dir: str | Path) -> Path:
     gd_dir = Path(gd_dir)
-    summary = load_gameday(gd_dir)
-    runs = [load_run(gd_dir / r["dir"], r) for r in summary["scenarios"]]
+    readers = _readers(gd_dir)
+    with _refusing(gd_dir / GAMEDAY_FILE):
+        summary = load_gameday(gd_dir, readers)
+    runs = [load_run(gd_dir / r["dir"], r, readers) for r in summary["scenarios"]]
     cov = compute_coverage(summary["scenarios"], Capabilities.from_dict(summary.get("capabilities") or {}))
-    history = read_history(gd_dir.parent / HISTORY_FILE, until=summary["started_at"])
+    with _refusing(gd_dir.parent / HISTORY_FILE):
+        history = read_history(gd_dir.parent / HISTORY_FILE, until=summary["started_at"], readers=readers)
     page = {
         "kind": "gameday", "title": f"chaoskit game day: {summary['name']}", "runs": runs,
         "coverage": _coverage_view(cov), "coverage_note": None,
@@ -173,7 +180,7 @@ def write_campaign_report(folder: str | Path) -> Path:
     """Render ``campaign.html`` of a ``chaoskit campaign`` folder from its ``campaign.json``: ETTR measured and
     predicted, the badput buckets side by side, ETTR over time with every fault, the faults and their phases."""
     folder = Path(folder)
-    c = _read_json(folder / "campaign.json")
+    c = _read_json(folder / "campaign.json", _readers(folder))
     if c is None:
         raise ScenarioError(f"{folder}: no campaign.json here", hint="give the folder of chaoskit campaign --out")
     w, left = _W, 150
@@ -210,6 +217,30 @@ def write_campaign_report(folder: str | Path) -> Path:
     return _write_page(out, env.get_template("campaign.html.j2").render(page=page))
 
 
+def _readers(folder: Path) -> frozenset[int]:
+    """Who else can read the page written in ``folder`` (:func:`~chaoskit.core.files.others_who_change`): each
+    file it is rendered from must be one they could read themselves, so root never copies a file only root may
+    read into a page another user reads. A folder reached through another user's link is refused (exit 2)."""
+    try:
+        return others_who_change(folder)
+    except FileNotFoundError:
+        return frozenset()  # nothing there to read: the caller says so
+    except UnsafePath as exc:
+        raise ScenarioError(f"{folder} was not read: {exc}",
+                            hint="give the folder itself, not a link another user made to it") from None
+
+
+@contextlib.contextmanager
+def _refusing(path: Path) -> Iterator[None]:
+    """An :class:`UnsafePath` (a link of another user's, a FIFO, a file the page's readers could not read) said as
+    a :class:`ScenarioError` naming ``path`` (exit 2): the page is not written."""
+    try:
+        yield
+    except UnsafePath as exc:
+        raise ScenarioError(f"{path} was not read: {exc}",
+                            hint="a report is rendered only from regular files its readers could read") from None
+
+
 def _write_page(out: Path, html: str) -> Path:
     """``out`` replaced by ``html`` without following a link (:func:`~chaoskit.core.files.write_new`): ``chaoskit
     report`` runs as root on folders other users can write, and a link they plant at ``report.html`` (to a ``.pth``
@@ -236,17 +267,23 @@ def render_html(page: dict[str, Any]) -> str:
 # -- one run --------------------------------------------------------------------------
 
 
-def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_run(run_dir: Path, record: dict[str, Any] | None = None, readers: frozenset[int] = frozenset()) -> dict[str, Any]:
     """Everything the page shows about one run, from its folder (and its game-day
     record, if any). Works for a finished run, a run that crashed before writing
-    ``result.json``, and a scenario that never started (``error.json`` only)."""
+    ``result.json``, and a scenario that never started (``error.json`` only).
+    Its files are read as :func:`~chaoskit.core.files.open_shown` reads one for the page's ``readers``:
+    :class:`ScenarioError` when one may not be."""
     run_dir = Path(run_dir)
     record = record or {}
-    result = _read_json(run_dir / "result.json")
+    result = _read_json(run_dir / "result.json", readers)
     if isinstance(result, dict) and result.get("kind") == REPEAT_KIND:
-        return _load_repeat(run_dir, result, record)
-    error = _read_json(run_dir / "error.json") or record.get("error")
-    events = read_events(run_dir / "events.jsonl") if (run_dir / "events.jsonl").is_file() else []
+        return _load_repeat(run_dir, result, record, readers)
+    error = _read_json(run_dir / "error.json", readers) or record.get("error")
+    try:
+        with _refusing(run_dir / "events.jsonl"):
+            events = read_events(run_dir / "events.jsonl", readers)
+    except FileNotFoundError:
+        events = []
     found = _run_result(result)
     run = found or RunResult()  # no result: every part empty, and what the page shows comes from the events
     if found is not None:
@@ -320,12 +357,13 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None) -> dict[str, A
     }
 
 
-def _load_repeat(run_dir: Path, result: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+def _load_repeat(run_dir: Path, result: dict[str, Any], record: dict[str, Any],
+                 readers: frozenset[int] = frozenset()) -> dict[str, Any]:
     """A game day's scenario that took several samples: the first sample's timelines, the medians as its phases,
     the repeat's verdict, and the distribution's strips."""
     samples = [s for s in result.get("samples") or [] if (run_dir / s["dir"]).is_dir()]
-    run = load_run(run_dir / samples[0]["dir"], {**record, "status": record.get("status") or result.get("verdict")}) \
-        if samples else load_run(run_dir / "missing", record)
+    run = load_run(run_dir / samples[0]["dir"], {**record, "status": record.get("status") or result.get("verdict")}, readers) \
+        if samples else load_run(run_dir / "missing", record, readers)
     medians = {k: d.get("p50") for k, d in (result.get("distribution") or {}).items()}
     run.update(dir=run_dir.name, status=record.get("status") or result.get("verdict"),
                phases={**run["phases"], **medians},
@@ -392,9 +430,12 @@ def _cluster_label(cluster: dict[str, Any]) -> str | None:
     return " ".join(str(cluster[k]) for k in ("kind", "id") if cluster.get(k)) or None
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, readers: frozenset[int] = frozenset()) -> Any:
+    """The JSON in ``path`` (:func:`~chaoskit.core.files.open_shown` for ``readers``); ``None`` when it is not there
+    or not JSON; :class:`ScenarioError` when it may not be read."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        with _refusing(path), open_shown(path, readers) as fh:
+            return json.loads(fh.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
 
