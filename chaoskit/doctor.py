@@ -39,7 +39,7 @@ from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.faults.registry import get_fault
 from chaoskit.scenario import load_scenario
 from chaoskit.workloads.attach import (describe_job, describe_job_dict, job_picked, jobs_matching, operator_uids,
-                                      policy_refuses, user_uid, why_not)
+                                      policy_refuses, slurm_uid, user_uid, why_not)
 
 __all__ = ["NodeHealth", "Diagnosis", "diagnose", "clock_offset", "job_scope", "TOOLS"]
 
@@ -131,6 +131,18 @@ def diagnose(inventory_path: str | Path, scenario_path: str | Path | None = None
     return diagnosis
 
 
+def _slurm_job_uid(inventory: Inventory, job_id: str) -> int | None:
+    """The uid Slurm's own record gives ``job_id`` (the first node with a scheduler asks it), or ``None``."""
+    for node in inventory.nodes:
+        if node.scheduler is not None:
+            try:
+                fields = node.scheduler.job(job_id)
+            except InfraError:
+                return None
+            return slurm_uid(fields) if fields else None
+    return None
+
+
 def job_scope(sc: Any, inventory: Inventory, nodes: list[Node]) -> dict[str, Any]:
     """An attach scenario's job on ``nodes`` (reachable ones): which jobs match, which one a run would drill,
     and how many processes each regex matches outside that job's scope (read only: ``procs``)."""
@@ -158,8 +170,13 @@ def job_scope(sc: Any, inventory: Inventory, nodes: list[Node]) -> dict[str, Any
     selected = [j for j in jobs if job_picked(j, w.run_id, w.user, lambda n, u: user_uid(inventory, n, u, uids))]
     rule = getattr(inventory.policy, "jobs", None)
     policy_uids: dict[str, dict[str, int | None]] = {}
+    slurm_user = _slurm_job_uid(inventory, w.slurm_job) if w.slurm_job is not None else None
     for j in jobs:
         j["why_not"] = why_not(j, job_nodes, named, own_uids) if j in selected else ["not the one workload names"]
+        if w.slurm_job is not None and not j["why_not"] and j["scope"].uid != slurm_user:
+            # as a run judges it (attach): Slurm's own record of the job's user, never a process's SLURM_JOB_ID alone
+            j["why_not"] = [f"uid {j['scope'].uid} is not Slurm job {w.slurm_job}'s user "
+                            f"({'uid ' + str(slurm_user) if slurm_user is not None else 'Slurm names none'}, per Slurm)"]
         if j in selected and not j["why_not"]:
             j["why_not"] = policy_refuses(j, rule, inventory, policy_uids)
     picked = [j for j in selected if not j["why_not"]]

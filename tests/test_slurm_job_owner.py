@@ -118,6 +118,14 @@ def test_a_lookalike_with_the_jobs_slurm_job_id_is_never_chosen_and_the_jobs_own
         why = job.diagnosis()
         assert f"uid {look.pw_uid} is not Slurm job {job_id}'s user (uid {job_user.pw_uid}, per Slurm)" in why, why
         assert job.workers == []
+        # chaoskit doctor --scenario judges it the same way: the look-alike is not the job's, and says why
+        from chaoskit.doctor import job_scope
+
+        seen = job_scope(SimpleNamespace(workload=workload, cluster=SimpleNamespace(), faults=[]), cluster.inventory,
+                         [cluster.inventory["n0"]])
+        assert seen["chosen"] is None, seen
+        assert any(f"uid {look.pw_uid} is not Slurm job {job_id}'s user (uid {job_user.pw_uid}, per Slurm)" in w
+                   for j in seen["jobs"] for w in j["not_taken"]), seen
 
         go.touch()  # the job's own worker starts
         assert wait_until(lambda: job.scan() and job.scope is not None, 30, interval=0.3), job.diagnosis()

@@ -245,8 +245,10 @@ class SlurmJob(Job):
                              hint=f"the script: {script}")
         self.job_id = res.stdout.strip().split(";")[0]
         self.cluster.scheduler_jobs.add(self.job_id)
-        if self.job_id.isdigit():  # the job's processes carry SLURM_JOB_ID: nothing else on the nodes is in scope
-            self.cluster.scope_job(JobScope(slurm_job=self.job_id))
+        if self.job_id.isdigit():  # the job's processes carry SLURM_JOB_ID and run as its submitter: nothing else
+            # on the nodes is in scope (another user's process that sets SLURM_JOB_ID to ours is a look-alike)
+            uid = self.owner.uid if self.owner is not None else os.geteuid()
+            self.cluster.scope_job(JobScope(uid=uid, slurm_job=self.job_id))
         self.submitted_at = time.time()
         self.refresh()
         if self.generated:
