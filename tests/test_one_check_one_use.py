@@ -365,3 +365,28 @@ def test_a_compose_file_swapped_after_its_check_is_not_what_the_lab_is_made_of(d
     with pytest.raises(InfraError) as err:  # the run's lab: brought up from the checked project, whose image is absent
         backend("docker").open(loaded.model.cluster, loaded.path.parent)
     assert "ck48-reviewed-image" in str(err.value) and "ck48-authors" not in str(err.value), err.value
+
+
+def test_a_slurm_jobs_agents_run_the_checked_copy_of_a_command_script_not_its_path(tmp_path):
+    """``launch: command`` under Slurm: the generated agent.sh ran the author's script by its path, so a link
+    swapped after validate's check was what each node ran. Now agent.sh names the checked copy in the job's folder
+    (its bytes those of the file the check opened), and the script's own path only as the name it runs under."""
+    from chaoskit.backends.api import ClusterHandle
+    from chaoskit.cluster.inventory import Inventory, Node
+    from chaoskit.cluster.slurm import SlurmAccess
+    from chaoskit.scenario.model import Workload
+    from chaoskit.workloads.slurm import SlurmJob
+
+    base = tmp_path / "scenario"
+    base.mkdir()
+    (base / "train.py").write_text("print('reviewed')\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    inventory = Inventory("site", [Node("n0", "n0", "ssh", {}, 0)])
+    handle = ClusterHandle(id="site", kind="inventory", inventory=inventory, job_nodes=["n0"], rdzv_host="n0",
+                           scope=lambda node: "", scheduler=SlurmAccess())
+    job = SlurmJob(handle, Workload(launch="command", command=["train.py", "--lr", "1"]), run_dir, "r1", base=base)
+    text = job.agent_script()
+    copy = run_dir / "command-train.py"
+    assert copy.read_text() == "print('reviewed')\n" and oct(copy.stat().st_mode & 0o777) == "0o644"
+    assert f"-m chaoskit.workloads.checked_script {copy} {base / 'train.py'} --lr 1" in text, text

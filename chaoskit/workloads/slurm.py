@@ -162,7 +162,9 @@ class SlurmJob(Job):
     def agent_script(self) -> str:
         w = self.workload
         n = len(self.cluster.job_nodes)
-        script = TorchrunJob(self.cluster, w, self.run_dir, self.run_id, self.events_path).script_argv()
+        agent = TorchrunJob(self.cluster, w, self.run_dir, self.run_id, self.events_path, base=self.base)
+        agent.check_script()  # launch: command's script as checked, a copy in the job's folder (never by its path again)
+        script = agent.script_argv()
         iface = self.cluster.scheduler_options.get("local_addr_interface")
         python = self.cluster.python or sys.executable
         launcher = ["-m", "torch.distributed.run"]
