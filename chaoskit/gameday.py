@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
-from chaoskit.core.files import GAMEDAY_FILE, HISTORY_FILE, read_history
+from chaoskit.core.files import GAMEDAY_FILE, HISTORY_FILE, UnsafePath, append_own, make_run_dir, read_history, write_new
 from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.coverage import (
     catalog_by_id,
@@ -100,7 +100,7 @@ def run_gameday(
     out = Path(out) if out else Path("reports") / f"gameday-{_stamp(started)}"
     if (out / GAMEDAY_FILE).exists():
         raise ScenarioError(f"{out} already holds a game day", hint="choose another --out, or remove that folder")
-    out.mkdir(parents=True, exist_ok=True)
+    make_run_dir(out, 0o755, default=False)  # as a run folder: its parents walked, no other user's link followed
     caps = capabilities or detect_capabilities()
     if fail_on_regression is not None and fail_on_regression < 0:
         raise ScenarioError(f"--fail-on-regression {fail_on_regression:g} is negative", hint="e.g. --fail-on-regression 25%")
@@ -230,7 +230,11 @@ class _Gameday:
         self.fail_on_regression: float | None = None
         self.fresh_s: float | None = None
         self.until = "recovered"
-        self.history = read_history(out.parent / HISTORY_FILE)
+        try:
+            self.history = read_history(out.parent / HISTORY_FILE)
+        except UnsafePath as exc:
+            raise ScenarioError(f"{out.parent / HISTORY_FILE} was not read: {exc}",
+                                hint="remove it, or choose an --out whose folder holds a history of your own") from None
         self.regressions: list[dict[str, Any]] | None = None
         self.fresh: dict[str, Any] | None = None
         self.labs: dict[int, tuple[Any, Path, str | None, int]] = {}
@@ -391,8 +395,11 @@ class _Gameday:
             "covered": cov["covered"], "catalog_size": cov["total"], "exit_code": summary["exit_code"],
             "figures": scenario_figures(self.records),
         }
-        with open(self.out.parent / HISTORY_FILE, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        try:
+            append_own(self.out.parent / HISTORY_FILE, json.dumps(entry, separators=(",", ":")) + "\n")
+        except UnsafePath as exc:
+            raise ScenarioError(f"{self.out.parent / HISTORY_FILE} was not written: {exc}",
+                                hint="remove it; the game day's own files are written") from None
 
 
 # -- live progress ----------------------------------------------------------------------
@@ -551,9 +558,8 @@ def _own_figures() -> dict[str, int | float | None]:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    """``path`` replaced without following a link (:func:`~chaoskit.core.files.write_new`)."""
+    write_new(path, json.dumps(data, indent=2, default=str) + "\n", replace=True)
 
 
 def _stamp(ts: float) -> str:

@@ -504,8 +504,7 @@ class _Run:
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None)
         events_path = (self.job_dir / "sdk-events.jsonl"
                        if sc.probes.sdk and LAUNCHES[sc.workload.launch].sdk_events else None)
-        if owner is not None:  # the job's user's folder: made new, its files made in it, then given to them
-            self.job_dir.parent.mkdir(parents=True, exist_ok=True)
+        if owner is not None:  # the job's user's folder: made new (its parents too), its files in it, then given to them
             make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=("checkpoints", "tmp"),
                             files=("sdk-events.jsonl",) if events_path is not None else ())
         else:

@@ -36,7 +36,7 @@ from rich.markup import escape
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.core.durations import parse_duration
 from chaoskit.core.errors import ChaoskitError, InfraError, ScenarioError, did_you_mean
-from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE
+from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, make_run_dir, write_new
 from chaoskit.core.limits import MAX_REPEAT
 from chaoskit.gameday import run_gameday
 from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metrics
@@ -235,8 +235,9 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
     out = Path(out) if out else Path("reports") / f"scorecard-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}"
     if (out / SCORECARD_FILE).exists():
         raise ScenarioError(f"{out} already holds a scorecard", hint="choose another --out, or remove that folder")
+    make_run_dir(out, 0o755, default=False)  # as a run folder: its parents walked, no other user's link followed
     scen_dir = out / "scenarios"
-    scen_dir.mkdir(parents=True, exist_ok=True)
+    scen_dir.mkdir(exist_ok=True)
     planned: list[tuple[str, str, Path | None, str | None]] = []  # stack, fault, file, why not
     for row in rows:
         fault = load_scenario(row).model.name
@@ -246,7 +247,7 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
                 if repeat > 1:
                     doc["repeat"] = repeat
                 path = scen_dir / f"{doc['name']}.yaml"
-                path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+                write_new(path, yaml.safe_dump(doc, sort_keys=False), replace=True)
                 why = STACKS[stack].unfit(check_scenario(load_scenario(path)))
                 if why is not None:
                     raise CannotRun(why)
@@ -274,7 +275,7 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
         "cells": cells_from_gameday(planned, gameday_dir),
         **({"notes": notes} if notes else {}),
     }
-    (out / SCORECARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    write_new(out / SCORECARD_FILE, json.dumps(card, indent=2) + "\n", replace=True)
     _attach_to_gameday(gameday_dir, card)
     write_scorecard_html(out, card)
     if not notes:  # else the note above says why there is no metrics.prom
@@ -428,9 +429,7 @@ def _attach_to_gameday(gameday_dir: Path, card: dict[str, Any]) -> None:
     if path.is_file():
         data = json.loads(path.read_text(encoding="utf-8"))
         data["scorecard"] = {k: card[k] for k in ("stacks", "faults", "repeat", "cells")}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_new(path, json.dumps(data, indent=2) + "\n", replace=True)
 
 
 def _seconds(v: Any) -> float:

@@ -127,3 +127,78 @@ def test_a_fifo_at_events_jsonl_is_never_opened(theirs):
     res = run_cli("report", run)  # opening it would block until the user writes
     assert res.code == 2, (res.code, res.stderr)
     assert "a FIFO" in res.stderr and "events.jsonl" in res.stderr
+
+
+# -- the writers: each file made or replaced from its folder's descriptor, never through a link ---------------
+
+
+def test_export_openmetrics_never_writes_through_the_users_folder_link(theirs):
+    own, roots = theirs
+    run = _user_run(own)
+    _as_user("ln", "-s", str(roots), str(own / "to-root"))
+    res = run_cli("export", run, "--openmetrics", own / "to-root" / "metrics.prom")
+    assert res.code == 2 and "is a link of uid" in res.stderr, (res.code, res.stderr)
+    assert os.listdir(roots) == []
+    # a link at the file's own name is replaced, its target never made
+    _as_user("ln", "-s", str(roots / "evil.pth"), str(own / "metrics.prom"))
+    res = run_cli("export", run, "--openmetrics", own / "metrics.prom")
+    assert res.code == 0, res.stderr
+    assert os.listdir(roots) == [] and not (own / "metrics.prom").is_symlink()
+    assert "chaoskit_" in (own / "metrics.prom").read_text()
+
+
+def test_junit_and_the_scorecards_files_replace_a_link_and_never_write_where_it_points(theirs):
+    from chaoskit.report.junit import write_junit
+    from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metrics
+
+    own, roots = theirs
+    _as_user("mkdir", str(own / "gd"))
+    gd = own / "gd"
+    summary = synth_gameday(gd, [record_for(1, synth_run(gd / "01-kill-rank"))])
+    card = {"stacks": ["torchrun"], "faults": ["hang"], "cells": [], "duration_s": 1}
+    for name in ("junit.xml", "index.html", "metrics.prom"):
+        _as_user("ln", "-s", str(roots / f"{name}.pth"), str(gd / name))
+    write_junit(summary, gd / "junit.xml")
+    write_scorecard_html(gd, card)
+    write_scorecard_metrics(gd, card)
+    assert os.listdir(roots) == []
+    for name in ("junit.xml", "index.html", "metrics.prom"):
+        assert not (gd / name).is_symlink() and (gd / name).stat().st_size > 0
+
+
+def test_gameday_out_through_the_users_link_is_refused_before_anything_is_written(theirs, tmp_path):
+    own, roots = theirs
+    (tmp_path / "broken.yaml").write_text("name: broken\nfaults: [\n")
+    _as_user("ln", "-s", str(roots), str(own / "to-root"))
+    res = run_cli("gameday", tmp_path / "broken.yaml", "--out", own / "to-root" / "night")
+    assert res.code == 2 and "uid" in res.stderr, (res.code, res.stderr)  # their folder, or their link in it
+    assert os.listdir(roots) == []
+
+
+def test_a_game_days_history_is_never_appended_through_a_link_in_a_shared_folder(theirs, tmp_path):
+    """``--out /tmp/night``: ``history.jsonl`` goes in ``/tmp``, where anyone may plant a link at that name."""
+    own, roots = theirs
+    shared = own.parent / "shared"  # root's, in a folder anyone may pass through
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp: anyone may add a file, none may replace another's
+    (tmp_path / "broken.yaml").write_text("name: broken\nfaults: [\n")
+    victim = roots / "keep.txt"
+    victim.write_text("root's own\n")
+    _as_user("ln", "-s", str(victim), str(shared / "history.jsonl"))
+    res = run_cli("gameday", tmp_path / "broken.yaml", "--out", shared / "night")
+    assert res.code == 2 and "history.jsonl" in res.stderr, (res.code, res.stderr)
+    assert victim.read_text() == "root's own\n"
+
+
+def test_a_repeat_or_campaign_out_and_the_jobs_folder_are_never_made_through_the_users_link(theirs, job_user):
+    from chaoskit.core.errors import ScenarioError
+    from chaoskit.core.files import empty_out_dir, make_folder_for
+
+    own, roots = theirs
+    _as_user("ln", "-s", str(roots), str(own / "to-root"))
+    with pytest.raises(ScenarioError, match="uid"):
+        empty_out_dir(own / "to-root" / "x5", "repeat")
+    # the runner's RUN.job folder for a job of another user's, below a folder reached through their link
+    with pytest.raises(ScenarioError, match="is a link of uid"):
+        make_folder_for(own / "to-root" / "runs" / "r1.job", job_user.pw_uid, job_user.pw_gid, dirs=("checkpoints",))
+    assert os.listdir(roots) == []

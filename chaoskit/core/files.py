@@ -24,7 +24,7 @@ from chaoskit.core.errors import ScenarioError
 __all__ = [
     "RESULT_FILE", "EVENTS_FILE", "JOURNAL_FILE", "RUN_REPORT",
     "GAMEDAY_FILE", "GAMEDAY_REPORT", "HISTORY_FILE", "load_gameday", "read_history",
-    "utc_stamp", "utc_iso", "parse_utc_iso", "empty_out_dir", "make_run_dir", "open_append", "open_regular", "NotRegularFile",
+    "utc_stamp", "utc_iso", "parse_utc_iso", "empty_out_dir", "make_run_dir", "open_append", "append_own", "open_regular", "NotRegularFile",
     "UnsafePath", "open_folder", "open_inside", "open_shown", "others_who_change", "ANYONE", "write_new", "file_kind", "copy_regular", "make_folder_for", "TORCH_CACHE_VAR",
     "torch_cache_env",
 ]
@@ -95,11 +95,14 @@ def parse_utc_iso(text: Any) -> float | None:
 
 
 def empty_out_dir(out: Path, what: str) -> Path:
-    """Make ``out`` (a ``--out`` folder), refusing one that already holds files with a :class:`ScenarioError`."""
-    if out.exists() and any(out.iterdir()):
+    """Make ``out`` (a ``--out`` folder) as :func:`make_run_dir` makes a run folder (its parents walked from ``/``,
+    following only root's links and this user's, none of them a folder someone else could change; ``out`` made
+    from its parent's descriptor, or, when it exists, a folder of this user's that nobody else can write),
+    refusing one that already holds files. :class:`ScenarioError` either way."""
+    out = make_run_dir(out, 0o755, default=False)
+    if any(out.iterdir()):
         raise ScenarioError(f"--out {out} already holds files; a {what} needs an empty folder",
                             hint="pick another --out, or remove that folder")
-    out.mkdir(parents=True, exist_ok=True)
     return out
 
 
@@ -153,6 +156,31 @@ def open_append(path: Path, mode: int = 0o640):
     """``path`` opened to append text, made if absent, never through a link (``O_NOFOLLOW``)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def append_own(path: Path | str, text: str, mode: int = 0o644) -> None:
+    """Append ``text`` to ``path`` (a ``history.jsonl`` that game days share), made if absent, without following a
+    link: its folder is reached as :func:`open_folder` reaches one, the file opened ``O_NOFOLLOW`` from that
+    folder's descriptor, and written only when it is a regular file of this user's with no other name (a hard link
+    someone planted to a file of root's is never appended to). :class:`UnsafePath` otherwise."""
+    path = Path(path)
+    dfd = open_folder(path.parent)
+    try:
+        try:
+            fd = os.open(path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         mode, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePath(f"{path} is a link; chaoskit never appends through one") from None
+            raise
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            raise UnsafePath(f"{path} is {file_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'not ours alone'} "
+                             f"(uid {st.st_uid}, {st.st_nlink} names); chaoskit appends only to a file of its own")
+        fh.write(text)
 
 
 class UnsafePath(OSError):
@@ -462,15 +490,24 @@ def copy_regular(src: Path, dst: Path, limit: int = 1 << 30) -> bool:
 def make_folder_for(path: Path, uid: int, gid: int, dirs: tuple[str, ...] = (), files: tuple[str, ...] = ()) -> Path:
     """A new folder ``path`` (``mkdir``: it fails where anything, a link too, has the name) for a job that runs as
     another user, with ``dirs`` and empty ``files`` in it, all given to ``uid``/``gid`` (mode 0700 / 0600), the
-    folder itself last: until then only this process can write in it. Its parent must be ours, not writable by
-    others (as a run folder's is). :class:`ScenarioError` when the name is taken."""
+    folder itself last: until then only this process can write in it. Its parent is reached as :func:`open_folder`
+    reaches one (missing folders made 0755; a link of anybody's but root's and this user's refused) and the
+    folder made from the parent's descriptor; the parent must be ours, not writable by others (as a run folder's
+    is). :class:`ScenarioError` when the name is taken or the parent may not be reached."""
     path = Path(path)
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        raise ScenarioError(f"{path} already exists: the job's own folder is made new for each run; nothing was "
-                            "started") from None
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        pfd = open_folder(path.parent, make=True)
+    except UnsafePath as exc:
+        raise ScenarioError(f"the job's folder {path} was not made: {exc}; nothing was started") from None
+    try:
+        try:
+            os.mkdir(path.name, 0o700, dir_fd=pfd)
+        except FileExistsError:
+            raise ScenarioError(f"{path} already exists: the job's own folder is made new for each run; nothing was "
+                                "started") from None
+        dfd = os.open(path.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    finally:
+        os.close(pfd)
     try:
         for name in dirs:
             os.mkdir(name, 0o700, dir_fd=dfd)

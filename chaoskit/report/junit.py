@@ -15,6 +15,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from chaoskit.core.files import write_new
+
 __all__ = ["junit_xml", "write_junit", "phase_lines"]
 
 _PHASES = (
@@ -26,9 +28,9 @@ _PHASES = (
 
 
 def write_junit(summary: dict[str, Any], path: Path) -> Path:
-    """Write :func:`junit_xml` of a game-day summary (``gameday.json``) to ``path``."""
-    Path(path).write_text(junit_xml(summary), encoding="utf-8")
-    return Path(path)
+    """Write :func:`junit_xml` of a game-day summary (``gameday.json``) to ``path``, replacing it without following a
+    link (:func:`~chaoskit.core.files.write_new`)."""
+    return write_new(path, junit_xml(summary), replace=True)
 
 
 def junit_xml(summary: dict[str, Any]) -> str:

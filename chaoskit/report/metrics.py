@@ -27,14 +27,12 @@ made it), and a game day's own metrics to ``{job="chaoskit_gameday"}``.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chaoskit.core.errors import InfraError, ScenarioError
-from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, parse_utc_iso
+from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, UnsafePath, parse_utc_iso, write_new
 from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.core.models import check_http_url
 
@@ -260,14 +258,11 @@ def _load_quiet(path: Path) -> dict[str, Any] | None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Into a temp file beside it, then renamed over it: readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Into a random temp file beside it, then renamed over it (:func:`~chaoskit.core.files.write_new`): readers
+    see the old file or the new one, never half, and a link planted at its name is replaced, never written
+    through; a folder reached through another user's link is refused."""
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        write_new(path, data, replace=True, make_folders=True)
+    except UnsafePath as exc:
+        raise ScenarioError(f"{path} was not written: {exc}",
+                            hint="give a path whose folders are root's or your own") from None

@@ -15,6 +15,8 @@ import html
 from pathlib import Path
 from typing import Any
 
+from chaoskit.core.files import write_new
+
 __all__ = ["VERDICTS", "SCORECARD_METRICS", "render_scorecard_html", "write_scorecard_html", "scorecard_metrics",
            "write_scorecard_metrics"]
 
@@ -98,9 +100,7 @@ the verdict against the row's SLOs, who noticed or why not, and the stack's time
 
 
 def write_scorecard_html(out: Path, card: dict[str, Any]) -> Path:
-    path = Path(out) / "index.html"
-    path.write_text(render_scorecard_html(card), encoding="utf-8")
-    return path
+    return write_new(Path(out) / "index.html", render_scorecard_html(card), replace=True)
 
 
 def scorecard_metrics(card: dict[str, Any]) -> bytes:
@@ -124,6 +124,4 @@ def scorecard_metrics(card: dict[str, Any]) -> bytes:
 
 
 def write_scorecard_metrics(out: Path, card: dict[str, Any]) -> Path:
-    path = Path(out) / "metrics.prom"
-    path.write_bytes(scorecard_metrics(card))
-    return path
+    return write_new(Path(out) / "metrics.prom", scorecard_metrics(card), replace=True)
