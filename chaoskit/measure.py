@@ -34,7 +34,8 @@ from typing import Any, Iterable
 __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault",
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
-           "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES"]
+           "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
+           "READ_LATENCY_S", "steps_before", "phase_spans"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued", "sdc.detected", "loss.anomaly"})
@@ -59,6 +60,16 @@ def _rank_key(e: Event) -> Any:
         return ("rank", e["rank"])
     return ("node", e.get("node"), e.get("pid"))
 
+
+RESTORED_FROM = {"load": "load line", "first step": "first step after the load", "none": "no checkpoint"}
+"""Where a restored step comes from (``phases.restored_from``): the checkpoint load's own line naming its step; else
+the first step after the load, less one (a job resumes with the step after the one its checkpoint holds; NVRx's
+examples and many jobs name a file, not a step, when they load); ``0`` for a restart that loaded no checkpoint."""
+
+READ_LATENCY_S = 0.5
+"""How long after an in-process fault a step line the job wrote before it may be read: the fault is stamped inside
+the process, a log line when chaoskit reads it. Such a line counts as before the fault only when its step is below
+the one the fault's own answer says the process was training (:func:`steps_before`)."""
 
 INJECTED_LINE_SLACK_S = 1.0
 """How long before its fault's time an injected kernel-log line may be stamped: the kernel's time of the record
@@ -85,6 +96,8 @@ class CheckpointLoad(Found):
 
     per_rank: dict[Any, Event] = field(default_factory=dict)
     restored_step: int | None = None
+    restored_from: str | None = None
+    """Which line gave ``restored_step``: :data:`RESTORED_FROM` names each source."""
 
 
 @dataclass(frozen=True)
@@ -152,14 +165,21 @@ def find_checkpoint_load(after: list[Event], resumed: Event | None) -> Checkpoin
     if resumed is None:
         return CheckpointLoad(reason="not observed: no ckpt.load.end before a resumed step")
     if not loads:
-        return CheckpointLoad(reason="not observed: the job restarted without loading a checkpoint", restored_step=0)
+        return CheckpointLoad(reason="not observed: the job restarted without loading a checkpoint", restored_step=0,
+                              restored_from=RESTORED_FROM["none"])
     per_rank: dict[Any, Event] = {}
     for load in loads:
         if load["ts"] <= resumed["ts"]:
             per_rank[_rank_key(load)] = load
+    last = max(per_rank.values(), key=lambda e: e["ts"])
     restored = [load.get("step") for load in per_rank.values() if isinstance(load.get("step"), int)]
-    return CheckpointLoad(max(per_rank.values(), key=lambda e: e["ts"]), per_rank=per_rank,
-                          restored_step=min(restored) if restored else None)
+    if restored:
+        return CheckpointLoad(last, per_rank=per_rank, restored_step=min(restored), restored_from=RESTORED_FROM["load"])
+    first = resumed.get("step")
+    if isinstance(first, int) and not isinstance(first, bool):  # no load named its step: the job's next step says it
+        return CheckpointLoad(last, per_rank=per_rank, restored_step=max(0, first - 1),
+                              restored_from=RESTORED_FROM["first step"])
+    return CheckpointLoad(last, per_rank=per_rank)
 
 
 def find_reallocation(after: list[Event], resumed: Event | None, load: CheckpointLoad) -> Reallocation:
@@ -199,12 +219,13 @@ def find_lost_work(before: list[Event], restored_step: int | None, resumed: Even
         return LostWork(None, last, "not observed: no step before the fault")
     if restored_step is None:
         return LostWork(None, last, "not observed: no restored step" + (
-            f" (the checkpoint load of {loads} rank{'s' if loads != 1 else ''} seen, none naming its step)" if loads else ""))
+            f" (the checkpoint load of {loads} rank{'s' if loads != 1 else ''} seen, none naming its step, nor the first "
+            "step after it)" if loads else ""))
     return LostWork(max(0, last - restored_step), last)
 
 
 def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                  node: str | None = None) -> dict[str, Any]:
+                  node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
     """Measure the recovery from one fault injected at ``t_fault`` (on ``node``; the restart model does not need
     it: the whole world restarts), from one finder per phase (:func:`find_detection`, :func:`find_resume`,
     :func:`find_checkpoint_load`, :func:`find_reallocation`, :func:`find_lost_work`).
@@ -215,10 +236,17 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     ``uncertainty_s`` gives, per phase, how far it may be off because its two ends were
     read on different machines' clocks: the sum of the ends' ``ts_uncertainty`` (events
     read on another node and corrected by its measured offset), ``t_fault_uncertainty``
-    for the fault's own time.
+    for the fault's own time. ``fault_step``: the step an in-process fault's own answer says its process was
+    training when it fired (``None`` for any other fault): steps read up to :data:`READ_LATENCY_S` after the fault
+    and below it were logged before it (:func:`steps_before`).
+
+    ``restored_from`` says which line gave ``restored_step`` (:data:`RESTORED_FROM`); ``reallocation_from`` is
+    ``"log line"`` when the new world's start was read from the job's own log line (a ``probes.log`` rule or a
+    preset), which the workers print once Python and their imports are up: reallocation then includes their
+    start-up (``None`` otherwise).
     """
     timeline = sorted(events, key=lambda e: e["ts"])
-    before = [e for e in timeline if e["ts"] <= t_fault]
+    before = steps_before(timeline, t_fault, fault_step)
     after = [e for e in timeline if e["ts"] > t_fault]
 
     detect = find_detection(timeline, t_fault, t_fault_uncertainty)
@@ -257,6 +285,8 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "lost_steps": lost.steps,
         "last_step_before": lost.last_step_before,
         "restored_step": loaded.restored_step,
+        "restored_from": loaded.restored_from,
+        "reallocation_from": _read_from(realloc.event),
         "detected_by": _who(detect.event),
         "detections": detection_sources(timeline, t_fault),
         "t_fault": t_fault,
@@ -272,6 +302,40 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
             "recovery": _uncertainty(recovery, t_fault_uncertainty, _error(resumed.event)),
         },
     }
+
+
+def steps_before(timeline: list[Event], t_fault: float, fault_step: int | None = None) -> list[Event]:
+    """The events up to ``t_fault`` (in time order), and the steps read up to :data:`READ_LATENCY_S` after it whose
+    step is below ``fault_step`` (the step an in-process fault's answer says was being trained when it fired): the
+    job logged them before the fault; chaoskit read them later."""
+    before = [e for e in timeline if e["ts"] <= t_fault]
+    if isinstance(fault_step, int) and not isinstance(fault_step, bool):
+        before += [e for e in timeline if t_fault < e["ts"] <= t_fault + READ_LATENCY_S and e.get("kind") == "step"
+                   and isinstance(e.get("step"), int) and e["step"] < fault_step]
+    return before
+
+
+LOG_LINE = "log line"
+"""``reallocation_from`` when the new world's start was read from the job's log (:func:`measure_fault`)."""
+
+
+def _read_from(e: Event | None) -> str | None:
+    """``"log line"`` for a worker start read from the job's output (a log rule's ``source`` is ``log``, a preset's
+    its own name); ``None`` for the SDK's (or a callback's) and for a scheduler's restart."""
+    if e is None or e.get("kind") != "worker.start" or e.get("source") in (None, "sdk"):
+        return None
+    return LOG_LINE
+
+
+def phase_spans(phases: dict[str, Any]) -> dict[str, str]:
+    """What each phase of ``phases`` spans, for the reports' "what it spans" column: the model's
+    (:data:`PHASE_MEANINGS`), saying where a phase was read from a line that changes what it holds (a new world's
+    start from the job's log line includes the workers' start-up)."""
+    out = dict(PHASE_MEANINGS.get(phases.get("model") or "restart", PHASE_MEANINGS["restart"]))
+    if phases.get("reallocation_from") == LOG_LINE:
+        out["reallocation"] += (" (from the job's own log line: includes the new workers' start-up, Python and its "
+                                "imports, up to that line)")
+    return out
 
 
 def _span(a: Event | float | None, b: Event | float | None) -> float | None:
@@ -297,7 +361,7 @@ or the lighthouse dropping the group from the quorum once it stopped heartbeatin
 
 
 def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                    node: str | None = None) -> dict[str, Any]:
+                    node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
     """Measure a torchft job's recovery from a fault to the replica group on ``node`` (docs/architecture.md,
     "Recovery models"): no restart of the world, so the phases are torchft's own.
 
@@ -324,9 +388,10 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
     def survivor(e: Event) -> bool:
         return node is None or e.get("node") != node or e.get("source") == "torchft lighthouse"
 
-    steps_before = [e for e in timeline if e["ts"] <= t_fault and e.get("kind") == "step" and isinstance(e.get("step"), int)]
-    last_step_before = max((e["step"] for e in steps_before), default=None)
-    group_before = max((e["step"] for e in steps_before if node is None or e.get("node") == node), default=None)
+    steps_before_fault = [e for e in steps_before(timeline, t_fault, fault_step)
+                          if e.get("kind") == "step" and isinstance(e.get("step"), int)]
+    last_step_before = max((e["step"] for e in steps_before_fault), default=None)
+    group_before = max((e["step"] for e in steps_before_fault if node is None or e.get("node") == node), default=None)
 
     detect = next((e for e in after if e.get("kind") in DETECT_KINDS and e.get("source") in TORCHFT_DETECT_SOURCES
                    and survivor(e)), None)
@@ -412,7 +477,7 @@ NVRX_SOURCE = "nvrx"
 
 
 def measure_nvrx(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                 node: str | None = None) -> dict[str, Any]:
+                 node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
     """Measure a job under NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext) recovering from one fault
     (docs/architecture.md, "Recovery models"). ft_launcher restarts the world as torchrun does, so the phases
     after detection are the restart model's; what it adds is who notices:
@@ -428,7 +493,7 @@ def measure_nvrx(events: Iterable[Event], t_fault: float, t_fault_uncertainty: f
     (``{ts, latency_s, rank, why, timeout_s}``), ``None`` when no monitor noticed (a rank that died is the launcher's
     to see, not its monitor's)."""
     timeline = sorted(events, key=lambda e: e["ts"])
-    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node)
+    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
     phases["model"] = "nvrx"
     monitor = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
                     and e.get("source") == NVRX_SOURCE), None)
@@ -447,7 +512,7 @@ NVRX_INPROCESS_SOURCE = "nvrx-inprocess"
 
 
 def measure_nvrx_inprocess(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                           node: str | None = None) -> dict[str, Any]:
+                           node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
     """Measure a job under NVRx's in-process restart (``nvidia_resiliency_ext.inprocess.Wrapper``) recovering from
     one fault (docs/architecture.md, "Recovery models"). The Wrapper reruns the training loop in the same
     processes, so the phases are the restart model's with the loop's restart in place of new workers:
@@ -467,7 +532,7 @@ def measure_nvrx_inprocess(events: Iterable[Event], t_fault: float, t_fault_unce
     ``world_size``: ``{before, after}`` the restart (the Wrapper goes on without ranks it finds unresponsive: a
     dead node's; ``None`` where the starts do not say)."""
     timeline = sorted(events, key=lambda e: e["ts"])
-    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node)
+    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
     phases["model"] = "nvrx-inprocess"
     stop = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
                  and e.get("source") == NVRX_INPROCESS_SOURCE and e.get("interruption")), None)

@@ -66,7 +66,7 @@ from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
-from chaoskit.core.launches import LAUNCHES
+from chaoskit.core.launches import LAUNCHES, agent_of
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import checkpoint_dir, job_dir, torch_available
 from chaoskit.workloads.registry import job_class, make_job
@@ -229,6 +229,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         job = make_job(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, base=loaded.path.parent)
         plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
+                  "agent": agent_of(sc.workload.recovery),
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan, **job.plan_part()}
         result["scope"] = _scope_preview(sc, cluster, job, loaded.path)
         if not torch_available() and LAUNCHES[sc.workload.launch].needs_torch:
@@ -828,7 +829,10 @@ class _Run:
         per_fault = []
         slowdown = None
         for fault, inj in self.injections:
-            m = self.measure(events, inj.t_fault, self._clock_error(inj.node), node=inj.node)
+            # an in-process fault's answer names the step its process was training: the lines it logged before
+            # the fault may be read a moment after it (measure.steps_before)
+            m = self.measure(events, inj.t_fault, self._clock_error(inj.node), node=inj.node,
+                             fault_step=inj.detail.get("step"))
             steps = reallocation_steps(events, m["t_detect"], m["t_realloc"], self.cluster.details.get("slurm"))
             if steps:
                 m["reallocation_steps"] = steps
@@ -875,6 +879,9 @@ class _Run:
         phases = {k: (phases_full or {}).get(k) for k in phase_keys}
         if phases_full:
             phases["restored_step"] = phases_full["restored_step"]
+            for key in ("restored_from", "reallocation_from"):  # which line gave them (not in torchft's)
+                if phases_full.get(key) is not None:
+                    phases[key] = phases_full[key]
             phases["last_step_before"] = phases_full["last_step_before"]
             phases["detected_by"] = phases_full["detected_by"]
             phases["detections"] = phases_full["detections"]
@@ -933,9 +940,10 @@ class _Run:
         return None
 
     def measure(self, events: list[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
-                node: str | None = None) -> dict[str, Any]:
+                node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
         """One fault's recovery, measured with the scenario's recovery model (``workload.recovery``)."""
-        return RECOVERY_MODELS[self.sc.workload.recovery](events, t_fault, t_fault_uncertainty, node=node)
+        return RECOVERY_MODELS[self.sc.workload.recovery](events, t_fault, t_fault_uncertainty, node=node,
+                                                          fault_step=fault_step)
 
     def _clock_error(self, node: str) -> float:
         clock = self.clocks.get(node)

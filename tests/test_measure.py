@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -82,10 +83,12 @@ def test_unobserved_phases_are_null_with_a_reason_and_fail_their_slo():
     assert not slo["recovery"]["pass"] and not slo["lost_steps"]["pass"]
 
 
-def test_a_lost_work_not_observed_says_why_and_the_terminal_says_what_the_report_says(tmp_path):
-    """Issue 51, item 9: both ranks' checkpoint loads were seen, but neither named its step (a job's own log line
-    without one). Lost work is null: its reason is in ``phases.reasons`` and its SLO entry, and the terminal's
-    lost-work row says "no restored step observed", as the HTML report does (not "nothing restored")."""
+def test_a_load_that_names_no_step_restores_the_step_before_the_first_step_after_it(tmp_path):
+    """Issue 51, item 2: both ranks' checkpoint loads were seen, but neither named its step (NVRx's examples print
+    the file they load). The restored step is the one before the first step after the load (the job resumes with
+    the step after its checkpoint's), lost work is measured and meets its SLO, and result.json, the terminal and
+    the HTML report say which line gave it. A first step after the load that names no step either leaves lost work
+    null with its reason, and the terminal's lost-work row says "no restored step observed", as the report does."""
     import io
 
     from rich.console import Console
@@ -96,8 +99,30 @@ def test_a_lost_work_not_observed_says_why_and_the_terminal_says_what_the_report
 
     events = [{k: v for k, v in e.items() if not (e["kind"] == "ckpt.load.end" and k == "step")} for e in timeline()]
     m = measure_fault(events, 10.0)
-    assert m["recovery_s"] == pytest.approx(3.6) and m["restored_step"] is None and m["lost_steps"] is None
-    why = "not observed: no restored step (the checkpoint load of 2 ranks seen, none naming its step)"
+    assert m["recovery_s"] == pytest.approx(3.6)
+    assert (m["last_step_before"], m["restored_step"], m["lost_steps"]) == (59, 50, 9)
+    assert m["restored_from"] == "first step after the load" and "lost_steps" not in m["reasons"]
+    assert slo_verdict(m, {"lost_steps": 25})["lost_steps"] == {"limit": 25, "measured": 9, "pass": True}
+    assert measure_fault(timeline(), 10.0)["restored_from"] == "load line"
+
+    run = tmp_path / "run"
+    result = synth_run(run)
+    result["phases"].update({key: m[key] for key in ("lost_steps", "restored_step", "restored_from", "last_step_before",
+                                                     "reasons")})
+    (run / "result.json").write_text(json.dumps(result))
+    out = io.StringIO()
+    render_result(Console(file=out, width=200), result)
+    said = "step 59 before the fault, restored 50 (from the first step after the load)"
+    assert said in out.getvalue()
+    assert run_cli("report", run).code == 0
+    assert said in (run / "report.html").read_text()
+
+    # nothing names the restored step: null, with the reason
+    unnamed = [dict(e, step="?") if e["kind"] == "step" and e["ts"] > 13.5 else e for e in events]
+    m = measure_fault(unnamed, 10.0)
+    assert m["restored_step"] is None and m["lost_steps"] is None and m["restored_from"] is None
+    why = ("not observed: no restored step (the checkpoint load of 2 ranks seen, none naming its step, nor the first "
+           "step after it)")
     assert m["reasons"] == {"lost_steps": why}
     assert slo_verdict(m, {"lost_steps": 25})["lost_steps"] == {"limit": 25, "measured": None, "pass": False, "reason": why}
     # a lost work that is not measurable for another cause names that cause
@@ -105,17 +130,33 @@ def test_a_lost_work_not_observed_says_why_and_the_terminal_says_what_the_report
         "not observed: training did not resume after the fault")
     assert measure_fault([e for e in events if e["ts"] > 10.0 or e["kind"] != "step"], 10.0)["reasons"]["lost_steps"] == (
         "not observed: no step before the fault")
-
-    run = tmp_path / "run"
-    result = synth_run(run)
-    result["phases"].update({key: m[key] for key in ("lost_steps", "restored_step", "last_step_before", "reasons")})
+    result["phases"].update({key: m[key] for key in ("lost_steps", "restored_step", "restored_from", "reasons")})
     (run / "result.json").write_text(json.dumps(result))
     out = io.StringIO()
     render_result(Console(file=out, width=200), result)
-    terminal = out.getvalue()
-    assert "step 59 before the fault, no restored step observed" in terminal and "nothing restored" not in terminal
+    assert "step 59 before the fault, no restored step observed" in out.getvalue() and "nothing restored" not in out.getvalue()
     assert run_cli("report", run).code == 0
     assert "step 59 before the fault, no restored step observed" in (run / "report.html").read_text()
+
+
+def test_steps_an_in_process_fault_read_late_count_before_it():
+    """Issue 51, item 10: an in-process fault is stamped inside the process (its answer: step 511 was being
+    trained), the job's log lines when chaoskit reads them: both ranks' "step 510" were read 5 ms after the fault.
+    The last step before the fault is 510, not 509; a step read later than that, or not below the fault's own step
+    (training went on after a NaN), is after it; a fault that names no step (a SIGKILL) is measured as before."""
+    t = 10.0
+    events = [*[ev(t - 0.05 * (510 - s), "step", rank=r, step=s) for s in range(500, 510) for r in (0, 1)],
+              ev(t + 0.005, "step", rank=0, step=510), ev(t + 0.005, "step", rank=1, step=510),
+              ev(t + 0.3, "detect", rank=0, why="collective error"),
+              ev(t + 1.0, "worker.start", rank=0), ev(t + 1.1, "worker.start", rank=1),
+              ev(t + 2.0, "ckpt.load.end", rank=0, step=500), ev(t + 2.1, "ckpt.load.end", rank=1, step=500),
+              ev(t + 2.2, "step", rank=0, step=501)]
+    m = measure_fault(events, t, fault_step=511)
+    assert (m["last_step_before"], m["restored_step"], m["lost_steps"]) == (510, 500, 10)
+    assert measure_fault(events, t)["last_step_before"] == 509  # no answer's step: only what was read before
+    assert measure_fault(events, t, fault_step=510)["last_step_before"] == 509  # 510 was the step being trained
+    late = [dict(e, ts=t + 0.9) if e["kind"] == "step" and e["step"] == 510 else e for e in events]
+    assert measure_fault(late, t, fault_step=511)["last_step_before"] == 509  # past the read latency: after
 
 
 def test_slo_limits_are_inclusive_and_unset_slos_are_absent():
@@ -196,3 +237,43 @@ def test_detection_sources_list_each_source_first_first_with_chaoskits_heartbeat
     m = measure_fault(events, t)
     assert m["detection_s"] == 10.2 and m["detections"] == found
     assert detection_sources(events, t + 20) == []
+
+
+def test_a_reallocation_read_from_the_jobs_log_says_it_includes_the_workers_start_up(tmp_path):
+    """Issue 51, item 11: the new world's start read from the job's own log line (a ``probes.log`` rule: source
+    ``log``) comes once Python and torch are imported: reallocation includes that start-up, and result.json, the
+    terminal and the HTML report's "what it spans" say so; the SDK's start does not carry the remark."""
+    import io
+
+    from rich.console import Console
+
+    from chaoskit.report.summary import render_result
+    from tests.conftest import run_cli
+    from tests.test_report import synth_run
+
+    from_log = [dict(e, source="log") if e["kind"] == "worker.start" else e for e in timeline()]
+    m = measure_fault(from_log, 10.0)
+    assert m["reallocation_s"] == pytest.approx(1.6) and m["reallocation_from"] == "log line"
+    assert measure_fault([dict(e, source="sdk") if e["kind"] == "worker.start" else e for e in timeline()],
+                         10.0)["reallocation_from"] is None
+    run = tmp_path / "run"
+    result = synth_run(run)
+    result["phases"]["reallocation_from"] = m["reallocation_from"]
+    (run / "result.json").write_text(json.dumps(result))
+    out = io.StringIO()
+    render_result(Console(file=out, width=300), result)
+    said = "includes the new workers' start-up"
+    assert said in out.getvalue()
+    assert run_cli("report", run).code == 0
+    assert said in html.unescape((run / "report.html").read_text())
+
+
+def test_the_dry_run_names_ft_launcher_as_the_agent_under_nvrx():
+    """Issue 51, item 11: ``--dry-run`` of an nvrx scenario says each node runs ft_launcher, not a torchrun agent."""
+    from tests.conftest import ROOT, run_cli
+
+    r = run_cli("run", ROOT / "scenarios" / "nvrx-hang-rank.yaml", "--dry-run")
+    assert r.code == 0, r.stderr
+    assert "job, one ft_launcher agent per node:" in r.stdout and "torchrun agent per node" not in r.stdout
+    r = run_cli("run", ROOT / "scenarios" / "kill-rank.yaml", "--dry-run")
+    assert "job, one torchrun agent per node:" in r.stdout

@@ -38,7 +38,7 @@ TIMELINES = 3000
 
 
 def old_measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                  node: str | None = None) -> dict[str, Any]:
+                  node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
     """The function as it was before the finder split (reference only)."""
     timeline = sorted(events, key=lambda e: e["ts"])
     before = [e for e in timeline if e["ts"] <= t_fault]
@@ -335,14 +335,38 @@ def _old(model: str):
     return reference
 
 
-def _since_issue_51(want: dict[str, Any]) -> dict[str, Any]:
-    """The reference's answer with issue 51's two changes made on purpose since: a null lost work has its reason
+def _since_issue_51(want: dict[str, Any], events: list[Event]) -> dict[str, Any]:
+    """The reference's answer with issue 51's changes made on purpose since: a null lost work has its reason
     (``reasons["lost_steps"]``, last; its wording is :func:`find_lost_work`'s, checked in tests/test_measure.py),
-    and torchft's catch-up is one less (the step healed to is the next to run, not one the group missed)."""
+    torchft's catch-up is one less (the step healed to is the next to run, not one the group missed), and under the
+    restart models a checkpoint load that names no step restores the step before the first step after it, with
+    ``restored_from`` and ``reallocation_from`` after ``restored_step`` (item 2, item 11)."""
     if want["model"] == "torchft" and want["catch_up_steps"] is not None:
         want["catch_up_steps"] = max(0, want["catch_up_steps"] - 1)
         if want["lost_steps"] is not None:
             want["lost_steps"] = len(want["discarded_steps"]) + want["catch_up_steps"]
+    if want["model"] != "torchft":
+        timeline = sorted(events, key=lambda e: e["ts"])
+        restored_from = None
+        if want["restored_step"] is not None:
+            restored_from = "no checkpoint" if want["t_loaded"] is None else "load line"
+        elif want["t_loaded"] is not None:
+            resumed = next(e for e in timeline if e["kind"] == "step" and e["ts"] == want["t_resumed"])
+            if isinstance(resumed.get("step"), int):
+                want["restored_step"], restored_from = max(0, resumed["step"] - 1), "first step after the load"
+                if want["last_step_before"] is not None:
+                    want["lost_steps"] = max(0, want["last_step_before"] - want["restored_step"])
+        realloc = next((e for e in timeline if e["ts"] == want["t_realloc"] and e["ts"] > want["t_fault"]
+                        and e["kind"] in ("worker.start", "job.running")), None)
+        if realloc is not None and len({json.dumps(e, sort_keys=True) for e in timeline if e["ts"] == want["t_realloc"]
+                                        and e["kind"] in ("worker.start", "job.running")}) > 1:
+            realloc = "?"  # several starts at that instant: which one the finder took is its own business
+        from_log = ("?" if realloc == "?" else "log line" if realloc is not None and realloc["kind"] == "worker.start"
+                    and realloc.get("source") not in (None, "sdk") else None)
+        keys = list(want)
+        at = keys.index("restored_step") + 1
+        want = {**{k: want[k] for k in keys[:at]}, "restored_from": restored_from, "reallocation_from": from_log,
+                **{k: want[k] for k in keys[at:]}}
     if want["lost_steps"] is None:
         want["reasons"]["lost_steps"] = "*"
     return want
@@ -351,6 +375,8 @@ def _since_issue_51(want: dict[str, Any]) -> dict[str, Any]:
 def _reason_wildcard(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
     if want["reasons"].get("lost_steps") == "*" and got["reasons"].get("lost_steps", "").startswith("not observed: "):
         got["reasons"]["lost_steps"] = "*"
+    if want.get("reallocation_from") == "?":
+        got["reallocation_from"] = "?"
     return got
 
 
@@ -362,7 +388,7 @@ def test_the_finders_measure_what_measure_fault_measured(model: str) -> None:
     for i in range(TIMELINES):
         events, t_fault, unc = random_timeline(rng)
         node = rng.choice((None, *NODES))
-        want = _since_issue_51(old([dict(e) for e in events], t_fault, unc, node=node))
+        want = _since_issue_51(old([dict(e) for e in events], t_fault, unc, node=node), events)
         got = _reason_wildcard(new([dict(e) for e in events], t_fault, unc, node=node), want)
         # json.dumps keeps the key order: result.json is written in it
         assert json.dumps(got, default=str) == json.dumps(want, default=str), f"timeline {i}: {events!r}, t_fault={t_fault}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 __all__ = ["LaunchSpec", "Needs", "LAUNCHES", "LAUNCH_NAMES", "LAUNCH_FIELDS", "RECOVERY_LAUNCHES", "taking",
-           "running_under", "field_problem", "recovery_problem"]
+           "running_under", "field_problem", "recovery_problem", "RECOVERY_AGENTS", "agent_of"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,15 @@ RECOVERY_LAUNCHES: dict[str, str] = {
 }
 """What refusing a recovery model to a launch says, for the models not every launch runs under."""
 
+
+RECOVERY_AGENTS: dict[str, str] = {"nvrx": "ft_launcher"}
+"""Each node's agent under the recovery models that start another than torchrun (what ``--dry-run`` names)."""
+
+
+def agent_of(recovery: str) -> str:
+    """The agent each node of a job started under ``recovery`` runs: ``torchrun`` unless :data:`RECOVERY_AGENTS`
+    names another."""
+    return RECOVERY_AGENTS.get(recovery, "torchrun")
 
 def taking(field: str) -> tuple[str, ...]:
     """The launches that take ``field`` (one of :data:`LAUNCH_FIELDS`), in table order."""

@@ -111,6 +111,12 @@ class Phases(ResultPart):
     recovery_s: Optional[Number] = None
     lost_steps: Optional[int] = None
     restored_step: Optional[int] = None
+    restored_from: Optional[str] = None
+    """Which line gave ``restored_step``: ``load line`` (the checkpoint load named its step), ``first step after
+    the load`` (it named none: the step before the job's first one after it), ``no checkpoint`` (0)."""
+    reallocation_from: Optional[str] = None
+    """``log line`` when the new world's start was read from the job's own log line: reallocation then includes
+    the new workers' start-up (Python and its imports); absent for the SDK's or a callback's start."""
     last_step_before: Optional[int] = None
     detected_by: Optional[str] = None
     detections: list[Detection] = Field(default_factory=list)

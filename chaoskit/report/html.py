@@ -50,7 +50,7 @@ from chaoskit.coverage import (
     compute_coverage,
     resolve_covers,
 )
-from chaoskit.measure import PHASE_MEANINGS, measure_fault
+from chaoskit.measure import measure_fault, phase_spans
 from chaoskit.observe.events import read_events
 from chaoskit.report.summary import check_text
 
@@ -454,7 +454,7 @@ def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, A
     reasons = phases.get("reasons") or {}
     uncertainty = phases.get("uncertainty_s") or {}
     model = phases.get("model") or "restart"
-    meanings = PHASE_MEANINGS.get(model, {}) if model != "restart" else {}
+    meanings = phase_spans({"model": model, "reallocation_from": phases.get("reallocation_from")})
     rows = []
     for name, key, label, meaning in _PHASE_NAMES:
         meaning = meanings.get(name, meaning)
@@ -478,7 +478,8 @@ def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, A
                     f"group {'?' if catch_up is None else catch_up} (healed to step {'?' if restored is None else restored})"
                     if model == "torchft" else
                     f"step {'?' if before is None else before} before the fault, "
-                    + ("no restored step observed" if restored is None else f"restored {restored}")),
+                    + ("no restored step observed" if restored is None else f"restored {restored}"
+                       + (f" (from the {phases['restored_from']})" if phases.get("restored_from") else ""))),
         "measured": "not observed" if lost is None else f"{lost} steps", "reason": None,
         "limit": f"<= {entry['limit']}" if entry else "-", "ok": None if not entry else bool(entry["pass"]),
     })

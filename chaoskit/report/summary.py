@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaoskit.core.result import Check, RunResult, SloEntry
-from chaoskit.measure import PHASE_MEANINGS
+from chaoskit.measure import phase_spans
 
 __all__ = ["render_result", "render_repeat", "render_plan", "check_text"]
 
@@ -52,8 +52,9 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     table.add_column("SLO", justify="right")
     table.add_column("", justify="center")
     table.add_column("what it spans", style="dim")
+    spans = phase_spans({"model": model, "reallocation_from": phases.reallocation_from})
     for name, key, meaning in _ROWS:
-        meaning = PHASE_MEANINGS[model].get(name, meaning) if model in PHASE_MEANINGS else meaning
+        meaning = spans.get(name, meaning)
         entry = slo.get(name)
         limit = f"<= {entry.limit_s:g}s" if entry else "-"
         table.add_row(name.replace("_", " "), _fmt(getattr(phases, key)), limit, _mark(entry), meaning)
@@ -65,7 +66,8 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
         f"{len(phases.discarded_steps)} discarded by the survivors + catch-up {phases.catch_up_steps} "
         f"(healed to step {phases.restored_step})" if model == "torchft" else
         f"step {'?' if phases.last_step_before is None else phases.last_step_before} before the fault, "
-        + ("no restored step observed" if phases.restored_step is None else f"restored {phases.restored_step}"),
+        + ("no restored step observed" if phases.restored_step is None else f"restored {phases.restored_step}"
+           + (f" (from the {phases.restored_from})" if phases.restored_from else "")),
     )
     console.print(table)
     slow = result.slowdown
@@ -156,6 +158,25 @@ PLAN_NODES = 8
 """Nodes a dry run names one by one; the rest are counted."""
 
 
+def _render_env(console, env: dict[str, Any] | None, escape) -> None:
+    """The plan's ``env``: each variable the job is given (one value, or each node's), what is unset, and why."""
+    if not env:
+        return
+    nodes: dict[str, dict[str, str]] = env.get("nodes") or {}
+    console.print("environment each agent and its workers get, on top of chaoskit's own:")
+    why = env.get("why") or {}
+    for name in sorted({n for e in nodes.values() for n in e}):
+        values = {node: e[name] for node, e in nodes.items() if name in e}
+        shown = (next(iter(values.values())) if len(set(values.values())) == 1 and len(values) == len(nodes)
+                 else ", ".join(f"{node}: {v}" for node, v in values.items()))
+        because = f"  ({why[name]})" if name in why else ""
+        console.print(f"  {escape(name)}={escape(str(shown))}{escape(because)}", soft_wrap=True)
+    for name in env.get("unset") or []:
+        console.print(f"  {escape(name)} unset  (workload.env)", soft_wrap=True)
+    if env.get("rdzv_store"):
+        console.print(f"  rendezvous store: {escape(env['rdzv_store'])}", soft_wrap=True)
+
+
 def render_plan(console, result: dict[str, Any]) -> None:
     """A dry run's plan; every value from the scenario, the inventory or the nodes is escaped (not markup)."""
     from rich.markup import escape
@@ -168,9 +189,10 @@ def render_plan(console, result: dict[str, Any]) -> None:
     if result.get("attach"):
         console.print(f"job: {escape(str(result['attach']))}", soft_wrap=True)
     else:
-        console.print("job, one torchrun agent per node:")
+        console.print(f"job, one {escape(str(result.get('agent') or 'torchrun'))} agent per node:")
     for node, cmd in result["job"].items():
         console.print(f"  {node}: {escape(str(cmd))}", soft_wrap=True)
+    _render_env(console, result.get("env"), escape)
     for item in result["plan"]:
         console.print(f"fault {item['fault']} [bold]{item['kind']}[/bold] at {escape(str(item['at']))}, "
                       f"target {escape(str(item['target']))}:", soft_wrap=True)
