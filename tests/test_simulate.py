@@ -458,3 +458,37 @@ def test_without_numpy_simulate_and_campaign_say_what_to_install_before_any_work
     res = chaoskit_cli("campaign", SCENARIOS / "kill-rank.yaml", "--duration", "1m", "--mtbf", "30s", "--out", tmp_path / "c")
     assert res.code == 3 and "needs numpy" in res.stderr, res.stdout + res.stderr
     assert not (tmp_path / "c").exists()  # nothing drawn, nothing started
+
+
+# -- published figures: Meta's RSC study (failures per node-day) ----------------------
+
+
+def test_failures_per_node_day_convert_as_by_hand_and_the_first_order_row_is_the_papers_ettr():
+    """Issue 51, item 12: Meta's RSC study quotes 6.50 and 2.34 failures per 1,000 node-days; on 8 GPUs a node,
+    6.50 / 1,000 / 8 / 24 failures per GPU-hour (and --gpus-per-node changes it). At 16,000 GPUs, a 60-minute
+    interval, free checkpoints and a 5-minute restart, the first-order ETTR is the paper's 0.684
+    (1 - 2,000 nodes x 0.0065 a day x (30 + 5) min / 1,440 min); the headline is the exact renewal form, about 3.6
+    points above, and the output says which is which."""
+    rsc = ["--gpus", "16000", "--ckpt-interval", "60m", "--ckpt-cost", "0", "--detection", "0", "--reallocation", "5m",
+           "--ckpt-load", "0", "--trials", "50", "--seed", "1"]
+    code, _, err, out = run_cli("--failures-per-node-day", "0.0065", *rsc, "--json")
+    assert code == 0, err
+    assert out["inputs"]["gpu_rate_per_hour"] == pytest.approx(6.50 / 1000 / 8 / 24, rel=1e-12)
+    gp = out["closed_form"]["goodput"]
+    by_hand = 1 - (16000 / 8) * 0.0065 * (30 + 5) / (24 * 60)
+    assert gp["first_order"] == pytest.approx(by_hand, abs=1e-9) and round(gp["first_order"], 3) == 0.684
+    assert gp["exact"] - gp["first_order"] == pytest.approx(0.036, abs=0.002)
+    assert gp["headline"].startswith("exact")
+    code, _, _, rsc2 = run_cli("--failures-per-node-day", "0.00234", "--gpus-per-node", "4", *rsc, "--json")
+    assert code == 0 and rsc2["inputs"]["gpu_rate_per_hour"] == pytest.approx(2.34 / 1000 / 4 / 24, rel=1e-12)
+
+    code, text, _, _ = run_cli("--failures-per-node-day", "0.0065", *rsc)
+    assert code == 0
+    assert "goodput (ETTR), exact renewal" in text and "72.02%" in text
+    assert "goodput (ETTR), first order" in text and "68.40%" in text and "+3.6 points" in text
+    assert "6.5 per 1,000 node-days" in text
+
+    code, _, err, _ = run_cli("--failures-per-node-day", "0.0065", "--gpu-rate", "1e-5")
+    assert code == 2 and "--gpu-rate and --failures-per-node-day say the same thing" in err
+    code, _, err, _ = run_cli("--failures-per-node-day", "0")
+    assert code == 2 and "--failures-per-node-day must be above zero" in err

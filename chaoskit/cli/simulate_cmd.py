@@ -52,6 +52,12 @@ def simulate(
         None, "--gpu-mtbf", metavar="DURATION",
         help="Instead of --gpu-rate: mean time between failures of one GPU, e.g. 50000h. The cluster's MTBF is this / GPUs.",
     ),
+    failures_per_node_day: Optional[float] = typer.Option(
+        None, "--failures-per-node-day",
+        help="Instead of --gpu-rate: failures per node per day, as cluster studies quote them (Meta's RSC study: 6.50 "
+             "and 2.34 per 1,000 node-days, i.e. 0.0065 and 0.00234). Divided by --gpus-per-node and 24 h.",
+    ),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per node, for --failures-per-node-day."),
     days: float = typer.Option(
         LLAMA3_DAYS, "--days", help="Length of the job (wall-clock days) over which failures are counted and goodput measured."),
     ckpt_interval: str = typer.Option(
@@ -134,9 +140,20 @@ def simulate(
     from chaoskit.sim import model as m
 
     notes: list[str] = []
-    if gpu_rate is not None and gpu_mtbf is not None:
-        raise ScenarioError("--gpu-rate and --gpu-mtbf say the same thing; give one", hint="--gpu-rate 2e-5 is --gpu-mtbf 50000h")
-    if gpu_mtbf is not None:
+    rates = [flag for flag, v in (("--gpu-rate", gpu_rate), ("--gpu-mtbf", gpu_mtbf),
+                                  ("--failures-per-node-day", failures_per_node_day)) if v is not None]
+    if len(rates) > 1:
+        raise ScenarioError(f"{' and '.join(rates)} say the same thing; give one",
+                            hint="--gpu-rate 2e-5 is --gpu-mtbf 50000h; --failures-per-node-day 0.0065 with 8 GPUs a "
+                                 "node is --gpu-rate 3.39e-5")
+    if failures_per_node_day is not None and not failures_per_node_day > 0:
+        raise ScenarioError(f"--failures-per-node-day must be above zero, got {failures_per_node_day:g}",
+                            hint="with no failures there is nothing to simulate")
+    if failures_per_node_day is not None:
+        rate = m.gpu_rate_from_node_days(failures_per_node_day, gpus_per_node)
+        notes.append(f"{failures_per_node_day:g} failures per node-day ({failures_per_node_day * 1000:g} per 1,000 "
+                     f"node-days) on {gpus_per_node} GPUs a node: {rate:.3g} per GPU-hour")
+    elif gpu_mtbf is not None:
         mtbf_s = _duration("--gpu-mtbf", gpu_mtbf)
         if mtbf_s <= 0:
             raise ScenarioError("--gpu-mtbf must be longer than zero")

@@ -47,6 +47,7 @@ __all__ = [
     "young_interval",
     "daly_interval",
     "goodput_first_order",
+    "gpu_rate_from_node_days",
     "goodput",
     "recovery_stats",
     "lost_work_per_failure",
@@ -173,6 +174,13 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
         return mtbf_s
     x = cost_s / (2.0 * mtbf_s)
     return math.sqrt(2.0 * cost_s * mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - cost_s
+
+
+def gpu_rate_from_node_days(failures_per_node_day: float, gpus_per_node: int) -> float:
+    """Failures per GPU-hour from failures per node-day, as cluster studies quote them (Meta's RSC study:
+    6.50 per 1,000 node-days is ``0.0065``): ``f / gpus_per_node / 24``. A node's failure stops its job whichever
+    of its GPUs it came from, so the rate is spread evenly over them."""
+    return failures_per_node_day / gpus_per_node / 24.0
 
 
 def goodput_first_order(tau_s, cost_s: float, mtbf_s: float, mttr_s: float):
