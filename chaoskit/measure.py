@@ -35,7 +35,7 @@ __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
            "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
-           "READ_LATENCY_S", "steps_before", "phase_spans"]
+           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued", "sdc.detected", "loss.anomaly"})
@@ -336,6 +336,32 @@ def phase_spans(phases: dict[str, Any]) -> dict[str, str]:
         out["reallocation"] += (" (from the job's own log line: includes the new workers' start-up, Python and its "
                                 "imports, up to that line)")
     return out
+
+
+RESTART_GAP_S = 1.0
+"""Worker exits this close together are one restart (every rank of the world goes at once)."""
+
+
+def baseline_restarts(events: Iterable[Event], until: float) -> tuple[int, str | None]:
+    """The job's restarts before ``until`` (the first fault), and what the first of them was (``None`` without
+    one): worker exits (those within :data:`RESTART_GAP_S` of each other one restart), or a worker started with a
+    ``restart_count`` (the larger of the two counts). A baseline with one was not steady."""
+    early = [e for e in sorted(events, key=lambda e: e["ts"]) if e["ts"] < until]
+    exits = [e for e in early if e.get("kind") == "worker.exit"]
+    restarted = [e for e in early if e.get("kind") == "worker.start" and isinstance(e.get("restart_count"), int)
+                 and not isinstance(e.get("restart_count"), bool) and e["restart_count"] >= 1]
+    bursts, last = 0, None
+    for e in exits:
+        if last is None or e["ts"] - last > RESTART_GAP_S:
+            bursts += 1
+        last = e["ts"]
+    count = max([bursts, *(e["restart_count"] for e in restarted)])
+    first = min(exits[:1] + restarted[:1], key=lambda e: e["ts"], default=None)
+    if first is None:
+        return count, None
+    what = (_who(first) if first["kind"] == "worker.exit"
+            else f"workers started again on {first.get('node', '?')} (restart {first['restart_count']})")
+    return count, f"{what}, {until - first['ts']:.1f}s before the first fault"
 
 
 def _span(a: Event | float | None, b: Event | float | None) -> float | None:

@@ -46,7 +46,7 @@ from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.measure import RECOVERY_MODELS, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals
+from chaoskit.measure import RECOVERY_MODELS, baseline_restarts, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
@@ -857,6 +857,18 @@ class _Run:
         checks: dict[str, Any] = {}
         if self.t_baseline is not None:
             checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
+            if self.injections:  # a worker that exited or a world that restarted before the first fault: not steady
+                allowed = self.sc.steady_state.restarts_allowed
+                restarts, first = baseline_restarts(events, min(inj.t_fault for _, inj in self.injections))
+                checks["steady_state"].update(restarts=restarts, restarts_allowed=allowed)
+                if restarts > allowed:
+                    why = (f"the baseline was not steady: {restarts} restart{'s' if restarts != 1 else ''} of the job's "
+                           f"workers before the first fault ({first}); steady_state.restarts_allowed is {allowed}")
+                    checks["steady_state"].update({"pass": False, "reason": why})
+                    self._note(why)
+                elif restarts:
+                    self._note(f"{restarts} restart{'s' if restarts != 1 else ''} of the job's workers before the first "
+                               f"fault ({first}), within steady_state.restarts_allowed: {allowed}")
         if self.sc.workload.wait == "finish" and self.verdict is None and self.job is not None:
             checks["training_finished"] = self.job.finished(final_step)
         reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)

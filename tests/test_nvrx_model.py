@@ -203,3 +203,66 @@ def test_the_slurm_agent_removes_ft_launchers_socket_folder_when_the_launcher_en
     proc.terminate()  # what Slurm sends the step's script first (scancel, requeue)
     assert proc.wait(timeout=10) == 143
     assert ended.read_text().strip() == "term" and not folder.exists()
+
+
+def test_heartbeat_timeouts_switched_off_reach_ft_launcher_as_null(tmp_path):
+    """NVRx's sections example sets both heartbeat timeouts to null; ft_launcher's options take numbers only (and
+    one not given is NVRx's 45/60 min), so chaoskit writes them into its --ft-cfg-path file, which NVRx's own
+    parser reads as None (never checked). The plan shows it, and the scorecard's timeouts say "off"."""
+    from chaoskit.scenario.checks import check_scenario
+    from chaoskit.scorecard import stack_timeouts
+    from chaoskit.workloads.launch import TorchrunJob
+    from tests.conftest import run_cli
+
+    path = _scenario(tmp_path, "{recovery: nvrx, nvrx: {heartbeat_timeout: null, initial_heartbeat_timeout: null, "
+                               "section_timeouts: {step: 10s}}}")
+    loaded = load_scenario(path)
+    job = TorchrunJob(check_scenario(loaded), loaded.model.workload, tmp_path / "run", "rid", None)
+    argv = job.agent_argv("n0")
+    assert "--ft-rank-heartbeat-timeout" not in argv and "--ft-initial-rank-heartbeat-timeout" not in argv
+    config = argv[argv.index("--ft-cfg-path") + 1]
+    (tmp_path / "run").mkdir()
+    assert job.write_nvrx_config() == config
+    nvrx = pytest.importorskip("nvidia_resiliency_ext.fault_tolerance.launcher")
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+
+    args = nvrx.get_args_parser().parse_args([*argv[argv.index("--ft-cfg-path"):argv.index("--nproc-per-node")],
+                                              "train.py"])
+    cfg = FaultToleranceConfig.from_args(args)
+    assert cfg.rank_heartbeat_timeout is None and cfg.initial_rank_heartbeat_timeout is None
+    assert cfg.rank_section_timeouts == {"step": 10.0} and cfg.workload_check_interval == 0.5
+    plan = run_cli("run", path, "--dry-run", "--json")
+    assert plan.code == 0 and "--ft-cfg-path" in plan.json["job"]["n0"], plan.stderr
+    doc = {"workload": {"recovery": "nvrx", "nvrx": {"heartbeat_timeout": None, "initial_heartbeat_timeout": None}}}
+    timeouts, warnings = stack_timeouts("nvrx", doc, {})
+    assert timeouts["NVRx heartbeat timeout"] == "off (null)" and timeouts["NVRx initial heartbeat timeout"] == "off (null)"
+    assert not any("heartbeat" in w for w in warnings)
+
+
+def test_a_worker_killed_by_its_rank_monitor_before_the_fault_makes_the_baseline_unsteady(tmp_path):
+    """Issue 51, item 4: ft_launcher's rank monitor killed a worker 16.9 s before the injected fault (the recorded
+    exit, the fault put after it): one restart before the first fault, said with who and when; none before the
+    recording's real fault. A scenario says how many it accepts (``steady_state.restarts_allowed``, default 0,
+    never negative: refused at its line); the run's ``steady_state`` check fails past it, with the reason."""
+    from chaoskit.measure import baseline_restarts
+
+    events = _recorded_timeline()
+    exit_ts = next(e["ts"] for e in events if e["kind"] == "worker.exit")
+    restarts, first = baseline_restarts(events, exit_ts + 16.9)
+    assert restarts == 1 and "exit code -9" in first and first.endswith("16.9s before the first fault")
+    t_fault = float((DATA / "fault.txt").read_text().split()[-1])
+    assert baseline_restarts(events, t_fault) == (0, None)
+    # a restarted world's starts say it too, and two of them are two restarts
+    starts = [{"ts": 5.0, "kind": "worker.start", "node": "n0", "rank": 0, "restart_count": 2}]
+    assert baseline_restarts(starts, 10.0) == (2, "workers started again on n0 (restart 2), 5.0s before the first fault")
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ncluster: lab\nsteady_state: {steps: 3, restarts_allowed: 1}\n"
+                    "faults: [{kind: process.kill, target: {ranks: [1]}, at: {step: 20}}]\n")
+    assert load_scenario(path).model.steady_state.restarts_allowed == 1
+    assert load_scenario(_scenario(tmp_path, "{}")).model.steady_state.restarts_allowed == 0
+    path.write_text("name: s\ncluster: lab\nsteady_state:\n  restarts_allowed: -1\n"
+                    "faults: [{kind: process.kill, target: {ranks: [1]}, at: {step: 20}}]\n")
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert "s.yaml:4" in str(err.value) and "restarts_allowed" in str(err.value)

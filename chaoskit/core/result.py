@@ -196,7 +196,11 @@ class Check(ResultPart):
     exit_codes: Optional[dict[str, Optional[int]]] = None
     """``training_finished`` of a job whose own end says so: each torchrun agent's exit code."""
     reason: Optional[str] = None
-    """``silent_fault_detected``: why nothing noticed."""
+    """``silent_fault_detected``: why nothing noticed; ``steady_state``: the restart that made it unsteady."""
+    restarts: Optional[int] = None
+    """``steady_state``: the workers' restarts seen before the first fault."""
+    restarts_allowed: Optional[int] = None
+    """``steady_state``: the restarts the scenario accepts (``steady_state.restarts_allowed``)."""
 
 
 class Slowdown(ResultPart):

@@ -478,6 +478,9 @@ def scenario_model(clusters: Iterable[str] | None = None, faults: Iterable[str] 
     when given, which is what validating one file needs: a smaller model to build, and no module
     of a kind the file does not name is imported. Built once per set of names and registrations
     (a plugin registered later gets a new model)."""
+    restarts_allowed: int = Field(0, ge=0, le=MAX_COUNT, description=(
+        "Restarts of the job's workers (a worker exit, a restarted world) the drill accepts before its first fault. "
+        "Past it the baseline was not steady: a note, and the drill fails."))
     cluster_names = tuple(sorted(set(clusters))) if clusters is not None else tuple(CLUSTERS.names())
     fault_names = tuple(sorted(set(faults))) if faults is not None else tuple(FAULTS.names())
     key = (CLUSTERS.generation, FAULTS.generation, cluster_names, fault_names)
