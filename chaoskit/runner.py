@@ -804,6 +804,8 @@ class _Run:
                     return True
                 codes = self.job.returncodes()
                 why = self.job.diagnosis()
+                if self.bus.last_step is None:  # it may have trained to the end: nothing read a step of it
+                    why = "; ".join(filter(None, [why, NO_STEP_SEEN]))
                 raise InfraError(f"the training job ended before {what} (agent exit codes {codes})" + (f": {why}" if why else ""),
                                  hint=f"see {self.run_dir / 'logs'}")
             self.bus.wait_for(predicate, min(0.1, max(0.0, end - time.time())))
@@ -960,6 +962,12 @@ class _Run:
     def _clock_error(self, node: str) -> float:
         clock = self.clocks.get(node)
         return clock.error_s if clock is not None else 0.0
+
+
+NO_STEP_SEEN = ("no step event was seen: the job reported none (no SDK, no callback) and no probes.log rule or "
+                "preset read one from its lines (torchrun's carry none); add a step rule, e.g. {event: step, match: "
+                "'Step (?P<step>\\d+)'}, or chaoskit.probe.step(n) in the script")
+"""What a job that ended before steady state without one step event seen is told (issue 51, item 5)."""
 
 
 def _mechanism(inj: Injection) -> dict[str, Any]:

@@ -57,3 +57,20 @@ def test_the_shipped_framework_scenarios_validate():
     shipped = sorted((ROOT / "examples" / "frameworks").glob("*.yaml"))
     res = run_cli("validate", ROOT / "examples" / "frameworks")
     assert len(shipped) >= 5 and res.code == 0 and res.stdout.count("ok  ") == len(shipped), res.stdout + res.stderr
+
+
+def test_a_plain_scripts_starter_names_the_step_rule_to_fill_not_a_callback_that_is_not_there(tmp_path):
+    """Issue 51, item 5(a), in part: ``chaoskit init --framework torchrun`` said "add the callback above" with no
+    callback above. It writes the step and checkpoint rules commented, marked EDIT; once the starter train.py is
+    replaced by a plain script, validate refuses the drill (no step can come) until the rules are uncommented."""
+    path = tmp_path / "s.yaml"
+    res = run_cli("init", "--framework", "torchrun", "--cluster", "lab", "--launch", "command", "--out", path)
+    assert res.code == 0, res.stderr
+    text = path.read_text()
+    assert "callback above" not in text and "EDIT: once train.py is your script" in text
+    assert run_cli("validate", path).code == 0  # the starter script reports through the SDK
+    (tmp_path / "train.py").write_text("for step in range(100):\n    print(f'Step {step}', flush=True)\n")
+    refused = run_cli("validate", path)
+    assert refused.code == 2 and "can never fire: no step event can come" in refused.stderr
+    path.write_text(text.replace("  # log:", "  log:").replace("  #   - {event:", "    - {event:"))
+    assert run_cli("validate", path).code == 0

@@ -26,7 +26,7 @@ workload:
 
 def _command_scenario(folder: Path, steps: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "train.py").write_text("print('training')\n")
+    (folder / "train.py").write_text("from chaoskit import probe\nprobe.step(1)\n")  # it reports its steps
     path = folder / "scenario.yaml"
     path.write_text(COMMAND.format(steps=steps))
     return path
@@ -93,3 +93,41 @@ def test_a_step_rule_with_its_step_group_passes(tmp_path):
     path.write_text(STEP_RULE.format(match=r"'step (?P<step>\d+)'"))
     res = run_cli("validate", path)
     assert res.code == 0, res.stdout + res.stderr
+
+
+PLAIN = """\
+name: plain-script
+cluster: {{kind: process, nodes: 2}}
+workload:
+  launch: command
+  command: [train.py]
+{more}faults:
+  - kind: process.kill
+    target: {{ranks: [1]}}
+    at: {{{at}}}
+"""
+
+
+def _plain(folder: Path, more: str = "", at: str = "step: 50") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.py").write_text("for step in range(100):\n    print(f'Step {step}', flush=True)\n")
+    path = folder / "scenario.yaml"
+    path.write_text(PLAIN.format(more=more, at=at))
+    return path
+
+
+def test_a_plain_script_whose_steps_nobody_reads_is_refused_at_the_step_that_can_never_fire(tmp_path):
+    """Issue 51, item 5(b): a script that neither uses chaoskit nor has a ``step`` log rule or preset reads its
+    steps gives no step event (torchrun's lines carry none): ``at.step`` and steady state never come. ``validate``
+    refuses it at the ``at.step`` (else at ``steady_state``) with the reason and a hint; a step rule makes it ok."""
+    path = _plain(tmp_path / "a")
+    res = run_cli("validate", path)
+    assert res.code == 2
+    assert f"{path}:9:16: faults.0.at.step: can never fire: no step event can come (train.py does not use chaoskit" in res.stderr
+    assert "is never reached; add a probes.log rule for the job's step line" in res.stderr
+    path = _plain(tmp_path / "b", more="steady_state: {steps: 3}\n", at="after: 5s")
+    res = run_cli("validate", path)
+    assert res.code == 2 and f"{path}:6:15: steady_state: can never fire" in res.stderr
+    rule = "probes:\n  log:\n    - {event: step, match: 'Step (?P<step>\\d+)'}\n"
+    res = run_cli("validate", _plain(tmp_path / "c", more=rule))
+    assert res.code == 0, res.stderr

@@ -157,9 +157,16 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
             "    - match: 'step (?P<step>\\d+)'      # EDIT: a line your job prints every step",
             "      event: step",
         ]
-    elif not steps_seen:
+    elif not steps_seen and framework in CALLBACKS:
         lines.append(f"  # {framework}'s own lines give no step: add the callback above, or a probes.log rule for "
                      "your job's step line")
+    elif not steps_seen:  # a plain script: the starter one reports through the SDK, your own one through its lines
+        lines += [f"  # {framework}'s own lines give no step. EDIT: once train.py is your script without chaoskit's SDK,",
+                  "  # uncomment and match the line it prints every step (validate refuses a drill no step can reach):",
+                  "  # log:",
+                  "  #   - {event: step, match: 'Step (?P<step>\\d+)'}",
+                  "  #   - {event: ckpt.save.end, match: 'saved checkpoint .*step (?P<step>\\d+)'}",
+                  "  #   - {event: ckpt.load.end, match: 'loaded checkpoint .*step (?P<step>\\d+)'}"]
     if launch == "attach":
         lines += [
             "  log_files:                           # EDIT: your job's log on each node (absolute), read there by chaoskit's agent",

@@ -166,6 +166,35 @@ def _bounds_steps(workload: Any) -> bool:
     return not LAUNCHES[workload.launch].ends_itself or "steps" in workload.model_fields_set
 
 
+SCRIPT_READ_BYTES = 1 << 20
+"""How much of a ``launch: command`` script :func:`_no_step_source` reads for an import of chaoskit."""
+
+
+def _no_step_source(loaded: LoadedScenario) -> str | None:
+    """Why the job can never report a step, or ``None`` when something can: a ``step`` log rule, a preset that
+    sees steps, or a launch whose job writes the SDK's events (for ``launch: command``, only a script that imports
+    chaoskit: the SDK or a framework callback; torchrun's own lines carry no step)."""
+    sc = loaded.model
+    if any(rule.event == "step" for rule in sc.probes.log) or any("step" in PRESETS[p].sees for p in sc.probes.presets):
+        return None
+    if not LAUNCHES[sc.workload.launch].sdk_events:
+        return f"launch: {sc.workload.launch}'s job writes no SDK events and no probes.log rule or preset reads a step"
+    if not sc.probes.sdk:
+        return "probes.sdk is off and no probes.log rule or preset reads a step"
+    script = sc.workload.command_script(loaded.path.parent)
+    if script is None:
+        return None
+    try:
+        with open(script, "rb") as fh:
+            text = fh.read(SCRIPT_READ_BYTES)
+    except OSError:
+        return None  # the script's own check says what is wrong with it
+    if b"chaoskit" in text:
+        return None
+    return (f"{script.name} does not use chaoskit (no SDK, no callback), torchrun's lines carry no step, and no "
+            "probes.log rule or preset reads one")
+
+
 def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
     inventory = cluster.inventory
     sc = loaded.model
@@ -243,6 +272,16 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
             "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "
             "`step`) with probes.log, and name the files with probes.log_files", "probes",
         )
+    never = _no_step_source(loaded)
+    if never is not None:
+        at = next((i for i, spec in enumerate(sc.faults) if spec.at.step is not None), None)
+        where = (("faults", at, "at", "step") if at is not None
+                 else ("steady_state",) if "steady_state" in sc.model_fields_set else ("workload",))
+        what = f"faults.{at}.at.step" if at is not None else "steady_state"
+        hint = (r"add a probes.log rule for the job's step line (e.g. {event: step, match: 'Step (?P<step>\d+)'}), "
+                "a preset that sees steps, or chaoskit.probe.step(n) in the script (docs/frameworks.md)")
+        raise loaded.error(f"{what}: can never fire: no step event can come ({never}), so steady state (step "
+                           f"{sc.steady_state.steps}) is never reached; {hint}", *where, hint=hint)
     if sc.workload.launch == "uninstrumented" and sc.probes.sdk and not sc.probes.log and not sc.probes.presets:
         raise loaded.error(
             "probes.log: an uninstrumented job writes no SDK events; map its log lines to events with probes.log",
