@@ -355,8 +355,8 @@ def _bound(detection_s: float, who: str, doc: dict[str, Any]) -> str:
     """Which configured timeout the detection came at, where one did: the number is then the setting's."""
     w = doc.get("workload") or {}
     if who.startswith("NVRx rank monitor"):
-        hb = _seconds((w.get("nvrx") or {}).get("heartbeat_timeout", NVRX_DEFAULT_HEARTBEAT_S))
-        return f", at its heartbeat timeout ({hb:g}s)"
+        hb = (w.get("nvrx") or {}).get("heartbeat_timeout", NVRX_DEFAULT_HEARTBEAT_S)
+        return "" if hb is None else f", at its heartbeat timeout ({_seconds(hb):g}s)"  # null: switched off
     if who.startswith("NVRx in-process Wrapper"):
         soft = _seconds((w.get("nvrx_inprocess") or {}).get("soft_timeout", NVRX_INPROCESS_DEFAULT_SOFT_S))
         if abs(detection_s - soft) <= max(1.0, 0.2 * soft):
@@ -381,8 +381,14 @@ def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> t
         warnings.append(f"collective timeout {collective:g}s: a hang is noticed only after {collective / 60:.0f} min")
     if stack == "nvrx":
         n = w.get("nvrx") or {}
-        hb = _configured(timeouts, "NVRx", n, (("heartbeat timeout", NVRX_DEFAULT_HEARTBEAT_S),
-                                                ("initial heartbeat timeout", 60), ("check interval", 0.5)))[0]
+        off = [key for key in ("heartbeat_timeout", "initial_heartbeat_timeout") if key in n and n[key] is None]
+        hb = _configured(timeouts, "NVRx", {k: v for k, v in n.items() if k not in off},
+                         (("heartbeat timeout", NVRX_DEFAULT_HEARTBEAT_S), ("initial heartbeat timeout", 60),
+                          ("check interval", 0.5)))[0]
+        for key in off:  # null: NVRx never checks it (workload.nvrx)
+            timeouts[f"NVRx {key.replace('_', ' ')}"] = "off (null)"
+        if "heartbeat_timeout" in off:
+            hb = 0.0
         if n.get("section_timeouts"):
             timeouts["NVRx section timeouts"] = ", ".join(f"{k} {_seconds(v):g}s" for k, v in n["section_timeouts"].items())
         if hb >= LONG_DETECTION_S:

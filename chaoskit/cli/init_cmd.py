@@ -123,9 +123,7 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
             "  nproc_per_node: 1                    # workers per node",
             "  max_restarts: 3                      # torchrun --max-restarts",
         ]
-        if framework == "torchft":
-            lines.append("  recovery: torchft                    # one replica group per node, torchft's lighthouse; "
-                         "measured without a restart")
+        lines += _RECOVERY.get(framework, [])
         extras["train.py"] = (DATA / "starter_train.py").read_text()
     elif launch == "attach":
         lines += [
@@ -189,6 +187,25 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
         "safety: {max_nodes: 1, abort_after: 20m}",
     ]
     return "\n".join(lines) + "\n", extras
+
+
+_RECOVERY: dict[str, list[str]] = {
+    "torchft": ["  recovery: torchft                    # one replica group per node, torchft's lighthouse, the group's "
+                "torchrun store shared (torchft's Manager finds it at MASTER_ADDR:MASTER_PORT); measured without a "
+                "restart"],
+    "nvrx": ["  recovery: nvrx                       # NVRx's ft_launcher in place of torchrun: its rank monitors "
+             "(FT_RANK_MONITOR_IPC_SOCKET) for your job's RankMonitorClient",
+             "  nvrx:                                # EDIT: ft_launcher's timeouts; null switches one off (a job "
+             "watched by its sections alone, as NVRx's sections example)",
+             "    heartbeat_timeout: 5s              # a rank silent this long after a heartbeat is hung (null: none)",
+             "    initial_heartbeat_timeout: 60s     # the longest to the first heartbeat (null: none)",
+             "    # section_timeouts: {step: 10s}    # the sections your job opens, and the longest each may stay open"],
+    "nvrx-inprocess": ["  recovery: restart                    # your job wraps its loop in NVRx's inprocess.Wrapper "
+                       "itself: torchrun starts it, the nvrx-inprocess preset reads the Wrapper's lines (recovery: "
+                       "nvrx-inprocess wraps chaoskit's reference job only)"],
+}
+"""What ``launch: command`` needs under each framework's recovery stack (torchft's groups and lighthouse, NVRx's
+ft_launcher and its timeouts); a framework not named runs under plain torchrun."""
 
 
 def _what(framework: str) -> str:

@@ -15,6 +15,7 @@ first) at its own line, before anything connects. Example::
       max_nodes: 2                                        # safety.max_nodes and each fault's targets
       launches: [reference, attach]                       # no author's program runs (not command, not sbatch)
       script_roots: [/srv/gameday]                        # workload.command / script, compose files: inside one
+      env: [PYTHONPATH]                                   # workload.env may set these LD_*/PYTHON* names too
 
 A policy file is refused when anyone but its owner can write it, when its folder is
 writable by anyone but its owner, or when it is a symbolic link: a policy that a
@@ -125,6 +126,9 @@ class SitePolicy(StrictModel):
     script_roots: list[str] | None = Field(None, description=(
         "Absolute folders on this machine: workload.command's script, workload.script (launch: sbatch) and a "
         "docker lab's compose file must lie inside one, links resolved; default anywhere."))
+    env: list[str] | None = Field(None, description=(
+        "Shell-style patterns of the LD_* and PYTHON* variables (what code a process loads: LD_PRELOAD, PYTHONPATH, "
+        "...) that a scenario's workload.env may set or unset; default none of them. Other names need no leave."))
     _origin: list[str] = PrivateAttr(default_factory=list)
     """Where it was read: each file (or inventory's inline policy) that narrowed it, widest first."""
 
@@ -132,6 +136,12 @@ class SitePolicy(StrictModel):
     @classmethod
     def _kinds(cls, v: list[str] | None) -> list[str] | None:
         return check_each(v, _KIND_PATTERN, "fault kind pattern")
+
+    @field_validator("env")
+    @classmethod
+    def _env_patterns(cls, v: list[str] | None) -> list[str] | None:
+        return check_each(v, r"[A-Za-z_*?][A-Za-z0-9_*?]{0,127}", "variable name pattern",
+                          "letters, digits, _ and the wildcards * and ?")
 
     @field_validator("ray_addresses")
     @classmethod
@@ -317,5 +327,6 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
                       ray_addresses=pythons(site.ray_addresses, own.ray_addresses),
                       jobs=_jobs(site.jobs, own.jobs, pythons),
                       launches=pythons(site.launches, own.launches),  # type: ignore[arg-type]
-                      script_roots=roots(site.script_roots, own.script_roots))
+                      script_roots=roots(site.script_roots, own.script_roots),
+                      env=kinds(site.env, own.env))
     return with_origin(both, site._origin + own._origin)

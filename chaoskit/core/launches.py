@@ -63,7 +63,7 @@ class LaunchSpec:
     (a job found, or submitted to a scheduler) its restarts are not chaoskit's to count."""
 
 
-_STARTED_FIELDS = frozenset({"checkpoint_fs"})
+_STARTED_FIELDS = frozenset({"checkpoint_fs", "env"})
 _REFERENCE_FIELDS = _STARTED_FIELDS | {"step_compute"}
 
 LAUNCHES: dict[str, LaunchSpec] = {
@@ -93,6 +93,7 @@ LAUNCH_FIELDS: dict[str, str] = {
     "inproc": "launch: {launches} (a job chaoskit starts has its bootstrap)",
     "checkpoint_dir": "launch: {launches} (a job chaoskit starts keeps its checkpoints in <job dir>/checkpoints)",
     "checkpoint_fs": "a job chaoskit starts under torchrun, not launch: {launch}",
+    "env": "a job chaoskit starts (launch: {launches}), not launch: {launch}",
     "script": "launch: {launches}",
     "run_id": _PICKS,
     "user": "launch: {launches} (attach: whose job to drill among those that match `process`; sbatch: whom the "
@@ -113,7 +114,6 @@ RECOVERY_LAUNCHES: dict[str, str] = {
 }
 """What refusing a recovery model to a launch says, for the models not every launch runs under."""
 
-
 RECOVERY_AGENTS: dict[str, str] = {"nvrx": "ft_launcher"}
 """Each node's agent under the recovery models that start another than torchrun (what ``--dry-run`` names)."""
 
@@ -122,6 +122,7 @@ def agent_of(recovery: str) -> str:
     """The agent each node of a job started under ``recovery`` runs: ``torchrun`` unless :data:`RECOVERY_AGENTS`
     names another."""
     return RECOVERY_AGENTS.get(recovery, "torchrun")
+
 
 def taking(field: str) -> tuple[str, ...]:
     """The launches that take ``field`` (one of :data:`LAUNCH_FIELDS`), in table order."""
@@ -136,7 +137,7 @@ def running_under(recovery: str) -> tuple[str, ...]:
 def field_problem(launch: str, values: Mapping[str, Any]) -> str | None:
     """The first problem of a workload's launch-specific ``values`` (field -> value) for ``launch``, field by
     field in :data:`LAUNCH_FIELDS` order: the field it needs left out, or a field it does not take set; ``None``
-    when there is none. A field is set when it is not ``None``, ``""`` or ``[]``."""
+    when there is none. A field is set when it is not ``None``, ``""``, ``[]`` or ``{}``."""
     spec = LAUNCHES[launch]
     for field, only in LAUNCH_FIELDS.items():
         given = _given(values.get(field))
@@ -155,7 +156,7 @@ def recovery_problem(launch: str, recovery: str) -> str | None:
 
 
 def _given(value: Any) -> bool:
-    return value is not None and not (isinstance(value, (str, list)) and not value)
+    return value is not None and not (isinstance(value, (str, list, dict)) and not value)
 
 
 def _either(names: tuple[str, ...]) -> str:

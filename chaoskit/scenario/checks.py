@@ -20,6 +20,7 @@ from chaoskit.cluster.policy import SitePolicy, site_policy, under_roots
 from chaoskit.cluster.selectors import check_static, select_nodes
 from chaoskit.cluster.slurm import SubmitRefused, submit_user
 from chaoskit.core.errors import ScenarioError
+from chaoskit.core.jobenv import GUARDED, guarded, owned_by
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.coverage import resolve_covers
 from chaoskit.faults.registry import get_fault
@@ -66,8 +67,29 @@ def check_scenario(loaded: LoadedScenario) -> ClusterHandle:
         cluster.inventory.policy = machine
     if cluster.inventory.policy is not None:
         _policy_checks(loaded, cluster, cluster.inventory.policy)
+    _env_checks(loaded, cluster.inventory.policy)
     _static_checks(loaded, cluster)
     return cluster
+
+
+def _env_checks(loaded: LoadedScenario, policy: SitePolicy | None) -> None:
+    """``workload.env`` changes nothing chaoskit owns under the scenario's recovery stack, and no LD_* or PYTHON*
+    variable the site policy's ``env`` does not name: a scenario's author is not who runs it (a game day's folder,
+    a CI job), and the job may run as root. Each refusal at the variable's line."""
+    w = loaded.model.workload
+    allowed = policy.env if policy is not None else None
+    for name in w.env:
+        owner = owned_by(name, w.recovery)
+        if owner is not None:
+            raise loaded.error(f"workload.env.{name}: {name} is set by {owner}; a scenario may not set or unset it",
+                               "workload", "env", name)
+        if guarded(name, allowed):
+            raise loaded.error(
+                f"workload.env.{name}: {name} changes what code the job's processes load ({', '.join(GUARDED)}), and "
+                f"the site policy's env does not name it" + (f" (it names {', '.join(allowed)})" if allowed else ""),
+                "workload", "env", name,
+                hint="a site's owners allow it in /etc/chaoskit/policy.yaml (env: [NAME]); or set it in the "
+                     "environment you run chaoskit from, which the job inherits")
 
 
 def _policy_checks(loaded: LoadedScenario, cluster: ClusterHandle, policy: SitePolicy) -> None:

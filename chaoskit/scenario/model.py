@@ -24,6 +24,7 @@ from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.events import EVENT_KINDS
 from chaoskit.observe.presets import PRESET_NAMES
 from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem, recovery_problem
+from chaoskit.core.jobenv import MAX_ENV_VARS, check_env_name, check_env_value
 
 __all__ = [
     "Workload",
@@ -67,11 +68,14 @@ class NvrxSettings(StrictModel):
     """NVIDIA Resiliency Extension (``nvidia-resiliency-ext``) fault tolerance: ``ft_launcher``'s rank monitors,
     one per worker, that end and restart the workers when a rank's heartbeat or section stops coming."""
 
-    heartbeat_timeout: PositiveDuration = Field(5.0, description=(
-        "--ft-rank-heartbeat-timeout: a rank silent this long after a heartbeat is hung (NVRx's default is 45 min)."))
-    initial_heartbeat_timeout: PositiveDuration = Field(60.0, description=(
+    heartbeat_timeout: PositiveDuration | None = Field(5.0, description=(
+        "--ft-rank-heartbeat-timeout: a rank silent this long after a heartbeat is hung (NVRx's default is 45 min). "
+        "null: switched off (NVRx's null: never checked, as its own sections example sets it), for a job that "
+        "sends no heartbeats and is watched by its sections alone; chaoskit says it in ft_launcher's config file "
+        "(--ft-cfg-path), since its options take numbers only."))
+    initial_heartbeat_timeout: PositiveDuration | None = Field(60.0, description=(
         "--ft-initial-rank-heartbeat-timeout: the longest a rank may take to its first heartbeat (start-up, "
-        "checkpoint load; NVRx's default is 60 min)."))
+        "checkpoint load; NVRx's default is 60 min). null: none (as heartbeat_timeout)."))
     section_timeouts: dict[str, PositiveDuration] = Field(default_factory=dict, description=(
         "--ft-rank-section-timeouts: the longest each named section may stay open. The reference job opens "
         "'setup' (process group and checkpoint load), 'step' (one training step) and 'checkpointing' (a save); "
@@ -90,11 +94,35 @@ class NvrxSettings(StrictModel):
             raise ValueError("at most 16 sections")
         return v
 
-    def launcher_args(self) -> list[str]:
-        """``ft_launcher``'s options for these settings."""
-        args = ["--ft-rank-heartbeat-timeout", f"{self.heartbeat_timeout:g}",
-                "--ft-initial-rank-heartbeat-timeout", f"{self.initial_heartbeat_timeout:g}",
-                "--ft-workload-check-interval", f"{self.check_interval:g}"]
+    def null_timeouts(self) -> list[str]:
+        """NVRx's names of the heartbeat timeouts switched off (``null``): ft_launcher's options take a number only, so
+        these go in its config file (:meth:`config_yaml`)."""
+        return [name for name, value in (("initial_rank_heartbeat_timeout", self.initial_heartbeat_timeout),
+                                         ("rank_heartbeat_timeout", self.heartbeat_timeout)) if value is None]
+
+    def config_yaml(self) -> str | None:
+        """The ``--ft-cfg-path`` file's text when a timeout is switched off, else ``None``. NVRx's options are
+        ``type=float`` and an option not given keeps NVRx's default (45 and 60 min), so ``null`` is said in its
+        config file's ``fault_tolerance`` section, where a null timeout "has no effect" (fault_tolerance/config.py);
+        the options given beside it override the file."""
+        nulls = self.null_timeouts()
+        if not nulls:
+            return None
+        return "fault_tolerance:\n" + "".join(f"  {name}: null\n" for name in nulls)
+
+    def launcher_args(self, config_path: str | None = None) -> list[str]:
+        """``ft_launcher``'s options for these settings; ``config_path``: where :meth:`config_yaml` is written (needed
+        when a timeout is switched off: ``ValueError`` without it)."""
+        args: list[str] = []
+        if self.null_timeouts():
+            if config_path is None:
+                raise ValueError("a heartbeat timeout switched off needs ft_launcher's config file (config_path)")
+            args += ["--ft-cfg-path", config_path]
+        if self.heartbeat_timeout is not None:
+            args += ["--ft-rank-heartbeat-timeout", f"{self.heartbeat_timeout:g}"]
+        if self.initial_heartbeat_timeout is not None:
+            args += ["--ft-initial-rank-heartbeat-timeout", f"{self.initial_heartbeat_timeout:g}"]
+        args += ["--ft-workload-check-interval", f"{self.check_interval:g}"]
         if self.section_timeouts:
             args += ["--ft-rank-section-timeouts", ",".join(f"{k}:{v:g}" for k, v in self.section_timeouts.items())]
         if self.out_of_section_timeout is not None:
@@ -195,6 +223,16 @@ class Workload(StrictModel):
         "replica group with a torchrun of its own, chaoskit starts torchft's lighthouse on the first node and gives "
         "each group REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and TORCHFT_LIGHTHOUSE; survivors drop a dead group from the "
         "quorum and carry on, the restarted group heals from a peer."))
+    env: dict[Annotated[str, AfterValidator(check_env_name)], Annotated[Any, AfterValidator(check_env_value)]] = Field(
+        default_factory=dict, max_length=MAX_ENV_VARS, description=(
+            "Variables of the job's environment, set on every agent and so on its workers: NAME: value sets one, "
+            "NAME: null unsets one (one the job would inherit from chaoskit's environment, or one chaoskit sets by "
+            "default, e.g. TORCH_DISABLE_SHARE_RDZV_TCP_STORE: null). `chaoskit run --dry-run` shows the "
+            "environment the job gets and why chaoskit sets each of its own. Names are a shell's (letters, digits "
+            "and _, at most 128), values at most 4096 characters, at most 64 variables. Refused: CHAOSKIT_* "
+            "(the job's scope mark and chaoskit's channels), a recovery stack's own (torchft: REPLICA_GROUP_ID, "
+            "NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE; nvrx: TMPDIR), and LD_* and PYTHON* (what code a process "
+            "loads) unless the site policy's env names them."))
     nvrx: NvrxSettings | None = Field(None, description=(
         "recovery: nvrx only: ft_launcher's timeouts (default: a 5 s heartbeat timeout, checked every 0.5 s)."))
     nvrx_inprocess: NvrxInprocessSettings | None = Field(None, description=(
@@ -440,6 +478,9 @@ class SteadyState(StrictModel):
 
     steps: int = Field(3, ge=1, le=MAX_COUNT, description="Steps that must complete before faults may fire.")
     timeout: Duration = Field(180.0, description="Fail (exit 3) if the job has not got there by then.")
+    restarts_allowed: int = Field(0, ge=0, le=MAX_COUNT, description=(
+        "Restarts of the job's workers (a worker exit, a restarted world) the drill accepts before its first fault. "
+        "Past it the baseline was not steady: a note, and the drill fails."))
 
 
 class ScenarioBase(StrictModel):
@@ -478,9 +519,6 @@ def scenario_model(clusters: Iterable[str] | None = None, faults: Iterable[str] 
     when given, which is what validating one file needs: a smaller model to build, and no module
     of a kind the file does not name is imported. Built once per set of names and registrations
     (a plugin registered later gets a new model)."""
-    restarts_allowed: int = Field(0, ge=0, le=MAX_COUNT, description=(
-        "Restarts of the job's workers (a worker exit, a restarted world) the drill accepts before its first fault. "
-        "Past it the baseline was not steady: a note, and the drill fails."))
     cluster_names = tuple(sorted(set(clusters))) if clusters is not None else tuple(CLUSTERS.names())
     fault_names = tuple(sorted(set(faults))) if faults is not None else tuple(FAULTS.names())
     key = (CLUSTERS.generation, FAULTS.generation, cluster_names, fault_names)

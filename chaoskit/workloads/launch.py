@@ -27,12 +27,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.files import open_folder, torch_cache_env
+from chaoskit.core.jobenv import SHARE_STORE_VAR, WHY, share_rdzv_store
 from chaoskit.core.lines import terminal_lines
 from chaoskit.core.trusted import UntrustedFile, open_checked
 from chaoskit.workloads.api import Job
@@ -146,7 +147,8 @@ class TorchrunJob(Job):
         in-process channel's folder on each node (``folders``: node -> ``<state folder>/inproc``), the SDC probe's
         interval, and whether the ranks write their checksums at exit (a drill that flips a bit)."""
         boot = str(Path(__file__).resolve().parent.parent / "sdk" / "_boot")
-        path = os.environ.get("PYTHONPATH")
+        env = self.workload.env
+        path = env["PYTHONPATH"] if "PYTHONPATH" in env else os.environ.get("PYTHONPATH")  # a policy-allowed one
         for node, folder in folders.items():
             env = {"PYTHONPATH": boot + (os.pathsep + path if path else ""), "CHAOSKIT_INPROC_DIR": folder}
             if sdc_every:
@@ -222,7 +224,8 @@ class TorchrunJob(Job):
                      "--rdzv-conf", "is_host=true"]
         launcher = ["-m", "torch.distributed.run"]
         if self.nvrx:  # ft_launcher takes torchrun's options and its own --ft-* ones
-            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args()]
+            config = self.nvrx_config_path()
+            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args(str(config) if config is not None else None)]
         return [
             self.cluster.python or sys.executable, *launcher,
             "--nproc-per-node", str(w.nproc_per_node), "--rdzv-backend", "c10d", *world,
@@ -233,47 +236,104 @@ class TorchrunJob(Job):
             *self.script_argv(),
         ]
 
+    def nvrx_config_path(self) -> Path | None:
+        """ft_launcher's config file (``--ft-cfg-path``) when ``workload.nvrx`` switches a heartbeat timeout off
+        (:meth:`~chaoskit.scenario.model.NvrxSettings.config_yaml`), else ``None``; written by :meth:`start`."""
+        return self.job_dir / "nvrx-ft.yaml" if self.nvrx and self.workload.nvrx.config_yaml() else None
+
+    def write_nvrx_config(self) -> str | None:
+        """Write :meth:`nvrx_config_path`'s file (once) and return its path, or ``None`` when none is needed."""
+        path = self.nvrx_config_path()
+        if path is None or path.exists():
+            return None if path is None else str(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dfd = open_folder(self.job_dir)
+        try:  # chaoskit's file (as check_script's copy): never through a link, the job's account reads it
+            fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fd, 0o644)
+            fh.write(self.workload.nvrx.config_yaml())
+        return str(path)
+
     def launch_argv(self, node: str) -> list[str]:
         """What this machine runs to start the node's agent (e.g. ``ip netns exec NS ...``, ``docker exec ...``)."""
         argv = self.agent_argv(node)
         if self.cluster.launch_wrap is not None:
-            return self.cluster.launch_wrap(node, argv, self.job_env(node), self.job_dir)
+            return self.cluster.launch_wrap(node, self._unset(argv), self.job_env(node, plan=True), self.job_dir)
         return [*self.cluster.launch_prefix(node), *argv]
 
-    def job_env(self, node: str) -> dict[str, str]:
-        """The variables the job needs on ``node``, on top of the environment it inherits."""
+    def unset_env(self) -> list[str]:
+        """The variables ``workload.env`` unsets (``NAME: null``): none of the job's processes has them."""
+        return [name for name, value in self.workload.env.items() if value is None]
+
+    def _unset(self, argv: list[str]) -> list[str]:
+        """``argv`` run by ``env -u NAME ...`` where a wrap starts it (docker exec): the unset variables are not
+        passed to the wrap, but the node's own environment may hold them."""
+        unset = self.unset_env()
+        return ["env", *(f for name in unset for f in ("-u", name)), "--", *argv] if unset else argv
+
+    def job_env(self, node: str, plan: bool = False) -> dict[str, str]:
+        """The variables the job needs on ``node``, on top of the environment it inherits: chaoskit's defaults, then
+        the scenario's ``workload.env`` (a ``null`` removes one), then what chaoskit owns (the scope mark, its channels,
+        a recovery stack's variables, the job account's identity). ``plan``: as ``--dry-run`` shows it (nothing made)."""
+        share, _ = share_rdzv_store(self.workload.recovery)
         env = {
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            # whether the workers share torchrun's rendezvous store: per recovery stack (core/jobenv.py says why)
+            **({} if share else {SHARE_STORE_VAR: "1"}),
+            **torch_cache_env(self.job_dir),  # not /tmp/torchinductor_<user>; the cluster's or node's env may override
+            **self.cluster.launch_env(node),
+        }
+        if self.nvrx_inprocess:
+            # the Wrapper's store waits warn from c10d's C++ twice a second per rank ("waitForInput ... timed out
+            # after 500ms"), every one of them expected
+            env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+        for name, value in self.workload.env.items():  # the scenario's; none of the names below (validated)
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        env.update({
             LocalTransport.SCOPE_ENV: self.cluster.scope(node),
             "CHAOSKIT_NODE": node,
             "CHAOSKIT_CKPT_DIR": str(self.ckpt_dir),
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-            # Each rendezvous round gets a fresh TCPStore hosted by rank 0. The store shared
-            # with the agent mixes rounds when agents restart at different counts and can
-            # deadlock init_process_group (seen with torch 2.13 on three local agents).
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-            **torch_cache_env(self.job_dir),  # not /tmp/torchinductor_<user>; the cluster's or node's env may override
-            **self.cluster.launch_env(node),
             **self.node_env.get(node, {}),
-        }
+        })
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)
         if self.nvrx_inprocess:
             env["CHAOSKIT_NVRX_STORE_PORT"] = str(self.inprocess_store_port)
-            # the Wrapper's store waits warn from c10d's C++ twice a second per rank ("waitForInput ... timed out
-            # after 500ms"), every one of them expected
-            env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
         if self.account is not None:  # none of root's identity; its temporary files in its own folder, not /tmp
             env.update({**self.account.env(), "HOME": str(self.job_dir), "TMPDIR": str(self.job_dir / "tmp")})
         if self.nvrx:
             # ft_launcher makes its sockets in tempfile.gettempdir() under names from its pid (guessable in /tmp)
-            env["TMPDIR"] = str(self.nvrx_socket_dir())
+            env["TMPDIR"] = "<a private folder of the job's, made at start>" if plan else str(self.nvrx_socket_dir())
         if self.torchft:  # what torchft's Manager reads (torchft/manager.py) to join the lighthouse's quorum
             env.update({"REPLICA_GROUP_ID": str(self.cluster.job_nodes.index(node)) if node in self.cluster.job_nodes
                         else str(self.cluster.agent_nodes.index(node)),
                         "NUM_REPLICA_GROUPS": str(len(self.cluster.job_nodes)),
                         "TORCHFT_LIGHTHOUSE": f"http://{self.cluster.rdzv_host}:{self.lighthouse_port}"})
         return env
+
+    def plan_part(self) -> dict[str, Any]:
+        """``--dry-run``'s ``env``: what each agent (and so each worker) is given on top of chaoskit's own environment
+        (``nodes``), what is unset (``unset``), where each of the scenario's comes from, and why chaoskit sets its own
+        (``why``; the rendezvous store's choice for the recovery stack always)."""
+        mine = self.workload.env
+        _, store = share_rdzv_store(self.workload.recovery)
+        nodes = {node: self.job_env(node, plan=True) for node in self.cluster.agent_nodes}
+        names = {name for env in nodes.values() for name in env}
+        why = {name: "workload.env" for name, value in mine.items() if value is not None}
+        why.update({name: text for name, text in WHY.items() if name in names and name not in mine})
+        if SHARE_STORE_VAR in mine:
+            said = "unset" if mine[SHARE_STORE_VAR] is None else f"{SHARE_STORE_VAR}={mine[SHARE_STORE_VAR]}"
+            store = f"as workload.env says ({said}); chaoskit's own choice for recovery: {self.workload.recovery}: {store}"
+        if "TMPDIR" in names and not self.nvrx and self.account is not None:
+            why["TMPDIR"] = "the job account's own folder, not /tmp"
+        return {"env": {"nodes": nodes, "unset": self.unset_env(), "why": why, "rdzv_store": store}}
 
     def nvrx_socket_dir(self) -> Path:
         """The private folder (0700) ``ft_launcher`` keeps its sockets in: the job's own ``nvrx/`` when its path is
@@ -321,6 +381,7 @@ class TorchrunJob(Job):
         if self.account is None:  # else made with the account's folder, as that account's (the runner's job_owner)
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.check_script()
+        self.write_nvrx_config()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.torchft and self.lighthouse is None:
             first = self.cluster.agent_nodes[0]
@@ -335,11 +396,13 @@ class TorchrunJob(Job):
         """Start ``argv`` on ``node`` in the job's scope (its processes are the job's: :meth:`stop` ends them)."""
         env = dict(os.environ)
         env.pop("CHAOSKIT_EVENTS", None)
+        for name in self.unset_env():  # workload.env's NAME: null: not inherited either
+            env.pop(name, None)
         if self.cluster.launch_wrap is None:  # the agent inherits this environment; elsewhere the wrap passes job_env
             env.update(self.job_env(node))
             argv = [*self.cluster.launch_prefix(node), *argv]
         else:
-            argv = self.cluster.launch_wrap(node, argv, self.job_env(node), self.job_dir)
+            argv = self.cluster.launch_wrap(node, self._unset(argv), self.job_env(node), self.job_dir)
         return subprocess.Popen(argv, env=env, cwd=self.job_dir, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 

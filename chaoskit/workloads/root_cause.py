@@ -7,9 +7,11 @@ output as it passes (cheaply: a few string tests per line, a state machine per n
 - torchrun's summary of the failed attempt, printed by the agent when it gives up
   (``torch/distributed/elastic/multiprocessing/errors/__init__.py``, ``_MSG_FORMAT_TEMPLATE``:
   ``Root Cause (first observed failure):`` then ``rank : N (local_rank: M)``, ``exitcode : X (pid: P)``);
-- the last exception a worker printed: the first unindented line after a
-  ``Traceback (most recent call last):`` (``ImportError: ... requires accelerate>=1.1.0``), or the
-  interpreter's own ``can't open file`` when the script is missing.
+- the first exception printed: the first unindented line after a ``Traceback (most recent call last):``
+  (``ImportError: ... requires accelerate>=1.1.0``), or the interpreter's own ``can't open file`` when the
+  script is missing. The root cause is the earliest failure (torch elastic's rule): a worker's exception comes
+  before what the agents raise once its world is gone (``RendezvousConnectionError`` when the store's host
+  exited, ``ChildFailedError``), which would otherwise be the last lines of the output.
 
 :meth:`RootCause.summary` puts them in one line for the error a run ends with.
 """
@@ -42,9 +44,9 @@ class RootCause:
         """The fields of the first Root Cause block torchrun printed (rank, exitcode, host, traceback)."""
         self.block_node: str | None = None
         self.exception: tuple[str, str] | None = None
-        """(node, line) of the last exception a worker printed."""
+        """(node, line) of the first exception printed (the earliest failure)."""
         self.exceptions: dict[str, str] = {}
-        """The last exception printed on each node."""
+        """The first exception printed on each node."""
 
     def feed(self, node: str, line: str) -> None:
         line = strip_ansi(line.rstrip("\r\n"))
@@ -81,8 +83,9 @@ class RootCause:
             self._exception(node, c.group(0).strip())
 
     def _exception(self, node: str, text: str) -> None:
-        self.exception = (node, text)
-        self.exceptions[node] = text
+        if self.exception is None:
+            self.exception = (node, text)
+        self.exceptions.setdefault(node, text)
 
     def summary(self) -> str | None:
         """One line: the rank and exit code torchrun named, and the exception; ``None`` when nothing was seen."""

@@ -169,7 +169,7 @@ class SlurmJob(Job):
         python = self.cluster.python or sys.executable
         launcher = ["-m", "torch.distributed.run"]
         if w.recovery == "nvrx":  # ft_launcher in place of torchrun (workloads/launch.py), its sockets in the job's folder
-            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args()]
+            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args(agent.write_nvrx_config())]
         argv = [
             python, *launcher, "--nnodes", f"{n}:{n}", "--nproc-per-node", str(w.nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-id", self.run_id, "--max-restarts", str(w.max_restarts),
@@ -219,6 +219,9 @@ class SlurmJob(Job):
             **torch_cache_env(self.job_dir),
             **self.cluster.launch_env(node),
         }
+        for name, value in self.workload.env.items():  # the scenario's (never one of chaoskit's: validated)
+            if value is not None:
+                env[name] = value
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)
         return env
@@ -240,7 +243,12 @@ class SlurmJob(Job):
             text = self.checked_text()
         # the author's script as its own user, with none of chaoskit's environment; chaoskit's own script as chaoskit
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} if self.owner is None else {}
-        res = self.access.run("sbatch", *self.sbatch_args(text), check=False, env={**env, **self.job_env()}, timeout=30,
+        job_env = self.job_env()
+        for name, value in self.workload.env.items():  # NAME: null: sbatch exports the rest of its environment
+            if value is None:
+                env.pop(name, None)
+                job_env.pop(name, None)
+        res = self.access.run("sbatch", *self.sbatch_args(text), check=False, env={**env, **job_env}, timeout=30,
                               as_user=self.owner, input=text)
         if res.returncode != 0:
             raise InfraError(f"sbatch refused the job (exit {res.returncode}): {(res.stderr or res.stdout).strip()}",
