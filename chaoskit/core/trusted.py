@@ -46,8 +46,10 @@ class CheckedFile:
     """One opened, checked file: ``fd`` (closed with the object), ``path`` as it was named, ``real`` where the
     opened file was when it was opened (links resolved along the walk), ``st`` its ``fstat``."""
 
-    def __init__(self, fd: int, path: str, real: str, st: os.stat_result) -> None:
+    def __init__(self, fd: int, path: str, real: str, st: os.stat_result, root_only: bool = False) -> None:
         self.fd, self.path, self.real, self.st = fd, path, real, st
+        self.root_only = root_only
+        """Checked as root's alone, with every folder of ``real`` root's and writable by nobody else."""
 
     def read(self, limit: int = 1 << 20) -> bytes:
         """The file's first ``limit`` bytes, from its start, through the checked descriptor."""
@@ -61,9 +63,12 @@ class CheckedFile:
         return b"".join(chunks)
 
     def exec_path(self) -> str:
-        """What to ``exec`` to run this very file: ``/proc/self/fd/N``. The child needs the descriptor open, not
-        close-on-exec, so pass ``pass_fds=(self.fd,)``: a ``#!`` script's interpreter opens that path itself."""
-        return f"/proc/self/fd/{self.fd}"
+        """What to ``exec`` to run this very file. Checked ``root_only``: its real path (links resolved), which
+        nobody but root can change (every folder of it is root's, writable by nobody else), so a program that
+        finds its siblings from its ``$0`` works as it does when an admin runs it. Otherwise ``/proc/self/fd/N``:
+        the child needs the descriptor open, so pass ``pass_fds=(self.fd,)`` (a ``#!`` script's interpreter opens
+        that path itself)."""
+        return self.real if self.root_only else f"/proc/self/fd/{self.fd}"
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -127,7 +132,7 @@ def open_checked(path: str | os.PathLike[str], *, root_only: bool = False, appen
         except BaseException:
             os.close(fd)
             raise
-        return CheckedFile(fd, name, real, st)
+        return CheckedFile(fd, name, real, st, root_only=root_only)
     finally:
         for fd_, _, _ in stack[0]:
             os.close(fd_)
