@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,7 +338,9 @@ def _controller_leftovers(live: set[str]) -> list[Leftover]:
     held = " ".join(m.read_text(errors="replace") for m in (state_dir() / "runs").glob("*.json")
                     if m.stem in live) if (state_dir() / "runs").is_dir() else ""
     for ns in _job_namespaces():
-        if ns not in held:  # a process lab's job namespace (root's runs) that no live run holds
+        # a process lab's job namespace (root's runs) that no live run of ours holds and no process is in (a run of
+        # another state folder, its job running, is not ours to name)
+        if ns not in held and not _netns_in_use(ns):
             out.append(Leftover(CONTROLLER, f"network namespace {ns} of a process-lab job whose run is gone", "lab"))
     for run in find_crashed_runs():
         pending = unreverted(read_journal(run.journal)) if run.journal.is_file() else []
@@ -353,6 +356,15 @@ def _job_namespaces() -> list[str]:
         return sorted(n for n in os.listdir("/run/netns") if n.startswith(JOB_NETNS_PREFIX))
     except OSError:
         return []
+
+
+def _netns_in_use(name: str) -> bool:
+    """Whether a process is in the named network namespace (``ip netns pids``)."""
+    try:
+        res = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=READ_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return bool(res.stdout.split())
 
 
 def _controller_procs() -> list[tuple[int, str]]:

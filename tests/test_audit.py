@@ -177,6 +177,7 @@ def test_a_process_lab_with_one_leftover_of_each_kind_names_each(process_lab, tm
     assert wait_until(lambda: _audit("process")[0] == 0, 10), _lines(_audit("process")[1])
 
 
+@pytest.mark.slow
 def test_a_netns_lab_with_one_leftover_of_each_kind_names_each(netns_lab, tmp_path):
     from tests.netns_fixtures import ns_run
 
