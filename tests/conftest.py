@@ -201,12 +201,26 @@ _TORCH_TEMP_BEFORE = _torch_temp_folders()
 def pytest_sessionfinish(session, exitstatus) -> None:
     """The whole run fails when a drill left torch's folders in /tmp: root's job wrote under a guessable name in a
     world-writable folder (another user could have made it first, or made it a link). Folders that were there
-    before the run are not the run's."""
+    before the run are not the run's. It fails too when a fixture that started a job or a lab is not declared a
+    lab fixture (the fast tier would start it), and when a thread that is not a daemon outlives the tests:
+    pytest would wait on it after its summary, for good if it waits on what has ended."""
+    import threading
+
     new = sorted(_torch_temp_folders() - _TORCH_TEMP_BEFORE)
     if new:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         sys.stderr.write(f"\nFAILED: the run left torch's folders in {tempfile.gettempdir()}: {', '.join(new)} "
                          "(a job started without TORCHINDUCTOR_CACHE_DIR or torchrun's --log-dir)\n")
+    if _undeclared:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        sys.stderr.write("\nFAILED: fixtures that start a job or a lab, not declared with @lab_fixture (the tests "
+                         "that use them would run in the fast tier):\n  "
+                         + "\n  ".join(f"{k}: starts {v}" for k, v in sorted(_undeclared.items())) + "\n")
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if left:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        sys.stderr.write("\nFAILED: threads that are not daemons outlived the tests (pytest would wait on them): "
+                         + ", ".join(f"{t.name} ({getattr(t.run, '__qualname__', '?')})" for t in left) + "\n")
 
 
 @pytest.fixture(autouse=True)
@@ -263,3 +277,113 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+# -- the fast tier cannot drift (issue 52) ---------------------------------------------------------------------
+# A test that starts a training job or a lab is slow, by what it does: every process this Python starts is looked
+# at, and one that is a torchrun agent or worker, NVRx's ft_launcher, torchft's lighthouse, a Ray node,
+# slurmctld/slurmd or a lab node's sshd, or a docker lab brought up, counts.
+# - A fixture that starts one is a lab fixture (:func:`lab_fixture`): every test that uses it is marked slow when
+#   the tests are collected. One that starts one without being declared so fails the run at its end, naming it.
+# - A test whose own body starts one without the ``slow`` mark fails, saying so.
+# So ``-m "not slow"`` never starts a job or a lab, and no test can drift out of the slow tier unnoticed.
+
+_HEAVY_ARGV = ("torch.distributed.run", "fault_tolerance.launcher", "torchft_lighthouse", "bin/ray start",
+               "bin/slurmctld", "bin/slurmd", "sshd -f", "chaoskit.workloads.ddp_train")
+_heavy: list[str] = []
+_lab_fixtures: set[Any] = set()
+_undeclared: dict[str, str] = {}
+
+
+def lab_fixture(*args, **kwargs):
+    """``pytest.fixture`` for a fixture that starts a lab or a training job: every test that uses it is slow."""
+    def wrap(fn):
+        _lab_fixtures.add(fn)
+        return pytest.fixture(*args, **kwargs)(fn)
+    return wrap
+
+
+def _uses_a_lab_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(getattr(d, "func", None) in _lab_fixtures for defs in info.name2fixturedefs.values() for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is None and _uses_a_lab_fixture(item):
+            item.add_marker(pytest.mark.slow)
+
+
+def _popen_watch() -> None:
+    import subprocess
+
+    init = subprocess.Popen.__init__
+
+    def watched(self, args, *a, **kw):
+        text = args if isinstance(args, (str, bytes)) else " ".join(map(str, args))
+        text = text.decode(errors="replace") if isinstance(text, bytes) else text
+        for pattern in _HEAVY_ARGV:
+            if pattern in text:
+                _heavy.append(pattern)
+                break
+        return init(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = watched
+    try:
+        from chaoskit.lab.docker import DockerLab
+    except Exception:  # noqa: BLE001 - the docker SDK missing: no docker lab to bring up either
+        return
+    up = DockerLab.up.__func__
+
+    def watched_up(cls, *a, **kw):
+        _heavy.append("a docker lab")
+        return up(cls, *a, **kw)
+
+    DockerLab.up = classmethod(watched_up)
+
+
+_popen_watch()
+
+
+_heavy_fixtures: dict[Any, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    before = len(_heavy)
+    yield
+    if len(_heavy) > before and fixturedef.func not in _lab_fixtures:
+        _heavy_fixtures.setdefault(fixturedef.func, _heavy[before])
+
+
+def pytest_runtest_teardown(item):
+    """An unmarked test that uses a fixture another test's setup found starting a job or a lab."""
+    if item.get_closest_marker("slow") is not None:
+        return
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+        for d in defs:
+            if getattr(d, "func", None) in _heavy_fixtures:
+                _undeclared.setdefault(f"{name} ({d.baseid or 'conftest'}), used by {item.nodeid}",
+                                       _heavy_fixtures[d.func])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when not in ("setup", "call") or item.get_closest_marker("slow") is not None or not report.passed:
+        return
+    started = _heavy[getattr(item, "_heavy_start", len(_heavy)):]
+    if started:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} starts {started[0]} but is not marked slow: a test that starts a training "
+                           "job or a lab is slow (@pytest.mark.slow; a fixture that starts one: @lab_fixture)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._heavy_start = len(_heavy)

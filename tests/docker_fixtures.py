@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import wait_until, lab_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -68,7 +68,7 @@ def leftovers(project: str) -> dict[str, list[str]]:
     return out
 
 
-@pytest.fixture(scope="session")
+@lab_fixture(scope="session")
 def docker_lab(tmp_path_factory):
     """The repository's docker-compose.yml, up for the whole session under a test project name."""
     require_docker()

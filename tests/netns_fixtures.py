@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until  # noqa: F401 - tests use fx().wait_until
+from tests.conftest import wait_until, lab_fixture  # noqa: F401 - tests use fx().wait_until
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -95,7 +95,7 @@ def node_clean(lab, node: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@lab_fixture(scope="session")
 def netns_lab(tmp_path_factory):
     """A 2-node netns lab for the whole session, torn down at the end."""
     require_netns()
@@ -189,7 +189,7 @@ def _drop_site_user(user: str) -> None:
         _sh("userdel", "--remove", "--force", user, check=False)
 
 
-@pytest.fixture(scope="session")
+@lab_fixture(scope="session")
 def site(tmp_path_factory):
     """Somebody else's cluster, built for real: a lab of 2 nodes + 1 spare where the spare (n2) is
     the bastion; the users ``ckdrill`` (password-less sudo) and ``ckdrill-nosudo`` (sudo wants a

@@ -122,6 +122,7 @@ def user_job(site, tmp_path):
         job.stop()
 
 
+@pytest.mark.slow
 def test_kill_one_rank_of_a_job_chaoskit_did_not_start(site, user_job, tmp_path, monkeypatch):
     """Also with the nodes' clocks seconds apart: the lab's nodes share this machine's clock, so the
     test shifts what their agents report (n1 7.5 s ahead, n0 4 s behind). The fault's time and the
@@ -182,6 +183,7 @@ def test_a_pattern_that_looks_like_markup_is_printed_as_written_on_one_line(site
     assert line.endswith("(processes matching 'plain_train[/.]py --some-rather-long-argument-that-takes-the-line-past-its-width')"), line
 
 
+@pytest.mark.slow
 def test_a_selector_that_matches_nothing_is_exit_3_before_any_fault(site, user_job, tmp_path):
     sc = scenario(tmp_path, site.inventory_path, user_job,
                   "  - {kind: process.kill, target: {process: 'no-such-trainer', nodes: [n1]}, at: {after: 1s}}\n")
@@ -192,6 +194,7 @@ def test_a_selector_that_matches_nothing_is_exit_3_before_any_fault(site, user_j
     assert user_job.alive()
 
 
+@pytest.mark.slow
 def test_a_nic_drop_is_reverted_by_the_nodes_lease_when_chaoskit_is_sigkilled(site, user_job, tmp_path):
     """chaoskit dies (SIGKILL: no revert of its own) while n1's data NIC is down; the watchdog armed
     on n1 before the drop brings the link back once the lease goes stale."""

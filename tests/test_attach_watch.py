@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import wait_until
 
 pytest_plugins = ["tests.netns_fixtures"]
@@ -53,6 +55,7 @@ class _Worker:
         return self.agent.poll()
 
 
+@pytest.mark.slow
 def test_attach_reads_a_nodes_table_only_after_its_watch_stream_spoke(netns_lab):
     from chaoskit.backends.inventory import InventoryBackend, InventorySpec
     from chaoskit.observe.probes import ProcessWatcher

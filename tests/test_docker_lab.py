@@ -345,6 +345,7 @@ def test_poweroff_is_undone_by_the_controllers_watchdog_when_the_lease_goes_stal
     assert fault.verify(docker_ctx, inj) is None
 
 
+@pytest.mark.slow
 def test_lab_up_status_and_down_through_the_cli_leave_nothing(tmp_path, monkeypatch):
     fx().require_docker()
     env = fx().project_env(tmp_path / "shared", "c")

@@ -124,6 +124,7 @@ def n1_without_tc(netns_lab):
         restart([])
 
 
+@pytest.mark.slow
 def test_a_node_without_tc_is_named_and_a_fault_that_needs_it_is_not_ready(netns_lab, n1_without_tc, tmp_path):
     link = _scenario(tmp_path, "{kind: network.link_down, target: {nodes: [n1]}, interface: data, duration: 10s}")
     res = run_cli("doctor", netns_lab.inventory_path, "--scenario", link, "--json")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.transports.local import read_proc
-from tests.conftest import ROOT, SCENARIOS, need_torch, proc_state, run_cli
+from tests.conftest import ROOT, SCENARIOS, need_torch, proc_state, run_cli, lab_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def drill(name: str, out: Path, *extra: str):
     return res
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def kill_rank(tmp_path_factory):
     """kill-rank as a new user runs it: from a folder of their own, no --out (reports/<time>-kill-rank/)."""
     need_torch()

@@ -15,7 +15,7 @@ import pytest
 from chaoskit.coverage import Capabilities
 from chaoskit.gameday import GAMEDAY_FILE, HISTORY_FILE, summarize
 from chaoskit.lab.process import ProcessLab
-from tests.conftest import SCENARIOS, need_torch, run_cli
+from tests.conftest import SCENARIOS, need_torch, run_cli, lab_fixture
 
 # What each shipped scenario claims, and the real-world weight of those classes,
 # worked out by hand from the catalog and the Llama 3 table.
@@ -108,7 +108,7 @@ def test_gameday_without_scenarios_is_bad_input(tmp_path: Path) -> None:
 # -- one real game day of the shipped scenarios -------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def real_gameday(tmp_path_factory: pytest.TempPathFactory):
     """(CLI result, game-day folder) of the shipped process-lab scenarios, run once for the module."""
     need_torch()

@@ -186,6 +186,7 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in out]
 
 
+@pytest.mark.slow
 def test_scope_node_kills_the_whole_job_on_the_node_agents_included(lab_procs, tmp_path):
     """scope node: every process of the job on n1 dies (the agent first), any that appears there again dies;
     the other node, the node's processes that are not the job's, and an outsider live on."""
@@ -328,6 +329,7 @@ def test_nvidia_prohibits_the_device_kills_our_contexts_and_restores_the_mode(la
     journal.close()
 
 
+@pytest.mark.slow
 def test_nvidia_scope_node_prohibits_every_listed_device_and_kills_the_job_there(lab_procs, tmp_path, fake_nvidia_smi):
     """Against the stand-in nvidia-smi: scope node fails each GPU -L lists and kills the node's job, agent first."""
     lab, procs, outsider, started = lab_procs

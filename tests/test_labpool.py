@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 from chaoskit.backends.docker import DockerBackend, DockerSpec
 from chaoskit.backends.process import ProcessSpec
@@ -66,6 +67,7 @@ def _in_scope(lab: ProcessLab, node: str, *argv: str, **env: str) -> subprocess.
                             env={**os.environ, "CHAOSKIT_SCOPE": lab.scope(node), **env})
 
 
+@pytest.mark.slow
 def test_a_reused_lab_is_verified_clean_and_rebuilt_when_a_job_process_is_left(tmp_path: Path) -> None:
     said: list[str] = []
     pool = LabPool(said.append, settle_s=0.5)

@@ -25,7 +25,7 @@ name: read-logs
 cluster: {{kind: process, nodes: 2}}
 workload: {{launch: reference, steps: 100}}
 probes:
-  log: [{{match: '(?P<leak>.+)', event: step}}]
+  log: [{{match: 'step (?P<step>[0-9]+) (?P<leak>.+)', event: step}}]
   log_files:
     - {{node: n1, path: '{path}'}}
 faults:

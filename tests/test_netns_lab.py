@@ -32,6 +32,7 @@ def leftovers(lab_id: str, directory) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_lab_up_gives_an_ssh_cluster_and_down_leaves_nothing(tmp_path):
     fx().require_netns()
     from chaoskit.cluster.inventory_file import load_inventory_file

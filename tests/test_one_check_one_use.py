@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need, need_root_tool, need_torch, wait_until
+from tests.conftest import need, need_root_tool, need_torch, wait_until, lab_fixture
 from tests.swap_fixtures import flipping_link, swap_on_open
 
 AUTHOR = "ckauthor48"
@@ -196,7 +196,7 @@ def policy(system_dir, monkeypatch):
     return path
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def slurm_lab():
     """A Slurm lab of one node that another local user can submit to (slurm.conf and munge's socket reachable)."""
     from tests.test_slurm import require_slurm
@@ -226,6 +226,7 @@ def _checked(scenario: Path):
     return loaded, check_scenario(loaded)
 
 
+@pytest.mark.slow
 def test_a_command_script_swapped_after_its_check_is_not_what_torchrun_runs(drill, system_dir, policy, tmp_path):
     """#5: ``launch: command``'s script was checked against ``script_roots`` with its links resolved, then torchrun
     (root's) ran it by its path: a link swapped after the check ran the author's script as root. Now the job's
@@ -244,7 +245,8 @@ def test_a_command_script_swapped_after_its_check_is_not_what_torchrun_runs(dril
     link = _link(folder / "train.py", good)
     scenario = folder / "lab.yaml"
     scenario.write_text("name: ck48\ncluster: {kind: process, nodes: 1}\nworkload: {launch: command, command: "
-                        "[train.py]}\nfaults:\n  - {kind: process.kill, target: {ranks: [0]}, at: {after: 1s}}\n")
+                        "[train.py]}\nfaults:\n  - {kind: process.kill, target: {ranks: [0]}, at: {after: 1s}}\n"
+                        "probes:\n  log:\n    - {event: step, match: 'step (?P<step>[0-9]+)'}\n")
     loaded, preview = _checked(scenario)  # the check: the link resolves inside script_roots
 
     def job(name: str) -> TorchrunJob:
@@ -337,6 +339,7 @@ def test_a_batch_script_swapped_after_its_owner_was_taken_is_not_submitted_as_th
     assert access.job_field(opened.job_id, "Name") == "train.sbatch"  # named as a script file's job is
 
 
+@pytest.mark.slow
 def test_a_compose_file_swapped_after_its_check_is_not_what_the_lab_is_made_of(drill, system_dir, policy):
     """Suspected (a compose file): it was checked inside ``script_roots`` with its links resolved, then the run read
     it again by its path to bring the lab up: a link swapped after the check made root's engine run the author's

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need, need_root_tool, run_cli
+from tests.conftest import need, need_root_tool, run_cli, lab_fixture
 
 LAB_ACCOUNT = "chaoskit-lab"
 OTHER_USER = "ckraypeer"
@@ -93,7 +93,7 @@ def accounts(other_user):
             os.chmod(folder, mode)
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def ray_lab(accounts, tmp_path_factory):
     """``chaoskit lab up --kind ray --nodes 2`` as root (its state in a folder of this module's); down at the end."""
     from chaoskit.lab.ray import RayLab

@@ -19,14 +19,14 @@ from chaoskit.faults.process import HangFault, HangSpec, KillFault, KillSpec
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import need, proc_state, wait_exec, wait_state
+from tests.conftest import need, proc_state, wait_exec, wait_state, lab_fixture
 
 WORKER = "import time; time.sleep(600)  # ray-worker"
 
 
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def ray_lab(tmp_path_factory):
     need(importlib.util.find_spec("ray") is not None, "ray (pip install 'chaoskit[ray]')")
     from chaoskit.lab.process import ProcessLab

@@ -117,6 +117,7 @@ def test_kill_rank_three_times_gives_a_distribution_judged_by_percentiles(tmp_pa
     assert math.isclose(rec["max"], max(rec["samples"]))
 
 
+@pytest.mark.slow
 def test_repeats_that_stop_early_write_what_ran_and_why(tmp_path):
     """A sample that cannot run (its fault finds no process: exit 3) stops the repeats; result.json still says
     what ran and why it stopped."""

@@ -103,6 +103,7 @@ def test_unknown_stack_is_bad_input(tmp_path):
     assert typo.code == 2 and "unknown stack nvxr (did you mean 'nvrx'?)" in typo.stderr
 
 
+@pytest.mark.slow
 def test_a_small_scorecard_end_to_end(tmp_path):
     need_torch()
     import importlib.util

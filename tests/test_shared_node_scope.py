@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.core.errors import InfraError
-from tests.conftest import need_torch, run_cli, wait_until
+from tests.conftest import need_torch, run_cli, wait_until, lab_fixture
 
 pytest_plugins = ["tests.netns_fixtures"]
 
@@ -90,7 +90,7 @@ class Shared:
         raise AssertionError(f"no worker of rank {rank} of our job on {node}")
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def shared(site, tmp_path_factory):
     need_torch()
     from tests.test_attach import UserJob

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.slurm import NODE_FREE_TEXT, job_ids, node_reason, parse_jobs, parse_show
-from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until
+from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until, lab_fixture
 from tests.test_slurm import require_slurm
 
 USER = "ckhostile4"
@@ -90,7 +90,7 @@ def test_slurm_requeue_of_an_attached_job_without_its_slurm_id_is_refused_at_its
 # -- a Slurm lab shared with another user ---------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def shared_lab():
     """A Slurm lab (2 nodes + 1 spare) that another local user can submit to, and that user."""
     require_slurm()

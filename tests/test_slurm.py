@@ -225,6 +225,7 @@ def test_a_slurm_lab_needs_root_and_slurm_with_a_clear_error(monkeypatch):
 # -- a real Slurm lab --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_lab_up_status_down_leaves_no_daemon_namespace_or_folder(_private_state):
     require_slurm()
     from chaoskit.lab.slurm import SlurmLab, slurm_lab_dir
@@ -255,6 +256,7 @@ def test_lab_up_status_down_leaves_no_daemon_namespace_or_folder(_private_state)
     assert run_cli("lab", "down").stdout == "no lab is up\n"
 
 
+@pytest.mark.slow
 def test_drain_is_reverted_by_its_lease_when_the_controller_stops_renewing(tmp_path):
     require_slurm()
     from chaoskit.backends.slurm import SlurmBackend, SlurmSpec

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until
+from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until, lab_fixture
 from tests.test_slurm import events_of, require_slurm
 
 TTL_S = 2.0
@@ -158,7 +158,7 @@ def test_a_node_slurm_does_not_know_is_refused_before_anything_is_armed():
 # -- a Slurm lab as somebody else's cluster -------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def site_slurm(tmp_path_factory):
     """A 2-node Slurm lab; the tests only use its inventory file and its slurm.conf."""
     require_slurm()

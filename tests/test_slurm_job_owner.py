@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import SYSTEM_PYTHON, need_root_tool, run_cli, wait_until
+from tests.conftest import SYSTEM_PYTHON, need_root_tool, run_cli, wait_until, lab_fixture
 from tests.test_slurm import require_slurm
 
 LOOKALIKE_USER = "ckslurmlook"
@@ -33,7 +33,7 @@ MARK = "chaoskit_owner_train"
 WORKER = "import time; time.sleep(600)"
 
 
-@pytest.fixture(scope="module")
+@lab_fixture(scope="module")
 def lab():
     """A one-node Slurm lab (n0) that other local users can submit to, and a second user for the look-alike."""
     require_slurm()
