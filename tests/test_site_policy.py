@@ -418,7 +418,8 @@ def test_the_machines_policy_bounds_an_authors_program_on_a_lab(machine_policy, 
     scenario = reviewed / "lab.yaml"
 
     def lab(workload: str) -> Path:
-        scenario.write_text(f"name: lab-drill\ncluster: {{kind: process, nodes: 2}}\nworkload: {workload}\nfaults:\n"
+        scenario.write_text(f"name: lab-drill\ncluster: {{kind: process, nodes: 2}}\nworkload: {workload}\n"
+                            "probes: {log: [{match: 'step (?P<step>\\d+)', event: step}]}\nfaults:\n"
                             "  - {kind: process.kill, target: {ranks: [1]}, at: {after: 1s}}\n")
         return scenario
 
@@ -471,3 +472,112 @@ def test_the_machines_policy_says_whom_a_batch_script_may_be_submitted_as(machin
     _lab_policy(machine_policy, "launches: [reference, attach]\n")
     res = run_cli("validate", scenario)
     assert res.code == 2 and f"{scenario}:4:" in res.stderr and "allows no launch: sbatch" in res.stderr, res.stderr
+
+
+# -- prometheus_urls: the Prometheus and Pushgateway servers chaoskit may talk to (issue 48) -----------------
+
+PROMETHEUS_POLICY = "policy:\n" + POLICY + "  prometheus_urls: [http://prom.example:9090/team, https://push.example]\n"
+WATCHED = GOOD.replace(
+    "    - {node: n1, path: /var/log/train/n1.log}\n",
+    "    - {node: n1, path: /var/log/train/n1.log}\n"
+    "  prometheus:\n    - {url: 'http://prom.example:9090/team', query: 'max(up)', when: rises}\n",
+).replace("safety: {max_nodes: 2}", "safety:\n  max_nodes: 2\n  stop_when:\n"
+                                      "    - {prometheus: 'http://prom.example:9090/team/', query: 'max(up)', above: 1}\n")
+
+# (where the URL is, the URL written there, the line:col of the refusal); each is allowed by chaoskit's own URL
+# check and is a text prefix, or a near miss, of an allowed one
+PROMETHEUS_OUTSIDE = [
+    ("probe-other-port", "url: 'http://prom.example:9090/team'", "url: 'http://prom.example:9091/team'", "9:13",
+     "probes.prometheus.0.url"),
+    ("probe-path-not-on-a-slash", "url: 'http://prom.example:9090/team'", "url: 'http://prom.example:9090/teamx'",
+     "9:13", "probes.prometheus.0.url"),
+    ("probe-dotdot", "url: 'http://prom.example:9090/team'", "url: 'http://prom.example:9090/team/../admin'",
+     "9:13", "probes.prometheus.0.url"),
+    ("stop-other-scheme", "prometheus: 'http://prom.example:9090/team/'", "prometheus: 'https://prom.example:9090/team/'",
+     "17:20", "safety.stop_when.0.prometheus"),
+    ("stop-longer-host", "prometheus: 'http://prom.example:9090/team/'", "prometheus: 'https://push.example.evil.com'",
+     "17:20", "safety.stop_when.0.prometheus"),
+]
+
+
+@pytest.mark.parametrize("case", PROMETHEUS_OUTSIDE, ids=[c[0] for c in PROMETHEUS_OUTSIDE])
+def test_a_prometheus_url_outside_the_policys_prometheus_urls_is_refused_at_its_line(case, tmp_path: Path, listener):
+    _, old, new, where, field = case
+    _inventory(tmp_path, listener.getsockname()[1], policy=PROMETHEUS_POLICY)
+    scenario = tmp_path / "drill.yaml"
+    assert old in WATCHED
+    scenario.write_text(WATCHED)
+    assert run_cli("validate", scenario).code == 0  # the control: the same drill with the URLs inside the policy
+    scenario.write_text(WATCHED.replace(old, new))
+    res = run_cli("validate", scenario)
+    assert res.code == 2, res.stderr
+    assert f"{scenario}:{where}: {field}: " in res.stderr and "not under the site policy's prometheus_urls" in res.stderr, \
+        res.stderr
+    res = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert res.code == 2 and res.stderr.startswith(f"error: {scenario}:{where}: "), res.stderr
+    assert not (tmp_path / "run").exists() and not anyone_connected(listener)
+
+
+def test_prometheus_url_prefixes_compare_scheme_host_port_and_a_path_on_a_slash_boundary():
+    from chaoskit.cluster.policy import SitePolicy, under_urls
+
+    allowed = ["http://prom.example:9090"]
+    for url in ("http://prom.example:9090", "http://prom.example:9090/", "http://PROM.example:9090/api/v1",
+                "http://prom.example:9090/a//b"):
+        assert under_urls(url, allowed), url
+    for url in ("http://prom.example:9090.evil.com", "http://prom.example:90901", "http://prom.example:9091",
+                "https://prom.example:9090", "http://prom.example", "http://prom.example.evil.com:9090",
+                "http://evil@prom.example:9090", "http://prom.example:9090/x/%2e%2e/y", "ftp://prom.example:9090"):
+        assert not under_urls(url, allowed), url
+    assert under_urls("http://prom.example:80/x", ["http://prom.example"])  # an absent port is the scheme's
+    assert under_urls("https://push.example:443", ["https://push.example/"])
+    team = ["http://prom.example:9090/team"]
+    assert under_urls("http://prom.example:9090/team/", team) and under_urls("http://prom.example:9090/team/a", team)
+    assert not under_urls("http://prom.example:9090/teamx", team) and not under_urls("http://prom.example:9090/", team)
+    assert SitePolicy().allows_url("http://anything:1") is None
+    assert "allowed" not in (SitePolicy(prometheus_urls=[]).allows_url("http://prom.example:9090") or "allowed")
+
+
+def test_the_narrowest_of_two_policies_allows_the_prometheus_urls_both_allow():
+    from chaoskit.cluster.policy import SitePolicy, narrowest
+
+    site = SitePolicy(prometheus_urls=["http://prom.example:9090", "https://push.example"])
+    own = SitePolicy(prometheus_urls=["http://prom.example:9090/team", "http://other.example", "https://push.example/"])
+    assert narrowest(site, own).prometheus_urls == ["http://prom.example:9090/team", "https://push.example/",
+                                                    "https://push.example"]
+    # a text prefix is no path prefix: neither /api nor /apix lies under the other
+    assert narrowest(SitePolicy(prometheus_urls=["http://p:1/api"]),
+                     SitePolicy(prometheus_urls=["http://p:1/apix"])).prometheus_urls == []
+    assert narrowest(site, SitePolicy()).prometheus_urls == site.prometheus_urls
+    assert narrowest(SitePolicy(), own).prometheus_urls == own.prometheus_urls
+
+
+def test_a_policys_prometheus_urls_must_be_http_url_prefixes(tmp_path: Path, listener):
+    path = _inventory(tmp_path, listener.getsockname()[1],
+                      policy="policy:\n  prometheus_urls: ['http://prom.example:9090/team', 'https://[::1]']\n")
+    assert run_cli("validate", path).code == 0, run_cli("validate", path).stderr
+    for bad in ("ftp://prom.example", "http://user:pw@prom.example", "prom.example:9090", "http://prom.example/a/../b"):
+        path = _inventory(tmp_path, listener.getsockname()[1], policy=f"policy:\n  prometheus_urls: ['{bad}']\n")
+        res = run_cli("validate", path)
+        assert res.code == 2 and f"{path}:4:" in res.stderr and "prometheus_urls prefix" in res.stderr, (bad, res.stderr)
+
+
+def test_a_push_outside_the_machines_policy_is_refused_before_anything_runs(machine_policy, tmp_path: Path):
+    """``--push`` names a server too: ``export`` and ``gameday`` refuse one outside this machine's prometheus_urls
+    before they read or run anything (exit 2, one line naming the policy file)."""
+    machine_policy.write_text(machine_policy.read_text() + "prometheus_urls: [http://push.example:9091]\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for url in ("http://push.example:9092", "http://push.example.evil.com:9091", "https://push.example:9091"):
+        res = run_cli("export", empty, "--push", url)
+        assert res.code == 2, res.stderr
+        assert "error: --push" in res.stderr and str(machine_policy) in res.stderr.splitlines()[0], res.stderr
+    res = run_cli("export", empty, "--push", "http://push.example:9091/metrics")  # allowed: then the folder is read
+    assert res.code == 2 and "holds no result.json" in res.stderr, res.stderr
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (scenarios / "lab.yaml").write_text("name: lab-drill\ncluster: {kind: process, nodes: 2}\nworkload: {steps: 50}\n"
+                                        "faults:\n  - {kind: gpu.fail, target: {ranks: [1]}, duration: 5s, at: {after: 1s}}\n")
+    res = run_cli("gameday", scenarios, "--out", tmp_path / "gd", "--push", "http://push.example.evil.com:9091")
+    assert res.code == 2 and "prometheus_urls" in res.stderr and str(machine_policy) in res.stderr, res.stderr
+    assert not (tmp_path / "gd").exists()

@@ -16,6 +16,7 @@ first) at its own line, before anything connects. Example::
       launches: [reference, attach]                       # no author's program runs (not command, not sbatch)
       script_roots: [/srv/gameday]                        # workload.command / script, compose files: inside one
       env: [PYTHONPATH]                                   # workload.env may set these LD_*/PYTHON* names too
+      prometheus_urls: [http://prom.example:9090]         # every Prometheus / Pushgateway URL: under one
 
 A policy file is refused when anyone but its owner can write it, when its folder is
 writable by anyone but its owner, or when it is a symbolic link: a policy that a
@@ -46,18 +47,19 @@ import re
 import stat
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.limits import MAX_COUNT
-from chaoskit.core.models import StrictModel, check_each
+from chaoskit.core.models import StrictModel, check_each, check_http_url
 from chaoskit.core.shell import check_path
 from chaoskit.core.state import lstat_no_link
 from chaoskit.core.yaml_source import SourceMap, load_yaml, validation_errors
 
 __all__ = ["SitePolicy", "JobsRule", "SITE_POLICY_FILE", "SITE_POLICY_ENV", "load_policy_file", "site_policy", "narrowest",
-           "validate_policy", "under_roots", "policy_file_problem", "origin", "with_origin"]
+           "validate_policy", "under_roots", "under_urls", "policy_file_problem", "origin", "with_origin"]
 
 SITE_POLICY_FILE = Path("/etc/chaoskit/policy.yaml")
 """This machine's policy for every run from it (root's; absent: none)."""
@@ -129,6 +131,10 @@ class SitePolicy(StrictModel):
     env: list[str] | None = Field(None, description=(
         "Shell-style patterns of the LD_* and PYTHON* variables (what code a process loads: LD_PRELOAD, PYTHONPATH, "
         "...) that a scenario's workload.env may set or unset; default none of them. Other names need no leave."))
+    prometheus_urls: list[str] | None = Field(None, description=(
+        "http(s) URL prefixes: every Prometheus a scenario queries (probes.prometheus url, safety.stop_when "
+        "prometheus) and every Pushgateway a --push names must lie under one (same scheme, host and port, its path "
+        "inside the prefix's on a '/' boundary); default any."))
     _origin: list[str] = PrivateAttr(default_factory=list)
     """Where it was read: each file (or inventory's inline policy) that narrowed it, widest first."""
 
@@ -151,6 +157,15 @@ class SitePolicy(StrictModel):
                 raise ValueError(f"{address!r} is neither auto nor HOST:PORT")
         return v
 
+    @field_validator("prometheus_urls")
+    @classmethod
+    def _urls(cls, v: list[str] | None) -> list[str] | None:
+        for url in v or []:
+            check_http_url(url, "prometheus_urls prefix")
+            if _dot_segments(urlsplit(url).path):
+                raise ValueError(f"prometheus_urls prefix {url!r}: no '.' or '..' in its path")
+        return v
+
     @field_validator("log_roots", "checkpoint_roots", "python", "ssh_roots", "power_programs", "script_roots")
     @classmethod
     def _absolute(cls, v: list[str] | None) -> list[str] | None:
@@ -168,6 +183,13 @@ class SitePolicy(StrictModel):
             return f"the site policy does not allow {kind} on this cluster (allowed: {', '.join(self.faults) or 'none'})"
         return None
 
+    def allows_url(self, url: str) -> str | None:
+        """Why the Prometheus or Pushgateway at ``url`` is not allowed here, or ``None``."""
+        if self.prometheus_urls is None or under_urls(url, self.prometheus_urls):
+            return None
+        return (f"{url} is not under the site policy's prometheus_urls "
+                f"({', '.join(self.prometheus_urls) or 'none'}); chaoskit talks to those servers only")
+
 
 def _jobs(a: "JobsRule | None", b: "JobsRule | None", both: Any) -> "JobsRule | None":
     if a is None or b is None:
@@ -182,6 +204,42 @@ def under_roots(path: str, roots: list[str]) -> bool:
         return False
     norm = posixpath.normpath(path)
     return any(norm == root.rstrip("/") or norm.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def under_urls(url: str, prefixes: list[str]) -> bool:
+    """Whether the http(s) ``url`` lies under one of ``prefixes``: the same scheme, host and port (an absent port
+    being the scheme's), and a path equal to the prefix's or inside it on a ``/`` boundary. Compared parsed, never as
+    text, so ``http://prom:9090`` covers neither ``http://prom:9090.evil.com`` nor ``http://prom:90901``; a URL
+    with a user, a query, a fragment or a ``.``/``..`` segment in its path (even %-encoded) is under none."""
+    mine = _url_key(url)
+    if mine is None:
+        return False
+    scheme, host, port, path = mine
+    for prefix in prefixes:
+        theirs = _url_key(prefix)
+        if theirs is None or theirs[:3] != (scheme, host, port):
+            continue
+        root = theirs[3].rstrip("/")
+        if path == root or path.startswith(root + "/"):
+            return True
+    return False
+
+
+def _url_key(url: str) -> tuple[str, str, int, str] | None:
+    try:
+        check_http_url(url)
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}[parts.scheme]
+    except (ValueError, KeyError):
+        return None
+    if _dot_segments(parts.path):
+        return None
+    return parts.scheme, parts.hostname or "", port, parts.path
+
+
+def _dot_segments(path: str) -> bool:
+    # the server would resolve them: /allowed/../admin is /admin (and %2e%2e is ..)
+    return any(seg in (".", "..") for seg in unquote(path).replace("\\", "/").split("/"))
 
 
 def policy_file_problem(path: Path) -> str | None:
@@ -293,7 +351,8 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
     """What both policies allow: this machine's (``site``) narrowed by an inventory's own (``own``).
 
     Kinds: the patterns of each that the other's patterns allow (exact for names and simple patterns such
-    as ``network.*``); roots: the folders inside a root of both; Pythons, programs, addresses, launches and
+    as ``network.*``); roots: the folders inside a root of both; Prometheus URL prefixes: those under a prefix of
+    both (``http://prom:9090/team`` of it and ``http://prom:9090``); Pythons, programs, addresses, launches and
     users: those both name; ``max_nodes``:
     the smaller; ``slurm``: only if both allow it. An empty list allows nothing."""
     if own is None:
@@ -312,6 +371,12 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
         both = [r for r in b if under_roots(r, a)]
         return both + [r for r in a if under_roots(r, b) and r not in both]
 
+    def urls(a: list[str] | None, b: list[str] | None) -> list[str] | None:
+        if a is None or b is None:
+            return b if a is None else a
+        both = [u for u in b if under_urls(u, a)]
+        return both + [u for u in a if under_urls(u, b) and u not in both]
+
     def pythons(a: list[str] | None, b: list[str] | None) -> list[str] | None:
         if a is None or b is None:
             return b if a is None else a
@@ -328,5 +393,6 @@ def narrowest(site: SitePolicy, own: SitePolicy | None) -> SitePolicy:
                       jobs=_jobs(site.jobs, own.jobs, pythons),
                       launches=pythons(site.launches, own.launches),  # type: ignore[arg-type]
                       script_roots=roots(site.script_roots, own.script_roots),
-                      env=kinds(site.env, own.env))
+                      env=kinds(site.env, own.env),
+                      prometheus_urls=urls(site.prometheus_urls, own.prometheus_urls))
     return with_origin(both, site._origin + own._origin)

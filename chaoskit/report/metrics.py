@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoskit.cluster.policy import origin, site_policy
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, UnsafePath, parse_utc_iso, write_new
 from chaoskit.core.result import REPEAT_KIND, RunResult
@@ -92,11 +93,20 @@ class ExportOutcome:
 
 
 def check_push_url(url: str) -> str:
-    """``url`` when it is an http(s) URL with a host; :class:`ScenarioError` (exit 2) otherwise."""
+    """``url`` when it is an http(s) URL with a host that this machine's site policy allows (its
+    ``prometheus_urls``); :class:`ScenarioError` (exit 2) otherwise, naming the policy that refused it."""
     try:
-        return check_http_url(url, "--push URL")
+        check_http_url(url, "--push URL")
     except ValueError as exc:
         raise ScenarioError(str(exc), hint="e.g. --push http://pushgateway:9091") from None
+    policy = site_policy()
+    if isinstance(policy, list):
+        raise policy[0]
+    problem = policy.allows_url(url) if policy is not None else None
+    if problem:
+        raise ScenarioError(f"--push {problem}; {origin(policy)}",
+                            hint="push to a Pushgateway the site policy names, or ask its owners to add it")
+    return url
 
 
 def read_drills(path: Path) -> tuple[list[Drill], dict[str, Any] | None]:
@@ -126,9 +136,9 @@ def export(path: Path, *, openmetrics: Path | None = None, push_url: str | None 
     """Read ``path`` (a run or a game day), write the OpenMetrics file (atomically: a textfile collector never
     reads half of it) and push to the Pushgateway at ``push_url`` when given. :class:`InfraError` (exit 3) when
     the push fails."""
-    drills, gameday = read_drills(path)
     if push_url is not None:
-        check_push_url(push_url)
+        check_push_url(push_url)  # before any file is read or written
+    drills, gameday = read_drills(path)
     from prometheus_client.openmetrics.exposition import generate_latest
 
     registry = _registry(drills, gameday)

@@ -124,6 +124,14 @@ def _policy_checks(loaded: LoadedScenario, cluster: ClusterHandle, policy: SiteP
                 raise loaded.error(f"probes.log_files.{j}.path: {lf.path} is outside the site policy's log_roots "
                                    f"({', '.join(policy.log_roots)}); chaoskit reads log files there only",
                                    "probes", "log_files", j, "path")
+    for k, rule in enumerate(sc.probes.prometheus):
+        problem = policy.allows_url(rule.url)
+        if problem:
+            raise loaded.error(f"probes.prometheus.{k}.url: {problem}", "probes", "prometheus", k, "url")
+    for k, cond in enumerate(sc.safety.stop_when):
+        problem = policy.allows_url(cond.prometheus)
+        if problem:
+            raise loaded.error(f"safety.stop_when.{k}.prometheus: {problem}", "safety", "stop_when", k, "prometheus")
     ckpt = sc.workload.checkpoint_dir
     if policy.checkpoint_roots is not None and ckpt is not None and not under_roots(ckpt, policy.checkpoint_roots):
         raise loaded.error(f"workload.checkpoint_dir: {ckpt} is outside the site policy's checkpoint_roots "
