@@ -25,7 +25,9 @@ its ``faults:`` as the kinds to draw from, each with its settings), then:
    explains most of it.
 
 It writes ``campaign.json`` (``{seed, duration_s, mtbf_s, faults: [{t, kind, target, phases}],
-ettr: {measured, predicted}, badput: {<bucket>: seconds}, stopped: {early, why, ...}, ...}``) and
+ettr: {measured, predicted}, badput: {<bucket>: seconds}, goodput: {badput_s: {<BadputType>: seconds}, ...},
+stopped: {early, why, ...}, ...}``; ``goodput`` is the badput in the buckets of Google's ml-goodput-measurement,
+:func:`chaoskit.goodput.goodput_terms`) and
 ``campaign.html``, also when the run stops early (the job ran out of restarts, a safety limit, Ctrl-C):
 what it measured until then, and why it stopped (the run's error is not raised then: its exit code is
 returned, and its message is in ``stopped.why``). Before it
@@ -49,6 +51,7 @@ from chaoskit.core.result import RunResult
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.yaml_source import load_yaml
 from chaoskit.coverage import catalog
+from chaoskit.goodput import BUCKETS, account, goodput_terms
 from chaoskit.measure import measure_fault
 from chaoskit.observe.events import read_events
 from chaoskit.runner import RunOutcome, run_scenario
@@ -59,9 +62,6 @@ from chaoskit.sim import require_numpy
 __all__ = ["plan_campaign", "run_campaign", "measure_campaign", "restart_warning", "CAMPAIGN_FILE", "BUCKETS"]
 
 CAMPAIGN_FILE = "campaign.json"
-BUCKETS = ("startup", "detection", "reallocation", "checkpoint_load", "first_step", "recomputed", "checkpoint_saves",
-           "unexplained")
-"""The badput buckets, in the order of a recovery: each is seconds of the wall time not spent on kept steps."""
 TAIL = 0.1
 """No fault is drawn in the last tenth of the campaign: its recovery must fit in the run."""
 MAX_FAULTS = 10_000
@@ -239,37 +239,17 @@ def measure_campaign(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any]:
     """ETTR and badput of a campaign's run, measured from its files, beside the simulator's prediction."""
     result = RunResult.read(run_dir / RESULT_FILE)
     events = read_events(run_dir / EVENTS_FILE)
-    steps = sorted((e for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)), key=lambda e: e["ts"])
-    starts = [e["ts"] for e in events if e.get("kind") == "worker.start"]
-    saves = _save_costs(events)
-    step_s = _step_time(steps)
-    t_start = min(starts) if starts else (steps[0]["ts"] if steps else None)
-    t_end = steps[-1]["ts"] if steps else None
-    wall = (t_end - t_start) if t_start is not None and t_end is not None else None
-    final_step = max((e["step"] for e in steps), default=0)
-    kept = final_step * step_s if step_s else 0.0
     faults = []
     for draw, fault in zip(plan["draws"], result.per_fault):
         faults.append({"t": draw["t"], "kind": fault.kind, "target": _target_text(draw["target"]),
                        "nodes": fault.targets, "t_fault": fault.t_fault,
                        "phases": {k: getattr(fault, k) for k in ("detection_s", "reallocation_s", "checkpoint_load_s",
                                                                  "recovery_s", "lost_steps")}})
-    buckets = dict.fromkeys(BUCKETS, 0.0)
-    if steps and t_start is not None:
-        buckets["startup"] = steps[0]["ts"] - t_start
-    for f in faults:
-        p = f["phases"]
-        buckets["detection"] += p["detection_s"] or 0.0
-        buckets["reallocation"] += p["reallocation_s"] or 0.0
-        buckets["checkpoint_load"] += p["checkpoint_load_s"] or 0.0
-        if p["recovery_s"] is not None:
-            buckets["first_step"] += max(0.0, p["recovery_s"] - sum(p[k] or 0.0 for k in (
-                "detection_s", "reallocation_s", "checkpoint_load_s")))
-        buckets["recomputed"] += (p["lost_steps"] or 0) * (step_s or 0.0)
-    buckets["checkpoint_saves"] = sum(saves)
-    if wall:
-        buckets["unexplained"] = wall - kept - sum(v for k, v in buckets.items() if k != "unexplained")
-    buckets = {k: round(v, 3) for k, v in buckets.items()}
+    # each measured fault's phases in full: the goodput buckets also need its start-up and its reasons
+    per_fault = [fault.model_dump() for fault in result.per_fault[:len(faults)]]
+    spent = account(events, per_fault)
+    steps, saves, step_s, t_start, wall = spent.steps, spent.saves, spent.step_s, spent.t_start, spent.wall_s
+    final_step, kept, buckets = spent.final_step, spent.kept_s, spent.buckets
     measured = (kept / wall) if wall else None
     prediction = _predict(plan, faults, step_s, result, saves, wall, buckets)
     gap = None if measured is None or prediction["ettr"] is None else round(measured - prediction["ettr"], 4)
@@ -287,6 +267,7 @@ def measure_campaign(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any]:
         "ettr": {"measured": None if measured is None else round(measured, 4), "predicted": prediction["ettr"],
                  "gap": gap, "explained_by": explains},
         "badput": buckets,
+        "goodput": goodput_terms(spent, per_fault),
         "prediction": prediction,
         "over_time": _ettr_over_time(steps, t_start, step_s, faults),
         "notes": list(result.notes),
@@ -356,32 +337,6 @@ def _explain(measured: float, prediction: dict[str, Any], buckets: dict[str, flo
     diffs = {k: buckets[k] - prediction["badput"].get(k, 0.0) for k in BUCKETS}
     worst = max(diffs, key=lambda k: abs(diffs[k]))
     return f"{worst}: measured {buckets[worst]:.1f}s, predicted {prediction['badput'].get(worst, 0.0):.1f}s"
-
-
-def _step_time(steps: list[dict[str, Any]]) -> float | None:
-    """The job's step time when nothing is wrong: the median gap between one rank's consecutive steps."""
-    last: dict[Any, tuple[int, float]] = {}
-    gaps = []
-    for e in steps:
-        key = e.get("rank", e.get("node"))
-        prev = last.get(key)
-        if prev is not None and e["step"] == prev[0] + 1:
-            gaps.append(e["ts"] - prev[1])
-        last[key] = (e["step"], e["ts"])
-    return round(statistics.median(gaps), 5) if gaps else None
-
-
-def _save_costs(events: list[dict[str, Any]]) -> list[float]:
-    """Seconds each checkpoint save took (its start to its end, on the rank that saved)."""
-    open_: dict[Any, float] = {}
-    out = []
-    for e in sorted(events, key=lambda e: e["ts"]):
-        key = (e.get("rank"), e.get("step"))
-        if e.get("kind") == "ckpt.save.start":
-            open_[key] = e["ts"]
-        elif e.get("kind") == "ckpt.save.end" and key in open_:
-            out.append(e["ts"] - open_.pop(key))
-    return out
 
 
 def _ettr_over_time(steps, t_start, step_s, faults, points: int = 60) -> list[dict[str, float]]:

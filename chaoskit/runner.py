@@ -46,6 +46,7 @@ from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
+from chaoskit.goodput import account, goodput_terms
 from chaoskit.measure import RECOVERY_MODELS, baseline_restarts, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
@@ -933,6 +934,8 @@ class _Run:
             **({"slowdown": slowdown} if slowdown is not None else {}),
             **({"silent": silent} if silent is not None else {}),
             "final_step": final_step,
+            # the run's lost time in ml-goodput-measurement's buckets, beside a production goodput dashboard
+            "goodput": goodput_terms(account(events, per_fault), per_fault),
             "notes": self.notes,
             "capabilities": self.capabilities.as_dict(),
             "clocks": {name: c.as_dict() for name, c in self.clocks.items()},

@@ -85,7 +85,7 @@ def test_kill_rank_gives_the_result_json_recorded_before_the_house_was_rebuilt(k
     _, out = kill_rank
     recorded = json.loads((ROOT / "tests" / "data" / "result-shape" / "kill-rank.json").read_text())
     now = shape_json(json.loads((out / "result.json").read_text()))
-    added_since: set[str] = set()
+    added_since = {k for k in now if k == ".goodput" or k.startswith(".goodput.")}  # issue 50 item 6
     assert {k: v for k, v in now.items() if k not in added_since} == recorded
 
 
@@ -99,8 +99,9 @@ def test_kill_rank_writes_its_keys_in_the_order_of_the_run_recorded_before_the_r
     _, out = kill_rank
     text = (out / "result.json").read_text()
     before = json.loads((ROOT / "tests" / "data" / "result" / "kill-rank.json").read_text())
-    assert key_order(json.loads(text)) == key_order(before)
-    assert shape_json(json.loads(text)) == shape_json(before)
+    added_since = (".goodput",)  # issue 50 item 6: the run's lost time in ml-goodput-measurement's buckets
+    assert [k for k in key_order(json.loads(text)) if not k.startswith(added_since)] == key_order(before)
+    assert {k: v for k, v in shape_json(json.loads(text)).items() if not k.startswith(added_since)} == shape_json(before)
     assert RunResult.model_validate(json.loads(text)).text() == text
 
 

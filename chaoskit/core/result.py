@@ -38,7 +38,7 @@ from pydantic import (
 
 __all__ = [
     "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "FaultMeasure", "InjectedFault",
-    "SloEntry", "Check", "Slowdown", "SilentCheckpoint", "Silent", "PresetInfo", "RunResult",
+    "SloEntry", "Check", "Slowdown", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
     "REPEAT_KIND", "result_schema_dict", "result_schema_text",
 ]
 
@@ -245,6 +245,49 @@ class PresetInfo(ResultPart):
     verbosity: Any = None
 
 
+class BadputSeconds(ResultPart):
+    """Seconds lost per bucket of Google's ml-goodput-measurement, named as its ``BadputType`` enum names them, in
+    its order; ``None`` where chaoskit cannot tell (its reason in :attr:`Goodput.reasons`), never zero. The mapping
+    from chaoskit's phases: ``chaoskit/goodput.py`` and docs/measuring.md."""
+
+    TPU_INITIALIZATION: Optional[Number] = None
+    TRAINING_PREP: Optional[Number] = None
+    PROGRAM_STARTUP: Optional[Number] = None
+    """The job's start to its first step; after a fault, the new workers' start-up and the first step after the
+    checkpoint load."""
+    DATA_LOADING_SYNC: Optional[Number] = None
+    DATA_LOADING_ASYNC: Optional[Number] = None
+    UNPRODUCTIVE_CHECKPOINT_SAVE_TIME: Optional[Number] = None
+    """Every checkpoint save, its start to its end (``ckpt.save.start``/``ckpt.save.end``)."""
+    UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME: Optional[Number] = None
+    """Each fault's checkpoint load, less the new workers' start-up (``startup_s``)."""
+    WASTED_PROGRESS_FROM_DISRUPTION: Optional[Number] = None
+    """Each fault's lost steps times the job's own step time."""
+    INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION: Optional[Number] = None
+    """Each fault's detection and reallocation: the fault to every worker of the new world started."""
+    CUSTOM_BADPUT_EVENTS: Optional[Number] = None
+    OTHER: Optional[Number] = None
+    """The wall time no other bucket and no kept step explains."""
+
+
+class Goodput(ResultPart):
+    """The run's time in the words of Google's ml-goodput-measurement (``chaoskit/goodput.py``): the wall time
+    (the first worker's start to the last step), the time on kept steps, and the rest per ``BadputType``. The
+    buckets that are not ``None`` and ``productive_s`` add up to ``total_elapsed_s``."""
+
+    source: str = ""
+    """``ml-goodput-measurement BadputType``: whose bucket names these are."""
+    total_elapsed_s: Optional[Number] = None
+    productive_s: Optional[Number] = None
+    goodput: Optional[Number] = None
+    """``productive_s / total_elapsed_s``."""
+    badput_s: BadputSeconds = Field(default_factory=BadputSeconds)
+    reasons: dict[str, str] = Field(default_factory=dict)
+    """Why each bucket left ``None`` was not measured."""
+    notes: list[str] = Field(default_factory=list)
+    """Where time went that its own bucket could not hold (a start-up inside a checkpoint load, say)."""
+
+
 class RunResult(ResultPart):
     """One run's ``result.json``, in the order the runner writes it."""
 
@@ -270,6 +313,8 @@ class RunResult(ResultPart):
     slowdown: Optional[Slowdown] = None
     silent: Optional[Silent] = None
     final_step: Optional[int] = None
+    goodput: Optional[Goodput] = None
+    """The run's lost time in the buckets of Google's ml-goodput-measurement (``chaoskit/goodput.py``)."""
     notes: list[str] = Field(default_factory=list)
     capabilities: dict[str, Any] = Field(default_factory=dict)
     clocks: dict[str, dict[str, Any]] = Field(default_factory=dict)
