@@ -25,6 +25,7 @@ from tests.conftest import ROOT, SCENARIOS, run_cli
 FIELD_VALUES = {
     "command": "[train.py]", "process": "train", "inproc": "sdk", "checkpoint_dir": "/ckpt", "checkpoint_fs": "64MiB",
     "script": "job.sh", "run_id": "r1", "user": "alice", "slurm_job": "7", "step_compute": "10ms",
+    "env": "{OMP_NUM_THREADS: '2'}",
 }
 """A valid value of every launch-specific field (a new one in the table needs one here)."""
 CLASSES = sorted({cls for entry in JOBS.values() for cls in (entry.job, entry.scheduled) if cls is not None},

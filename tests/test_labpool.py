@@ -155,9 +155,12 @@ faults:
   - kind: process.kill
     target: {{ranks: [1]}}
     at: {{step: 5}}
+probes:
+  log: [{{event: step, match: 'step (?P<step>[0-9]+)'}}]
 """
 
 
+@pytest.mark.slow  # its game day, in a process of its own, starts the jobs' torchrun agents
 def test_sigterm_stops_the_gameday_and_takes_its_shared_lab_down(tmp_path: Path) -> None:
     from tests.conftest import need_torch
 

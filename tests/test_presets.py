@@ -142,7 +142,7 @@ def test_every_preset_documents_what_it_sees_cannot_see_and_its_verbosity():
         assert set(preset.sees) == {r.event for r in preset.rules}, name
 
 
-@pytest.mark.parametrize("presets", [["hf"], ["torchrun", "lightning"], ["megatron", "deepspeed"]])
+@pytest.mark.parametrize("presets", [["hf"], ["torchrun", "lightning", "torchtitan"], ["megatron", "deepspeed"]])
 def test_presets_in_a_scenario_validate_and_an_unknown_one_is_refused_at_its_line(tmp_path, presets):
     good = tmp_path / "good.yaml"
     good.write_text(f"""\

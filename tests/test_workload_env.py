@@ -22,7 +22,8 @@ def _scenario(folder: Path, workload: str, name: str = "env-drill") -> Path:
     (folder / "train.py").write_text("print('hi')\n")
     path = folder / "drill.yaml"
     path.write_text(f"name: {name}\ncluster: {{kind: process, nodes: 2}}\nworkload:\n{textwrap.indent(workload, '  ')}"
-                    "faults:\n  - kind: process.kill\n    target: {nodes: [n1]}\n    at: {step: 20}\n")
+                    "faults:\n  - kind: process.kill\n    target: {nodes: [n1]}\n    at: {step: 20}\n"
+                    "probes:\n  log:\n    - {event: step, match: 'step (?P<step>[0-9]+)'}\n")
     return path
 
 

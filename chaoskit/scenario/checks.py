@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -214,11 +215,14 @@ def _no_step_source(loaded: LoadedScenario) -> str | None:
     script = sc.workload.command_script(loaded.path.parent)
     if script is None:
         return None
-    try:
-        with open(script, "rb") as fh:
-            text = fh.read(SCRIPT_READ_BYTES)
+    try:  # a regular file only, never a FIFO a read would wait on (a docker lab's script is not checked above)
+        fd = os.open(script, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None  # the script's own check says what is wrong with it
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = fh.read(SCRIPT_READ_BYTES)
     if b"chaoskit" in text:
         return None
     return (f"{script.name} does not use chaoskit (no SDK, no callback), torchrun's lines carry no step, and no "
