@@ -342,20 +342,24 @@ RESTART_GAP_S = 1.0
 """Worker exits this close together are one restart (every rank of the world goes at once)."""
 
 
-def baseline_restarts(events: Iterable[Event], until: float) -> tuple[int, str | None]:
+def baseline_restarts(events: Iterable[Event], until: float, *, found: bool = False) -> tuple[int, str | None]:
     """The job's restarts before ``until`` (the first fault), and what the first of them was (``None`` without
     one): worker exits (those within :data:`RESTART_GAP_S` of each other one restart), or a worker started with a
-    ``restart_count`` (the larger of the two counts). A baseline with one was not steady."""
+    ``restart_count`` (the larger of the two counts). A baseline with one was not steady. ``found``: the job was
+    running before the run (attached), so its restart count counts from the lowest the run saw, not from 0."""
     early = [e for e in sorted(events, key=lambda e: e["ts"]) if e["ts"] < until]
     exits = [e for e in early if e.get("kind") == "worker.exit"]
-    restarted = [e for e in early if e.get("kind") == "worker.start" and isinstance(e.get("restart_count"), int)
-                 and not isinstance(e.get("restart_count"), bool) and e["restart_count"] >= 1]
+    starts = [e for e in early if e.get("kind") == "worker.start" and isinstance(e.get("restart_count"), int)
+              and not isinstance(e.get("restart_count"), bool)]
+    # a job found running (attached) has restarted before the run saw it: only the restarts seen count
+    base = min((e["restart_count"] for e in starts), default=0) if found else 0
+    restarted = [e for e in starts if e["restart_count"] > base]
     bursts, last = 0, None
     for e in exits:
         if last is None or e["ts"] - last > RESTART_GAP_S:
             bursts += 1
         last = e["ts"]
-    count = max([bursts, *(e["restart_count"] for e in restarted)])
+    count = max([bursts, *(e["restart_count"] - base for e in restarted)])
     first = min(exits[:1] + restarted[:1], key=lambda e: e["ts"], default=None)
     if first is None:
         return count, None

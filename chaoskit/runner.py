@@ -862,7 +862,8 @@ class _Run:
             checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
             if self.injections:  # a worker that exited or a world that restarted before the first fault: not steady
                 allowed = self.sc.steady_state.restarts_allowed
-                restarts, first = baseline_restarts(events, min(inj.t_fault for _, inj in self.injections))
+                restarts, first = baseline_restarts(events, min(inj.t_fault for _, inj in self.injections),
+                                                    found=LAUNCHES[self.sc.workload.launch].found)
                 checks["steady_state"].update(restarts=restarts, restarts_allowed=allowed)
                 if restarts > allowed:
                     why = (f"the baseline was not steady: {restarts} restart{'s' if restarts != 1 else ''} of the job's "

@@ -277,3 +277,17 @@ def test_the_dry_run_names_ft_launcher_as_the_agent_under_nvrx():
     assert "job, one ft_launcher agent per node:" in r.stdout and "torchrun agent per node" not in r.stdout
     r = run_cli("run", ROOT / "scenarios" / "kill-rank.yaml", "--dry-run")
     assert "job, one torchrun agent per node:" in r.stdout
+
+
+def test_an_attached_jobs_restarts_before_the_run_saw_it_are_not_the_baselines():
+    """A job found running (attach) has a restart count from its whole life: the workers seen at restart 10 are the
+    job's steady state; only a restart seen during the baseline (10 -> 11) makes it unsteady."""
+    from chaoskit.measure import baseline_restarts
+
+    seen = [{"ts": 1.0, "kind": "worker.start", "node": "n0", "rank": 0, "restart_count": 10},
+            {"ts": 1.1, "kind": "worker.start", "node": "n1", "rank": 1, "restart_count": 10}]
+    assert baseline_restarts(seen, until=5.0, found=True) == (0, None)
+    assert baseline_restarts(seen, until=5.0)[0] == 10  # a job chaoskit started counts from its first start
+    again = seen + [{"ts": 3.0, "kind": "worker.start", "node": "n1", "rank": 1, "restart_count": 11}]
+    count, first = baseline_restarts(again, until=5.0, found=True)
+    assert count == 1 and "restart 11" in first and "2.0s before the first fault" in first

@@ -39,6 +39,7 @@ STEPPING = textwrap.dedent("""\
 
 DIES_ON_IMPORT = textwrap.dedent("""\
     import sys
+    from chaoskit import probe  # its steps, once it trains (it never does)
     def load():
         raise ImportError("Using the `Trainer` with `PyTorch` requires `accelerate>=1.1.0`: run `pip install accelerate`")
     load()

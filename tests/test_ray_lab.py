@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 from chaoskit.cluster.transports.local import proc_info, read_proc
 from tests.conftest import need, run_cli
 
@@ -18,6 +20,7 @@ def _live(pid: int) -> bool:
     return info is not None and info.state != "Z"
 
 
+@pytest.mark.slow
 def test_lab_up_ray_status_down():
     need(importlib.util.find_spec("ray") is not None, "ray (pip install 'chaoskit[ray]')")
     from chaoskit.cluster.transports.ray import node_resource, node_table
@@ -52,6 +55,7 @@ def test_lab_up_ray_status_down():
     assert RayLab.load() is None
 
 
+@pytest.mark.slow
 def test_a_crashed_runs_ray_lab_is_stopped_by_rollback_cleanup():
     """What ``chaoskit rollback`` calls for a crashed run's own Ray lab: every process goes, renamed ones too."""
     need(importlib.util.find_spec("ray") is not None, "ray (pip install 'chaoskit[ray]')")

@@ -351,6 +351,11 @@ def test_kill_rank_1_signals_only_the_drilled_job(shared, tmp_path):
     attach to ours and kill our rank 1, never the decoy. (Before the fix it chose the decoy and SIGKILLed it.)"""
     sc = _attach_scenario(shared, tmp_path, "",
                           "  - {kind: process.kill, target: {process: 'plain_train\\.py', ranks: [1]}, at: {after: 1s}}\n")
+    # the baseline has the restart this test causes on purpose: the scenario says it expects it
+    text = sc.read_text()
+    assert "steady_state: {steps: 3, timeout: 90s}" in text
+    sc.write_text(text.replace("steady_state: {steps: 3, timeout: 90s}",
+                               "steady_state: {steps: 3, timeout: 90s, restarts_allowed: 1}"))
     out = tmp_path / "run"
     assert _kill_our_workers(shared)
     res = run_cli("run", sc, "--out", out)

@@ -114,7 +114,9 @@ class SlurmJob(Job):
             args.append(f"--output={self.log_dir / 'slurm-%j.out'}")
         if text is None:
             return [*args, str(self.script_path())]
-        return [*args, *([] if names_job(text) else [f"--job-name={self.script_path().name}"])]
+        # named as sbatch names a script's job: the file name as given (never a name read again through a link)
+        name = Path(self.workload.script).name if not self.generated else self.script_path().name
+        return [*args, *([] if names_job(text) else [f"--job-name={name}"])]
 
     def commands(self) -> dict[str, list[str]]:
         """What ``--dry-run`` shows: the submission, on the controller."""
