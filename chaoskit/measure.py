@@ -342,12 +342,15 @@ RESTART_GAP_S = 1.0
 """Worker exits this close together are one restart (every rank of the world goes at once)."""
 
 
-def baseline_restarts(events: Iterable[Event], until: float, *, found: bool = False) -> tuple[int, str | None]:
+def baseline_restarts(events: Iterable[Event], until: float, *, found: bool = False,
+                      since: float | None = None) -> tuple[int, str | None]:
     """The job's restarts before ``until`` (the first fault), and what the first of them was (``None`` without
     one): worker exits (those within :data:`RESTART_GAP_S` of each other one restart), or a worker started with a
     ``restart_count`` (the larger of the two counts). A baseline with one was not steady. ``found``: the job was
-    running before the run (attached), so its restart count counts from the lowest the run saw, not from 0."""
-    early = [e for e in sorted(events, key=lambda e: e["ts"]) if e["ts"] < until]
+    running before the run (attached), so its restart count counts from the lowest the run saw, not from 0.
+    ``since``: when the run began; a line the job logged before then (an attached job's log file, read from its
+    start, whose lines carry their own times) is its history, not this baseline's."""
+    early = [e for e in sorted(events, key=lambda e: e["ts"]) if e["ts"] < until and (since is None or e["ts"] >= since)]
     exits = [e for e in early if e.get("kind") == "worker.exit"]
     starts = [e for e in early if e.get("kind") == "worker.start" and isinstance(e.get("restart_count"), int)
               and not isinstance(e.get("restart_count"), bool)]

@@ -862,8 +862,11 @@ class _Run:
             checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
             if self.injections:  # a worker that exited or a world that restarted before the first fault: not steady
                 allowed = self.sc.steady_state.restarts_allowed
+                # a job found running: its log's history and its restarts before steady state are not this
+                # baseline's (they are read at once when the run attaches); a job chaoskit started: all of them
+                found = LAUNCHES[self.sc.workload.launch].found
                 restarts, first = baseline_restarts(events, min(inj.t_fault for _, inj in self.injections),
-                                                    found=LAUNCHES[self.sc.workload.launch].found)
+                                                    found=found, since=self.t_baseline if found else self.t0)
                 checks["steady_state"].update(restarts=restarts, restarts_allowed=allowed)
                 if restarts > allowed:
                     why = (f"the baseline was not steady: {restarts} restart{'s' if restarts != 1 else ''} of the job's "

@@ -291,3 +291,6 @@ def test_an_attached_jobs_restarts_before_the_run_saw_it_are_not_the_baselines()
     again = seen + [{"ts": 3.0, "kind": "worker.start", "node": "n1", "rank": 1, "restart_count": 11}]
     count, first = baseline_restarts(again, until=5.0, found=True)
     assert count == 1 and "restart 11" in first and "2.0s before the first fault" in first
+    # an attached job's log file read from its start: exits it logged before the run began are its history
+    history = [{"ts": t, "kind": "worker.exit", "node": "n0", "rank": 0, "exit_code": -9} for t in (-300.0, -200.0)]
+    assert baseline_restarts(history + seen, until=5.0, found=True, since=0.0) == (0, None)
