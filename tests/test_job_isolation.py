@@ -141,8 +141,20 @@ def test_unreachable_by_names_the_first_closed_folder(open_folder):
 
 
 def _sleeper(env_scope: str, *prefix: str) -> subprocess.Popen:
+    """``sleep 60`` carrying ``env_scope``, returned once it has exec'd ``sleep`` (through ``prefix``, if any):
+    a process still in setpriv or between fork and exec would be absent from a node's list for that reason alone."""
     env = {**os.environ, "CHAOSKIT_SCOPE": env_scope}
-    return subprocess.Popen([*prefix, "sleep", "60"], env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([*prefix, "sleep", "60"], env=env, stdin=subprocess.DEVNULL)
+
+    def execd() -> bool:
+        try:
+            return (Path(f"/proc/{proc.pid}/cmdline").read_bytes() == b"sleep\x0060\x00"
+                    and b"CHAOSKIT_SCOPE=" + env_scope.encode() in Path(f"/proc/{proc.pid}/environ").read_bytes())
+        except OSError:
+            return False
+
+    assert wait_until(execd, 10, interval=0.01), f"{proc.args} did not exec sleep"
+    return proc
 
 
 def test_a_lab_nodes_processes_are_the_labs_users_and_younger_than_the_lab():
@@ -158,9 +170,8 @@ def test_a_lab_nodes_processes_are_the_labs_users_and_younger_than_the_lab():
     ours = _sleeper("lab-0ddba11.n0")
     try:
         n0 = lab.inventory()["n0"].conn
-        assert wait_until(lambda: ours.pid in {p.pid for p in n0.processes()}, 5)
         listed = {p.pid for p in n0.processes()}
-        assert others.pid not in listed and older.pid not in listed
+        assert ours.pid in listed and others.pid not in listed and older.pid not in listed
         assert {pid for _, pid, _ in lab.processes()} == {ours.pid}
         for stranger in (others, older):
             with pytest.raises(InfraError, match="not a process of"):
