@@ -23,9 +23,10 @@ import os
 import shutil
 import stat
 
+from chaoskit.core.errors import ScenarioError
 from chaoskit.core.files import file_kind
 
-__all__ = ["CheckedFile", "UntrustedFile", "open_checked", "open_program", "untrusted_file", "untrusted_program",
+__all__ = ["CheckedFile", "UntrustedFile", "open_checked", "read_authors_file", "open_program", "untrusted_file", "untrusted_program",
            "under"]
 
 MAX_LINKS = 40
@@ -246,3 +247,21 @@ def _root_only(name: str, real: str, st: os.stat_result, folders: list[tuple[int
             raise UntrustedFile(f"{name}: its folder {folder} can be changed by someone other than root (uid "
                                 f"{fst.st_uid}, mode {stat.S_IMODE(fst.st_mode):04o}), who could replace it")
 
+
+def read_authors_file(path, *, roots, field: str, what: str, limit: int,
+                      nothing: str) -> tuple[bytes, os.stat_result, str]:
+    """An author's file (a ``launch: command`` script, a batch script), read once through the checked descriptor
+    (:func:`open_checked`, inside ``roots`` when given), at most ``limit`` bytes: its bytes, its ``fstat`` and where
+    it really is.
+    :class:`~chaoskit.core.errors.ScenarioError` at ``field`` when it is missing, refused or too large, ending
+    with ``nothing`` ("nothing was started")."""
+    try:
+        with open_checked(path, roots=roots, what=what) as checked:
+            data, st, real = checked.read(limit + 1), checked.st, checked.real
+    except FileNotFoundError:
+        raise ScenarioError(f"{field}: no {what} {path}; {nothing}") from None
+    except UntrustedFile as exc:
+        raise ScenarioError(f"{field}: {exc}; {nothing}") from None
+    if len(data) > limit:
+        raise ScenarioError(f"{field}: {path} is larger than {limit >> 20} MiB; {nothing}")
+    return data, st, real

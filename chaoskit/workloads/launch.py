@@ -35,7 +35,7 @@ from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.files import open_folder, torch_cache_env
 from chaoskit.core.jobenv import SHARE_STORE_VAR, WHY, share_rdzv_store
 from chaoskit.core.lines import terminal_lines
-from chaoskit.core.trusted import UntrustedFile, open_checked
+from chaoskit.core.trusted import read_authors_file
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.root_cause import RootCause
 
@@ -190,17 +190,9 @@ class TorchrunJob(Job):
         if script is None or self.checked_script is not None:
             return
         policy = self.cluster.inventory.policy
-        roots = policy.script_roots if policy is not None else None
-        try:
-            with open_checked(script, roots=roots, what="workload.command's script") as checked:
-                body, real = checked.read(MAX_SCRIPT_BYTES + 1), checked.real
-        except FileNotFoundError:
-            raise ScenarioError(f"workload.command: no script {script}; nothing was started") from None
-        except UntrustedFile as exc:
-            raise ScenarioError(f"workload.command: {exc}; nothing was started") from None
-        if len(body) > MAX_SCRIPT_BYTES:
-            raise ScenarioError(f"workload.command: {script} is larger than {MAX_SCRIPT_BYTES >> 20} MiB; nothing was "
-                                "started")
+        body, _, real = read_authors_file(script, roots=policy.script_roots if policy is not None else None,
+                                          field="workload.command", what="script", limit=MAX_SCRIPT_BYTES,
+                                          nothing="nothing was started")
         name = f"command-{Path(real).name}"
         dfd = open_folder(self.job_dir)
         try:

@@ -29,7 +29,7 @@ from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, 
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.files import torch_cache_env
-from chaoskit.core.trusted import UntrustedFile, open_checked
+from chaoskit.core.trusted import read_authors_file
 from chaoskit.observe.probes import FileLogProbe
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
@@ -275,17 +275,9 @@ class SlurmJob(Job):
         and one that user could read. :class:`ScenarioError` otherwise; nothing was submitted."""
         script = self.script_path()
         policy = self.cluster.inventory.policy
-        roots = policy.script_roots if policy is not None else None
-        try:
-            with open_checked(script, roots=roots, what="batch script") as checked:
-                data, st = checked.read(MAX_BATCH_SCRIPT_BYTES + 1), checked.st
-        except FileNotFoundError:
-            raise ScenarioError(f"workload.script: no batch script {script}; nothing was submitted") from None
-        except UntrustedFile as exc:
-            raise ScenarioError(f"workload.script: {exc}; nothing was submitted") from None
-        if len(data) > MAX_BATCH_SCRIPT_BYTES:
-            raise ScenarioError(f"workload.script: {script} is larger than {MAX_BATCH_SCRIPT_BYTES >> 20} MiB; nothing "
-                                "was submitted")
+        data, st, _ = read_authors_file(script, roots=policy.script_roots if policy is not None else None,
+                                        field="workload.script", what="batch script", limit=MAX_BATCH_SCRIPT_BYTES,
+                                        nothing="nothing was submitted")
         owner = self.owner
         if owner is not None:
             if self.workload.user is None and st.st_uid != owner.uid:
