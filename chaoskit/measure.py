@@ -35,7 +35,7 @@ __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
            "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
-           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts"]
+           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued", "sdc.detected", "loss.anomaly"})
@@ -709,6 +709,35 @@ def _single(limit: Any) -> Any:
         values = [v for v in limit.values() if v is not None]
         return min(values) if values else None
     return limit
+
+
+def incident(faults: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several faults the job felt in one run, as one incident: from the first fault in effect to the first step
+    after the last one's recovery (``recovery_s``), and the work lost over it all.
+
+    ``faults``: each fault's own measure (``per_fault`` in result.json), in the order they struck. A fault that
+    struck before the previous one's recovery had resumed training (``during_recovery``, a cascade) threw away no
+    work of its own: the steps since the last checkpoint were lost already. One that struck after training resumed
+    adds its own lost steps (those trained since the restored checkpoint, and before it, again)."""
+    first, last = faults[0], faults[-1]
+    t_resumed = last.get("t_resumed")
+    lost: int | None = 0
+    during = []
+    for prev, cur in zip([None, *faults[:-1]], faults):
+        if prev is not None and (prev.get("t_resumed") is None or cur["t_fault"] < prev["t_resumed"]):
+            during.append(cur["fault"])
+            continue
+        lost = None if lost is None or cur.get("lost_steps") is None else lost + cur["lost_steps"]
+    return {
+        "faults": [f["fault"] for f in faults],
+        "during_recovery": during,
+        "t_first_fault": first["t_fault"],
+        "t_resumed": t_resumed,
+        "detection_s": first.get("detection_s"),
+        "recovery_s": round(t_resumed - first["t_fault"], 3) if t_resumed is not None else None,
+        "lost_steps": lost,
+        **({} if t_resumed is not None else {"reason": "not observed: training did not resume after the last fault"}),
+    }
 
 
 def measure_slowdown(events: Iterable[Event], t_fault: float, t_revert: float | None,

@@ -47,7 +47,9 @@ from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.goodput import account, goodput_terms
-from chaoskit.measure import RECOVERY_MODELS, baseline_restarts, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals
+from chaoskit.measure import (
+    RECOVERY_MODELS, baseline_restarts, incident, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals,
+)
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
@@ -67,6 +69,7 @@ from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
+from chaoskit.triggers import Fired, TriggerMissed, TriggerWatch, what_it_waits_for
 from chaoskit.core.launches import LAUNCHES, agent_of
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import checkpoint_dir, job_dir, torch_available
@@ -300,6 +303,10 @@ class _Run:
         self.root_job = self._account_for_job()
         """Why a job on a cluster with an account of its own still runs as root (``None``: it does not)."""
         self.t_baseline: float | None = None
+        self.fired: dict[str, Fired] = {}
+        """Each event-triggered fault's trigger, by fault id (``f<index>``), once it fired."""
+        self.missed: str | None = None
+        """Why a trigger never fired (the faults after it were not injected), or ``None``."""
         self._checkpoint_fs: tuple[str, list[str]] | None = None
         self.stop_watcher: StopWatcher | None = None
         self.prometheus_probe: PrometheusProbe | None = None
@@ -360,8 +367,14 @@ class _Run:
             self._start()
             self._baseline()
             for fault in _faults(sc):
-                self._inject(fault)
-            self._observe()
+                try:
+                    self._inject(fault)
+                except TriggerMissed as exc:  # the drill as written cannot happen: it ends here, everything reverted
+                    self.missed = str(exc)
+                    self.say(f"[yellow]trigger never fired:[/yellow] {escape(self.missed)}; ending the drill")
+                    break
+            else:
+                self._observe()
         except SafetyAbort as exc:
             self.verdict = "aborted"
             self.notes.append(str(exc))
@@ -628,13 +641,15 @@ class _Run:
 
     def _inject(self, fault: Fault) -> None:
         spec = fault.spec
-        if spec.at.step is not None:
+        if spec.at.waits_for_event:
+            self._await_event(fault)  # a cascade strikes during a recovery: the game day's gate never holds it
+        elif spec.at.step is not None:
             ok = self._wait(lambda: (self.bus.last_step or 0) >= spec.at.step, self.deadline - time.time(), what=f"step {spec.at.step}")
             if not ok:
                 raise SafetyAbort(f"the job never reached step {spec.at.step}")
         else:
             self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
-        if self.gate is not None:
+        if self.gate is not None and not spec.at.waits_for_event:
             self._hold(fault)
         i = self.sc.faults.index(spec)
         if fault.target_type == "node":
@@ -670,6 +685,32 @@ class _Run:
                 self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
             if inj.detail.get("note"):  # what chaoskit set aside of the fault's own word (an in-process time)
                 self._note(f"{fault.kind} on {inj.node}: {inj.detail['note']}")
+
+    def _await_event(self, fault: Fault) -> None:
+        """Wait for a fault's event trigger (:mod:`chaoskit.triggers`), then its ``after``; raise
+        :class:`TriggerMissed` when the event does not come within its ``within`` or before the job ends."""
+        at = fault.spec.at
+        i = int(fault.fault_id[1:])
+        ids = {name: f"f{j}" for name, j in self.sc.fault_names().items()}
+        ref = ids[at.during.fault] if at.during is not None else None
+        ref_t = next((inj.t_fault for f, inj in self.injections if f.fault_id == ref), None)
+        since = self.injections[-1][1].t_fault if self.injections else self.t_baseline
+        watch = TriggerWatch(at, ids, since, ref_t)
+        t0 = time.time()
+        end = t0 + watch.within
+        self.say(f"faults.{i}: waiting for {escape(what_it_waits_for(at))}")
+        while not self.bus.wait_for(lambda: watch.feed(self.bus.events) is not None, 0.1):
+            self._check_abort()
+            self._revert_due()
+            running = self.job is None or self.job.running()
+            if time.time() >= end or not running:
+                why = f"within {watch.within:g}s (faults.{i}.at.within)" if running else "before the job ended"
+                raise TriggerMissed(f"faults.{i} ({fault.kind}, at {at.describe()}) never fired: "
+                                    f"{what_it_waits_for(at)} did not come {why}; it waited {time.time() - t0:.1f}s, "
+                                    "and it and the faults after it were not injected")
+        self.fired[fault.fault_id] = Fired(watch.fired, time.time() - t0)
+        if at.after:
+            self._wait(lambda: False, max(0.0, watch.fired["ts"] + at.after - time.time()), what="trigger", quiet=True)
 
     def _note(self, message: str) -> None:
         """A note for result.json, once (resolution may run from several threads)."""
@@ -719,6 +760,8 @@ class _Run:
                     self.say("the job has ended; reverting the faults still in effect")
                     self._revert_due(force=True)
                 return
+            if len(felt) > 1 and m["t_resumed"] is not None:  # an incident of several faults ends with the last's recovery
+                m = self.measure(self.bus.snapshot(), felt[-1].t_fault, node=felt[-1].node)
             if sc.workload.wait == "recovered" and m["t_resumed"] is not None:
                 if not pending:
                     return
@@ -840,6 +883,9 @@ class _Run:
             if steps:
                 m["reallocation_steps"] = steps
             per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
+            fired = self.fired.get(fault.fault_id)
+            if fired is not None:
+                per_fault[-1]["trigger"] = fired.record(fault.spec.at, inj.t_fault)
             if fault.measures_slowdown and slowdown is None:
                 t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
                 slowdown = measure_slowdown(events, inj.t_fault, t_revert)
@@ -876,6 +922,11 @@ class _Run:
                 elif restarts:
                     self._note(f"{restarts} restart{'s' if restarts != 1 else ''} of the job's workers before the first "
                                f"fault ({first}), within steady_state.restarts_allowed: {allowed}")
+        if self.missed is not None:
+            checks["triggered"] = {"pass": False, "reason": self.missed}
+            self._note(self.missed)
+        elif self.fired:
+            checks["triggered"] = {"pass": True}
         if self.sc.workload.wait == "finish" and self.verdict is None and self.job is not None:
             checks["training_finished"] = self.job.finished(final_step)
         reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)
@@ -935,6 +986,7 @@ class _Run:
             "slo": slo,
             "checks": checks,
             "per_fault": per_fault,
+            **({"incident": incident(felt)} if len(felt) > 1 else {}),
             **({"slowdown": slowdown} if slowdown is not None else {}),
             **({"silent": silent} if silent is not None else {}),
             "final_step": final_step,

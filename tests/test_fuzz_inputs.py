@@ -48,7 +48,8 @@ SCALARS = st.one_of(
                      "process.kill", "network.degrade", "docker", "netns", "ray", "lab", "n1", "auto", "0.0.0.0:1",
                      "http://127.0.0.1:9090", "https://u:p@h/", "rises", "max(up)", "gpu.xid", "hf", "torchrun", "megatron",
                      "0000:3b:00.0", "PCI:zz", "79", "13", "nvrx-inprocess", "inproc.raise", "sbatch", "command",
-                     "nobody", "root", "/srv/gameday"]),
+                     "nobody", "root", "/srv/gameday", "f0", "f9", "first-kill", "detection", "reallocation",
+                     "checkpoint_load", "rendezvous.done", "ckpt.load.start"]),
 )
 TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(
     st.one_of(st.sampled_from(["name", "faults", "kind", "target", "cluster", "nodes", "ray", "services", "image",
@@ -58,7 +59,8 @@ TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5),
                                "below", "for", "url", "when", "event", "heartbeat_timeout", "presets", "gpu_pci",
                                "health_check_interval", "code", "pci", "device", "with_failure", "command",
                                "nvrx_inprocess", "soft_timeout", "hard_timeout", "collective_timeout", "launch",
-                               "launches", "script_roots", "script", "jobs", "users"]),
+                               "launches", "script_roots", "script", "jobs", "users", "at", "id", "during", "phase",
+                               "nth", "within", "restart_count", "fault", "rank"]),
               st.text(max_size=8)), kids, max_size=6)), max_leaves=30)
 
 INVENTORY = {

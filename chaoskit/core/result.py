@@ -37,7 +37,7 @@ from pydantic import (
 )
 
 __all__ = [
-    "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "FaultMeasure", "InjectedFault",
+    "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "TriggerFired", "Incident", "FaultMeasure", "InjectedFault",
     "SloEntry", "Check", "Slowdown", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
     "REPEAT_KIND", "result_schema_dict", "result_schema_text",
 ]
@@ -141,6 +141,36 @@ class Phases(ResultPart):
     world_size: Optional[dict[str, Any]] = None
 
 
+class TriggerFired(ResultPart):
+    """``per_fault[].trigger`` of a fault with an event trigger (``at: {event: ...}``, ``at: {during: ...}``): the
+    event that fired it, how long the run waited for it, and ``latency_s``: from the event to the fault in effect,
+    less the trigger's own ``after`` (``chaoskit/triggers.py``)."""
+
+    at: str = ""
+    event: Optional[str] = None
+    node: Optional[str] = None
+    rank: Optional[int] = None
+    step: Optional[int] = None
+    ts: Optional[Number] = None
+    waited_s: Optional[Number] = None
+    latency_s: Optional[Number] = None
+
+
+class Incident(ResultPart):
+    """``incident``: several faults the job felt in one run as one incident (``measure.incident``): from the first
+    fault to the first step after the last one's recovery, and the work lost over it all."""
+
+    faults: list[str] = Field(default_factory=list)
+    during_recovery: list[str] = Field(default_factory=list)
+    """The faults that struck before the previous one's recovery resumed training (a cascade's)."""
+    t_first_fault: Optional[Number] = None
+    t_resumed: Optional[Number] = None
+    detection_s: Optional[Number] = None
+    recovery_s: Optional[Number] = None
+    lost_steps: Optional[int] = None
+    reason: Optional[str] = None
+
+
 class FaultMeasure(Phases):
     """One entry of ``per_fault``: the fault, and its recovery measured with the instants the phases span."""
 
@@ -153,6 +183,7 @@ class FaultMeasure(Phases):
     t_realloc: Optional[Number] = None
     t_loaded: Optional[Number] = None
     t_resumed: Optional[Number] = None
+    trigger: Optional[TriggerFired] = None
 
 
 class InjectedFault(ResultPart):
@@ -310,6 +341,7 @@ class RunResult(ResultPart):
     slo: dict[str, SloEntry] = Field(default_factory=dict)
     checks: dict[str, Check] = Field(default_factory=dict)
     per_fault: list[FaultMeasure] = Field(default_factory=list)
+    incident: Optional[Incident] = None
     slowdown: Optional[Slowdown] = None
     silent: Optional[Silent] = None
     final_step: Optional[int] = None

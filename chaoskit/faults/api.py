@@ -19,13 +19,18 @@ from pydantic import Field, model_validator
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.selectors import TargetSpec
 from chaoskit.cluster.transports.api import Transport
-from chaoskit.core.durations import Duration
+from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.errors import did_you_mean
+from chaoskit.core.event_kinds import EventKind
 from chaoskit.core.limits import MAX_COUNT
-from chaoskit.core.models import StrictModel
+from chaoskit.core.models import NAME_RE, StrictModel
 
 __all__ = [
     "Trigger",
+    "During",
+    "FAULT_ID_RE",
+    "PHASES",
+    "TRIGGER_WITHIN_S",
     "FaultSpec",
     "Action",
     "Injection",
@@ -100,26 +105,124 @@ class FaultContext(Protocol):
         """Journal the fault, then start its watchdog, before it is injected."""
 
 
-class Trigger(StrictModel):
-    """When to inject: at a training step, or a time after the baseline ends."""
+FAULT_ID_RE = r"^[A-Za-z][A-Za-z0-9_-]{0,39}$"
+"""A fault's ``id``: what another fault's trigger names it by (``at: {during: {fault: ID}}``)."""
 
-    step: int | None = Field(None, ge=0, le=MAX_COUNT, description="Inject once the job reports this step.")
-    after: Duration | None = Field(None, description="Inject this long after the steady-state baseline.")
+PHASES = ("detection", "reallocation", "checkpoint_load")
+"""The phases of a recovery a cascade's second fault can strike in (``at: {during: {phase: ...}}``)."""
+
+TRIGGER_WITHIN_S = 300.0
+"""How long an event trigger waits for its event when ``within`` is not given."""
+
+_FILTERS = ("node", "rank", "restart_count", "fault")
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+class During(StrictModel):
+    """A cascade: strike while another fault's recovery is in a given phase."""
+
+    fault: str = Field(..., pattern=FAULT_ID_RE, description=(
+        "The earlier fault of this scenario whose recovery is struck: its `id`, or `f<index>` (f0 is the first)."))
+    phase: Literal["detection", "reallocation", "checkpoint_load"] = Field(..., description=(
+        "detection: as soon as that fault is in effect, before anything noticed it; reallocation: at its "
+        "detection (the first worker exit, detect or drain after it), while the job tears down and gathers a new "
+        "world (a rendezvous); checkpoint_load: when a rank starts loading a checkpoint after it."))
+
+
+class Trigger(StrictModel):
+    """When to inject: at a training step, a time after the baseline ends, an event on the timeline, or during
+    another fault's recovery."""
+
+    step: int | None = Field(None, ge=0, le=MAX_COUNT, description=(
+        "Alone: inject once the job reports this step. With `event`: only an event of this step or later counts."))
+    after: Duration | None = Field(None, description=(
+        "Alone: inject this long after the steady-state baseline. With `event` or `during`: wait this long after "
+        "the event before injecting."))
+    event: EventKind | None = Field(None, description=(
+        "Inject when this event shows on the run's timeline (rendezvous.done, worker.start, ckpt.save.start, "
+        "ckpt.load.start, inprocess.restart, fault.injected, ...), counting the events since the previous fault "
+        "was injected (since the baseline, for the first). The filters node, rank, step, restart_count and fault "
+        "narrow which events count."))
+    node: str | None = Field(None, pattern=NAME_RE, description="With `event`: only an event on this node counts.")
+    rank: int | None = Field(None, ge=0, le=MAX_COUNT, description="With `event`: only an event of this rank counts.")
+    restart_count: int | None = Field(None, ge=0, le=MAX_COUNT, description=(
+        "With `event`: only an event of this restart of the workers or a later one counts (a worker start's "
+        "TORCHELASTIC_RESTART_COUNT, a scheduler's requeue count)."))
+    fault: str | None = Field(None, pattern=FAULT_ID_RE, description=(
+        "With `event`: only an event of this fault of the scenario counts (fault.injected, fault.reverted): "
+        "its `id`, or `f<index>`."))
+    nth: int | None = Field(None, ge=1, le=MAX_COUNT, description=(
+        "With `event`: inject at this occurrence of the matching event (1, the first, when not given)."))
+    during: During | None = Field(None, description=(
+        "A cascade: strike during another fault's recovery, `{fault: ID, phase: detection|reallocation|"
+        "checkpoint_load}`."))
+    within: PositiveDuration | None = Field(None, description=(
+        f"With `event` or `during`: how long to wait for it ({TRIGGER_WITHIN_S:g}s when not given). A trigger that "
+        "does not fire in time fails the drill, says which event it waited for and how long, and injects nothing "
+        "more."))
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Trigger":
-        if (self.step is None) == (self.after is None):
-            raise ValueError("give exactly one of 'step' or 'after'")
+    def _one_kind(self) -> "Trigger":
+        filters = [name for name in (*_FILTERS, "nth") if getattr(self, name) is not None]
+        if self.event is not None and self.during is not None:
+            raise ValueError("give 'event' or 'during', not both")
+        if self.event is None and filters:
+            raise ValueError(f"'{filters[0]}' narrows an event trigger: give 'event' with it")
+        if self.event is None and self.during is None:
+            if self.within is not None:
+                raise ValueError("'within' bounds the wait of an event trigger: give 'event' or 'during' with it")
+            if (self.step is None) == (self.after is None):
+                raise ValueError("give exactly one of 'step', 'after', 'event' or 'during'")
+        elif self.during is not None and self.step is not None:
+            raise ValueError("'step' narrows an event trigger; 'during' takes none")
         return self
 
+    @property
+    def waits_for_event(self) -> bool:
+        """An event trigger or a cascade: it fires on the timeline, not on a step or the clock."""
+        return self.event is not None or self.during is not None
+
     def describe(self) -> str:
+        then = f", then {self.after:g}s" if self.after and self.waits_for_event else ""
+        if self.during is not None:
+            return f"{self.during.fault}'s {self.during.phase.replace('_', ' ')} (a cascade){then}"
+        if self.event is not None:
+            narrow = [f"{name} {getattr(self, name)}" + ("+" if name in ("step", "restart_count") else "")
+                      for name in ("node", "rank", "step", "restart_count", "fault") if getattr(self, name) is not None]
+            return (f"the {_ordinal(self.nth or 1)} {self.event}" + (f" ({', '.join(narrow)})" if narrow else "")
+                    + then)
         return f"step {self.step}" if self.step is not None else f"{self.after:g}s after baseline"
+
+    def matches(self, event: dict[str, Any], fault_ids: dict[str, str]) -> bool:
+        """Whether ``event`` is one this event trigger counts; ``fault_ids``: a fault's name (``id`` or
+        ``f<index>``) to the id its injections carry (``f<index>``, ``f<index>.<n>``)."""
+        if event.get("kind") != self.event:
+            return False
+        if self.node is not None and event.get("node") != self.node:
+            return False
+        if self.rank is not None and event.get("rank") != self.rank:
+            return False
+        for name in ("step", "restart_count"):
+            limit, value = getattr(self, name), event.get(name)
+            if limit is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= limit):
+                return False
+        if self.fault is not None:
+            base, got = fault_ids.get(self.fault, self.fault), str(event.get("fault") or "")
+            if got != base and not got.startswith(base + "."):
+                return False
+        return True
 
 
 class FaultSpec(StrictModel):
     """Fields every fault kind shares. Subclasses add a ``kind`` literal and their own."""
 
     kind: str
+    id: str | None = Field(None, pattern=FAULT_ID_RE, description=(
+        "A name for this fault, unique in the scenario, that another fault's trigger names it by "
+        "(`at: {during: {fault: ID}}`); `f<index>` names it when not given (f0 is the first)."))
     target: TargetSpec = Field(default_factory=TargetSpec)
     at: Trigger = Field(default_factory=lambda: Trigger(after=0))
 

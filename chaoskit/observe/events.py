@@ -14,36 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from chaoskit.core.event_kinds import EVENT_KINDS
 from chaoskit.core.files import open_append, open_shown
 from chaoskit.core.secrets import redact_value
 
 __all__ = ["EventBus", "Event", "EVENT_KINDS", "make_event", "read_events"]
 
 Event = dict[str, Any]
-
-EVENT_KINDS = (
-    "fault.injected", "fault.reverted", "worker.start", "worker.exit", "detect",
-    "rendezvous.done", "ckpt.save.start", "ckpt.save.end", "ckpt.load.start",
-    "ckpt.load.end", "step", "heartbeat",
-    # A step whose work was thrown away without a restart (torchft's should_commit=False).
-    "step.discarded", "process.gone", "job.end", "straggler",
-    "ckpt.load.failed", "ckpt.save.failed",
-    "oom.kill", "gpu.xid", "gpu.ecc",
-    # A scheduler's view (chaoskit.observe.slurm): a node it gave up on, and the job's way back.
-    "node.down", "node.drain", "job.node_fail", "job.requeued", "job.pending", "job.allocated", "job.running",
-    # The site's monitoring (chaoskit.observe.prometheus): a stop condition that fired.
-    "safety.stop",
-    # chaoskit's own watch of the nodes (chaoskit.observe.probes.ProcessWatcher): a worker stopped or resumed
-    # (state T), and a node silent for probes.heartbeat_timeout, and its return.
-    "process.stopped", "process.resumed", "node.unreachable", "node.reachable",
-    # Silent faults (chaoskit.observe.sdc): each rank's parameter checksum (probes.sdc), replicas that disagree,
-    # a loss gone NaN/Inf or far off its recent steps.
-    "sdc.checksum", "sdc.detected", "loss.anomaly",
-    # NVRx's in-process restart (the nvrx-inprocess preset): a rank passed its health check and reruns its loop.
-    "inprocess.restart",
-)
-"""Event kinds the measurement understands (log rules may map lines to these)."""
-
 
 def make_event(kind: str, ts: float | None = None, **fields: Any) -> Event:
     return {"ts": time.time() if ts is None else ts, "kind": kind, **fields}

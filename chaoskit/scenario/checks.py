@@ -229,6 +229,35 @@ def _no_step_source(loaded: LoadedScenario) -> str | None:
             "probes.log rule or preset reads one")
 
 
+def _check_trigger(loaded: LoadedScenario, inventory: Any, i: int) -> None:
+    """A fault's ``id`` names it once; a trigger's node is in the inventory, and the fault it names is an earlier
+    one (faults are injected in order: a later one has not happened while this one waits)."""
+    sc = loaded.model
+    spec = sc.faults[i]
+    if spec.id is not None:
+        taken = next((j for j, other in enumerate(sc.faults[:i]) if other.id == spec.id), None)
+        if taken is not None or (spec.id != f"f{i}" and spec.id in {f"f{j}" for j in range(len(sc.faults))}):
+            whose = f"faults.{taken}'s id" if taken is not None else "another fault's own name (f<index>)"
+            raise loaded.error(f"faults.{i}.id: {spec.id!r} is already {whose}; give each fault its own id",
+                               "faults", i, "id")
+    at = spec.at
+    if at.node is not None and at.node not in inventory:
+        raise loaded.error(f"faults.{i}.at.node: node {at.node!r} is not in the inventory ({', '.join(inventory.names())})",
+                           "faults", i, "at", "node")
+    named = [(("at", "during", "fault"), at.during.fault)] if at.during is not None else []
+    named += [(("at", "fault"), at.fault)] if at.fault is not None else []
+    names = sc.fault_names()
+    for where, name in named:
+        j = names.get(name)
+        if j is None or j >= i:
+            earlier = [f.id or f"f{k}" for k, f in enumerate(sc.faults[:i])]
+            why = (f"no fault of this scenario is named {name!r}" if j is None
+                   else f"{name!r} is this fault or a later one, and faults are injected in order")
+            raise loaded.error(f"faults.{i}.{'.'.join(where)}: {why}; name an earlier fault"
+                               + (f" ({', '.join(earlier)})" if earlier else " (this is the first: it has none)"),
+                               "faults", i, *where)
+
+
 def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
     inventory = cluster.inventory
     sc = loaded.model
@@ -251,6 +280,7 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
             if name not in inventory:
                 raise loaded.error(f"faults.{i}.peers: node {name!r} is not in the inventory ({', '.join(inventory.names())})",
                                    "faults", i, "peers", "nodes")
+        _check_trigger(loaded, inventory, i)
         if spec.at.step is not None and _bounds_steps(sc.workload) and spec.at.step >= sc.workload.steps:
             raise loaded.error(
                 f"faults.{i}.at.step: step {spec.at.step} is never reached: the job runs {sc.workload.steps} steps",

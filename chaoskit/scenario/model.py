@@ -15,13 +15,12 @@ from pydantic import AfterValidator, Field, ValidationInfo, create_model, field_
 from chaoskit.backends.api import ClusterSpec
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.core.durations import Duration, PositiveDuration
-from chaoskit.core.errors import did_you_mean
+from chaoskit.core.event_kinds import EventKind
 from chaoskit.core.limits import MAX_COUNT, MAX_REPEAT
 from chaoskit.core.models import NAME_RE, Regex, StrictModel, check_each, check_http_url, check_match
 from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
-from chaoskit.observe.events import EVENT_KINDS
 from chaoskit.observe.presets import PRESET_NAMES
 from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem, recovery_problem
 from chaoskit.core.jobenv import MAX_ENV_VARS, check_env_name, check_env_value
@@ -52,16 +51,6 @@ _IDS = {  # a workload's field naming a job or a user: its pattern, its name and
                "letters, digits and _ . : - (torchrun's --rdzv-id), at most 128"),
     "user": (rf"[0-9]{{1,10}}|{USER_RE}", "user", "a user name (lower-case letters, digits, _ . -) or a numeric uid"),
 }
-
-
-def _check_event_kind(v: str) -> str:
-    if v not in EVENT_KINDS:
-        raise ValueError(f"unknown event kind {v!r}{did_you_mean(v, EVENT_KINDS)}; known: {', '.join(EVENT_KINDS)}")
-    return v
-
-
-EventKind = Annotated[str, AfterValidator(_check_event_kind)]
-"""A field naming an event kind of the timeline (:data:`~chaoskit.observe.events.EVENT_KINDS`)."""
 
 
 class NvrxSettings(StrictModel):
@@ -499,6 +488,13 @@ class ScenarioBase(StrictModel):
     repeat: int = Field(1, ge=1, le=MAX_REPEAT, description=(
         "Samples to take of this drill, back to back, judged on their distribution (p50, p95, max per phase): "
         "what `chaoskit run` and a game day do unless `--repeat N` says otherwise."))
+
+    def fault_names(self) -> dict[str, int]:
+        """Each fault's names, its ``id`` and ``f<index>``, to its index: what a trigger names another fault by
+        (``scenario/checks.py`` refuses an id given twice or taken by another fault's ``f<index>``)."""
+        names = {f"f{i}": i for i in range(len(getattr(self, "faults", ())))}
+        names.update({f.id: i for i, f in enumerate(getattr(self, "faults", ())) if f.id is not None})
+        return names
 
     @model_validator(mode="after")
     def _compute_when_throttled(self) -> "ScenarioBase":
