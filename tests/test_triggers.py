@@ -168,6 +168,44 @@ def test_an_incident_whose_job_never_resumed_says_so():
     assert got["recovery_s"] is None and "did not resume" in got["reason"]
 
 
+RECORDED = ROOT / "tests" / "data" / "cascade"  # the shipped cascade, recorded (its README says how)
+
+
+def test_the_recorded_cascade_replays_to_the_event_that_fired_it():
+    """The run's timeline, fed to the trigger in the order the bus published it, fires on the event the run
+    recorded as its trigger: what the drill measured is what the trigger does."""
+    from chaoskit.observe.events import read_events
+
+    r = json.loads((RECORDED / "result.json").read_text())
+    first, second = r["per_fault"]
+    events = read_events(RECORDED / "events.jsonl")
+    trigger = Trigger(during={"fault": "first-kill", "phase": "reallocation"})
+    fired = _fires(trigger, since=first["t_fault"], ref_t=first["t_fault"], events=events)
+    assert fired is not None and fired["ts"] == second["trigger"]["ts"] and fired["kind"] == second["trigger"]["event"]
+
+
+def test_the_summary_and_the_report_show_the_incident_and_each_fault(tmp_path):
+    import io
+    import shutil
+
+    from rich.console import Console
+
+    from chaoskit.report.summary import render_result
+
+    out = io.StringIO()
+    render_result(Console(file=out, width=200), json.loads((RECORDED / "result.json").read_text()))
+    text = out.getvalue()
+    assert ("incident of 2 faults (f1 struck during the previous recovery): recovery 6.940s from the first fault to "
+            "the first step after the last recovery; lost work 10 steps") in text
+    assert "f1 process.kill on n2/rank2: detection 0.02s, reallocation 2.34s" in text
+    assert "fired at first-kill's reallocation (a cascade) by detect on n0 rank 0: in effect 19 ms after the event" in text
+    run = tmp_path / "run"
+    shutil.copytree(RECORDED, run)
+    assert run_cli("report", run).code == 0
+    html = (run / "report.html").read_text()
+    assert "incident of 2 faults" in html and "f1 process.kill +0.04s" in html  # both faults on one timeline
+
+
 @pytest.mark.slow
 def test_a_rank_killed_while_the_agents_regroup_after_a_first_kill(tmp_path):
     """The shipped cascade: rank 2 killed at the agents' detection of rank 1's kill. One incident: both kills on

@@ -332,6 +332,8 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None, readers: froze
         "clocks": _clock_rows(run.clocks),
         "capabilities": run.capabilities,
         "failed_checks": [check_text(k, c) for k, c in run.checks.items() if not c.passed],
+        "incident": run.incident.dump() if run.incident is not None else None,
+        "triggers": [{"fault": f.fault, **f.trigger.dump()} for f in run.per_fault if f.trigger is not None],
         "started_at": run.started_at or record.get("started_at"),
         "duration_s": run.duration_s or record.get("duration_s"),
         "faults": [{"kind": f.get("kind"), "targets": ", ".join(f.get("targets") or [f.get("node") or "?"]),
@@ -574,6 +576,12 @@ def _node_grid(events: list[dict[str, Any]], nodes: list[str], t_fault: float | 
         lines.append({"kind": "fault", "x": scale(t_fault), "label": "fault"})
     if timing and timing.get("t_detect") is not None:
         lines.append({"kind": "detect", "x": scale(timing["t_detect"]), "label": f"detected +{timing['t_detect'] - t_fault:.2f}s"})
+    later = {}  # a cascade's later faults on the same timeline, one line each (its injections share a fault id)
+    for e in events:
+        if e.get("kind") == "fault.injected" and t_fault is not None and e["ts"] > t_fault:
+            later.setdefault(str(e.get("fault") or "").split(".")[0], e)
+    for fid, e in later.items():
+        lines.append({"kind": "fault", "x": scale(e["ts"]), "label": f"{fid} {e.get('fault_kind')} +{e['ts'] - t_fault:.2f}s"})
     for e in events:  # a stop condition of the site's monitoring that ended the drill
         if e.get("kind") == "safety.stop":
             lines.append({"kind": "fault", "x": scale(e["ts"]), "label": f"stop_when.{e.get('condition')} fired ({e.get('value')})"})

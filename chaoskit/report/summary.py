@@ -32,6 +32,8 @@ def check_text(name: str, check: Check | dict[str, Any]) -> str:
             return (f"training_finished: expected the job's script to end with exit 0, no torchrun agent did "
                     f"(exit codes: {exits}); {stopped}")
         return f"training_finished: expected the job to reach step {expected}, {stopped}"
+    if name == "triggered" and check.reason:
+        return f"triggered: {check.reason}"
     if name == "faults_reverted":
         return "faults_reverted: a lasting fault was not reverted and verified (its lease reverts it on the node)"
     detail = ", ".join(f"{k}={v}" for k, v in check.dump().items() if k != "pass")
@@ -78,6 +80,7 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
                       + ("not observed" if slow.throughput_lost_pct is None else f"{slow.throughput_lost_pct:g}%")
                       + "; back to speed " + ("not observed" if slow.recovery_after_revert_s is None
                                               else f"{slow.recovery_after_revert_s:.2f}s after the revert"))
+    _render_incident(console, result)
     for f in result.faults:
         if f.mechanism:
             console.print(f"fault {f.kind} on {', '.join(f.targets)}: mechanism {f.mechanism}"
@@ -108,6 +111,30 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     for note in result.notes:
         console.print(f"note: {escape(note)}")
     _verdict(console, result.verdict, result.run_dir)
+
+
+def _render_incident(console, result: RunResult) -> None:
+    """Several faults felt in one run: the incident's span and lost work, then each fault's own phases and what
+    fired its trigger."""
+    from rich.markup import escape
+
+    inc = result.incident
+    if inc is None:
+        return
+    during = f" ({', '.join(inc.during_recovery)} struck during the previous recovery)" if inc.during_recovery else ""
+    console.print(f"incident of {len(inc.faults)} faults{during}: recovery "
+                  + ("not observed" if inc.recovery_s is None else f"{inc.recovery_s:.3f}s")
+                  + " from the first fault to the first step after the last recovery; lost work "
+                  + ("not observed" if inc.lost_steps is None else f"{inc.lost_steps} steps"))
+    for f in result.per_fault:
+        own = ", ".join(f"{name.replace('_', ' ')} " + ("-" if getattr(f, key) is None else f"{getattr(f, key):.2f}s")
+                        for name, key, _ in _ROWS)
+        console.print(f"  {f.fault} {f.kind} on {', '.join(f.targets)}: {own}")
+        t = f.trigger
+        if t is not None:
+            console.print(f"    fired at {escape(t.at)} by {t.event} on {t.node or '?'}"
+                          + (f" rank {t.rank}" if t.rank is not None else "")
+                          + f": in effect {t.latency_s * 1000:.0f} ms after the event (waited {t.waited_s:.2f}s)")
 
 
 def _mark(entry: SloEntry | None) -> str:
