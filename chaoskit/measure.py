@@ -34,7 +34,7 @@ from typing import Any, Iterable
 __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault",
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
-           "measure_slowdown", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
+           "measure_slowdown", "measure_checkpoint_io", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
            "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
@@ -852,3 +852,50 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
     for (a, ta, _), (b, tb, bound) in zip(marks, marks[1:]):
         steps.append({"step": f"{a} -> {b}", "seconds": round(tb - ta, 3), "bound_by": bound})
     return steps
+
+def measure_checkpoint_io(events: Iterable[Event], t_fault: float, t_revert: float | None,
+                          nodes: Iterable[str] | None = None) -> dict[str, Any]:
+    """Checkpoint save and load times before, while and after a storage fault lasted, from the job's own
+    ``ckpt.save.start``/``ckpt.save.end`` and ``ckpt.load.start``/``ckpt.load.end`` events.
+
+    A save (a load) is a ``start`` and the next ``end`` (or ``failed``) of the same node and rank; it counts in the
+    window where it started: ``before`` the fault, ``during`` (from the fault to its revert), ``after``. Each window
+    gives ``count``, ``median_s``, ``max_s`` and ``failed`` (those that ended in ``ckpt.*.failed``), and
+    ``save_slowdown_x``/``load_slowdown_x`` are the median during over the median before (or after, for loads, which
+    rarely happen before a fault); ``None`` with a reason where a window saw none. ``nodes``: only the saves and
+    loads of these nodes (the fault's: the other nodes' storage was not harmed)."""
+    end = t_revert if t_revert is not None else float("inf")
+    only = set(nodes) if nodes is not None else None
+    spans: dict[str, dict[str, list[tuple[float, bool]]]] = {
+        what: {"before": [], "during": [], "after": []} for what in ("save", "load")}
+    open_: dict[tuple[str, Any, Any], float] = {}
+    for e in sorted(events, key=lambda e: e.get("ts", 0.0)):
+        kind = e.get("kind", "")
+        if not kind.startswith(("ckpt.save.", "ckpt.load.")) or (only is not None and e.get("node") not in only):
+            continue
+        what, stage = kind.split(".")[1], kind.split(".")[2]
+        key = (what, e.get("node"), e.get("rank"))
+        if stage == "start":
+            open_[key] = e["ts"]
+        elif stage in ("end", "failed") and key in open_:
+            t0 = open_.pop(key)
+            window = "before" if t0 < t_fault else "during" if t0 < end else "after"
+            spans[what][window].append((e["ts"] - t0, stage == "failed"))
+    out: dict[str, Any] = {"reasons": {}}
+    for what, windows in spans.items():
+        out[what] = {}
+        for window, got in windows.items():
+            times = sorted(d for d, failed in got if not failed)
+            median = (times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2) if times else None
+            out[what][window] = {"count": len(times), "failed": sum(1 for _, failed in got if failed),
+                                 "median_s": None if median is None else round(median, 4),
+                                 "max_s": round(times[-1], 4) if times else None}
+        during = out[what]["during"]["median_s"]
+        base = out[what]["before"]["median_s"] or out[what]["after"]["median_s"]
+        if during and base:
+            out[f"{what}_slowdown_x"] = round(during / base, 2)
+        else:
+            out[f"{what}_slowdown_x"] = None
+            out["reasons"][f"{what}_slowdown_x"] = (f"no {what} completed while the fault lasted" if not during
+                                                    else f"no {what} without the fault to compare with")
+    return out

@@ -50,6 +50,7 @@ from chaoskit.goodput import account, goodput_terms
 from chaoskit.measure import (
     RECOVERY_MODELS, baseline_restarts, incident, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals,
 )
+from chaoskit.measure import measure_checkpoint_io
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
@@ -857,6 +858,18 @@ class _Run:
 
     # -- results ------------------------------------------------------------------------
 
+    def _checkpoint_io(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """``{"checkpoint_io": ...}`` for the first fault that harms the checkpoint storage (its save and load times
+        before, during and after it), or ``{}``."""
+        for fault, inj in self.injections:
+            if fault.measures_checkpoint_io:
+                t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted"
+                                 and e.get("fault") == inj.fault_id), None)
+                nodes = {i.node for f, i in self.injections if f is fault}  # the storage harmed: those nodes'
+                return {"checkpoint_io": {"fault": fault.fault_id, "nodes": sorted(nodes),
+                                          **measure_checkpoint_io(events, inj.t_fault, t_revert, nodes)}}
+        return {}
+
     def _result(self) -> RunResult:
         """The run's :class:`~chaoskit.core.result.RunResult`: only the keys that apply, in result.json's order."""
         events = self.bus.snapshot()
@@ -988,6 +1001,7 @@ class _Run:
             "per_fault": per_fault,
             **({"incident": incident(felt)} if len(felt) > 1 else {}),
             **({"slowdown": slowdown} if slowdown is not None else {}),
+            **self._checkpoint_io(events),
             **({"silent": silent} if silent is not None else {}),
             "final_step": final_step,
             # the run's lost time in ml-goodput-measurement's buckets, beside a production goodput dashboard

@@ -353,6 +353,33 @@ def test_the_lease_kills_a_process_that_misses_the_end_of_its_hang(tmp_path, sto
         proc.wait(timeout=10)
 
 
+def test_a_hang_ended_twice_at_its_deadline_is_not_killed(tmp_path):
+    """A lasting fault's lease's watchdog and the run both end it at its deadline (the watchdog's, armed just
+    before the fault, comes first). The first end saw the process's own end and took its answer back; the second,
+    finding no answer left, must not take the process for one that missed its end: it killed a rank that had
+    ridden through a 4 s pause, on every drill of it (issue 49, item 2's pause-rides-through)."""
+    need_torch()
+    folder = _folder(tmp_path)
+    proc = _job(tmp_path, 400, 0.05, folder)
+    try:
+        events = tmp_path / "events-True.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (events.exists() and '"kind":"step"' in events.read_text()):
+            time.sleep(0.05)
+        order = json.dumps({"v": 1, "id": "f0.0", "kind": "inproc.hang", "pid": proc.pid,
+                            "params": {"where": "step", "duration": 1.5}})
+        assert _helper("order", folder, str(proc.pid), order) == {"ok": True}
+        assert _helper("wait", folder, str(proc.pid), "f0.0", "10", "fired,ended")["status"] == "fired"
+        start = _start_time(proc.pid)
+        assert _helper("end", folder, str(proc.pid), start, "f0.0", "3") == {"killed": False}  # the watchdog's
+        assert _helper("end", folder, str(proc.pid), start, "f0.0", "3")["killed"] is False  # the run's
+        assert proc.poll() is None  # it trains on
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
 def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 200, script: str = JOB) -> tuple[dict, list[dict]]:
     """One live job given one order once it trains; its status once ended, and its events."""
     folder = _folder(tmp_path)

@@ -38,7 +38,7 @@ from pydantic import (
 
 __all__ = [
     "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "TriggerFired", "Incident", "FaultMeasure", "InjectedFault",
-    "SloEntry", "Check", "Slowdown", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
+    "SloEntry", "Check", "Slowdown", "CheckpointTimes", "CheckpointIo", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
     "REPEAT_KIND", "result_schema_dict", "result_schema_text",
 ]
 
@@ -245,6 +245,29 @@ class Slowdown(ResultPart):
     reasons: dict[str, str] = Field(default_factory=dict)
 
 
+class CheckpointTimes(ResultPart):
+    """The checkpoint saves (or loads) that started in one window of a storage fault."""
+
+    count: int = 0
+    failed: int = 0
+    median_s: Optional[Number] = None
+    max_s: Optional[Number] = None
+
+
+class CheckpointIo(ResultPart):
+    """Checkpoint save and load times under a storage fault (``measure.measure_checkpoint_io``): each of ``save`` and
+    ``load`` by window, ``before``, ``during`` and ``after`` the fault."""
+
+    fault: Optional[str] = None
+    nodes: list[str] = Field(default_factory=list)
+    """The nodes whose storage was harmed: only their saves and loads are counted."""
+    save: dict[str, CheckpointTimes] = Field(default_factory=dict)
+    load: dict[str, CheckpointTimes] = Field(default_factory=dict)
+    save_slowdown_x: Optional[Number] = None
+    load_slowdown_x: Optional[Number] = None
+    reasons: dict[str, str] = Field(default_factory=dict)
+
+
 class SilentCheckpoint(ResultPart):
     step: int = 0
     ts: Number = 0.0
@@ -343,6 +366,8 @@ class RunResult(ResultPart):
     per_fault: list[FaultMeasure] = Field(default_factory=list)
     incident: Optional[Incident] = None
     slowdown: Optional[Slowdown] = None
+    checkpoint_io: Optional[CheckpointIo] = None
+    """Checkpoint save and load times before, during and after a storage fault (``storage.slow``, ``storage.error``)."""
     silent: Optional[Silent] = None
     final_step: Optional[int] = None
     goodput: Optional[Goodput] = None

@@ -301,6 +301,9 @@ class Fault:
     measures_slowdown: ClassVar[bool] = False
     """True when the harm is a slowdown, not a failure: the run measures step time before, during and after
     (``result.json["slowdown"]``) rather than expecting a restart."""
+    measures_checkpoint_io: ClassVar[bool] = False
+    """True when the harm is to the checkpoint storage (slow or failing I/O): the run measures checkpoint save and
+    load times before, during and after it (``result.json["checkpoint_io"]``)."""
 
     silent: ClassVar[bool] = False
     """True when the harm raises no error by itself (numbers gone wrong: a flipped bit, a NaN): the run measures

@@ -83,6 +83,9 @@ def main():
                 _take_back(folder, pid, status=True)
                 print(json.dumps({"killed": False}))
                 sys.exit(0)
+            if st is None:  # no answer left: another end of this fault (its lease's watchdog, at the same deadline) took it back
+                print(json.dumps({"killed": False, "ended_by": "another end of the fault"}))
+                sys.exit(0)
             time.sleep(0.05)
         fd = None
         if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):

@@ -32,8 +32,8 @@ def check_text(name: str, check: Check | dict[str, Any]) -> str:
             return (f"training_finished: expected the job's script to end with exit 0, no torchrun agent did "
                     f"(exit codes: {exits}); {stopped}")
         return f"training_finished: expected the job to reach step {expected}, {stopped}"
-    if name == "triggered" and check.reason:
-        return f"triggered: {check.reason}"
+    if name in ("triggered", "no_restart") and check.reason:
+        return f"{name}: {check.reason}"
     if name == "faults_reverted":
         return "faults_reverted: a lasting fault was not reverted and verified (its lease reverts it on the node)"
     detail = ", ".join(f"{k}={v}" for k, v in check.dump().items() if k != "pass")
@@ -54,6 +54,10 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     table.add_column("SLO", justify="right")
     table.add_column("", justify="center")
     table.add_column("what it spans", style="dim")
+    rode = result.checks.get("no_restart")
+    if rode is not None and rode.passed and phases.detection_s is None:  # a disturbance ridden through: no phases
+        console.print(f"[green]rode through[/green] {result.scenario}'s disturbance: no worker exit, restart, new "
+                      "rendezvous or detection by the stack (expect.restart: false)")
     spans = phase_spans({"model": model, "reallocation_from": phases.reallocation_from})
     for name, key, meaning in _ROWS:
         meaning = spans.get(name, meaning)
@@ -71,7 +75,8 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
         + ("no restored step observed" if phases.restored_step is None else f"restored {phases.restored_step}"
            + (f" (from the {phases.restored_from})" if phases.restored_from else "")),
     )
-    console.print(table)
+    if rode is None or not rode.passed or phases.detection_s is not None:
+        console.print(table)
     slow = result.slowdown
     if slow:
         t = (lambda v: "not observed" if v is None else f"{v * 1000:.0f} ms")

@@ -38,6 +38,7 @@ __all__ = [
     "StepPercentiles",
     "Safety",
     "SteadyState",
+    "Expect",
     "ScenarioBase",
     "scenario_model",
     "model_for",
@@ -472,6 +473,27 @@ class SteadyState(StrictModel):
         "Past it the baseline was not steady: a note, and the drill fails."))
 
 
+class Expect(StrictModel):
+    """What the drill expects of the job: by default that it recovers from the faults; ``restart: false`` for
+    disturbances a healthy stack must ride through (a slow checkpoint save, a pause in one rank's loop, a link
+    flap shorter than the collective timeout)."""
+
+    restart: bool = Field(True, description=(
+        "false: the faults are disturbances, not failures. A restart of the job's workers, a worker exit, a new "
+        "rendezvous, a requeue or a detection by the stack from the first fault to the end of the watch is a "
+        "false restart: the drill fails, with its cost (recovery time, lost steps) measured."))
+    window: PositiveDuration | None = Field(None, description=(
+        "With restart: false, how long to keep watching once every fault has ended (until the job ends when "
+        "not given: the job must then end by itself, workload.wait: finish)."))
+
+    @model_validator(mode="after")
+    def _window_needs_no_restart(self) -> "Expect":
+        if self.window is not None and self.restart:
+            raise ValueError("'window' is how long a drill with restart: false watches for a false restart; give "
+                             "restart: false with it")
+        return self
+
+
 class ScenarioBase(StrictModel):
     """Common part of every scenario; ``cluster`` and ``faults`` are added from the registries."""
 
@@ -484,6 +506,9 @@ class ScenarioBase(StrictModel):
     slo: SLO = Field(default_factory=SLO)
     safety: Safety = Field(default_factory=Safety)
     steady_state: SteadyState = Field(default_factory=SteadyState)
+    expect: Expect = Field(default_factory=Expect, description=(
+        "What the drill expects of the job: recovery from its faults (the default), or `{restart: false}`: "
+        "disturbances it must ride through without a restart."))
     covers: list[str] | None = Field(None, description="Catalog classes this scenario exercises (defaults from its faults).")
     repeat: int = Field(1, ge=1, le=MAX_REPEAT, description=(
         "Samples to take of this drill, back to back, judged on their distribution (p50, p95, max per phase): "
@@ -495,6 +520,16 @@ class ScenarioBase(StrictModel):
         names = {f"f{i}": i for i in range(len(getattr(self, "faults", ())))}
         names.update({f.id: i for i, f in enumerate(getattr(self, "faults", ())) if f.id is not None})
         return names
+
+    @model_validator(mode="after")
+    def _no_restart_watch_ends(self) -> "ScenarioBase":
+        """A drill that must not restart the job watches until the job ends or for its window: a job that runs
+        until stopped (wait: recovered) needs the window, or the watch would end at once."""
+        if not self.expect.restart and self.expect.window is None and self.workload.wait != "finish":
+            raise ValueError(f"expect: restart: false watches until the job ends, and this job is not waited for to "
+                             f"its end (workload.wait: {self.workload.wait}); give expect.window (how long to watch "
+                             "after the faults end) or workload.wait: finish")
+        return self
 
     @model_validator(mode="after")
     def _compute_when_throttled(self) -> "ScenarioBase":

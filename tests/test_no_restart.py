@@ -1,0 +1,115 @@
+"""Drills that must not restart the job (issue 49, item 2): ``expect: {restart: false}``.
+
+The faults are disturbances a healthy stack rides through; a restart, a worker exit, a new rendezvous or a
+detection by the stack after the first fault is a false restart: the drill fails, with its cost. What is
+checked without a job: the scenario's errors at their line, and the verdict on two recorded drills (one that rode
+through a 4 s pause, one whose 3 s collective timeout restarted a job paused 6 s; ``tests/data/rode-through``
+says how each was recorded). End to end once: the shipped ``pause-rides-through`` on the process lab.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from chaoskit.measure import false_restart
+from chaoskit.observe.events import read_events
+from chaoskit.report.summary import render_result
+from tests.conftest import ROOT, need_torch, run_cli
+from tests.test_drills import lab_processes
+
+DATA = ROOT / "tests" / "data"
+
+HEAD = """name: no-restart
+cluster: lab
+workload: {launch: reference, steps: 100, step_time: 50ms}
+faults:
+  - kind: inproc.hang
+    target: {ranks: [1]}
+    duration: 2s
+    at: {step: 20}
+"""
+
+
+@pytest.mark.parametrize("tail, line, words", [
+    ("expect: {window: 10s}\n", 9, "'window' is how long a drill with restart: false watches"),
+    ("expect: {restart: no-thanks}\n", 9, "valid boolean"),
+    ("expect: {restart: false, grace: 1s}\n", 9, "grace"),
+])
+def test_a_malformed_expectation_is_refused_at_its_line(tmp_path, tail, line, words):
+    path = tmp_path / "s.yaml"
+    path.write_text(HEAD + tail)
+    res = run_cli("validate", path)
+    assert res.code == 2 and f"{path}:{line}:" in res.stderr and words in res.stderr, res.stderr
+
+
+def test_a_no_restart_drill_on_a_job_it_does_not_wait_for_needs_a_window(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(HEAD.replace("step_time: 50ms}", "step_time: 50ms, wait: recovered}") + "expect: {restart: false}\n")
+    res = run_cli("validate", path)
+    assert res.code == 2 and "give expect.window" in res.stderr, res.stderr
+    path.write_text(HEAD.replace("step_time: 50ms}", "step_time: 50ms, wait: recovered}")
+                    + "expect: {restart: false, window: 15s}\n")
+    assert run_cli("validate", path).code == 0
+
+
+def _recorded(name: str) -> tuple[dict, list[dict]]:
+    return json.loads((DATA / name / "result.json").read_text()), read_events(DATA / name / "events.jsonl")
+
+
+def test_a_pause_shorter_than_the_collective_timeout_is_ridden_through():
+    r, events = _recorded("rode-through")
+    assert false_restart(events, r["faults"][0]["t_fault"]) is None
+    assert r["verdict"] == "pass" and r["checks"]["no_restart"] == {"pass": True}
+    out = io.StringIO()
+    render_result(Console(file=out, width=200), r)
+    assert "rode through pause-rides-through's disturbance: no worker exit, restart, new rendezvous or detection" in out.getvalue()
+    assert "not observed" not in out.getvalue()  # no phase table of a recovery that was never needed
+
+
+def test_a_stack_that_restarts_a_slow_job_is_a_false_restart_with_its_cost():
+    r, events = _recorded("false-restart")
+    t_fault = r["faults"][0]["t_fault"]
+    found = false_restart(events, t_fault)
+    assert found["event"] == "detect" and found["node"] == "n0" and found["who"] == "sdk"
+    assert 3.0 <= found["after_s"] < 6.0  # the 3 s collective timeout, within the 6 s pause
+    check = r["checks"]["no_restart"]
+    assert r["verdict"] == "fail" and check["pass"] is False
+    assert check["false_restart"]["recovery_s"] == r["phases"]["recovery_s"] > 0
+    assert check["false_restart"]["lost_steps"] == r["phases"]["lost_steps"] > 0
+    assert check["reason"].startswith("a false restart: sdk noticed (collective error) on n0/rank0 3.00s after the first fault")
+    out = io.StringIO()
+    render_result(Console(file=out, width=300), r)
+    assert "check failed: no_restart: a false restart" in out.getvalue()
+
+
+def test_what_counts_as_a_false_restart():
+    """A clean exit at the job's end, chaoskit's own events, an injected line and the baseline's restarts do not;
+    a worker started past the baseline's restart count does."""
+    base = [{"ts": 1.0, "kind": "worker.start", "node": "n0", "restart_count": 2}]
+    quiet = [{"ts": 11.0, "kind": "worker.exit", "node": "n0", "exitcode": 0},
+             {"ts": 11.0, "kind": "fault.reverted", "node": "n1", "source": "chaoskit"},
+             {"ts": 11.5, "kind": "gpu.xid", "node": "n1", "injected": True},
+             {"ts": 12.0, "kind": "worker.start", "node": "n1", "restart_count": 2},
+             {"ts": 12.5, "kind": "ckpt.save.failed", "node": "n1"}]
+    assert false_restart(base + quiet, 10.0) is None
+    restarted = base + quiet + [{"ts": 13.0, "kind": "worker.start", "node": "n1", "rank": 1, "restart_count": 3}]
+    found = false_restart(restarted, 10.0)
+    assert found["what"] == "workers started again (restart 3) on n1/rank1" and found["after_s"] == 3.0
+
+
+@pytest.mark.slow
+def test_a_pause_rides_through_on_the_process_lab(tmp_path):
+    need_torch()
+    out = tmp_path / "run"
+    res = run_cli("run", ROOT / "scenarios" / "pause-rides-through.yaml", "--out", out, "--json")
+    assert res.code == 0, res.with_logs(out)
+    r = res.json
+    assert r["verdict"] == "pass" and r["checks"]["no_restart"] == {"pass": True}, res.with_logs(out)
+    journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    assert not [e for e in journal if e["action"] == "lease.kill"]  # the paused rank was never killed
+    assert [e.get("verified") for e in journal if e["action"] == "reverted"] == [True]
+    assert r["final_step"] == 120 and lab_processes(r) == []
