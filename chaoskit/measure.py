@@ -35,7 +35,7 @@ __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
            "measure_slowdown", "measure_checkpoint_io", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
-           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident"]
+           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident", "false_restart", "RESTART_SIGNS"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued", "sdc.detected", "loss.anomaly"})
@@ -711,6 +711,40 @@ def _single(limit: Any) -> Any:
     return limit
 
 
+RESTART_SIGNS = frozenset({"detect", "worker.exit", "worker.start", "rendezvous.done", "inprocess.restart",
+                           "job.requeued", "job.node_fail", "node.drain", "node.down", "oom.kill"})
+"""What shows the job restarting, or its stack or scheduler deciding it must: a drill with ``expect: {restart:
+false}`` fails on the first of these after its first fault (:func:`false_restart`). A failed checkpoint save, a
+kernel's GPU report or chaoskit's own silent-fault probes are not: the job may ride through them."""
+
+
+def false_restart(events: Iterable[Event], t_from: float) -> dict[str, Any] | None:
+    """The first sign after ``t_from`` that the stack took a disturbance for a failure: a worker exit (not a clean
+    ``0``), a new worker (a restart count past the baseline's), a new rendezvous, a requeue, an in-process restart,
+    or a detection by the stack. ``None`` when it rode through. ``events``: the whole run, in time order."""
+    events = list(events)
+    before = [e.get("restart_count") for e in events if e["ts"] <= t_from and e.get("kind") == "worker.start"]
+    base = max((c for c in before if isinstance(c, int) and not isinstance(c, bool)), default=0)
+    for e in events:
+        kind = e.get("kind")
+        if e["ts"] <= t_from or kind not in RESTART_SIGNS or e.get("injected") or e.get("source") == "chaoskit":
+            continue
+        if kind == "worker.exit" and e.get("exitcode") == 0:
+            continue  # a worker that finished its training
+        count = e.get("restart_count")
+        if kind == "worker.start" and not (isinstance(count, int) and count > base):
+            continue
+        who = e.get("who") or e.get("source") or "?"
+        where = (e.get("node") or "?") + (f"/rank{e['rank']}" if e.get("rank") is not None else "")
+        what = {"worker.exit": f"a worker exited (exit code {e.get('exitcode')})",
+                "worker.start": f"workers started again (restart {count})",
+                "rendezvous.done": "a new rendezvous", "job.requeued": "the job was requeued",
+                "inprocess.restart": "an in-process restart"}.get(kind, f"{who} noticed ({e.get('why') or kind})")
+        return {"event": kind, "node": e.get("node"), "ts": e["ts"], "after_s": round(e["ts"] - t_from, 3),
+                "what": f"{what} on {where}", "who": who}
+    return None
+
+
 def incident(faults: list[dict[str, Any]]) -> dict[str, Any]:
     """Several faults the job felt in one run, as one incident: from the first fault in effect to the first step
     after the last one's recovery (``recovery_s``), and the work lost over it all.
@@ -852,6 +886,7 @@ def reallocation_steps(events: Iterable[Event], t_detect: float | None, t_reallo
     for (a, ta, _), (b, tb, bound) in zip(marks, marks[1:]):
         steps.append({"step": f"{a} -> {b}", "seconds": round(tb - ta, 3), "bound_by": bound})
     return steps
+
 
 def measure_checkpoint_io(events: Iterable[Event], t_fault: float, t_revert: float | None,
                           nodes: Iterable[str] | None = None) -> dict[str, Any]:

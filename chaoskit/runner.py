@@ -48,7 +48,7 @@ from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.goodput import account, goodput_terms
 from chaoskit.measure import (
-    RECOVERY_MODELS, baseline_restarts, incident, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals,
+    RECOVERY_MODELS, baseline_restarts, false_restart, incident, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals,
 )
 from chaoskit.measure import measure_checkpoint_io
 from chaoskit.observe.events import EventBus, make_event
@@ -756,6 +756,8 @@ class _Run:
                     extra = f" by {escape(m['detected_by'])}" if key == "t_detect" else ""
                     self.say(f"{label} {m[key] - t_fault:.2f}s after the fault{extra}")
             pending = any(not inj.reverted for _, inj in self.injections if _.lasting)
+            if not pending and self._watched_long_enough():
+                return
             if not self.job.running():
                 if pending:  # the job has ended: a fault still in effect has nothing left to drill
                     self.say("the job has ended; reverting the faults still in effect")
@@ -775,6 +777,17 @@ class _Run:
                     self._revert_due(force=True)
                     return
             time.sleep(0.1)
+
+    def _watched_long_enough(self) -> bool:
+        """A drill that must not restart the job (``expect: {restart: false}``) with a ``window``: watched that long
+        since its last fault ended."""
+        window = self.sc.expect.window
+        if self.sc.expect.restart or window is None:
+            return False
+        events = self.bus.snapshot()
+        ended = [next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id),
+                      inj.t_fault) for _, inj in self.injections]
+        return time.time() >= max(ended, default=0.0) + window
 
     def _check_abort(self) -> None:
         fired = self.stop_watcher.fired if self.stop_watcher is not None else None
@@ -935,6 +948,8 @@ class _Run:
                 elif restarts:
                     self._note(f"{restarts} restart{'s' if restarts != 1 else ''} of the job's workers before the first "
                                f"fault ({first}), within steady_state.restarts_allowed: {allowed}")
+        if not self.sc.expect.restart and self.injections:
+            checks["no_restart"] = self._no_restart_check(events, phases_full)
         if self.missed is not None:
             checks["triggered"] = {"pass": False, "reason": self.missed}
             self._note(self.missed)
@@ -948,7 +963,7 @@ class _Run:
         if slowdown is not None and self.verdict is None and not (slowdown.get("throughput_lost_pct") or 0) > 0:
             self.notes.append("the slowdown did not slow the job: its step time did not grow while the fault lasted")
         elif (slowdown is None and phases_full and phases_full["t_detect"] is None and self.verdict is None
-              and checks.get("training_finished", {}).get("pass")):
+              and self.sc.expect.restart and checks.get("training_finished", {}).get("pass")):
             self.notes.append("the job showed no sign of the fault: nothing detected it and training never stopped")
         silent = self._silent(events)
         if silent is not None:
@@ -1016,6 +1031,21 @@ class _Run:
                                    "verbosity": PRESETS[name].verbosity} for name in self.sc.probes.presets}}
                if self.sc.probes.presets else {}),
         })
+
+    def _no_restart_check(self, events: list[dict[str, Any]], phases: dict[str, Any] | None) -> dict[str, Any]:
+        """``checks.no_restart`` of a drill with ``expect: {restart: false}``: passed when the job rode through the
+        disturbances; else the false restart, who made it, and what it cost (the headline's recovery and lost work)."""
+        t_first = min(inj.t_fault for _, inj in self.injections)
+        found = false_restart(events, t_first)
+        if found is None:  # rode through: the summary and the report say so
+            return {"pass": True}
+        cost = {k: (phases or {}).get(k) for k in ("recovery_s", "lost_steps")}
+        why = (f"a false restart: {found['what']} {found['after_s']:.2f}s after the first fault, a disturbance the "
+               f"job should have ridden through (expect.restart: false); it cost "
+               + ("an unmeasured recovery" if cost["recovery_s"] is None else f"{cost['recovery_s']:.2f}s of recovery")
+               + " and " + ("unmeasured lost work" if cost["lost_steps"] is None else f"{cost['lost_steps']} steps"))
+        self._note(why)
+        return {"pass": False, "reason": why, "false_restart": {**found, **cost}}
 
     def _silent(self, events: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The first silent fault's own measure (a bit flip, NaN: nothing fails by itself), or ``None``."""

@@ -215,7 +215,7 @@ class SloEntry(ResultPart):
 
 class Check(ResultPart):
     """One check of the run (``steady_state``, ``training_finished``, ``faults_reverted``,
-    ``silent_fault_detected``): whether it passed, and what it saw (its own keys)."""
+    ``silent_fault_detected``, ``triggered``, ``no_restart``): whether it passed, and what it saw (its own keys)."""
 
     passed: bool = Field(False, alias="pass")
     step: Optional[int] = None
@@ -227,7 +227,11 @@ class Check(ResultPart):
     exit_codes: Optional[dict[str, Optional[int]]] = None
     """``training_finished`` of a job whose own end says so: each torchrun agent's exit code."""
     reason: Optional[str] = None
-    """``silent_fault_detected``: why nothing noticed; ``steady_state``: the restart that made it unsteady."""
+    """``silent_fault_detected``: why nothing noticed; ``steady_state``: the restart that made it unsteady;
+    ``triggered``: the trigger that never fired; ``no_restart``: the false restart and its cost."""
+    false_restart: Optional[dict[str, Any]] = None
+    """``no_restart`` that failed: the first sign of the restart (``event``, ``node``, ``after_s``, ``what``,
+    ``who``) and its cost (``recovery_s``, ``lost_steps``)."""
     restarts: Optional[int] = None
     """``steady_state``: the workers' restarts seen before the first fault."""
     restarts_allowed: Optional[int] = None
