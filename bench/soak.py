@@ -3,10 +3,12 @@
 Deaths (``--deaths N``, drawn round-robin over the cases below with a seeded random instant each):
 
 - every lasting kind on the lab it runs on (process lab: ``process.hang``, ``node.slow``, ``mem.oom``, ``gpu.fail``'s
-  crash loop, ``storage.corrupt``, ``storage.full``; netns lab: ``network.link_down``, ``network.blackhole``,
+  crash loop, ``storage.corrupt``, ``storage.full``, ``storage.slow``, ``storage.error``; netns lab: ``network.link_down``, ``network.blackhole``,
   ``network.degrade``, ``network.partition``, ``node.poweroff``): a real controller process arms and injects the
   fault through the real ``RunContext`` (trusted journal, run marker, leases), and is SIGKILLed at a random instant
   between arming and its revert;
+- ``fuse-daemon-kill``: ``storage.slow``'s FUSE daemon (its root parent and its server) SIGKILLed mid-fault, then the
+  controller: nothing is left to detach the mount but the lease's watchdog;
 - ``agent-kill``: the node's agent is SIGKILLed mid-fault (the controller lives on and must still revert);
 - ``mgmt-cut``: the controller's management link to the node is cut for longer than the lease TTL;
 - ``mgmt-cut-kill``: the link is cut, and the controller SIGKILLed while it is: its agent on the node hears
@@ -155,6 +157,10 @@ def cases(ckpt: str, small_fs: str) -> list[Case]:
         Case("storage.corrupt", "storage.corrupt", "process", {**d, "mode": "truncate", "pattern": "ckpt-*.pt"},
              {"nodes": ["n0"]}),
         Case("storage.full", "storage.full", "process", {**d, "size": "8MiB", "path": "small"}, {"nodes": ["n0"]}),
+        Case("storage.slow", "storage.slow", "process", {**d, "latency": "50ms", "rate": "8MiB"}, {"nodes": ["n0"]}),
+        Case("storage.error", "storage.error", "process", {**d, "errno": "EIO", "percent": 50}, {"nodes": ["n0"]}),
+        Case("fuse-daemon-kill (storage.slow)", "storage.slow", "process", {**d, "latency": "50ms"}, {"nodes": ["n0"]},
+             death="fuse-daemon"),
         Case("network.link_down", "network.link_down", "netns", d, n1),
         Case("network.blackhole", "network.blackhole", "netns", d, n1),
         Case("network.degrade", "network.degrade", "netns", {**d, "rate": "1mbit"}, n1),
@@ -289,6 +295,18 @@ class Soak:
     def kill(self, case: Case, proc: subprocess.Popen, when: float, lines: list[str]) -> float:
         time.sleep(max(0.0, when - time.time()))
         if case.death in ("controller", "state-full"):
+            proc.kill()
+            proc.wait()
+            return time.time()
+        if case.death == "fuse-daemon":  # the FUSE daemon, its root parent first, then the controller: a dead mount
+            _wait_line(lines, "injected", 30)
+            for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if len(words) > 10 and words[4] == b"serve" and b"/storage-io-" in words[10]:
+                    os.kill(pid, signal.SIGKILL)
             proc.kill()
             proc.wait()
             return time.time()

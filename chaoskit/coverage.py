@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import importlib.util
 import io
 import os
 import shutil
@@ -162,6 +163,7 @@ REQUIREMENTS = {
     "checkpoint_fs": "a small file system of the job's own for its checkpoints (the process lab mounts a tmpfs: root)",
     "memcg": "a cgroup memory controller the nodes' chaoskit may write (root; v2 memory.max or v1 memory)",
     "slurm": "a Slurm cluster (the Slurm lab: root, slurmctld, slurmd and munge installed)",
+    "fuse": "FUSE on the nodes (root, /dev/fuse, libfuse3 and the mfusepy binding: pip install 'chaoskit[fuse]')",
 }
 
 # The catalog. Each class sits at the scope where it usually strikes; the order is
@@ -259,7 +261,23 @@ _CLASSES = (
                "A node's local disk (SSD) fails or fills up; checkpoint writes and logging fail there.",
                sources=("storage",),
                mechanisms=(Mechanism("storage.full", "fill", "real", ("checkpoint_fs",),
-                                     "fills the job's own checkpoint file system; a failing SSD is not imitated"),)),
+                                     "fills the job's own checkpoint file system"),
+                           Mechanism("storage.error", "fuse", "real", ("fuse",),
+                                     "a failing disk's errno (EIO, ENOSPC, EROFS, ...) from a FUSE passthrough over "
+                                     "the checkpoint folder; the device itself is not harmed"))),
+    # The Llama 3 table (Table 5) has no class for it: storage that is slow or fails some operations without going
+    # away shows there as whatever it caused (a save past a timeout as a hang, an EIO as a software failure), so
+    # its weight is 0 and it counts toward plain coverage only.
+    FaultClass("storage.degraded", "node", "Slow or failing checkpoint storage",
+               "A node's checkpoint storage is slow (latency, low bandwidth) or fails a share of its operations "
+               "(EIO, ENOSPC, EROFS): saves and loads take longer or fail, and a detector may take a slow save for a "
+               "hang.",
+               mechanisms=(Mechanism("storage.slow", "fuse", "real", ("fuse",),
+                                     "latency and bandwidth added by a FUSE passthrough over the checkpoint folder "
+                                     "(the job's real reads and writes through the kernel's VFS); the block device "
+                                     "is not throttled"),
+                           Mechanism("storage.error", "fuse", "real", ("fuse",),
+                                     "an errno for a share of the chosen operations, from the same passthrough"))),
 )
 
 
@@ -419,6 +437,12 @@ def detect_capabilities() -> Capabilities:
         missing["slurm"] = "the Slurm lab needs root"
     elif not all(shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") for t in ("slurmctld", "slurmd", "munged")):
         missing["slurm"] = "slurmctld, slurmd and munge are not installed"
+    if not root:
+        missing["fuse"] = "mounting a FUSE file system over the checkpoint folder needs root"
+    elif not Path("/dev/fuse").exists():
+        missing["fuse"] = "this kernel has no /dev/fuse"
+    elif importlib.util.find_spec("mfusepy") is None:
+        missing["fuse"] = "the FUSE binding is not installed: pip install 'chaoskit[fuse]' (and apt-get install libfuse3-3)"
     if "netns" in missing:
         missing["netem"] = "tc netem needs root and iproute2"
     elif not shutil.which("tc"):

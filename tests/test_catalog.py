@@ -51,7 +51,7 @@ def test_shipped_data_is_the_shared_data_with_its_source() -> None:
 def test_catalog_spans_every_category_and_scope() -> None:
     classes = catalog()
     ids = [c.id for c in classes]
-    assert len(ids) == len(set(ids)) == 17
+    assert len(ids) == len(set(ids)) == 18
     assert {c.category for c in classes} == set(CATEGORIES)
     assert {c.scope for c in classes} == set(SCOPES)
     for c in classes:
@@ -151,9 +151,9 @@ def test_coverage_statuses_and_scores() -> None:
     # runnable (its kind is installed, it needs nothing missing) but its scenario has not run
     assert status["network.nic"]["status"] == "not attempted"
     assert cov["covered"] == ["software.crash"]
-    assert cov["plain"] == pytest.approx(1 / 17)
+    assert cov["plain"] == pytest.approx(1 / 18)
     assert cov["weighted"] == pytest.approx(56 / 419)
-    assert sum(cov["counts"].values()) == 17
+    assert sum(cov["counts"].values()) == 18
 
 
 def test_gpu_classes_run_here_through_the_emulated_mechanism_only() -> None:
@@ -187,7 +187,7 @@ def test_catalog_command() -> None:
     res = run_cli("catalog", "--json")
     assert res.code == 0, res.stderr
     data = res.json
-    assert len(data["classes"]) == 17 and data["weight_total"] == 419
+    assert len(data["classes"]) == 18 and data["weight_total"] == 419
     crash = next(c for c in data["classes"] if c["id"] == "software.crash")
     assert crash["category"] == "software" and crash["scope"] == "rank" and {"process.kill", "inproc.raise"} <= set(crash["kinds"])
     assert crash["weight"] == 56 and crash["runnable_here"] is True

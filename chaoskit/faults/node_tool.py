@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import secrets
 import sys
@@ -26,11 +27,12 @@ from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
+from chaoskit.core.launches import LAUNCHES
 from chaoskit.faults.api import Fault, FaultContext, Injection, NodeView
 
 __all__ = ["COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
            "state_path", "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree",
-           "check_state_gone", "until_reverted", "slurm_drain", "CgroupTool"]
+           "check_state_gone", "until_reverted", "slurm_drain", "CgroupTool", "check_inside", "checkpoint_job_problem", "bad_root"]
 
 COMMAND_TIMEOUT_S = 15.0
 VERIFY_S = 5.0
@@ -173,6 +175,52 @@ def slurm_drain(node: Node) -> tuple[str, str | None] | None:
     except InfraError:
         return None
     return (state, reason) if "DRAIN" in state.split("+") else None
+
+
+# -- the job's checkpoint folder, as the storage kinds (storage.py, storage_io.py) take it ----------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_inside(path: str, root: str | None) -> str | None:
+    """Why ``path`` (relative to the checkpoint folder ``root``, or absolute) is not inside it, or ``None``.
+
+    ``root`` ``None``: the folder is only known at run time (a job chaoskit starts), so only a relative
+    path can be judged now."""
+    if posixpath.isabs(path):
+        if root is None:
+            return (f"path {path!r} is absolute, but the job's checkpoint folder (<job dir>/checkpoints, "
+                    "CHAOSKIT_CKPT_DIR) is only known at run time: give a path relative to it ('.' is the folder itself)")
+        norm, top = posixpath.normpath(path), posixpath.normpath(root)
+        if norm != top and not norm.startswith(top.rstrip("/") + "/"):
+            return f"path {path!r} is outside the job's checkpoint folder {root}"
+        return None
+    norm = posixpath.normpath(path)
+    if norm == ".." or norm.startswith("../"):
+        return f"path {path!r} leaves the job's checkpoint folder"
+    return None
+
+
+def checkpoint_job_problem(kind: str, path: str, workload: Any) -> tuple[str, str] | None:
+    """What in a storage fault's ``path`` does not fit the scenario's ``workload`` (:meth:`Fault.check_job`)."""
+    launch = getattr(workload, "launch", None)
+    keeps = LAUNCHES[launch].checkpoints if launch in LAUNCHES else "job"
+    if keeps == "ray":
+        return "kind", f"{kind} acts on the job's checkpoint folder; a {launch} job keeps its checkpoints in Ray's storage"
+    root = getattr(workload, "checkpoint_dir", None)
+    if keeps == "given" and root is None:
+        return "path", f"{kind} on an attached job needs the folder it keeps its checkpoints in: set workload.checkpoint_dir"
+    problem = check_inside(path, root)
+    return ("path", problem) if problem else None
+
+
+def bad_root(root: str) -> str | None:
+    """Why ``root`` cannot be a checkpoint folder sent to a node, or ``None``."""
+    if not root.startswith("/") or len(root) > 4096 or _CONTROL.search(root):
+        return f"the checkpoint folder {root!r} is not an absolute path of printable characters"
+    if root != "/" and posixpath.normpath(root) != root.rstrip("/"):
+        return f"the checkpoint folder {root!r} is not a normalised path"
+    return None
 
 
 def undo(ctx: FaultContext, transport: Transport, fid: str, revert: list[str]) -> None:

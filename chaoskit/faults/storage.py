@@ -62,10 +62,9 @@ from chaoskit.cluster.selectors import NodeTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError, ScenarioError
-from chaoskit.core.launches import LAUNCHES
 from chaoskit.core.sizes import ByteSize, format_size
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
-from chaoskit.faults.node_tool import journaled_python, node_python, undo, until_reverted
+from chaoskit.faults.node_tool import bad_root, checkpoint_job_problem, journaled_python, node_python, undo, until_reverted
 
 __all__ = ["CorruptFault", "CorruptSpec", "FullFault", "FullSpec", "STORAGE_TOOL", "ASIDE_PREFIX", "FILL_PREFIX"]
 
@@ -86,25 +85,6 @@ STORAGE_TOOL = (f"ASIDE, FILL, FLIPS, REFUSED = {ASIDE_PREFIX!r}, {FILL_PREFIX!r
 operation does and refuses)."""
 
 EXIT_PATH, EXIT_REPLACED, EXIT_ROOT, EXIT_ARGV = 2, 3, 5, 6
-
-
-def check_inside(path: str, root: str | None) -> str | None:
-    """Why ``path`` (relative to the checkpoint folder ``root``, or absolute) is not inside it, or ``None``.
-
-    ``root`` ``None``: the folder is only known at run time (a job chaoskit starts), so only a relative
-    path can be judged now."""
-    if posixpath.isabs(path):
-        if root is None:
-            return (f"path {path!r} is absolute, but the job's checkpoint folder (<job dir>/checkpoints, "
-                    "CHAOSKIT_CKPT_DIR) is only known at run time: give a path relative to it ('.' is the folder itself)")
-        norm, top = posixpath.normpath(path), posixpath.normpath(root)
-        if norm != top and not norm.startswith(top.rstrip("/") + "/"):
-            return f"path {path!r} is outside the job's checkpoint folder {root}"
-        return None
-    norm = posixpath.normpath(path)
-    if norm == ".." or norm.startswith("../"):
-        return f"path {path!r} leaves the job's checkpoint folder"
-    return None
 
 
 class _StorageSpec(FaultSpec):
@@ -191,22 +171,13 @@ class _StorageFault(Fault):
         return ("python3",)
 
     def check_job(self, workload: Any) -> tuple[str, str] | None:
-        launch = getattr(workload, "launch", None)
-        keeps = LAUNCHES[launch].checkpoints if launch in LAUNCHES else "job"
-        if keeps == "ray":
-            return "kind", f"{self.kind} acts on the job's checkpoint folder; a {launch} job keeps its checkpoints in Ray's storage"
-        root = getattr(workload, "checkpoint_dir", None)
-        if keeps == "given" and root is None:
-            return "path", (f"{self.kind} on an attached job needs the folder it keeps its checkpoints in: "
-                            "set workload.checkpoint_dir")
-        problem = check_inside(self.spec.path, root)
-        return ("path", problem) if problem else None
+        return checkpoint_job_problem(self.kind, self.spec.path, workload)
 
     def _root(self, ctx: FaultContext) -> str:
         root = getattr(ctx, "checkpoint_dir", None)
         if not root:
             raise InfraError(f"{self.kind}: the job's checkpoint folder is not known")
-        problem = _bad_root(str(root))
+        problem = bad_root(str(root))
         if problem:
             raise InfraError(f"{self.kind}: {problem}; nothing was injected")
         return str(root)
@@ -373,7 +344,7 @@ def parse_revert(kind: str, revert: list[str]) -> tuple[str, list[str]]:
         raise ValueError(f"not a {kind} revert chaoskit makes")
     python, args = revert[0], revert[5:]
     root, root_id, rel, folder_id, name = args[:5]
-    problems = [_bad_root(root), None if _ID.match(root_id) and _ID.match(folder_id) else "a device:inode is malformed",
+    problems = [bad_root(root), None if _ID.match(root_id) and _ID.match(folder_id) else "a device:inode is malformed",
                 None if name.startswith(prefix) and _TOKEN.match(name[len(prefix):]) else f"{name!r} is not a name it makes",
                 None if rel and not rel.startswith("/") and ".." not in rel.split("/") and not _CONTROL.search(rel)
                 else f"{rel!r} is not a path inside the checkpoint folder"]
@@ -384,15 +355,6 @@ def parse_revert(kind: str, revert: list[str]) -> tuple[str, list[str]]:
     if problem or _CONTROL.search(python) or not python:
         raise ValueError(f"not a {kind} revert chaoskit makes: {problem or 'the python is malformed'}")
     return python, args
-
-
-def _bad_root(root: str) -> str | None:
-    """Why ``root`` cannot be a checkpoint folder sent to a node, or ``None``."""
-    if not root.startswith("/") or len(root) > 4096 or _CONTROL.search(root):
-        return f"the checkpoint folder {root!r} is not an absolute path of printable characters"
-    if root != "/" and posixpath.normpath(root) != root.rstrip("/"):
-        return f"the checkpoint folder {root!r} is not a normalised path"
-    return None
 
 
 def _last(res: Any) -> str:
