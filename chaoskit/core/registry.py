@@ -123,13 +123,18 @@ def declared_in_source(folder: Path, package: str, key: str, name_re: str,
     starts with ``_`` is skipped; a name found twice is refused (``RuntimeError``), as a second registration is.
     What is found is checked where it is loaded (the registry's ``check``: the class exists and declares it)."""
     key_line = re.compile(rf"""^    {key}\s*=\s*(["'])({name_re})\1\s*(?:#.*)?$""")
-    also_line = re.compile(rf"^    ({'|'.join(map(re.escape, also)) or '(?!)'})\s*=\s*(.+?)\s*(?:#[^\"')]*)?$")
+    also_names = "|".join(map(re.escape, also)) or "(?!)"
+    also_line = re.compile(rf"^    ({also_names})\s*=\s*(.+?)\s*(?:#[^\"')]*)?$")
+    # Only these lines can change what is found: a top-level statement (it ends a class body) and a body's
+    # assignment to `key` or one of `also`. One search over the file finds them; a loop over every line of
+    # every kind's module cost validate more than the rest of the look.
+    wanted = re.compile(rf"^(?:[^\W\d_@].*|@.*|    (?:{re.escape(key)}|{also_names})\s*=.*)$", re.MULTILINE)
     found: dict[str, tuple[str, dict[str, str]]] = {}
     for path in sorted(Path(folder).glob("*.py")):
         if path.name.startswith("_"):
             continue
         cls, name, extra = None, None, {}
-        for line in [*path.read_text(encoding="utf-8").splitlines(), "end"]:
+        for line in [*wanted.findall(path.read_text(encoding="utf-8")), "end"]:
             start = _CLASS.match(line)
             if start or line[:1].isalpha() or line.startswith("@"):  # a top-level statement: the class body has ended
                 if name is not None:
