@@ -9,7 +9,8 @@ tolerance), ray (Ray Train), slurm (the job under Slurm's requeue). :func:`run_s
 one cell per (stack, fault):
 
 ``{stack, fault, detection_s, recovery_s, lost_steps, verdict, why, timeouts, warnings, dir}`` and, repeated,
-``p50``/``p95`` per phase. ``verdict`` is ``pass``/``fail`` (the row's SLOs), ``not detected`` ("not detected
+``p50``/``p95`` per phase. ``verdict`` is ``pass``/``fail`` (the row's SLOs), ``rode through``/``false restart``
+(a row with ``expect: {restart: false}``: a disturbance the stack should ride through), ``not detected`` ("not detected
 within X": the stack never noticed while the run watched), ``cannot run`` ("cannot run here: why") or ``error``;
 no cell is blank. ``timeouts`` are the stack's settings behind the numbers (collective timeout, NVRx heartbeat
 timeout, torchft's timeouts, Slurm's SlurmdTimeout), ``warnings`` the ones left at a default that makes
@@ -331,6 +332,8 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
     if record.get("status") == "error" and not result.get("faults") and not result.get("samples"):
         message = error.get("message") or "the drill did not run"
         return {**cell, "verdict": "cannot run", "why": f"cannot run here: {message}"}
+    if (doc.get("expect") or {}).get("restart") is False:
+        return _disturbance_cell(cell, samples, doc)
     if cell["detection_s"] is None:
         watched = _watched_s(samples)
         cell["verdict"] = "not detected"
@@ -348,6 +351,31 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
     world = ((samples[0] if samples else {}).get("phases") or {}).get("world_size")
     if world and world.get("after", 0) < world.get("before", 0):  # the in-process Wrapper dropped unresponsive ranks
         cell["why"] += f"; went on with {world['after']} of {world['before']} ranks"
+    return cell
+
+
+def _disturbance_cell(cell: dict[str, Any], samples: list[dict[str, Any]], doc: dict[str, Any]) -> dict[str, Any]:
+    """A row the job must ride through (``expect: {restart: false}``): ``rode through``, or ``false restart`` with
+    who restarted it, when, and what it cost (each sample's ``checks.no_restart``)."""
+    checks = [(s.get("checks") or {}).get("no_restart") for s in samples]
+    if not any(checks):
+        cell["verdict"] = "error"
+        cell["why"] = "the drill did not judge the disturbance (no checks.no_restart)"
+        return cell
+    false = [c["false_restart"] for c in checks if c and c.get("pass") is False and c.get("false_restart")]
+    if not false:
+        cell["verdict"] = "rode through"
+        cell["why"] = "no worker exit, restart, new rendezvous or detection by the stack"
+        return cell
+    first = false[0]
+    who = first.get("who") or "?"
+    by = ("" if who in str(first.get("what")) else f" by {who}") + _bound(first["after_s"], who, doc)
+    cost = ", ".join(part for part in (
+        None if first.get("recovery_s") is None else f"{first['recovery_s']:.1f}s of recovery",
+        None if first.get("lost_steps") is None else f"{first['lost_steps']} steps lost") if part) or "cost not measured"
+    cell["verdict"] = "false restart"
+    cell["why"] = (f"{first.get('what')} {first['after_s']:.1f}s after the disturbance{by}; it cost {cost}"
+                   + (f" (in {len(false)} of {len(samples)} samples)" if len(samples) > 1 else ""))
     return cell
 
 

@@ -113,3 +113,23 @@ def test_a_pause_rides_through_on_the_process_lab(tmp_path):
     assert not [e for e in journal if e["action"] == "lease.kill"]  # the paused rank was never killed
     assert [e.get("verified") for e in journal if e["action"] == "reverted"] == [True]
     assert r["final_step"] == 120 and lab_processes(r) == []
+
+
+def test_the_scorecard_says_which_stack_rode_through_a_pause_and_what_a_false_restart_cost():
+    """The recorded scorecard of the pause row (tests/data/scorecard-pause/README.md): a cell per stack, from each
+    drill's own no_restart check."""
+    from chaoskit.report.scorecard import render_scorecard_html
+    from chaoskit.scorecard import cells_from_gameday
+
+    card_dir = DATA / "scorecard-pause"
+    stacks = ("torchrun", "nvrx", "nvrx-inprocess", "torchft")
+    planned = [(s, "pause", card_dir / "scenarios" / f"pause--{s}.yaml", None) for s in stacks]
+    cells = {c["stack"]: c for c in cells_from_gameday(planned, card_dir / "gameday")}
+    assert {s: cells[s]["verdict"] for s in stacks} == {
+        "torchrun": "rode through", "nvrx": "false restart", "nvrx-inprocess": "false restart", "torchft": "rode through"}
+    nvrx = cells["nvrx"]["why"]
+    assert nvrx.startswith("NVRx rank monitor noticed (no heartbeat within the rank heartbeat timeout) on n0/rank0 5.4s "
+                           "after the disturbance, at its heartbeat timeout (5s); it cost 9.5s of recovery, 5 steps lost"), nvrx
+    assert cells["torchrun"]["why"] == "no worker exit, restart, new rendezvous or detection by the stack"
+    page = render_scorecard_html({"stacks": list(stacks), "faults": ["pause"], "cells": list(cells.values()), "duration_s": 1})
+    assert "RODE THROUGH" in page and "FALSE RESTART" in page

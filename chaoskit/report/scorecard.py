@@ -20,13 +20,13 @@ from chaoskit.core.files import write_new
 __all__ = ["VERDICTS", "SCORECARD_METRICS", "render_scorecard_html", "write_scorecard_html", "scorecard_metrics",
            "write_scorecard_metrics"]
 
-VERDICTS = ("pass", "fail", "not detected", "cannot run", "error", "aborted", "interrupted")
+VERDICTS = ("pass", "fail", "rode through", "false restart", "not detected", "cannot run", "error", "aborted", "interrupted")
 SCORECARD_METRICS = {
     "chaoskit_scorecard_detection_seconds": ("detection_s", "Seconds from the fault to the stack noticing it."),
     "chaoskit_scorecard_recovery_seconds": ("recovery_s", "Seconds from the fault to the first step after recovery."),
     "chaoskit_scorecard_lost_steps": ("lost_steps", "Training steps lost to the fault on this stack."),
 }
-_COLOURS = {"pass": "#d9f2dc", "fail": "#fbd9d3", "not detected": "#fde7c2", "cannot run": "#e6e6e6",
+_COLOURS = {"pass": "#d9f2dc", "fail": "#fbd9d3", "rode through": "#d9f2dc", "false restart": "#fbd9d3", "not detected": "#fde7c2", "cannot run": "#e6e6e6",
             "error": "#f3c4e0"}
 
 
