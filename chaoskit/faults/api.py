@@ -2,10 +2,13 @@
 
 A fault kind is one class with a pydantic ``Spec`` (its scenario syntax, with a
 ``kind`` literal) and the four verbs ``plan``, ``inject``, ``revert``, ``verify``;
-the optional ones (``preflight``, ``check_reverted``) have harmless defaults
-here. A fault acts only through the :class:`FaultContext` it is handed, which
-the runner implements. Built-in kinds register through the ``chaoskit.faults``
-entry-point group exactly as a plugin would (see :mod:`chaoskit.faults.registry`).
+the optional ones (``unfit``, ``needs``, ``preflight``, ``check_reverted``,
+``journaled_revert``, ``leftovers``, ...) have harmless defaults here. A fault acts
+only through the :class:`FaultContext` it is handed, which the runner implements.
+A built-in kind is not registered anywhere: its class body says ``kind = "family.name"``
+and :mod:`chaoskit.faults.registry` finds it by reading the source of this package's
+modules; only another package's kinds declare themselves in the ``chaoskit.faults``
+entry-point group.
 """
 
 from __future__ import annotations
