@@ -1,4 +1,9 @@
-"""End-to-end drills: the shipped scenarios against a real torchrun job on the process lab."""
+"""End-to-end drills: the shipped scenarios against a real torchrun job on the process lab.
+
+kill-rank is run here as a new user runs it (``chaoskit run``, to the end of training). hang-rank and
+kill-uninstrumented are drilled once for the session, in the game day of tests/drill_fixtures.py, and the tests here
+read their run folders (a game day stops each drill once recovery is measured: what needs a run to its end is
+kill-rank's)."""
 
 from __future__ import annotations
 
@@ -16,19 +21,13 @@ from chaoskit.cluster.transports.local import read_proc
 from tests.conftest import ROOT, SCENARIOS, need_torch, proc_state, run_cli, lab_fixture
 
 pytestmark = pytest.mark.slow
+pytest_plugins = ["tests.drill_fixtures"]
 
 
 def lab_processes(result: dict) -> list:
     """Live processes of the lab the run used (other runs may be going on beside this one)."""
     prefix = result["cluster"]["id"] + "."
     return [p for p in read_proc() if p.env.get("CHAOSKIT_SCOPE", "").startswith(prefix) and p.state != "Z"]
-
-
-def drill(name: str, out: Path, *extra: str):
-    need_torch()
-    res = run_cli("run", SCENARIOS / f"{name}.yaml", "--out", out, "--json", *extra)
-    assert res.stdout, res.stderr
-    return res
 
 
 @lab_fixture(scope="module")
@@ -117,27 +116,25 @@ def test_a_run_leaves_no_process_behind(kill_rank):
     assert lab_processes(kill_rank[0].json) == []
 
 
-def test_hang_rank_is_detected_at_the_collective_timeout(tmp_path):
-    res = drill("hang-rank", tmp_path)
-    assert res.code == 0, res.stderr
-    r = res.json
+def test_hang_rank_is_detected_at_the_collective_timeout(recorded_gameday):
+    assert recorded_gameday.record("hang-rank")["exit_code"] == 0, recorded_gameday.res.stdout[-3000:]
+    r, out = recorded_gameday.result("hang-rank"), recorded_gameday.run_dir("hang-rank")
     timeout = r["workload"]["collective_timeout"]
     assert abs(r["phases"]["detection_s"] - timeout) <= 0.25 * timeout
     assert r["phases"]["recovery_s"] is not None
     assert r["checks"]["faults_reverted"]["pass"]
-    journal = [json.loads(x)["action"] for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    journal = [json.loads(x)["action"] for x in (out / "journal.jsonl").read_text().splitlines()]
     assert journal.index("armed") < journal.index("injected") < journal.index("reverted")
     assert lab_processes(r) == []
 
 
-def test_uninstrumented_job_is_measured_from_logs_alone(tmp_path):
-    res = drill("kill-uninstrumented", tmp_path)
-    assert res.code == 0, res.stderr
-    r = res.json
+def test_uninstrumented_job_is_measured_from_logs_alone(recorded_gameday):
+    assert recorded_gameday.record("kill-uninstrumented")["exit_code"] == 0, recorded_gameday.res.stdout[-3000:]
+    r, out = recorded_gameday.result("kill-uninstrumented"), recorded_gameday.run_dir("kill-uninstrumented")
     for key in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s", "lost_steps"):
         assert r["phases"][key] is not None, key
-    assert not (tmp_path / "sdk-events.jsonl").exists()
-    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert not (out / "sdk-events.jsonl").exists()
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     assert {e["source"] for e in events if e["kind"] != "process.gone"} <= {"log", "torchrun", "chaoskit"}
     assert "torchrun agent" in r["phases"]["detected_by"]
 

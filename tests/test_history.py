@@ -1,8 +1,8 @@
 """Game-day history: per-scenario figures, regressions against their median, coverage that decays.
 
-The logic is checked on histories written by hand; the end-to-end test runs one real game day of a
-kill-rank drill whose workers start 10 s slower (more than any load adds here) after three recorded ones,
-and expects it to fail with --fail-on-regression naming the scenario.
+The logic is checked on histories written by hand; the end-to-end test reads the session's real game day
+(tests/drill_fixtures.py), run after three recorded ones in which kill-uninstrumented recovered faster than a torchrun
+restart can, and expects it to fail with --fail-on-regression naming the scenario.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import pytest
 from chaoskit.coverage import Capabilities
 from chaoskit.history import find_regressions, fresh_coverage, scenario_figures
 from tests.conftest import ROOT, run_cli
+from tests.drill_fixtures import EARLIER
+
+pytest_plugins = ["tests.drill_fixtures"]
 
 
 def _entry(started_at, figures, covered=()):
@@ -61,58 +64,25 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path):
         assert not (tmp_path / "gd").exists()
 
 
-SLOW_START = '''\
-import sys, time
-time.sleep(float(sys.argv[1]))  # a worker that takes longer to start: heavier imports, a slower file system
-from chaoskit.workloads.ddp_train import main
-sys.exit(main(sys.argv[2:]))
-'''
-
-
-def _scenario(folder, delay):
-    folder.mkdir()
-    (folder / "slow_start.py").write_text(SLOW_START)
-    (folder / "kill-rank.yaml").write_text(f"""\
-name: kill-rank
-cluster: {{kind: process, nodes: 2}}   # two ranks are enough to be slower: fewer torch start-ups than three
-workload:
-  launch: command
-  steps: 80
-  command: [{folder / "slow_start.py"}, "{delay}", --steps, "80", --step-time, "0.05", --checkpoint-every, "25"]
-faults:
-  - kind: process.kill
-    target: {{ranks: [1]}}
-    at: {{step: 50}}
-slo: {{recovery: 90s}}
-safety: {{abort_after: 3m}}
-""")
-    return folder / "kill-rank.yaml"
-
-
 @pytest.mark.slow
-def test_a_slower_job_fails_the_game_day_with_fail_on_regression(tmp_path):
-    """One real game day against a history of three earlier ones (written as the game day writes them, by hand
-    here: running three more drills would only cost CI minutes) in which kill-rank recovered in 2 s; today its
-    workers start 10 s slower, so it recovers in more than 10 s and fails the game day."""
-    from tests.conftest import need_torch
-
-    need_torch()
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    earlier = [{"started_at": f"2026-11-0{i}T03:00:00Z", "ended_at": f"2026-11-0{i}T03:01:00Z", "scenarios": 1,
-                "passed": 1, "failed": 0, "errored": 0, "plain": 0.05, "weighted": 0.2, "covered": ["software.crash"],
-                "exit_code": 0, "figures": {"kill-rank": {"status": "pass", "recovery_s": 2.0 + i / 10}}}
-               for i in (1, 2, 3)]
-    (reports / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in earlier))
-    res = run_cli("gameday", _scenario(tmp_path / "slow", 10), "--out", reports / "gd", "--fail-on-regression", "25%",
-                  "--json")
-    assert res.code == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    gd = res.json
-    assert gd["passed"] == 1  # the drill itself met its SLO: only the regression fails the game day
-    (reg,) = gd["regressions"]
-    assert reg["scenario"] == "kill-rank" and reg["baseline"] == 2.2 and reg["now"] > 10 and reg["runs"] == 3
-    assert "regression: kill-rank recovered in" in res.stderr
-    history = [json.loads(l) for l in (reports / "history.jsonl").read_text().splitlines()]
-    assert len(history) == 4 and history[-1]["figures"]["kill-rank"]["recovery_s"] == reg["now"]  # today's, appended
-    page = (reports / "gd" / "index.html").read_text()
-    assert "Regression: kill-rank recovered in" in page and "recovery over time, per scenario" in page
+def test_a_slower_job_fails_the_game_day_with_fail_on_regression(recorded_gameday):
+    """The session's real game day (tests/drill_fixtures.py) ran against a history of three earlier ones (written as
+    the game day writes them) in which kill-uninstrumented recovered in 0.6-0.8 s, faster than a torchrun restart can
+    be: today it recovers slower than their median by more than --fail-on-regression 25%, which fails the game day
+    though every drill met its SLO and the coverage its minimum."""
+    res, summary = recorded_gameday.res, recorded_gameday.summary()
+    assert res.code == summary["exit_code"] == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    # only the regression fails it: every drill passed, the coverage is above --min-coverage
+    assert summary["passed"] == summary["total"] == 2 and not summary["coverage_below_minimum"], summary["scenarios"]
+    (reg,) = summary["regressions"]
+    now = recorded_gameday.result("kill-uninstrumented")["phases"]["recovery_s"]
+    assert reg["scenario"] == "kill-uninstrumented" and reg["baseline"] == 0.7 and reg["runs"] == len(EARLIER)
+    assert now > 0.7 * 1.25 and reg["now"] == pytest.approx(now, abs=1e-4)
+    assert reg["ratio"] == pytest.approx(now / 0.7, abs=1e-3)
+    assert "regression: kill-uninstrumented recovered in" in res.stdout + res.stderr
+    history = [json.loads(l) for l in (recorded_gameday.out.parent / "history.jsonl").read_text().splitlines()]
+    assert history[:-1] == EARLIER  # today's appended after them
+    assert history[-1]["figures"]["kill-uninstrumented"]["recovery_s"] == pytest.approx(now, abs=1e-4)
+    assert history[-1]["exit_code"] == 1
+    page = (recorded_gameday.out / "index.html").read_text()
+    assert "Regression: kill-uninstrumented recovered in" in page and "recovery over time, per scenario" in page
