@@ -1,8 +1,9 @@
 """``chaoskit campaign``: faults drawn at a rate into one long job, ETTR measured against the simulator.
 
 The draw is checked for replay and weights; the measurement on a hand-made timeline whose ETTR is known;
-the end-to-end test runs a real 75-second campaign on the process lab (torchrun, gloo) with crashes, hangs
-and failed GPUs (an emulated crash loop) and checks what campaign.json and campaign.html say.
+the end-to-end test runs a real 40-second campaign on the process lab (torchrun, gloo) drawn from crashes, hangs
+and failed GPUs (an emulated crash loop; seed 172 draws a failed GPU, then a crash) and checks what campaign.json and
+campaign.html say. Its long form is ``make campaign`` (20 minutes, 12 faults of the three kinds).
 """
 
 from __future__ import annotations
@@ -93,14 +94,16 @@ def test_a_short_campaign_measures_ettr_against_the_simulator(tmp_path):
 
     need_torch()
     out = tmp_path / "camp"
-    res = run_cli("campaign", MENU, "--duration", "75s", "--mtbf", "22s", "--kinds", "process.kill,process.hang,gpu.fail",
-                  "--seed", "13", "--out", out, "--json")
+    # 40 s, two faults of two kinds (a failed GPU at +6.1 s, a crash at +25.0 s): what a longer campaign adds is more
+    # of the same faults, which make campaign (20 minutes) measures; each fault here still gets its own recovery
+    res = run_cli("campaign", MENU, "--duration", "40s", "--mtbf", "14s", "--kinds", "process.kill,process.hang,gpu.fail",
+                  "--seed", "172", "--out", out, "--json")
     assert res.code == 0, res.stdout[-3000:] + res.stderr[-3000:]
     c = res.json
     plan = json.loads((out / "plan.json").read_text())
-    assert c["seed"] == 13 and [d["kind"] for d in plan["draws"]] == ["gpu.fail", "process.kill", "gpu.fail"]
-    assert "seed 13, 3 faults drawn" in res.stderr and "fault 2: process.kill at +42.2s on ranks [2]" in res.stderr
-    assert len(c["faults"]) == 3 and set(c["fault_kinds"]) == {"gpu.fail", "process.kill"}
+    assert c["seed"] == 172 and [d["kind"] for d in plan["draws"]] == ["gpu.fail", "process.kill"]
+    assert "seed 172, 2 faults drawn" in res.stderr and "fault 2: process.kill at +25.0s on ranks [1]" in res.stderr
+    assert len(c["faults"]) == 2 and set(c["fault_kinds"]) == {"gpu.fail", "process.kill"}
     for f in c["faults"]:
         assert f["phases"]["detection_s"] is not None and f["phases"]["recovery_s"] is not None, f
     e = c["ettr"]
@@ -110,9 +113,9 @@ def test_a_short_campaign_measures_ettr_against_the_simulator(tmp_path):
     if abs(e["gap"]) > 0.05:  # a larger gap must be named
         assert e["explained_by"]
     page = (out / "campaign.html").read_text()
-    assert "ETTR measured" in page and page.count("<tr>") >= 4 and "<script" not in page
+    assert "ETTR measured" in page and page.count("<tr>") >= 1 + len(c["faults"]) and "<script" not in page
     run = json.loads((out / "run" / "result.json").read_text())
-    assert len(run["per_fault"]) == 3 and run["checks"]["training_finished"]["pass"]
+    assert len(run["per_fault"]) == 2 and run["checks"]["training_finished"]["pass"]
 
 
 def _out_of_restarts_menu(tmp_path: Path, max_restarts: int) -> Path:
