@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test fuzz bench campaign schema readme docker-image clean lint-imports
+.PHONY: demo test fuzz bench campaign soak schema readme docker-image clean lint-imports
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ bench: $(VENV)/.dev
 # (seed 14 draws 12 faults of three kinds: failed GPUs, crashed and hung ranks).
 campaign: $(VENV)/.workload
 	$(BIN)/chaoskit campaign examples/campaign.yaml --duration 20m --mtbf 2m --seed 14 --out reports/campaign-20m
+
+# The long forms of tests/test_soak.py (root; bench/README.md has their figures): 1,000 controller deaths over
+# every lasting case, then 50 drills of the shipped scenarios as game days, 10% of their controllers SIGKILLed.
+soak: $(VENV)/.dev
+	$(BIN)/python bench/soak.py --deaths 1000 --lanes --seed 32
+	$(BIN)/python bench/soak.py --soak 50 --seed 32
 
 # The Docker lab's node image, built without any registry (docker/build-offline.sh says how);
 # with Docker Hub and PyPI, `docker compose build` builds the same docker/Dockerfile.

@@ -4,7 +4,7 @@ The benchmark (``bench/soak.py --deaths 1000``, ``--soak 50``) is the long form;
 Here: 17 deaths, each lab's cases in a lane of their own (``--lanes``), one of each case: a SIGKILLed controller for
 every lasting kind on the process and netns labs and a Slurm drain, the node's agent killed, the management link cut
 past the lease TTL, the controller killed while the link is cut (its agent must end itself), the node powered off
-mid-fault, a full state folder. They must leave ``residue 0 of 17``. And 5 drills of the shipped scenarios as a game
+mid-fault, a full state folder. They must leave ``residue 0 of 17``. And 4 drills of the shipped scenarios as a game
 day, its controller killed in one of them, must leave no residue, valid result.json files, and the controller's fds,
 threads and RSS within the bounds the script states.
 """
@@ -49,12 +49,16 @@ def test_seventeen_controller_deaths_one_of_each_lasting_case_leave_nothing_behi
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_five_drill_soak_with_a_controller_kill_leaves_nothing_and_does_not_grow():
+def test_a_four_drill_soak_with_a_controller_kill_leaves_nothing_and_does_not_grow():
     need(os.geteuid() == 0, "root (cgroups, tmpfs)")
     need_torch()
-    res = _soak("--soak", "5", "--kill-share", "0.2", "--seed", "3", timeout=390)
+    # seed 122 draws hang-rank (its controller killed mid-hang), then kill-rank, ckpt-disk-full and
+    # kill-uninstrumented in the game day's next controller: a kill, a recovery from it and three drills after it
+    # in one controller (the growth per drill is a slope over them), as the 5-drill form had, one drill and a 20 s
+    # straggler shorter (issue 52); bench/soak.py --soak 50 is the long form
+    res = _soak("--soak", "4", "--kill-share", "0.25", "--seed", "122", timeout=390)
     out = res.stdout
     assert res.returncode == 0, out[-4000:] + res.stderr[-2000:]
     last = out.strip().splitlines()[-1]
-    assert last.startswith("soak: 5 drills, 1 controller kills, residue 0, ok"), out[-3000:]
-    assert "result.json: 4 valid of 4" in out, out[-3000:]
+    assert last.startswith("soak: 4 drills, 1 controller kills, residue 0, ok"), out[-3000:]
+    assert "result.json: 3 valid of 3" in out, out[-3000:]
