@@ -1,7 +1,12 @@
 # The two commands a newcomer needs:
 #   make demo   run a real kill-one-rank drill on the built-in lab (creates .venv, installs torch 2.13.0 CPU)
 #   make test   install the dev dependencies and run the test suite
-PYTHON ?= python3
+# The venv's interpreter is one every account can run: as root, a lab's job runs as the unprivileged account
+# chaoskit-lab, which cannot run a Python under a closed folder (a pyenv in /root, mode 0700), so the job would
+# keep root (docs/safety.md). The system's /usr/bin/python3 when it is 3.10+ with venv (Debian: python3-venv),
+# else python3 from PATH; `make PYTHON=...` picks another.
+PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 10))' \
+                  2>/dev/null && echo /usr/bin/python3 || echo python3)
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
