@@ -35,7 +35,7 @@ __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
            "measure_slowdown", "measure_checkpoint_io", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
-           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident", "false_restart", "RESTART_SIGNS"]
+           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident", "false_restart", "RESTART_SIGNS", "node_returns"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued", "sdc.detected", "loss.anomaly"})
@@ -743,6 +743,46 @@ def false_restart(events: Iterable[Event], t_from: float) -> dict[str, Any] | No
         return {"event": kind, "node": e.get("node"), "ts": e["ts"], "after_s": round(e["ts"] - t_from, 3),
                 "what": f"{what} on {where}", "who": who}
     return None
+
+
+def node_returns(events: Iterable[Event], struck: list[dict[str, Any]], times: int | None) -> dict[str, Any]:
+    """A fault that struck again each time the job came back to its node (``recur``): how often it came back, what
+    each return cost, and whether and when something kept the node out.
+
+    ``struck``: the fault's own measure and its returns' (``per_fault`` entries, ``f0`` then ``f0.r1``, ...), in
+    order. Kept out: training resumed after the last strike and no worker of the job started on the node again;
+    by the first drain or down of the node after the fault (a health check, the scheduler), else by a node the job
+    had not run on before the fault (a spare), else the job went on without it."""
+    events = sorted(events, key=lambda e: e["ts"])
+    first, last = struck[0], struck[-1]
+    nodes = {s["node"] for s in struck}
+    before = {e.get("node") for e in events if e.get("kind") == "worker.start" and e["ts"] <= first["t_fault"]}
+    returns = struck[1:]
+    out: dict[str, Any] = {
+        "fault": first["fault"], "nodes": sorted(nodes), "returns": len(returns), "times": times,
+        "each": [{"fault": r["fault"], "node": r["node"], "t_fault": r["t_fault"], "recovery_s": r.get("recovery_s"),
+                  "lost_steps": r.get("lost_steps")} for r in returns],
+        "kept_out": None,
+    }
+    again = next((e for e in events if e.get("kind") == "worker.start" and e.get("node") in nodes
+                  and e["ts"] > last["t_fault"]), None)
+    resumed = last.get("t_resumed")
+    if again is not None:
+        stopped = times is not None and len(returns) >= times
+        out["reason"] = (f"the job came back to {again.get('node')} after every failure ({len(returns)} returns): "
+                         "nothing kept it out" + (f"; the fault stopped after its {times} returns" if stopped else ""))
+        return out
+    if resumed is None:
+        out["reason"] = "training did not resume after the last strike"
+        return out
+    drain = next((e for e in events if e.get("kind") in ("node.drain", "node.down") and e.get("node") in nodes
+                  and e["ts"] > first["t_fault"] and not e.get("injected")), None)
+    spare = next((e for e in events if e.get("kind") == "worker.start" and e["ts"] > first["t_fault"]
+                  and e.get("node") not in before and e.get("node") not in nodes), None)
+    by = (f"{drain.get('who') or drain.get('source') or 'the scheduler'}: {drain.get('why') or drain['kind']}" if drain
+          else f"the spare {spare.get('node')} took its place" if spare else "the job went on without it")
+    out["kept_out"] = {"at": resumed, "after_s": round(resumed - first["t_fault"], 3), "by": by}
+    return out
 
 
 def incident(faults: list[dict[str, Any]]) -> dict[str, Any]:

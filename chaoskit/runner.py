@@ -29,6 +29,7 @@ from chaoskit.backends.registry import backend
 from chaoskit.cluster.clock import ClockedTransport, ClockOffset
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
+    TargetSpec,
     resolve_nodes,
     resolve_processes,
     subset,
@@ -48,7 +49,8 @@ from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.goodput import account, goodput_terms
 from chaoskit.measure import (
-    RECOVERY_MODELS, baseline_restarts, false_restart, incident, measure_slowdown, reallocation_steps, slo_verdict, unseen_signals,
+    RECOVERY_MODELS, baseline_restarts, false_restart, incident, measure_slowdown, node_returns, reallocation_steps,
+    slo_verdict, unseen_signals,
 )
 from chaoskit.measure import measure_checkpoint_io
 from chaoskit.observe.events import EventBus, make_event
@@ -160,7 +162,8 @@ def plan_scenario(loaded: LoadedScenario, cluster: ClusterHandle) -> list[dict[s
         placeholders = _placeholder_targets(spec.target, nodes, world, per_node)
         actions = fault.plan(ctx, placeholders)
         plan.append({
-            "fault": fault.fault_id, "kind": fault.kind, "at": spec.at.describe(),
+            "fault": fault.fault_id, "kind": fault.kind,
+            "at": spec.at.describe() + (f"; {spec.recur.describe()}" if spec.recur is not None else ""),
             "target": spec.target.describe(), "nodes": nodes,
             "actions": [{"node": a.node, "target": a.target, "command": a.command} for a in actions],
         })
@@ -306,6 +309,10 @@ class _Run:
         self.t_baseline: float | None = None
         self.fired: dict[str, Fired] = {}
         """Each event-triggered fault's trigger, by fault id (``f<index>``), once it fired."""
+        self.recurring: list[Fault] = [f for f in _faults(self.sc) if f.spec.recur is not None]
+        """The original faults that strike again when the job comes back to their node (``recur``)."""
+        self.returns: dict[str, int] = {}
+        """How many times each recurring fault struck again, by its id."""
         self.missed: str | None = None
         """Why a trigger never fired (the faults after it were not injected), or ``None``."""
         self._checkpoint_fs: tuple[str, list[str]] | None = None
@@ -652,15 +659,19 @@ class _Run:
             self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
         if self.gate is not None and not spec.at.waits_for_event:
             self._hold(fault)
-        i = self.sc.faults.index(spec)
+        self._strike(fault, spec.target)
+
+    def _strike(self, fault: Fault, target: TargetSpec) -> None:
+        """Resolve ``target`` now and inject ``fault`` there: journaled, on the timeline, verified."""
+        i = int(fault.fault_id[1:].split(".")[0])
         if fault.target_type == "node":
-            targets = resolve_nodes(self.inventory, spec.target)
+            targets = resolve_nodes(self.inventory, target)
         else:  # every node asked at once, each with its own deadline: a silent one delays (and staleness) nobody
-            targets = resolve_processes(self.inventory, spec.target, on_silent=lambda node, why: self._note(
+            targets = resolve_processes(self.inventory, target, on_silent=lambda node, why: self._note(
                 f"faults.{i}.target: node {node} did not answer while the target was resolved ({why}); "
                 "its processes were not candidates"))
         if not targets:
-            raise InfraError(f"faults.{i}.target: no process matches {spec.target.describe()} now")
+            raise InfraError(f"faults.{i}.target: no process matches {target.describe()} now")
         nodes = {t.node for t in targets}
         if len(nodes) > self.sc.safety.max_nodes:
             raise self.loaded.error(
@@ -686,6 +697,36 @@ class _Run:
                 self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
             if inj.detail.get("note"):  # what chaoskit set aside of the fault's own word (an in-process time)
                 self._note(f"{fault.kind} on {inj.node}: {inj.detail['note']}")
+
+    def _recur_due(self) -> None:
+        """A node that keeps failing (a fault's ``recur``): once a worker of the job starts again on a node the fault
+        struck, strike there again (after ``recur.after``), until ``recur.times`` returns are used. A return is a
+        fault of its own (``f<i>.r<n>``): journaled, leased, measured."""
+        for fault in self.recurring:
+            recur = fault.spec.recur
+            done = self.returns.get(fault.fault_id, 0)
+            family = [(f, inj) for f, inj in self.injections if f.fault_id.split(".")[0] == fault.fault_id]
+            if not family or (recur.times is not None and done >= recur.times):
+                continue
+            if any(f.lasting and not inj.reverted for f, inj in family):
+                continue  # still in effect where it struck last
+            nodes = {inj.node for _, inj in family}
+            last = max(inj.t_fault for _, inj in family)
+            start = next((e for e in self.bus.snapshot() if e.get("kind") == "worker.start" and e.get("node") in nodes
+                          and e["ts"] > last), None)
+            if start is None or time.time() < start["ts"] + recur.after:
+                continue
+            n = done + 1
+            self.returns[fault.fault_id] = n
+            again = get_fault(fault.kind)(fault.spec, f"{fault.fault_id}.r{n}")
+            target = (fault.spec.target if fault.target_type == "node" else fault.spec.target.model_copy(
+                update={"nodes": [start["node"]], "ranks": None, "labels": None, "count": None, "percent": None}))
+            self.say(f"the job came back to {escape(str(start['node']))}: {fault.kind} strikes again (return {n}"
+                     + (f" of {recur.times}" if recur.times else "") + ")")
+            try:
+                self._strike(again, target)
+            except InfraError as exc:  # the worker was gone again before the strike: the next start is the next return
+                self._note(f"{fault.kind}'s return {n} to {start['node']}: {exc}")
 
     def _await_event(self, fault: Fault) -> None:
         """Wait for a fault's event trigger (:mod:`chaoskit.triggers`), then its ``after``; raise
@@ -745,6 +786,7 @@ class _Run:
         while True:
             self._check_abort()
             self._revert_due()
+            self._recur_due()
             if len(announced) == 4 and sc.workload.wait != "recovered":
                 m = {"t_resumed": None}  # all said: a long job (a campaign) need not be measured ten times a second
             else:
@@ -763,6 +805,7 @@ class _Run:
                     self.say("the job has ended; reverting the faults still in effect")
                     self._revert_due(force=True)
                 return
+            felt = [inj for fault, inj in self.injections if not fault.primes] or [inj for _, inj in self.injections]
             if len(felt) > 1 and m["t_resumed"] is not None:  # an incident of several faults ends with the last's recovery
                 m = self.measure(self.bus.snapshot(), felt[-1].t_fault, node=felt[-1].node)
             if sc.workload.wait == "recovered" and m["t_resumed"] is not None:
@@ -929,6 +972,11 @@ class _Run:
         slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
         steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
         final_step = max(steps) if steps else None
+        recurrence = [node_returns(events, struck, f.spec.recur.times) for f in self.recurring
+                      if (struck := [m for m in per_fault if m["fault"].split(".")[0] == f.fault_id])]
+        if self.sc.slo.returns is not None:
+            came = sum(r["returns"] for r in recurrence)
+            slo["returns"] = {"limit": self.sc.slo.returns, "measured": came, "pass": came <= self.sc.slo.returns}
         checks: dict[str, Any] = {}
         if self.t_baseline is not None:
             checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}

@@ -37,7 +37,7 @@ from pydantic import (
 )
 
 __all__ = [
-    "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "TriggerFired", "Incident", "FaultMeasure", "InjectedFault",
+    "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "TriggerFired", "Incident", "NodeReturns", "FaultMeasure", "InjectedFault",
     "SloEntry", "Check", "Slowdown", "CheckpointTimes", "CheckpointIo", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
     "REPEAT_KIND", "result_schema_dict", "result_schema_text",
 ]
@@ -168,6 +168,21 @@ class Incident(ResultPart):
     detection_s: Optional[Number] = None
     recovery_s: Optional[Number] = None
     lost_steps: Optional[int] = None
+    reason: Optional[str] = None
+
+
+class NodeReturns(ResultPart):
+    """One entry of ``recurrence``: a fault with ``recur`` (a node that keeps failing), how often the job came back
+    to its node, each return's cost, and whether and when something kept the node out (``measure.node_returns``)."""
+
+    fault: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    returns: int = 0
+    times: Optional[int] = None
+    each: list[dict[str, Any]] = Field(default_factory=list)
+    kept_out: Optional[dict[str, Any]] = None
+    """``at``, ``after_s`` (since the first strike) and ``by`` (a drain's who and why, a spare, or the job going on
+    without it); ``None`` with ``reason`` when nothing kept it out."""
     reason: Optional[str] = None
 
 
@@ -369,6 +384,7 @@ class RunResult(ResultPart):
     checks: dict[str, Check] = Field(default_factory=dict)
     per_fault: list[FaultMeasure] = Field(default_factory=list)
     incident: Optional[Incident] = None
+    recurrence: list[NodeReturns] = Field(default_factory=list)
     slowdown: Optional[Slowdown] = None
     checkpoint_io: Optional[CheckpointIo] = None
     """Checkpoint save and load times before, during and after a storage fault (``storage.slow``, ``storage.error``)."""

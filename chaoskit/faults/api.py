@@ -31,6 +31,7 @@ from chaoskit.core.models import NAME_RE, StrictModel
 __all__ = [
     "Trigger",
     "During",
+    "Recur",
     "FAULT_ID_RE",
     "PHASES",
     "TRIGGER_WITHIN_S",
@@ -219,6 +220,19 @@ class Trigger(StrictModel):
         return True
 
 
+class Recur(StrictModel):
+    """A bad node that comes back: the fault fires again whenever the job runs there again."""
+
+    times: int | None = Field(None, ge=1, le=MAX_COUNT, description=(
+        "How many returns it fires on, at most (for the whole run when not given)."))
+    after: Duration = Field(0.0, description=(
+        "How long after the job's worker starts again on the node it fires (0: at once, a crash at start-up)."))
+
+    def describe(self) -> str:
+        return ("again each time the job comes back to its node" + (f", {self.times} times" if self.times else "")
+                + (f", {self.after:g}s after its worker starts" if self.after else ", as its worker starts"))
+
+
 class FaultSpec(StrictModel):
     """Fields every fault kind shares. Subclasses add a ``kind`` literal and their own."""
 
@@ -228,6 +242,10 @@ class FaultSpec(StrictModel):
         "(`at: {during: {fault: ID}}`); `f<index>` names it when not given (f0 is the first)."))
     target: TargetSpec = Field(default_factory=TargetSpec)
     at: Trigger = Field(default_factory=lambda: Trigger(after=0))
+    recur: Recur | None = Field(None, description=(
+        "A node that keeps failing (a lemon): after the fault, whenever a worker of the job starts again on a node "
+        "it struck (a restart, a requeue), it strikes there again: `{times: N, after: 2s}`. Measured: how often "
+        "the job came back, each return's cost, and whether and when something kept the node out (slo.returns)."))
 
     def catalog_tag(self) -> str:
         """What the catalog knows this fault by (:func:`chaoskit.coverage.classes_exercised_by`): its kind, or

@@ -75,6 +75,11 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
         + ("no restored step observed" if phases.restored_step is None else f"restored {phases.restored_step}"
            + (f" (from the {phases.restored_from})" if phases.restored_from else "")),
     )
+    if result.recurrence or "returns" in slo:
+        entry = slo.get("returns")
+        came = sum(r.returns for r in result.recurrence)
+        table.add_row("returns", str(came), f"<= {entry.limit}" if entry else "-", _mark(entry),
+                      "the job back on a node that keeps failing")
     if rode is None or not rode.passed or phases.detection_s is not None:
         console.print(table)
     slow = result.slowdown
@@ -86,6 +91,7 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
                       + "; back to speed " + ("not observed" if slow.recovery_after_revert_s is None
                                               else f"{slow.recovery_after_revert_s:.2f}s after the revert"))
     _render_incident(console, result)
+    _render_returns(console, result)
     for f in result.faults:
         if f.mechanism:
             console.print(f"fault {f.kind} on {', '.join(f.targets)}: mechanism {f.mechanism}"
@@ -116,6 +122,17 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     for note in result.notes:
         console.print(f"note: {escape(note)}")
     _verdict(console, result.verdict, result.run_dir)
+
+
+def _render_returns(console, result: RunResult) -> None:
+    """A node that kept failing: how often the job came back, each return's cost, and what kept the node out."""
+    for r in result.recurrence:
+        costs = "; ".join(f"{e['fault']} " + ("-" if e.get("recovery_s") is None else f"{e['recovery_s']:.1f}s")
+                          + ("" if e.get("lost_steps") is None else f", {e['lost_steps']} steps") for e in r.each)
+        kept = (f"kept out {r.kept_out['after_s']:.1f}s after the first failure by {r.kept_out['by']}" if r.kept_out
+                else r.reason or "not kept out")
+        console.print(f"{', '.join(r.nodes)} kept failing: the job came back {r.returns} time"
+                      f"{'' if r.returns == 1 else 's'}" + (f" ({costs})" if costs else "") + f"; {kept}")
 
 
 def _render_incident(console, result: RunResult) -> None:

@@ -428,6 +428,9 @@ class SLO(StrictModel):
     recovery: Duration | PhasePercentiles | None = Field(None, description=_PHASE_SLO)
     lost_steps: Annotated[int, Field(ge=0, le=MAX_COUNT)] | StepPercentiles | None = Field(
         None, description="Steps of work lost, for every sample, or percentiles of the samples ({p95: 25}).")
+    returns: int | None = Field(None, ge=0, le=MAX_COUNT, description=(
+        "At most this many returns of the job to a node that keeps failing (a fault's `recur`) before something "
+        "kept it out."))
 
 
 class StopCondition(StrictModel):
