@@ -26,6 +26,7 @@ from rich.markup import escape
 
 from chaoskit.backends.api import ClusterHandle, Probe
 from chaoskit.backends.registry import backend
+from chaoskit.blame import attach_blame
 from chaoskit.cluster.clock import ClockedTransport, ClockOffset
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
@@ -1062,6 +1063,7 @@ class _Run:
             "slo": slo,
             "checks": checks,
             "per_fault": per_fault,
+            **attach_blame(per_fault, events, phases_full, getattr(self.job, "root_cause", None)),  # whom the stack named
             **({"incident": incident(felt)} if len(felt) > 1 else {}),
             **({"slowdown": slowdown} if slowdown is not None else {}),
             **self._checkpoint_io(events),

@@ -38,7 +38,7 @@ from pydantic import (
 
 __all__ = [
     "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "TriggerFired", "Incident", "NodeReturns", "FaultMeasure", "InjectedFault",
-    "SloEntry", "Check", "Slowdown", "CheckpointTimes", "CheckpointIo", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
+    "BlameParty", "Blamed", "BlameTruth", "Blame", "SloEntry", "Check", "Slowdown", "CheckpointTimes", "CheckpointIo", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
     "REPEAT_KIND", "result_schema_dict", "result_schema_text",
 ]
 
@@ -156,6 +156,51 @@ class TriggerFired(ResultPart):
     latency_s: Optional[Number] = None
 
 
+class BlameParty(ResultPart):
+    """A rank and the node it ran on, as a recovery stack named it or as chaoskit faulted it (``chaoskit/blame.py``);
+    either may be ``None``: a node-level fault has no rank, Slurm and Ray name nodes only."""
+
+    rank: Optional[int] = None
+    node: Optional[str] = None
+
+
+class Blamed(BlameParty):
+    """What the recovery stack itself named as the failed rank or node: its first naming after the fault."""
+
+    ranks: list[int] = Field(default_factory=list)
+    """Every rank one line named, when it named several (NVRx's Wrapper: ``Interruption.SOFT_TIMEOUT on ranks={0, 1}``)."""
+    nodes: list[str] = Field(default_factory=list)
+    local_rank: Optional[int] = None
+    """The agent's local rank, when the timeline could not tell which global rank that worker was."""
+    by: str = ""
+    """Who named it: ``torchrun agent``, ``NVRx rank monitor``, ``NVRx in-process Wrapper``, ``torchft lighthouse``,
+    ``slurmctld``, ``Ray GCS``, ``torchrun root cause``."""
+    words: str = ""
+    """The stack's own line (its message, without the log's time and level)."""
+    via: Optional[str] = None
+    """How the rank or node was read where the words give it only indirectly (a pid, the quorum's reconfigurations)."""
+    after_s: Optional[Number] = None
+    """From the fault to the naming."""
+
+
+class BlameTruth(BlameParty):
+    """What chaoskit faulted (the injection's target); ``targets`` when it struck several."""
+
+    targets: list[str] = Field(default_factory=list)
+
+
+class Blame(ResultPart):
+    """``per_fault[].blame`` and the headline ``blame``: whom the stack blamed, against the truth."""
+
+    blamed: Optional[Blamed] = None
+    """``None`` when the stack named nobody."""
+    truth: BlameTruth = Field(default_factory=BlameTruth)
+    verdict: str = "none"
+    """``right`` (every party named was faulted), ``wrong`` (it named another), ``none`` (it named nobody)."""
+    note: Optional[str] = None
+    """For ``wrong``: which party named was not faulted, and whether it named the faulted one too."""
+
+
 class Incident(ResultPart):
     """``incident``: several faults the job felt in one run as one incident (``measure.incident``): from the first
     fault to the first step after the last one's recovery, and the work lost over it all."""
@@ -199,6 +244,8 @@ class FaultMeasure(Phases):
     t_loaded: Optional[Number] = None
     t_resumed: Optional[Number] = None
     trigger: Optional[TriggerFired] = None
+    blame: Optional[Blame] = None
+    """Whom the recovery stack named as failed, against the truth (``chaoskit/blame.py``)."""
 
 
 class InjectedFault(ResultPart):
@@ -383,6 +430,8 @@ class RunResult(ResultPart):
     slo: dict[str, SloEntry] = Field(default_factory=dict)
     checks: dict[str, Check] = Field(default_factory=dict)
     per_fault: list[FaultMeasure] = Field(default_factory=list)
+    blame: Optional[Blame] = None
+    """The headline fault's ``blame``: whom the recovery stack named as failed, against the truth."""
     incident: Optional[Incident] = None
     recurrence: list[NodeReturns] = Field(default_factory=list)
     slowdown: Optional[Slowdown] = None
