@@ -26,7 +26,7 @@ pytest_plugins = ["tests.drill_fixtures"]
 CLAIMS = {"kill-uninstrumented": "software.crash", "hang-rank": "software.hang"}
 assert tuple(CLAIMS) == SCENARIO_NAMES
 WEIGHT = {"software.crash": 54 + 2, "software.hang": 7}
-CATALOG_SIZE, INTERRUPTIONS = 17, 419  # 17 classes since silent data corruption became its own (weight 6)
+CATALOG_SIZE, INTERRUPTIONS = 18, 419  # 18 classes since degraded storage (storage.slow/error, weight 0: no Llama 3 row)
 
 
 # -- without a training job -------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_real_gameday_scores_coverage_by_hand(real_gameday) -> None:
     # the terminal saw each scenario's progress and the final figures
     for name in CLAIMS:
         assert f"{name}: " in res.stdout and "inject" in res.stdout
-    assert f"coverage: {len(covered)}/17 classes ({plain:.1%})" in res.stdout
+    assert f"coverage: {len(covered)}/{CATALOG_SIZE} classes ({plain:.1%})" in res.stdout
     # below a minimum, the same records fail the game day
     strict = summarize("x", summary["scenarios"], Capabilities.from_dict(summary["capabilities"]), started=0, min_coverage=0.5)
     assert strict["coverage_below_minimum"] is True and strict["exit_code"] == 1

@@ -250,7 +250,7 @@ def test_report_shows_each_scenario_and_its_state(mixed_gameday: Path) -> None:
     # the SLO failure is visible with the failing phase
     assert "FAIL" in html and "phase over its SLO" in html
     # coverage: the pass covers software.crash (56 of 419); the hang failed its SLO
-    assert "1/17" in html and "13.4%" in html
+    assert "1/18" in html and "13.4%" in html
     failed_row = html.split("<b>software.hang</b>")[1].split("</tr>")[0]
     assert "failed" in failed_row and "hang-rank (fail)" in failed_row
 
@@ -396,7 +396,7 @@ def test_junit_of_a_mixed_gameday(mixed_gameday: Path, tmp_path: Path) -> None:
     assert isinstance(cases["kill-crash"].result[0], Error)
     assert isinstance(cases["broken"].result[0], Error) and cases["broken"].classname == "uncategorised"
     props = {p.name: p.value for p in suite.properties()}
-    assert props["coverage.classes"] == "1/17"
+    assert props["coverage.classes"] == "1/18"
     assert float(props["coverage.weighted"]) == pytest.approx(56 / 419, abs=1e-4)
 
 
