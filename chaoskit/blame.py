@@ -226,7 +226,11 @@ def _slurm(e: Event, timeline: list[Event], i: int, where: dict[int, str],
     else:
         nodes = [e["node"]] if isinstance(e.get("node"), str) else []
         state = e.get("slurm_state") or e.get("state") or e.get("kind")
-        words = f"NodeName={e.get('node')} State={state}" + (f" Reason={e['reason']}" if e.get("reason") else "")
+        # one poll gives NOT_RESPONDING (no reason kept) and DOWN (with Slurm's Reason) at once: the node's reason
+        reason = e.get("reason") or next((x.get("reason") for x in timeline if x.get("ts") == e.get("ts")
+                                          and x.get("source") == "slurm" and x.get("node") == e.get("node")
+                                          and x.get("reason")), None)
+        words = f"NodeName={e.get('node')} State={state}" + (f" Reason={reason}" if reason else "")
     return {"by": e.get("who") or "slurmctld", "words": words, "parties": [{"rank": None, "node": n} for n in nodes]}
 
 

@@ -35,11 +35,13 @@ import yaml
 from rich.markup import escape
 
 from chaoskit.backends.api import ClusterHandle
+from chaoskit.blame import blame, blame_line
 from chaoskit.core.durations import parse_duration
 from chaoskit.core.errors import ChaoskitError, InfraError, ScenarioError, did_you_mean
 from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, make_run_dir, write_new
 from chaoskit.core.limits import MAX_REPEAT
 from chaoskit.gameday import run_gameday
+from chaoskit.observe.events import read_events
 from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metrics
 from chaoskit.scenario import load_scenario, scenario_files
 from chaoskit.scenario.checks import check_scenario
@@ -320,6 +322,7 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
             "detected_by": phases.get("detected_by") if "detected_by" in phases else _first(samples, "detected_by"),
             "verdict": record.get("verdict") or record.get("status") or "error", "why": "",
             "timeouts": timeouts, "warnings": warnings, "dir": str(run_dir)}
+    cell["blame"] = _cell_blame(result, samples, run_dir)
     if result.get("kind") == "chaoskit.repeat":
         dist = result.get("distribution") or {}
         for key in ("detection_s", "recovery_s", "lost_steps"):
@@ -352,6 +355,33 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
     if world and world.get("after", 0) < world.get("before", 0):  # the in-process Wrapper dropped unresponsive ranks
         cell["why"] += f"; went on with {world['after']} of {world['before']} ranks"
     return cell
+
+
+def _cell_blame(result: dict[str, Any], samples: list[dict[str, Any]], run_dir: Path) -> dict[str, Any] | None:
+    """Whom the stack named as failed in this cell, against the truth (``chaoskit/blame.py``): ``{verdict, line}``,
+    the line being the first sample's; with repeats also every sample's ``verdicts``, and ``verdict`` is ``mixed``
+    where they differ. A drill from before blame was kept gets it from its timeline (``events.jsonl``); ``None``
+    where neither is there (the drill did not run)."""
+    dirs = ([run_dir / str(s.get("dir")) for s in result.get("samples") or []]
+            if result.get("kind") == "chaoskit.repeat" else [run_dir])
+    found = []
+    for sample, folder in zip(samples, dirs):
+        b = sample.get("blame")
+        if b is None and len(sample.get("per_fault") or []) == 1:
+            try:
+                events = read_events(folder / "events.jsonl")
+            except OSError:
+                events = []
+            b = blame(events, sample["per_fault"])[0] if events else None
+        if b:
+            found.append(b)
+    if not found:
+        return None
+    verdicts = [str(b.get("verdict")) for b in found]
+    out: dict[str, Any] = {"verdict": verdicts[0] if len(set(verdicts)) == 1 else "mixed", "line": blame_line(found[0])}
+    if len(found) > 1:
+        out["verdicts"] = verdicts
+    return out
 
 
 def _disturbance_cell(cell: dict[str, Any], samples: list[dict[str, Any]], doc: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,8 @@ def scorecard_cmd(
                        if cell["verdict"] not in ("cannot run",) else "")
             console.print(f"{cell['fault']:>12} x {cell['stack']:<9} {cell['verdict']:<13} {figures}  {cell['why']}",
                           markup=False, highlight=False)
+            if cell.get("blame"):
+                console.print(f"{'':>12}   blame: {cell['blame']['line']}", markup=False, highlight=False)
     return 1 if any(c["verdict"] == "error" for c in card["cells"]) else 0
 
 

@@ -28,6 +28,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from chaoskit.blame import blame, blame_line
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.result import REPEAT_KIND, ResultPart, RunResult, Silent, Slowdown
 from chaoskit.core.files import (
@@ -348,6 +349,7 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None, readers: froze
         "recovery_model": run.recovery_model or phases.get("model"),
         "detected_by": phases.get("detected_by"),
         "detections": phases.get("detections") or [],
+        "blame": _blame_rows(run, faults, events),
         "slowdown": _slowdown_rows(run.slowdown),
         "reallocation_steps": phases.get("reallocation_steps") or [],
         "waterfall": _waterfall(timing, slo, t_fault),
@@ -357,6 +359,22 @@ def load_run(run_dir: Path, record: dict[str, Any] | None = None, readers: froze
         "migration": _migration(events, nodes, t_fault, timing),
         "repeat": None,
     }
+
+
+_BLAME_CLASS = {"right": "ok", "wrong": "bad", "none": "dim"}
+
+
+def _blame_rows(run: RunResult, faults: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's blame lines (``chaoskit/blame.py``), one per fault: result.json's; for a result from before blame
+    was kept, or a run that wrote none, from the timeline, which holds both sides."""
+    measured = [f.dump() for f in run.per_fault] or faults
+    found = [f.blame.dump() if f.blame is not None else None for f in run.per_fault]
+    if not any(found):
+        found = blame(events, measured) if events and measured else []
+    several = len(found) > 1
+    return [{"fault": (f.get("fault") or "") if several else "", "verdict": b.get("verdict"),
+             "cls": _BLAME_CLASS.get(str(b.get("verdict")), "dim"), "text": blame_line(b)}
+            for f, b in zip(measured, found) if b]
 
 
 def _load_repeat(run_dir: Path, result: dict[str, Any], record: dict[str, Any],

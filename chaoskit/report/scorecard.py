@@ -50,9 +50,13 @@ def _cell_html(cell: dict[str, Any]) -> str:
                         f' ({cell.get("samples")} samples)</div>')
     timeouts = "".join(f"<li>{e(k)}: {e(v)}</li>" for k, v in (cell.get("timeouts") or {}).items())
     warnings = "".join(f'<div class="warn">&#9888; {e(w)}</div>' for w in cell.get("warnings") or [])
+    b = cell.get("blame") or {}
+    counts = ", ".join(f"{v} {(b.get('verdicts') or []).count(v)}" for v in dict.fromkeys(b.get("verdicts") or []))
+    blamed = (f'<div class="blame {e(str(b.get("verdict")))}"><b>blame: {e(str(b.get("verdict")))}</b>'
+              f'{f" ({e(counts)})" if counts else ""} · {e(b.get("line") or "")}</div>' if b else "")
     return (f'<td class="cell" style="background:{_COLOURS.get(verdict, "#fff")}">'
             f'<div class="verdict">{e(verdict.upper())}</div>{figures}'
-            f'<div class="why">{e(cell.get("why") or "")}</div>{warnings}'
+            f'<div class="why">{e(cell.get("why") or "")}</div>{blamed}{warnings}'
             f'{f"<ul class=t>{timeouts}</ul>" if timeouts else ""}</td>')
 
 
@@ -84,6 +88,8 @@ th.fault {{ background: #f4f4f4; }}
 .fig {{ margin: 4px 0; }} .dist {{ color: #444; font-size: 12px; }}
 .why {{ font-size: 12px; color: #333; margin: 4px 0; word-wrap: break-word; }}
 .warn {{ font-size: 12px; color: #8a3b00; font-weight: 600; }}
+.blame {{ font-size: 12px; margin: 4px 0; word-wrap: break-word; }} .blame.wrong b, .blame.mixed b {{ color: #a11; }}
+.blame.right b {{ color: #156b27; }} .blame.none b {{ color: #666; }}
 ul.t {{ margin: 4px 0 0; padding-left: 16px; font-size: 11px; color: #555; }}
 </style></head><body>
 <h1>Recovery stacks scorecard</h1>
@@ -94,7 +100,8 @@ ul.t {{ margin: 4px 0 0; padding-left: 16px; font-size: 11px; color: #555; }}
 {"".join(rows)}
 </tbody></table>
 <p class="meta">Each cell: detection (fault → the stack noticed), recovery (fault → training resumed), lost work,
-the verdict against the row's SLOs, who noticed or why not, and the stack's timeouts as configured.</p>
+the verdict against the row's SLOs, who noticed or why not, whom the stack itself named as the failed rank or node
+(blame: right, wrong or none, in its own words), and the stack's timeouts as configured.</p>
 </body></html>
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaoskit.blame import blame_line
 from chaoskit.core.result import Check, RunResult, SloEntry
 from chaoskit.measure import phase_spans
 
@@ -102,6 +103,7 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     for d in phases.detections:
         console.print(f"  detection source {escape(d.source)}: {d.kind} on {d.node or '?'} "
                       f"+{d.latency_s:.2f}s after the fault" + (f" ({d.behind_s:.2f}s after the first)" if d.behind_s else ""))
+    _render_blame(console, result)
     wrapper = phases.wrapper
     if wrapper:
         console.print(f"  NVRx in-process Wrapper: {escape(str(wrapper.get('interruption')))} on ranks "
@@ -133,6 +135,22 @@ def _render_returns(console, result: RunResult) -> None:
                 else r.reason or "not kept out")
         console.print(f"{', '.join(r.nodes)} kept failing: the job came back {r.returns} time"
                       f"{'' if r.returns == 1 else 's'}" + (f" ({costs})" if costs else "") + f"; {kept}")
+
+
+_BLAME_COLOUR = {"right": "green", "wrong": "red", "none": "yellow"}
+
+
+def _render_blame(console, result: RunResult) -> None:
+    """``blame: torchrun agent named rank 1 on n1 (right): <its words>``: the headline fault's, or each fault's when
+    there were several (``chaoskit/blame.py``); nothing for a result from before blame was kept."""
+    from rich.markup import escape
+
+    blames = [(f.fault, f.blame) for f in result.per_fault if f.blame is not None]
+    if len(blames) < 2:
+        blames = [("", result.blame)] if result.blame is not None else []
+    for fault, b in blames:
+        colour = _BLAME_COLOUR.get(b.verdict, "yellow")
+        console.print(f"[{colour}]blame{f' ({fault})' if fault else ''}:[/{colour}] {escape(blame_line(b.dump()) or '')}")
 
 
 def _render_incident(console, result: RunResult) -> None:
