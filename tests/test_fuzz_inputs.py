@@ -49,7 +49,8 @@ SCALARS = st.one_of(
                      "http://127.0.0.1:9090", "https://u:p@h/", "rises", "max(up)", "gpu.xid", "hf", "torchrun", "megatron",
                      "0000:3b:00.0", "PCI:zz", "79", "13", "nvrx-inprocess", "inproc.raise", "sbatch", "command",
                      "nobody", "root", "/srv/gameday", "f0", "f9", "first-kill", "detection", "reallocation",
-                     "checkpoint_load", "rendezvous.done", "ckpt.load.start"]),
+                     "checkpoint_load", "rendezvous.done", "ckpt.load.start", "EIO", "ENOSPC", "fsync", "*.pt",
+                     "storage.slow", "storage.error"]),
 )
 TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(
     st.one_of(st.sampled_from(["name", "faults", "kind", "target", "cluster", "nodes", "ray", "services", "image",
@@ -60,7 +61,9 @@ TREES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=5),
                                "health_check_interval", "code", "pci", "device", "with_failure", "command",
                                "nvrx_inprocess", "soft_timeout", "hard_timeout", "collective_timeout", "launch",
                                "launches", "script_roots", "script", "jobs", "users", "at", "id", "during", "phase",
-                               "nth", "within", "restart_count", "fault", "rank"]),
+                               "nth", "within", "restart_count", "fault", "rank", "recur", "times", "expect",
+                               "restart", "window", "returns", "ops", "latency", "jitter", "errno", "percent",
+                               "files"]),
               st.text(max_size=8)), kids, max_size=6)), max_leaves=30)
 
 INVENTORY = {
