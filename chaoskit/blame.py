@@ -102,7 +102,7 @@ def blame(events: Iterable[Event], faults: list[dict[str, Any]],
     for fault, truth in zip(faults, truths):
         t_fault = fault.get("t_fault")
         end = fault.get("t_resumed") or float("inf")
-        chosen = None
+        mine = []
         for n in namings:
             if t_fault is None or not t_fault <= n["ts"] <= end:
                 continue
@@ -111,11 +111,19 @@ def blame(events: Iterable[Event], faults: list[dict[str, Any]],
                       and all(_matches(p, tr) for p in n["parties"])]
             if others and not all(_matches(p, truth) for p in n["parties"]):
                 continue
-            chosen = n
-            break
+            mine.append(n)
+        chosen = mine[0] if mine else None
         if chosen is None and root_cause is not None and len(faults) == 1:
             chosen = _root_cause_naming(root_cause, _rank_nodes(events))
-        out.append(_judge(chosen, truth, t_fault))
+        verdict = _judge(chosen, truth, t_fault)
+        # a wrong first naming with the faulted one close behind (two agents each reporting their own dead worker:
+        # which line comes first is a race): the note says so, the verdict stays the first naming's
+        realloc = fault.get("t_realloc") or end
+        later = next((n for n in mine[1:] if n["ts"] <= realloc and all(_matches(p, truth) for p in n["parties"])), None)
+        if verdict["verdict"] == "wrong" and later is not None and chosen is not None:
+            verdict["note"] += (f"; then {later['by']} named {', '.join(_party_text(p) for p in later['parties'])}, "
+                                f"{later['ts'] - chosen['ts']:.2f}s later")
+        out.append(verdict)
     return out
 
 
