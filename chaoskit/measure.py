@@ -808,7 +808,7 @@ def incident(faults: list[dict[str, Any]]) -> dict[str, Any]:
         "t_first_fault": first["t_fault"],
         "t_resumed": t_resumed,
         "detection_s": first.get("detection_s"),
-        "recovery_s": round(t_resumed - first["t_fault"], 3) if t_resumed is not None else None,
+        "recovery_s": round(t_resumed - first["t_fault"], 4) if t_resumed is not None else None,
         "lost_steps": lost,
         **({} if t_resumed is not None else {"reason": "not observed: training did not resume after the last fault"}),
     }
@@ -933,8 +933,10 @@ def measure_checkpoint_io(events: Iterable[Event], t_fault: float, t_revert: flo
     """Checkpoint save and load times before, while and after a storage fault lasted, from the job's own
     ``ckpt.save.start``/``ckpt.save.end`` and ``ckpt.load.start``/``ckpt.load.end`` events.
 
-    A save (a load) is a ``start`` and the next ``end`` (or ``failed``) of the same node and rank; it counts in the
-    window where it started: ``before`` the fault, ``during`` (from the fault to its revert), ``after``. Each window
+    A save (a load) is a ``start`` and the next ``end`` (or ``failed``) of the same node and rank; it counts
+    ``before`` the fault when it ended before it, ``during`` when the fault overlapped it (it ended after the fault
+    and started before its revert: a save in progress when the storage turned slow went on through it), else
+    ``after``. Each window
     gives ``count``, ``median_s``, ``max_s`` and ``failed`` (those that ended in ``ckpt.*.failed``), and
     ``save_slowdown_x``/``load_slowdown_x`` are the median during over the median before (or after, for loads, which
     rarely happen before a fault); ``None`` with a reason where a window saw none. ``nodes``: only the saves and
@@ -954,7 +956,8 @@ def measure_checkpoint_io(events: Iterable[Event], t_fault: float, t_revert: flo
             open_[key] = e["ts"]
         elif stage in ("end", "failed") and key in open_:
             t0 = open_.pop(key)
-            window = "before" if t0 < t_fault else "during" if t0 < end else "after"
+            # one the fault overlapped is its: a save in progress when the mount took effect went on through it
+            window = "before" if e["ts"] <= t_fault else "during" if t0 < end else "after"
             spans[what][window].append((e["ts"] - t0, stage == "failed"))
     out: dict[str, Any] = {"reasons": {}}
     for what, windows in spans.items():

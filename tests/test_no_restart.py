@@ -133,3 +133,26 @@ def test_the_scorecard_says_which_stack_rode_through_a_pause_and_what_a_false_re
     assert cells["torchrun"]["why"] == "no worker exit, restart, new rendezvous or detection by the stack"
     page = render_scorecard_html({"stacks": list(stacks), "faults": ["pause"], "cells": list(cells.values()), "duration_s": 1})
     assert "RODE THROUGH" in page and "FALSE RESTART" in page
+
+
+def test_a_checkpoint_save_slower_than_nvrxs_heartbeat_timeout_is_a_false_restart():
+    """The issue's own row: NVRx ft_launcher with a 5 s rank heartbeat timeout beside a checkpoint save that takes
+    8 s (tests/data/scorecard-slow-save/README.md): torchrun rides through, NVRx restarts the job."""
+    from chaoskit.measure import measure_checkpoint_io
+    from chaoskit.scorecard import cells_from_gameday
+
+    card_dir = DATA / "scorecard-slow-save"
+    stacks = ("torchrun", "nvrx", "nvrx-inprocess", "torchft")
+    planned = [(s, "slow-save", card_dir / "scenarios" / f"slow-save--{s}.yaml", None) for s in stacks]
+    cells = {c["stack"]: c for c in cells_from_gameday(planned, card_dir / "gameday")}
+    assert {s: cells[s]["verdict"] for s in stacks} == {
+        "torchrun": "rode through", "nvrx": "false restart", "nvrx-inprocess": "false restart", "torchft": "rode through"}
+    assert "at its heartbeat timeout (5s)" in cells["nvrx"]["why"]
+    # the saves the slow storage overlapped took 8 s at the median (one was in progress when the mount took effect)
+    run = card_dir / "gameday" / "01-slow-save--torchrun"
+    events = read_events(run / "events.jsonl")
+    t_fault = json.loads((run / "result.json").read_text())["faults"][0]["t_fault"]
+    t_revert = next(e["ts"] for e in events if e["kind"] == "fault.reverted")
+    io_ = measure_checkpoint_io(events, t_fault, t_revert, ["n0"])
+    assert io_["save"]["during"]["count"] == 2 and io_["save"]["during"]["median_s"] >= 8.0
+    assert io_["save"]["before"]["max_s"] < 0.1 and io_["save"]["after"]["max_s"] < 0.1
