@@ -111,6 +111,9 @@ class RunContext:
         self.inventory, self.journal, self.leases, self.bus = inventory, journal, leases, bus
         self.checkpoint_dir = checkpoint_dir
         self.scheduler_jobs = scheduler_jobs if scheduler_jobs is not None else set()
+        self.inproc_folders: dict[str, str] = {}
+        """The in-process channel's folder by node where it is not the node's state folder's (a job that runs as an
+        account of its own has its own, ``RUN.job/inproc``); set as the job starts."""
 
     def transport(self, node: str) -> Transport:
         if node not in self.inventory:
@@ -322,14 +325,14 @@ class _Run:
 
     def _account_for_job(self) -> str | None:
         """Run the job as the cluster's account (``job_account``) unless it cannot run as that account; return why
-        it stays root, or ``None``. The account needs to reach the job's Python and script, and the in-process
-        channel is root's state folder for now (the job keeps root there, still out of other users' reach)."""
+        it stays root, or ``None``. The account needs to reach the job's Python and script; the in-process channel
+        is then the job's own folder's (``RUN.job/inproc``), which needs that folder on the nodes' own disk."""
         account = self.cluster.job_account
         if account is None or self.job_owner is not None:
             return None
         why = None
-        if _uses_inproc(self.sc):
-            why = "the in-process channel's folder is root's own"
+        if _uses_inproc(self.sc) and self.cluster.shared_dir is not None:
+            why = "the in-process channel's folder is root's own (the job's folder is not on the nodes' disk)"
         else:
             script = self.sc.workload.command_script(self.loaded.path.parent) if self.sc.workload.command else None
             needs = [*python_paths(self.cluster.python), *([script] if script else []), self.run_dir.parent]
@@ -529,7 +532,8 @@ class _Run:
         events_path = (self.job_dir / "sdk-events.jsonl"
                        if sc.probes.sdk and LAUNCHES[sc.workload.launch].sdk_events else None)
         if owner is not None:  # the job's user's folder: made new (its parents too), its files in it, then given to them
-            make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=("checkpoints", "tmp"),
+            dirs = ("checkpoints", "tmp", *(("inproc",) if _uses_inproc(sc) else ()))  # inproc: the channel's folder
+            make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=dirs,
                             files=("sdk-events.jsonl",) if events_path is not None else ())
         else:
             self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -576,7 +580,10 @@ class _Run:
             self.silent_watch = SilentWatch(self.bus)
             self.silent_watch.start()
             if self.job.bootstraps:  # its processes take chaoskit's bootstrap, and the channel's folder
-                self.job.use_inproc({n: f"{self.inventory[n].conn.state_dir}/inproc" for n in self.cluster.agent_nodes},
+                if owner is not None:  # the account's own, which it reaches (root's state folder it does not)
+                    self.ctx.inproc_folders = {n: str(self.job_dir / "inproc") for n in self.cluster.agent_nodes}
+                self.job.use_inproc({n: self.ctx.inproc_folders.get(n) or f"{self.inventory[n].conn.state_dir}/inproc"
+                                     for n in self.cluster.agent_nodes},
                                     sdc_every=sc.probes.sdc.every if sc.probes.sdc is not None else None,
                                     final_checksum=any(f.kind == "inproc.bitflip" for f in sc.faults))
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)

@@ -1,7 +1,9 @@
 """In-process faults (``inproc.*``): harm done from inside a training process, the way GPUs and drivers fail.
 
 The order reaches the process through the node's state folder: chaoskit's helper (stdlib, nodefs in front,
-``python3 -I``) writes ``<state folder>/inproc/order-<pid>.json`` atomically, and the process's watcher
+``python3 -I``) writes ``<state folder>/inproc/order-<pid>.json`` atomically (for a job that runs as an account of
+its own, ``RUN.job/inproc``: the account's folder, which only it and root may write, where the helper follows no
+link and takes only the account's regular files as answers), and the process's watcher
 (:mod:`chaoskit.sdk.inproc`: the bootstrap of a job chaoskit starts, or the SDK / a framework callback of an
 attached one) checks the folder and the file, takes only the listed kinds with bounded fields, and answers in
 ``status-<pid>.json`` (``armed`` / ``refused``, ``fired``, ``ended``). The helper waits on the node for that
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 import re
 import time
 from typing import Any, ClassVar, Literal
@@ -48,7 +51,7 @@ from chaoskit.faults.node_tool import journaled_python, node_python
 from chaoskit.sdk.inproc import CUDA_ERRORS, ID_RE, NAME_RE
 
 __all__ = ["InprocHangFault", "InprocGilFault", "InprocRaiseFault", "InprocNanFault", "InprocBitflipFault",
-           "InprocSlowFault", "CHECKIN_S", "FIRE_S", "END_GRACE_S", "HELPER", "CHOSEN_KEYS", "describe_flip"]
+           "InprocSlowFault", "CHECKIN_S", "FIRE_S", "END_GRACE_S", "HELPER", "CHOSEN_KEYS", "describe_flip", "job_channel"]
 
 CHECKIN_S = 10.0
 """How long a process has to answer an order (its watcher polls every 0.05 s): past it, the fault fails, exit 3."""
@@ -206,7 +209,7 @@ class _InprocFault(Fault):
     def plan(self, ctx: FaultContext, targets: list[ProcessTarget]) -> list[Action]:
         out = []
         for i, t in enumerate(targets):
-            folder = "<state folder>/inproc"
+            folder = "<the channel folder>"  # the job's own RUN.job/inproc where it runs as an account, else the state folder's
             if self.lasting:
                 out.append(Action(t.node, f"arm lease: after {self._ends()} the node takes the order back and kills pid "
                                           f"{t.pid} (its start time checked) unless it reported the fault's end", t.label()))
@@ -225,8 +228,10 @@ class _InprocFault(Fault):
     def _ends(self) -> str:
         return f"{self.duration:g}s" if self.duration is not None else "the run (it lasts for good)"
 
-    def _folder(self, transport: Transport) -> str:
-        return f"{transport.state_dir}/inproc"
+    def _folder(self, ctx: FaultContext, transport: Transport) -> str:
+        """The node's channel folder: the job's own (``RUN.job/inproc``, the account's it runs as) where the run gave
+        one (``ctx.inproc_folders``), else ``inproc`` in the node's state folder."""
+        return (getattr(ctx, "inproc_folders", None) or {}).get(transport.node) or f"{transport.state_dir}/inproc"
 
     def _helper(self, ctx: FaultContext, transport: Transport, node: str, *args: str, timeout: float = TIMEOUT_S) -> dict[str, Any]:
         python = node_python(ctx, transport, node)
@@ -250,7 +255,7 @@ class _InprocFault(Fault):
                 and revert[6].isascii() and revert[6].isdigit() and revert[7].isascii() and revert[7].isdigit()
                 and re_id(revert[8]) and revert[9] == f"{END_GRACE_S:g}"):
             state = getattr(getattr(node, "conn", None), "state_dir", None)
-            if state is not None and revert[5] != f"{state}/inproc":
+            if state is not None and revert[5] != f"{state}/inproc" and not job_channel(revert[5]):
                 raise ValueError(f"not this node's in-process channel folder: {revert[5]!r}")
             return [journaled_python(revert[0], node), "-I", "-c", HELPER, "end", revert[5], str(int(revert[6])),
                     str(int(revert[7])), revert[8], f"{END_GRACE_S:g}"]
@@ -260,7 +265,7 @@ class _InprocFault(Fault):
         out = []
         for i, t in enumerate(targets):
             transport = ctx.transport(t.node)
-            folder = self._folder(transport)
+            folder = self._folder(ctx, transport)
             order = self.order(t, i)
             fid = order["id"]
             python = node_python(ctx, transport, t.node)
@@ -320,7 +325,7 @@ class _InprocFault(Fault):
 
     def _take_back(self, ctx: FaultContext, transport: Transport, t: ProcessTarget, fid: str) -> None:
         try:
-            self._helper(ctx, transport, t.node, "clear", self._folder(transport), str(t.pid))
+            self._helper(ctx, transport, t.node, "clear", self._folder(ctx, transport), str(t.pid))
         finally:
             if self.lasting and ctx.leases is not None:
                 ctx.leases.release(fid)
@@ -351,6 +356,13 @@ class _InprocFault(Fault):
 
 def re_id(text: str) -> bool:
     return bool(ID_RE.fullmatch(text))
+
+
+def job_channel(folder: str) -> bool:
+    """Whether ``folder`` has the shape of a job's own channel folder (``/.../RUN.job/inproc``); the helper checks
+    the folder itself (no link on the way, nobody else may write) before it acts there."""
+    return (folder.startswith("/") and folder.endswith(".job/inproc") and posixpath.normpath(folder) == folder
+            and folder.isprintable())
 
 
 def describe_flip(detail: dict[str, Any]) -> str:
