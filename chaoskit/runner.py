@@ -1072,6 +1072,7 @@ class _Run:
             "per_fault": per_fault,
             **attach_blame(per_fault, events, phases_full, getattr(self.job, "root_cause", None)),  # whom the stack named
             **({"incident": incident(felt)} if len(felt) > 1 else {}),
+            **({"recurrence": recurrence} if recurrence else {}),
             **({"slowdown": slowdown} if slowdown is not None else {}),
             **self._checkpoint_io(events),
             **({"silent": silent} if silent is not None else {}),
