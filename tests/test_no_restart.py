@@ -156,3 +156,11 @@ def test_a_checkpoint_save_slower_than_nvrxs_heartbeat_timeout_is_a_false_restar
     io_ = measure_checkpoint_io(events, t_fault, t_revert, ["n0"])
     assert io_["save"]["during"]["count"] == 2 and io_["save"]["during"]["median_s"] >= 8.0
     assert io_["save"]["before"]["max_s"] < 0.1 and io_["save"]["after"]["max_s"] < 0.1
+
+
+def test_the_summary_gives_the_checkpoint_saves_before_during_and_after_slow_storage():
+    r = json.loads((DATA / "scorecard-slow-save" / "gameday" / "01-slow-save--torchrun" / "result.json").read_text())
+    out = io.StringIO()
+    render_result(Console(file=out, width=250), r)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("checkpoint ")]
+    assert lines == ["checkpoint saves on n0 (median): before 5.01s, while the storage was harmed 6.00s (x1.2), after 1 ms"]

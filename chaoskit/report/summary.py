@@ -93,6 +93,7 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
                                               else f"{slow.recovery_after_revert_s:.2f}s after the revert"))
     _render_incident(console, result)
     _render_returns(console, result)
+    _render_checkpoint_io(console, result)
     for f in result.faults:
         if f.mechanism:
             console.print(f"fault {f.kind} on {', '.join(f.targets)}: mechanism {f.mechanism}"
@@ -124,6 +125,28 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     for note in result.notes:
         console.print(f"note: {escape(note)}")
     _verdict(console, result.verdict, result.run_dir)
+
+
+def _render_checkpoint_io(console, result: RunResult) -> None:
+    """Checkpoint saves and loads on the harmed nodes before, while and after a storage fault lasted."""
+    io = result.checkpoint_io
+    if io is None:
+        return
+
+    def window(t) -> str:
+        if not t.count and not t.failed:
+            return "none"
+        text = "-" if t.median_s is None else (f"{t.median_s * 1000:.0f} ms" if t.median_s < 1 else f"{t.median_s:.2f}s")
+        return text + (f" ({t.failed} failed)" if t.failed else "")
+
+    for what in ("save", "load"):
+        w = getattr(io, what)
+        if not w or not any(t.count or t.failed for t in w.values()):
+            continue
+        x = getattr(io, f"{what}_slowdown_x")
+        console.print(f"checkpoint {what}s on {', '.join(io.nodes)} (median): before {window(w['before'])}, while the "
+                      f"storage was harmed {window(w['during'])}" + (f" (x{x:g})" if x else "")
+                      + f", after {window(w['after'])}")
 
 
 def _render_returns(console, result: RunResult) -> None:
