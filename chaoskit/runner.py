@@ -339,6 +339,11 @@ class _Run:
             problem = unreachable_by(account, needs)  # the job's folder goes beside the run folder
             if problem:
                 why = f"{account.name} cannot run the job: {problem}"
+        if why is not None and self.cluster.job_account_fixed:  # its nodes write the job's files as the account
+            raise InfraError(f"{why}; this {self.cluster.kind} cluster's nodes run as {account.name} and write the "
+                             "job's files (its checkpoints), so the job cannot run as root instead; nothing was started",
+                             hint=f"give --out a folder {account.name} can reach (every folder above it open to "
+                                  "others for search, e.g. mode 0711)")
         if why is not None:
             self.cluster.job_account = None
             return why

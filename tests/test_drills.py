@@ -80,6 +80,7 @@ ADDED_SINCE = (
     ".workload.env",  # issue 51: the variables a scenario sets or unsets
     ".phases.restored_from", ".per_fault[].restored_from", ".per_fault[].reallocation_from",  # issue 51: sources
     ".checks.steady_state.restarts",  # issue 51: restarts before the first fault (and restarts_allowed)
+    ".blame", ".per_fault[].blame",  # issue 50 item 3: whom the stack named as failed, against the truth
 )
 """Key paths added on purpose since the recordings (prefixes), each with the issue that added it."""
 

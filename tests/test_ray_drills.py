@@ -53,18 +53,45 @@ def _staged_in_tmp() -> set:
     return {p.parent for p in Path(tempfile.gettempdir()).glob("tmp*/state.pt")}
 
 
-def test_ray_kill_worker(tmp_path):
+@pytest.fixture
+def passable(tmp_path):
+    """A folder of root's that anyone may pass through (pytest's own is root's 0700): the run folder goes in it, so
+    that the Ray lab's nodes, which run as the lab's account when chaoskit's Python is the system's, reach the job's
+    folder beside it."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    base = Path(tempfile.mkdtemp(prefix="ck-ray-drill-"))
+    base.chmod(0o711)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_ray_kill_worker(passable, tmp_path):
     before = _staged_in_tmp()
-    res = ray_drill("ray-kill-worker", tmp_path)
+    out = passable / "run"
+    res = ray_drill("ray-kill-worker", out)
     assert res.code == 0, res.stderr
     r = res.json
     assert_every_phase_measured(r)
     assert r["faults"][0]["kind"] == "process.kill" and r["faults"][0]["targets"][0].startswith("n1/pid")
-    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     t_fault = r["faults"][0]["t_fault"]
     restarted = {e["rank"] for e in events if e["kind"] == "worker.start" and e["ts"] > t_fault}
     assert restarted == {0, 1, 2}  # Ray Train restarted the whole worker group
-    assert (tmp_path / "logs" / "driver.log").exists()
+    assert (out / "logs" / "driver.log").exists()
     assert lab_processes(r) == []
-    # checkpoints are staged in the run's own storage: a worker killed mid-save leaves nothing in /tmp
-    assert (tmp_path / "checkpoints" / ".staging").is_dir() and _staged_in_tmp() <= before
+    # checkpoints are staged in the run's own storage: a worker killed mid-save leaves nothing in /tmp (a job of the
+    # account's has its storage in its own folder, RUN.job, which the run removes at its end)
+    assert _staged_in_tmp() <= before
+    if r["cluster"].get("job_user") in (None, "root"):
+        assert (out / "checkpoints" / ".staging").is_dir()
+    if not r["cluster"]["ray_nodes_run"].startswith("as root"):
+        # the same drill with --out where the nodes' account cannot reach: refused before anything starts
+        closed = run_cli("run", SCENARIOS / "ray-kill-worker.yaml", "--out", tmp_path / "closed", "--json")
+        assert closed.code == 3, closed.stdout + closed.stderr
+        assert "so the job cannot run as root instead; nothing was started" in closed.stderr
+        assert not (tmp_path / "closed" / "events.jsonl").exists()

@@ -109,6 +109,10 @@ class ClusterHandle:
     job_account: Account | None = None
     """The unprivileged account the job chaoskit starts runs as on this cluster (a lab's, when chaoskit is root;
     :mod:`chaoskit.core.accounts`); ``None``: as chaoskit itself."""
+    job_account_fixed: bool = False
+    """The cluster's own nodes run as ``job_account`` and write the job's files (a Ray lab's nodes: its Ray Train
+    controller and workers write its checkpoints): a job whose folders that account cannot reach cannot fall back
+    to running as root; the run refuses it before anything starts."""
     job_isolation: str | None = None
     """What keeps the job's own services (its rendezvous store) out of other users' reach, in words, for the plan
     and the report (``None``: nothing beyond the cluster's own network)."""

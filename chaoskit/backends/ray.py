@@ -86,7 +86,7 @@ class RayBackend(ClusterBackend):
             details={"lab": lab.lab_id, "ephemeral": ephemeral, "ray_address": ray_lab.address,
                      "ray_token_file": ray_lab.token_file, "ray_nodes_run": ray_lab.runs_as},
             probes=lambda bus: [RayNodeProbe(bus, ray_lab.address, inventory.names(), token_file=ray_lab.token_file)],
-            job_account=ray_lab.account,
+            job_account=ray_lab.account, job_account_fixed=ray_lab.account is not None,
             job_isolation="a Ray cluster with token authentication (a token per lab, in a 0600 file): no other user joins it",
         )
 
