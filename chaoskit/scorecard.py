@@ -127,7 +127,9 @@ def _torchft(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     script = (folder / TORCHFT_SCRIPT).resolve()
     if not script.is_file():
         raise CannotRun(f"no torchft training job: {script} is missing")
-    doc["cluster"] = {"kind": _kind(doc), "nodes": 2}  # one replica group per node; a spare has no place in torchft
+    row_nodes = doc["cluster"].get("nodes", 3) if isinstance(doc.get("cluster"), dict) else 3
+    # one replica group per node, as many as the row's nodes (at least two); a spare has no place in torchft
+    doc["cluster"] = {"kind": _kind(doc), "nodes": max(2, int(row_nodes))}
     w = doc["workload"]
     doc["workload"] = {"launch": "command", "recovery": "torchft", "command": [str(script), "--steps", "100000",
                        "--step-time", "0.2"], "steps": 100000, "max_restarts": w.get("max_restarts", 3)}
