@@ -780,7 +780,7 @@ def node_returns(events: Iterable[Event], struck: list[dict[str, Any]], times: i
     spare = next((e for e in events if e.get("kind") == "worker.start" and e["ts"] > first["t_fault"]
                   and e.get("node") not in before and e.get("node") not in nodes), None)
     by = (f"{drain.get('who') or drain.get('source') or 'the scheduler'}: {drain.get('why') or drain['kind']}" if drain
-          else f"the spare {spare.get('node')} took its place" if spare else "the job went on without it")
+          else f"the spare {spare.get('node')}, which took its place" if spare else "the job going on without it")
     out["kept_out"] = {"at": resumed, "after_s": round(resumed - first["t_fault"], 3), "by": by}
     return out
 

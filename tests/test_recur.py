@@ -71,7 +71,7 @@ def test_a_node_drained_by_a_health_check_is_kept_out():
 def test_a_spare_that_takes_the_nodes_place_keeps_it_out():
     events = START + [{"ts": 14.0, "kind": "worker.start", "node": "n3"}]
     got = node_returns(events, _struck((10.0, 18.0)), 3)
-    assert got["returns"] == 0 and got["kept_out"]["by"] == "the spare n3 took its place"
+    assert got["returns"] == 0 and got["kept_out"]["by"] == "the spare n3, which took its place"
 
 
 def test_a_job_that_comes_back_every_time_is_never_kept_out():
@@ -115,3 +115,16 @@ def test_a_node_that_keeps_failing_on_the_process_lab(tmp_path):
     journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     assert len([e for e in journal if e["action"] == "inject"]) == 4
     assert r["final_step"] == 120 and lab_processes(r) == []
+
+
+def test_a_recorded_spare_kept_the_failing_node_out():
+    """tests/data/lemon-node-spare (README beside tests/data/lemon-node): n1's GPU failed with scope node, the spare
+    n2 took its place 13.4 s later, and the job never came back to n1: no return, kept out by the spare."""
+    from chaoskit.observe.events import read_events
+
+    data = ROOT / "tests" / "data" / "lemon-node-spare"
+    r = json.loads((data / "result.json").read_text())
+    got = node_returns(read_events(data / "events.jsonl"), r["per_fault"], 2)
+    assert got["returns"] == 0 and got["kept_out"]["by"] == "the spare n2, which took its place"
+    assert got["kept_out"]["after_s"] == r["recurrence"][0]["kept_out"]["after_s"] == 13.401
+    assert r["slo"]["returns"] == {"limit": 0, "measured": 0, "pass": True}
