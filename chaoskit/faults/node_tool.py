@@ -30,7 +30,7 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.faults.api import Fault, FaultContext, Injection, NodeView
 
-__all__ = ["COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
+__all__ = ["checkpoint_root", "checkpoint_where", "COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
            "state_path", "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree",
            "check_state_gone", "until_reverted", "slurm_drain", "CgroupTool", "check_inside", "checkpoint_job_problem", "bad_root"]
 
@@ -212,6 +212,23 @@ def checkpoint_job_problem(kind: str, path: str, workload: Any) -> tuple[str, st
         return "path", f"{kind} on an attached job needs the folder it keeps its checkpoints in: set workload.checkpoint_dir"
     problem = check_inside(path, root)
     return ("path", problem) if problem else None
+
+
+def checkpoint_root(kind: str, ctx: FaultContext) -> str:
+    """The job's checkpoint folder a checkpoint storage fault acts in (``ctx.checkpoint_dir``), checked with
+    :func:`bad_root`; :class:`InfraError` when it is not known or not fit."""
+    root = getattr(ctx, "checkpoint_dir", None)
+    if not root:
+        raise InfraError(f"{kind}: the job's checkpoint folder is not known")
+    problem = bad_root(str(root))
+    if problem:
+        raise InfraError(f"{kind}: {problem}; nothing was injected")
+    return str(root)
+
+
+def checkpoint_where(path: str) -> str:
+    """A checkpoint storage fault's ``path`` for the plan: inside the checkpoint folder."""
+    return "<checkpoint folder>" + ("" if path in (".", "./") else f"/{path}")
 
 
 def bad_root(root: str) -> str | None:

@@ -64,7 +64,9 @@ from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.sizes import ByteSize, format_size
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
-from chaoskit.faults.node_tool import bad_root, checkpoint_job_problem, journaled_python, node_python, undo, until_reverted
+from chaoskit.faults.node_tool import (
+    bad_root, checkpoint_job_problem, checkpoint_root, checkpoint_where, journaled_python, node_python, undo, until_reverted,
+)
 
 __all__ = ["CorruptFault", "CorruptSpec", "FullFault", "FullSpec", "STORAGE_TOOL", "ASIDE_PREFIX", "FILL_PREFIX"]
 
@@ -174,16 +176,10 @@ class _StorageFault(Fault):
         return checkpoint_job_problem(self.kind, self.spec.path, workload)
 
     def _root(self, ctx: FaultContext) -> str:
-        root = getattr(ctx, "checkpoint_dir", None)
-        if not root:
-            raise InfraError(f"{self.kind}: the job's checkpoint folder is not known")
-        problem = bad_root(str(root))
-        if problem:
-            raise InfraError(f"{self.kind}: {problem}; nothing was injected")
-        return str(root)
+        return checkpoint_root(self.kind, ctx)
 
     def _where(self) -> str:
-        return "<checkpoint folder>" + ("" if self.spec.path in (".", "./") else f"/{self.spec.path}")
+        return checkpoint_where(self.spec.path)
 
     def _tool(self, ctx: FaultContext, transport: Transport, args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> Any:
         res = transport.run(tool_argv(node_python(ctx, transport, transport.node), *args), timeout)

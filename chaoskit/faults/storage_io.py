@@ -44,8 +44,9 @@ from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.sizes import ByteSize, format_size
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
-from chaoskit.faults.node_tool import (bad_root, checkpoint_job_problem, helper_argv, helper_source, journaled_python,
-                                       node_python, own_state_path, undo, until_reverted, wait_node_file)
+from chaoskit.faults.node_tool import (checkpoint_job_problem, checkpoint_root, checkpoint_where, helper_argv, helper_source,
+                                       journaled_python, node_python, own_state_path, undo, until_reverted,
+                                       wait_node_file)
 from chaoskit.nodeside import procstat
 
 __all__ = ["SlowSpec", "SlowFault", "ErrorSpec", "ErrorFault", "STORAGE_IO", "SOURCE_PREFIX", "FSTYPE", "ERRNOS"]
@@ -152,16 +153,10 @@ class _IoFault(Fault):
         return checkpoint_job_problem(self.kind, self.spec.path, workload)
 
     def _root(self, ctx: FaultContext) -> str:
-        root = getattr(ctx, "checkpoint_dir", None)
-        if not root:
-            raise InfraError(f"{self.kind}: the job's checkpoint folder is not known")
-        problem = bad_root(str(root))
-        if problem:
-            raise InfraError(f"{self.kind}: {problem}; nothing was injected")
-        return str(root)
+        return checkpoint_root(self.kind, ctx)
 
     def _where(self) -> str:
-        return "<checkpoint folder>" + ("" if self.spec.path in (".", "./") else f"/{self.spec.path}")
+        return checkpoint_where(self.spec.path)
 
     def _probe(self, ctx: FaultContext, transport: Transport, root: str) -> dict[str, Any]:
         res = transport.run(helper_argv(node_python(ctx, transport, transport.node), STORAGE_IO, "probe", root,
