@@ -206,6 +206,9 @@ def test_slurm_names_the_node_it_set_down_with_its_reason():
 
 
 def test_ray_names_the_node_its_gcs_marked_dead(monkeypatch):
+    """Blame read from Ray's node state. Mocked: Ray's GCS node table (two answers of ray.util.state's shape), so
+    that a unit test needs no Ray cluster; the probe against a real Ray lab, a node declared DEAD, is
+    test_ray_transport.py::test_power_off_kills_the_node_and_ray_declares_it_dead."""
     from chaoskit.cluster.transports.ray import node_resource
     from chaoskit.observe import ray_nodes
 
