@@ -32,6 +32,7 @@ from chaoskit.cluster.policy import origin
 from chaoskit.cluster.selectors import select_nodes
 from chaoskit.cluster.transports.api import ProcInfo, Transport
 from chaoskit.cluster.fanout import fan_out
+from chaoskit.cluster.transports.agent_transport import AgentTransport
 from chaoskit.cluster.transports.ssh import HostKeyError, SSHTransport, SudoError
 from chaoskit.core.errors import InfraError
 from chaoskit.core.launches import LAUNCHES
@@ -236,7 +237,7 @@ def check_node(node: Node) -> NodeHealth:
     except InfraError as exc:
         health.problems.append(f"unreachable: {exc.message}")
         return health
-    health.agent = not isinstance(conn, SSHTransport) or conn.mode == "agent"
+    health.agent = not isinstance(conn, AgentTransport) or conn.mode == "agent"
     if not health.agent:
         health.problems.append("chaoskit's agent did not start: every command costs a new SSH session")
     try:

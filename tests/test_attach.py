@@ -128,7 +128,7 @@ def test_kill_one_rank_of_a_job_chaoskit_did_not_start(site, user_job, tmp_path,
     test shifts what their agents report (n1 7.5 s ahead, n0 4 s behind). The fault's time and the
     detection come from n1, the restarted workers from both: uncorrected, reallocation would be off
     by 11.5 s."""
-    from chaoskit.cluster.transports.ssh import TEST_SKEW_ENV
+    from chaoskit.cluster.transports.agent_transport import TEST_SKEW_ENV
 
     monkeypatch.setenv(TEST_SKEW_ENV, "n1=7.5,n0=-4")
     sc = scenario(tmp_path, site.inventory_path, user_job,

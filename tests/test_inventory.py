@@ -129,7 +129,8 @@ def test_bare_yaml_on_off_keys_mean_power_commands(tmp_path):
 
 
 def test_sudo_and_quoting_of_remote_commands():
-    from chaoskit.cluster.transports.ssh import SSHTransport, checked_argv
+    from chaoskit.cluster.transports.agent_transport import checked_argv
+    from chaoskit.cluster.transports.ssh import SSHTransport
 
     ops = SSHTransport("n0", "10.0.0.1", user="ops", known_hosts="/nonexistent")
     assert ops.sudo

@@ -106,7 +106,7 @@ def test_a_file_that_appears_later_is_followed_from_its_start(n1, tmp_path):
 
 
 def test_a_node_clock_seconds_off_is_measured_and_removed(netns_lab, monkeypatch, tmp_path):
-    from chaoskit.cluster.transports.ssh import TEST_SKEW_ENV
+    from chaoskit.cluster.transports.agent_transport import TEST_SKEW_ENV
 
     monkeypatch.setenv(TEST_SKEW_ENV, "n1=7.5")
     inventory = netns_lab.inventory()

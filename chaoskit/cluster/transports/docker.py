@@ -1,9 +1,9 @@
 """The docker transport: a node is a container, reached through the docker engine.
 
-It is the SSH transport's contract (see :mod:`.ssh`) over a different channel:
-the on-node agent (:mod:`.channel`) runs in a ``docker exec`` session whose stdin and stdout are
-the engine's hijacked exec socket, so the same JSON requests, deadlines, leases
-and fallbacks apply. The control path never crosses the container's network:
+It is the SSH transport's sibling: both are an :class:`~.agent_transport.AgentTransport`, so the
+on-node agent (:mod:`.channel`) keeps one contract (JSON requests, deadlines, leases, fallbacks); here it
+runs in a ``docker exec`` session whose stdin and stdout are the engine's hijacked exec socket. Nothing of
+SSH is here (users, keys, host keys, bastions, sudo): the agent runs as the container's root. The control path never crosses the container's network:
 a fault that takes the container's NIC down cannot cut chaoskit off (the same
 reason real clusters keep a BMC network).
 
@@ -24,8 +24,8 @@ import threading
 import time
 from typing import Any
 
+from chaoskit.cluster.transports.agent_transport import GRACE_S, AgentTransport
 from chaoskit.cluster.transports.channel import AgentChannel, AgentGone, boot_argv
-from chaoskit.cluster.transports.ssh import GRACE_S, SSHTransport
 from chaoskit.core.errors import InfraError
 
 __all__ = ["DockerTransport", "devices_by_address", "docker_client", "network_argv", "networks_of", "power_argv"]
@@ -55,18 +55,16 @@ def power_argv(container: str, action: str) -> list[str]:
     return [sys.executable, "-m", "chaoskit.cluster.transports.docker", "power", action, container]
 
 
-class DockerTransport(SSHTransport):
-    """Run commands in one container through the docker engine (the SSH transport's contract)."""
+class DockerTransport(AgentTransport):
+    """Run commands in one container through the docker engine (the agent's contract, :class:`AgentTransport`)."""
 
-    AGENT_SETTINGS = frozenset({"workdir", "process_scope", "scope_token", "connect_timeout", "command_timeout", "use_agent"})
-    """The :class:`SSHTransport` settings a container node takes (the rest are about SSH: user, keys, host keys,
-    bastions); they mean what they mean there."""
+    name = "docker"
 
-    def __init__(self, node: str, container: str, *, python: str = DEFAULT_PYTHON, **settings: Any) -> None:
-        unknown = set(settings) - self.AGENT_SETTINGS
-        if unknown:
-            raise TypeError(f"DockerTransport takes no {', '.join(sorted(unknown))} (only {', '.join(sorted(self.AGENT_SETTINGS))})")
-        super().__init__(node, container, user="root", become="none", python=python, **settings)
+    def __init__(self, node: str, container: str, *, python: str = DEFAULT_PYTHON, workdir: str | None = None,
+                 process_scope: str = "all", scope_token: str | None = None, connect_timeout: float = 10.0,
+                 command_timeout: float = 30.0, use_agent: bool = True) -> None:
+        super().__init__(node, python=python, workdir=workdir, process_scope=process_scope, scope_token=scope_token,
+                         connect_timeout=connect_timeout, command_timeout=command_timeout, use_agent=use_agent)
         self.container = container
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""Many SSH transports at once (:class:`~chaoskit.cluster.transports.ssh.SSHTransport`, the docker one included).
+"""Many agent transports at once (:class:`~chaoskit.cluster.transports.agent_transport.AgentTransport`: SSH and docker).
 
 :func:`connect_all` connects every node at once; :func:`run_many` and :func:`ping_many` write one request
 straight onto each running agent's channel (:class:`~chaoskit.cluster.transports.channel.Broadcast`: no
@@ -14,13 +14,13 @@ from typing import Any, Callable, Iterable
 from chaoskit.cluster.fanout import fan_out
 from chaoskit.cluster.transports.api import CommandResult
 from chaoskit.cluster.transports.channel import AgentGone, Broadcast, DeadlineMissed, OpFailed
-from chaoskit.cluster.transports.ssh import GRACE_S, SSHTransport, checked_argv
+from chaoskit.cluster.transports.agent_transport import GRACE_S, AgentTransport, checked_argv
 from chaoskit.core.errors import InfraError, OutcomeUnknown
 
 __all__ = ["connect_all", "run_many", "ping_many"]
 
 
-def connect_all(transports: Iterable[SSHTransport], max_workers: int = 16) -> None:
+def connect_all(transports: Iterable[AgentTransport], max_workers: int = 16) -> None:
     """Connect to every node (host keys verified, agents started) in parallel.
 
     Raise the first :class:`InfraError` (in the given order) after all attempts finished.
@@ -34,7 +34,7 @@ def connect_all(transports: Iterable[SSHTransport], max_workers: int = 16) -> No
 
 
 def run_many(
-    transports: Iterable[SSHTransport], argv: list[str], timeout: float = 30.0, max_workers: int = 64
+    transports: Iterable[AgentTransport], argv: list[str], timeout: float = 30.0, max_workers: int = 64
 ) -> dict[str, CommandResult | BaseException]:
     """Run one command on many nodes at once; each node's result or exception.
 
@@ -44,7 +44,7 @@ def run_many(
     """
     argv = checked_argv(argv)
 
-    def result(t: SSHTransport, reply: dict[str, Any]) -> CommandResult | BaseException:
+    def result(t: AgentTransport, reply: dict[str, Any]) -> CommandResult | BaseException:
         if reply.get("timed_out"):
             return InfraError(f"{argv[0]}: no answer within {timeout:g}s on node {t.node}")
         return CommandResult(tuple(argv), reply["rc"], reply["stdout"], reply["stderr"], t.local_time(reply.get("t")))
@@ -53,14 +53,14 @@ def run_many(
                       lambda t: t.run(argv, timeout), max_workers)
 
 
-def ping_many(transports: Iterable[SSHTransport], timeout: float = 5.0) -> dict[str, float | BaseException]:
+def ping_many(transports: Iterable[AgentTransport], timeout: float = 5.0) -> dict[str, float | BaseException]:
     """One agent round trip to each node at once; each node's clock (or exception)."""
     return _to_agents(transports, {"op": "ping"}, "ping", timeout, lambda t, reply: float(reply["t"]),
                       lambda t: t.ping(timeout))
 
 
-def _to_agents(transports: Iterable[SSHTransport], fields: dict[str, Any], what: str, timeout: float,
-               on_reply: Callable[[SSHTransport, dict[str, Any]], Any], fallback: Callable[[SSHTransport], Any],
+def _to_agents(transports: Iterable[AgentTransport], fields: dict[str, Any], what: str, timeout: float,
+               on_reply: Callable[[AgentTransport, dict[str, Any]], Any], fallback: Callable[[AgentTransport], Any],
                max_workers: int = 64) -> dict[str, Any]:
     """One request to every node: one :class:`Broadcast` onto the running agents' channels; nodes without a
     running agent (not connected yet, agent restarting, exec mode) go through ``fallback`` on a bounded pool
