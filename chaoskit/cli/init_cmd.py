@@ -5,27 +5,41 @@ an inventory, a Slurm cluster) and the launch (``command``: chaoskit starts your
 ``attach``: it drills a job you started; ``sbatch``: it submits your batch script), then writes the scenario
 with the framework's log preset and SLOs to edit, plus any file the scenario names that is not there yet
 (a starter ``train.py``, ``train.sbatch`` or ``inventory.yaml``, each saying what to put in it).
+
+For a plain script (``--framework torchrun``, ``launch: command``) it reads the script itself (``--script``, else a
+``train.py`` already beside the scenario): read-only, once, through a checked descriptor, 1 MiB at most; and writes
+the ``probes.log`` rules for the lines it prints when it steps, saves and loads a checkpoint and starts
+(:mod:`chaoskit.observe.script_lines`), each with a comment naming the script's line. What it cannot find it writes
+commented, marked EDIT, with the line to fill.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env
-from chaoskit.core.errors import ExitCode
+from chaoskit.core.errors import ExitCode, ScenarioError
 from chaoskit.core.files import UnsafePath, write_new
+from chaoskit.core.trusted import read_authors_file
 from chaoskit.observe.presets import PRESETS
+from chaoskit.observe.script_lines import Found, scan
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 """chaoskit's package data: the starter train.py that init writes beside the scenario."""
 
-__all__ = ["init_app", "FRAMEWORKS", "CLUSTERS", "LAUNCHES", "render"]
+__all__ = ["init_app", "FRAMEWORKS", "CLUSTERS", "LAUNCHES", "Script", "render"]
+
+MAX_SCRIPT = 1 << 20
+"""The most of a script init reads (a training script is a few hundred lines)."""
 
 init_app = command_app()
 
@@ -49,6 +63,9 @@ def init(
     launch: Optional[str] = typer.Option(None, "--launch", help="How the job starts: command (lab), attach or sbatch (inventory), sbatch (slurm)."),
     out: Path = typer.Option(Path("scenario.yaml"), "--out", "-o", help="The scenario file to write."),
     force: bool = typer.Option(False, "--force", help="Replace the scenario file if it exists."),
+    script: Optional[Path] = typer.Option(None, "--script", help="Your training script (launch: command): init reads "
+                                          "the lines it prints for its steps, checkpoints and start, and writes the "
+                                          "probes.log rules for them (default: train.py beside --out, when there)."),
 ) -> int:
     """Write a commented starter scenario for your own job (asks on a terminal, flags otherwise)."""
     env = current_env()
@@ -64,7 +81,14 @@ def init(
         env.stderr.write(f"error: --launch {launch} does not run on --cluster {cluster}; it runs "
                          f"{' or '.join(LAUNCHES[cluster])}\n")
         return ExitCode.BAD_INPUT
-    scenario, extras = render(framework, cluster, launch)
+    own = None
+    if launch == "command" and (script is not None or os.path.lexists(out.parent / "train.py")):
+        try:
+            own = _read_script(script if script is not None else out.parent / "train.py", out, framework)
+        except ScenarioError as exc:
+            env.stderr.write(f"error: {exc}\n")
+            return ExitCode.BAD_INPUT
+    scenario, extras = render(framework, cluster, launch, own)
     # Made O_EXCL|O_NOFOLLOW from the folder's descriptor (--force: renamed over it), never through a link planted
     # at the name: exists() is false for a dangling link, and writing through one made its target as root.
     try:
@@ -92,8 +116,34 @@ def _pick(name: str, value: str | None, choices: tuple[str, ...], default: str, 
     return default
 
 
-def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, str]]:
-    """The scenario's text and the files it names (name -> starter text), for one combination."""
+@dataclass
+class Script:
+    """The user's own script for ``launch: command``: ``name`` as the scenario's ``command`` gives it (relative to
+    the scenario's folder where it lies below it), and, for a plain script, the rules read from it (``rules``;
+    ``None``: not read, as for a script that reports through chaoskit's SDK or a framework's preset)."""
+
+    name: str
+    rules: list[Found] | None = field(default=None)
+
+
+def _read_script(path: Path, out: Path, framework: str) -> Script:
+    """``path`` read once (see the module); :class:`ScenarioError` at ``--script`` when missing, refused or too big."""
+    data, _, _ = read_authors_file(path, roots=None, field="--script", what="script", limit=MAX_SCRIPT,
+                                   nothing="nothing was written")
+    here = os.path.abspath(out.parent)
+    name = os.path.relpath(os.path.abspath(path), here)
+    if name.startswith(".."):
+        name = os.path.abspath(path)
+    source = data.decode("utf-8", errors="replace")
+    uses_chaoskit = re.search(r"^\s*(from|import)\s+chaoskit\b", source, re.MULTILINE) is not None
+    if framework != "torchrun" or uses_chaoskit:  # its preset, a callback or the SDK report it
+        return Script(name)
+    return Script(name, scan(source))
+
+
+def render(framework: str, cluster: str, launch: str, script: Script | None = None) -> tuple[str, dict[str, str]]:
+    """The scenario's text and the files it names (name -> starter text), for one combination; ``script``: the
+    user's own script for ``launch: command`` (else the starter ``train.py`` is one of the files)."""
     preset = PRESETS[framework]
     presets = ["torchrun"] if framework == "torchrun" else ["torchrun", framework]
     steps_seen = "step" in preset.sees
@@ -118,13 +168,17 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
     if launch == "command":
         lines += [
             "  launch: command                      # chaoskit starts your script under torchrun on every node",
-            "  command: [train.py]                  # EDIT: your script (relative to this file) and its arguments",
-            "  steps: 400                           # EDIT: the steps your job trains; faults come before the last",
+            _padded(f"  command: [{_yaml_word(script.name if script else 'train.py')}]",
+                    "EDIT: your script (relative to this file) and its arguments"),
+            "  steps: 400                           # EDIT: the steps your job trains; faults come before the last"
+            if script is None else "  # steps: 400                         # EDIT: the steps your script trains: the drill "
+            "then checks it reached the last (without it, it runs until your script ends)",
             "  nproc_per_node: 1                    # workers per node",
             "  max_restarts: 3                      # torchrun --max-restarts",
         ]
         lines += _RECOVERY.get(framework, [])
-        extras["train.py"] = (DATA / "starter_train.py").read_text()
+        if script is None:
+            extras["train.py"] = (DATA / "starter_train.py").read_text()
     elif launch == "attach":
         lines += [
             "  launch: attach                       # your job, started by your launcher; chaoskit never starts or stops it",
@@ -158,6 +212,8 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
     elif not steps_seen and framework in CALLBACKS:
         lines.append(f"  # {framework}'s own lines give no step: add the callback above, or a probes.log rule for "
                      "your job's step line")
+    elif not steps_seen and script is not None and script.rules is not None:
+        lines += _script_rules(script)
     elif not steps_seen:  # a plain script: the starter one reports through the SDK, your own one through its lines
         lines += [f"  # {framework}'s own lines give no step. EDIT: once train.py is your script without chaoskit's SDK,",
                   "  # uncomment and match the line it prints every step (validate refuses a drill no step can reach):",
@@ -187,6 +243,48 @@ def render(framework: str, cluster: str, launch: str) -> tuple[str, dict[str, st
         "safety: {max_nodes: 1, abort_after: 20m}",
     ]
     return "\n".join(lines) + "\n", extras
+
+
+def _padded(text: str, comment: str) -> str:
+    return text + " " * max(1, 39 - len(text)) + "# " + comment
+
+
+def _yaml_word(text: str) -> str:
+    return text if re.fullmatch(r"[\w./-]+", text) else json.dumps(text)
+
+
+def _quoted(regex: str) -> str:
+    return "'" + regex.replace("'", "''") + "'"
+
+
+_WANTED = {
+    "worker.start": ("a worker starts", "'started worker .*rank (?P<rank>\\d+)'"),
+    "step": ("it makes a step", "'Step (?P<step>\\d+)'"),
+    "ckpt.save.end": ("it saved a checkpoint", "'saved checkpoint .*step (?P<step>\\d+)'"),
+    "ckpt.load.end": ("it loaded a checkpoint", "'loaded checkpoint .*step (?P<step>\\d+)'"),
+}
+"""What each rule init looks for is for, and the example of it written commented when the script shows none."""
+
+
+def _script_rules(script: Script) -> list[str]:
+    """The ``probes.log`` rules read from the user's script: each found one with its script line, each missing one
+    commented with EDIT (validate refuses the drill while the step rule is missing)."""
+    rules = script.rules or []
+    base = os.path.basename(script.name)
+    got = {re.sub(r"^(ckpt\.\w+)\.start$", r"\1.end", r.event): r for r in rules}  # a load's start if no end
+    out = [_padded("  log:" if rules else "  # log:", f"read from {base} by chaoskit init: each rule matches what "
+                   "the line it names prints")]
+    for event, (what, example) in _WANTED.items():
+        rule = got.get(event)
+        if rule is None:
+            out.append(f"  # EDIT: no line of {base} says {what}; uncomment and match the one it prints"
+                       + (" (validate refuses the drill without it: no step could come)" if event == "step" else ""))
+            out.append(f"  #   - {{event: {event}, match: {example}}}")
+            continue
+        source = rule.source if len(rule.source) <= 90 else rule.source[:87] + "..."
+        out.append(_padded(f"    - event: {rule.event}", f"{base}:{rule.line}: {source}"))
+        out.append(f"      match: {_quoted(rule.match)}")
+    return out
 
 
 _RECOVERY: dict[str, list[str]] = {
