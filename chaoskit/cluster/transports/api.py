@@ -6,9 +6,10 @@ after being validated by the fault that produced it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 import math
 import threading
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 from chaoskit.core.errors import InfraError
@@ -16,7 +17,7 @@ from chaoskit.core.errors import InfraError
 __all__ = [
     "ProcInfo", "rank_processes", "JobScope", "CommandResult", "Transport", "WatchdogHost", "FileFollower", "FollowStream", "LineBatch",
     "KmsgBatch", "KernelLogFollower", "PROC_ENV_KEYS", "PROC_ENV_PREFIXES", "proc_env", "ProcessStreamer", "WatchMessage",
-    "StreamUnsupported", "GpuEventStreamer", "NvmlBatch",
+    "StreamUnsupported", "GpuEventStreamer", "NvmlBatch", "InventorySite", "ListedNode",
 ]
 
 LineBatch = Callable[[list[tuple[float, str]], "int | None", int], None]
@@ -335,3 +336,36 @@ class GpuEventStreamer(Protocol):
     def nvml(self, on_batch: "Callable[[NvmlBatch], None]") -> FollowStream:
         """Stream the node's Xid and uncorrectable ECC events, each with the node's time put on this machine's
         clock; the stream fails at once (``error``) where NVML does not load or no GPU takes events."""
+
+
+@dataclass
+class InventorySite:
+    """What a transport class is given to build a node an inventory file lists
+    (``from_inventory(site, index, spec)``, called by :func:`chaoskit.cluster.inventory_file.build_inventory`)."""
+
+    base: Path
+    """The inventory file's folder: relative paths in it are relative to this."""
+    ssh_for: Callable[[Any], Any]
+    """A node's effective SSH settings (its own over the file's)."""
+    error: Callable[..., Exception]
+    """``error(message, *path)``: the file's error at that path (``file:line:col``)."""
+    bastions: Any = None
+    """The SSH bastions of the file (:class:`~chaoskit.cluster.transports.ssh_route.Bastions`), made first."""
+    ssh_roots: list[str] | None = None
+    """Where this machine's SSH files may lie (:mod:`chaoskit.cluster.ssh_paths`)."""
+    trust_on_first_use: bool | None = None
+    """The command line's override of the file's ``trust_on_first_use`` (``None``: the file's)."""
+    vet_python: bool = False
+    """The site policy names the agent's Python: check it on each node before it first runs."""
+    discovered: dict[str, tuple[dict[str, str], Any]] = field(default_factory=dict)
+    """Nodes a cluster manager listed (Ray's), by name: (labels, transport); a listed node takes its own out."""
+
+
+@dataclass
+class ListedNode:
+    """What a transport class made of an inventory file's node: its transport, its labels, and the SSH settings
+    it keeps (``None`` for a node not reached over SSH)."""
+
+    conn: Any
+    labels: dict[str, str]
+    ssh: Any = None

@@ -26,6 +26,8 @@ __all__ = ["LocalTransport", "read_proc"]
 class LocalTransport:
     """A node of local processes (a process-lab node), or the controller itself (``LocalTransport(node)``)."""
 
+    name = "local"
+
     SCOPE_ENV = "CHAOSKIT_SCOPE"
     has_own_network = False
     container = None

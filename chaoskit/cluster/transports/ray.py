@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from chaoskit.cluster.nodefs import REVERT_FILE, inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
-from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo
+from chaoskit.cluster.transports.api import CommandResult, InventorySite, JobScope, ListedNode, ProcInfo
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 
@@ -290,6 +290,8 @@ def discover_nodes(address: str = "auto", token_file: str | None = None) -> list
 class RayTransport:
     """A node reached through its ChaosAgent actor (see the module docstring)."""
 
+    name = "ray"
+
     has_own_network = False  # the lab's Ray nodes are process scopes on one host
     container = None
 
@@ -310,6 +312,21 @@ class RayTransport:
         self._state_dir: str | None = None
         self.job: JobScope | None = None
         """The drilled job within the node's scope; the ChaosAgent enforces it on every call."""
+
+    @classmethod
+    def discover(cls, address: str = "auto", token_file: str | None = None) -> dict[str, tuple[dict[str, str], "RayTransport"]]:
+        """Every live Ray node by name: (labels, transport) (:func:`discover_nodes`): an inventory's ``ray:``."""
+        return {name: (labels, conn) for name, labels, conn in discover_nodes(address, token_file)}
+
+    @classmethod
+    def from_inventory(cls, site: InventorySite, index: int, spec: Any) -> ListedNode:
+        """An inventory file's node (``transport: ray``): the live Ray node of that name the file's ``ray:`` found,
+        its labels under the file's."""
+        if spec.name not in site.discovered:
+            raise site.error(f"nodes.{index}.name: no live Ray node is named {spec.name!r} (found: "
+                             f"{', '.join(sorted(site.discovered)) or 'none'})", "nodes", index, "name")
+        labels, conn = site.discovered.pop(spec.name)
+        return ListedNode(conn, {**labels, **spec.labels})
 
     # -- Transport ---------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from typing import Any, Iterable
 
 from chaoskit.cluster.ssh_paths import append_known_host, inside, read_config
 from chaoskit.cluster.transports.agent_transport import GRACE_S, AgentTransport
+from chaoskit.cluster.transports.api import InventorySite, ListedNode
 from chaoskit.cluster.transports.channel import AgentChannel
 from chaoskit.cluster.transports.ssh_route import Bastions, host_config, parse_jumps
 from chaoskit.core.errors import InfraError
@@ -120,6 +121,7 @@ class SSHTransport(AgentTransport):
     """Run commands on one node over SSH (see the module docstring for the contract)."""
 
     name = "ssh"
+    ssh_settings = True
 
     def __init__(
         self,
@@ -180,6 +182,45 @@ class SSHTransport(AgentTransport):
         self._routed = self.ssh_config is None
         self._sock: Any = None
         """The tunnel through ``jump`` the connection runs in, when there is one."""
+
+    @classmethod
+    def from_inventory(cls, site: InventorySite, index: int, spec: Any) -> ListedNode:
+        """An inventory file's node (``transport: ssh``) with its effective SSH settings."""
+        ssh = site.ssh_for(spec)
+        conn = cls.from_settings(spec.name, spec.address, ssh, site, workdir=spec.workdir,
+                                 process_scope=spec.processes, vet_python=site.vet_python)
+        return ListedNode(conn, dict(spec.labels), ssh)
+
+    @classmethod
+    def from_settings(cls, name: str, address: str, ssh: Any, site: InventorySite, **kwargs: Any) -> "SSHTransport":
+        """The transport of one node or bastion from its effective settings (an inventory's ``ssh:``); what the
+        inventory set itself (``model_fields_set``) is what the ssh config may not override."""
+        if ssh.config is None:
+            default = Path("~/.ssh/config").expanduser()
+            config = str(default) if default.is_file() else None
+        else:
+            config = None if ssh.config == "none" else _resolve(site.base, ssh.config)
+        jump = None if ssh.jump in (None, "none") else site.bastions[ssh.jump]
+        return cls(
+            name,
+            address,
+            user=ssh.user,
+            port=ssh.port,
+            key_file=_resolve(site.base, ssh.key),
+            known_hosts=_resolve(site.base, ssh.known_hosts),
+            trust_on_first_use=ssh.trust_on_first_use if site.trust_on_first_use is None else site.trust_on_first_use,
+            become=ssh.become,
+            jump=jump,
+            ssh_config=config,
+            config_named=ssh.config is not None,
+            explicit=ssh.model_fields_set & {"user", "port", "key", "jump"},
+            bastions=site.bastions,
+            python=ssh.python,
+            connect_timeout=ssh.connect_timeout,
+            command_timeout=ssh.command_timeout,
+            ssh_roots=site.ssh_roots,
+            **kwargs,
+        )
 
     def __repr__(self) -> str:
         via = f", via {self.jump.node}" if self.jump is not None else ""
@@ -520,6 +561,14 @@ def _sudo_line(text: str) -> str | None:
         if at >= 0 and any(r in line for r in _SUDO_REFUSALS):
             return line[at:].strip()
     return None
+
+
+def _resolve(base: Path, value: str | None) -> str | None:
+    """An inventory's path: ``~`` expanded, relative to the inventory's folder."""
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else base / p)
 
 
 def _transport_preferring_aead(sock: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,94 @@
+"""The transport registry: a transport is one module whose class says ``name = "..."``; an inventory file's node
+is made by the class its ``transport:`` names, and SSH and docker are siblings over one agent transport."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chaoskit.cluster.transports.api import InventorySite, ListedNode
+from chaoskit.cluster.transports.registry import TRANSPORTS, takes_ssh, transport_class
+from chaoskit.core.errors import ScenarioError
+
+
+def test_the_built_in_transports_are_found_in_their_source_without_importing_them():
+    """Listing the transports (and asking which keep SSH settings) imports no transport, so no paramiko and no
+    docker SDK; asking for one imports that one."""
+    code = ("import sys; from chaoskit.cluster.transports.registry import TRANSPORTS, takes_ssh; "
+            "names = TRANSPORTS.names(); ssh = [n for n in names if takes_ssh(n)]; "
+            "print(names, ssh, sorted(m for m in sys.modules if m.startswith(('paramiko', 'docker')) "
+            "or m.rsplit('.', 1)[-1] in ('ssh', 'docker', 'ray', 'local', 'agent_transport')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['docker', 'local', 'ray', 'ssh'] ['ssh'] []"
+    for name in TRANSPORTS.names():
+        assert transport_class(name).name == name
+
+
+def test_ssh_and_docker_are_siblings_over_one_agent_transport():
+    """The docker transport shares the agent's contract, not SSH's settings: it takes no user, key or host keys."""
+    from chaoskit.cluster.transports.agent_transport import AgentTransport
+
+    ssh, docker = transport_class("ssh"), transport_class("docker")
+    assert issubclass(ssh, AgentTransport) and issubclass(docker, AgentTransport)
+    assert not issubclass(docker, ssh) and not issubclass(ssh, docker)
+    with pytest.raises(TypeError):
+        docker("n0", "lab-n0", user="ops")
+    with pytest.raises(TypeError):
+        docker("n0", "lab-n0", known_hosts="/nonexistent")
+    node = docker("n0", "lab-n0", scope_token="lab.n0")
+    assert node.container == "lab-n0" and node.scope["env"] == "lab.n0" and node.label == "node n0"
+
+
+def test_an_unknown_transport_is_an_error_naming_the_known_ones():
+    with pytest.raises(ScenarioError, match=r"unknown transport 'shh'.*") as info:
+        transport_class("shh")
+    assert "ssh" in str(info.value) and "known transports: docker, local, ray, ssh" in (info.value.hint or "")
+    assert not takes_ssh("shh")
+
+
+class ToyTransport:
+    """A transport a plugin adds: its node is made by its own ``from_inventory``."""
+
+    name = "toy"
+
+    def __init__(self, node: str, address: str) -> None:
+        self.node, self.address = node, address
+
+    @classmethod
+    def from_inventory(cls, site: InventorySite, index: int, spec) -> ListedNode:
+        return ListedNode(cls(spec.name, spec.address), {**spec.labels, "toy": "yes"})
+
+
+@pytest.fixture
+def toy_transport():
+    TRANSPORTS.register("toy", ToyTransport)
+    yield ToyTransport
+    TRANSPORTS.unregister("toy")
+
+
+def test_an_inventory_node_is_made_by_the_class_its_transport_names(tmp_path: Path, toy_transport):
+    """build_inventory asks the registry for each node's class: a registered plugin's class makes its node.
+
+    The file's format lists only ssh and ray today, so the node's spec is switched to the plugin after the file
+    was validated (model_copy: the one step here that is not what a user's file does)."""
+    from chaoskit.cluster.inventory_file import build_inventory, load_inventory_file
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: mixed
+        ssh: {user: root, known_hosts: ./known_hosts}
+        nodes:
+          - {name: a, address: 10.0.0.1, labels: {rack: r1}}
+          - {name: b, address: 10.0.0.2, labels: {rack: r2}}
+        """))
+    loaded = load_inventory_file(path)
+    loaded.model.nodes[1] = loaded.model.nodes[1].model_copy(update={"transport": "toy"})
+    inv = build_inventory(loaded)
+    a, b = inv["a"], inv["b"]
+    assert type(a.conn).name == "ssh" and a.ssh is not None and a.conn.known_hosts == str(tmp_path / "known_hosts")
+    assert isinstance(b.conn, ToyTransport) and b.conn.address == "10.0.0.2" and b.ssh is None
+    assert b.labels == {"rack": "r2", "toy": "yes"} and b.transport == "toy"
