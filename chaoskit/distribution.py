@@ -17,11 +17,14 @@ import math
 import random
 from typing import Any, Iterable, Mapping, Sequence
 
+from chaoskit.core.phases import PHASE_TABLE, phase
+
 __all__ = ["PHASE_KEYS", "PERCENTILES", "percentile", "bootstrap_median_ci", "summarize", "distribution",
            "slo_on_distribution"]
 
-PHASE_KEYS = ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps")
-"""The figures of ``result.json``'s ``phases`` that get a distribution, named as there."""
+PHASE_KEYS = tuple(p.key for p in PHASE_TABLE)
+"""The figures of ``result.json``'s ``phases`` that get a distribution, named as there: every phase of
+``core/phases.PHASE_TABLE``."""
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "max": 100.0}
 """The names an SLO may give a percentile by (``slo: {recovery: {p95: 60s}}``)."""
 BOOTSTRAP_RESAMPLES = 2000
@@ -82,8 +85,10 @@ def slo_on_distribution(dist: Mapping[str, Mapping[str, Any]], slo: Mapping[str,
     for name, limit in slo.items():
         if limit is None:
             continue
-        key = "lost_steps" if name == "lost_steps" else f"{name}_s"
-        row = dist.get(key)
+        try:
+            row = dist.get(phase(name).key)
+        except KeyError:  # an SLO on no phase (returns)
+            continue
         if row is None:
             continue
         measured = [float(s) for s in row["samples"] if s is not None]

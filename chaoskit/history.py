@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from chaoskit.core.files import parse_utc_iso, utc_iso
+from chaoskit.core.phases import PHASE_TABLE
 from chaoskit.coverage import Capabilities, catalog_by_id, compute_coverage
 from chaoskit.distribution import percentile
 
@@ -25,7 +26,8 @@ __all__ = ["REGRESSION_WINDOW", "FIGURES", "scenario_figures", "find_regressions
 
 REGRESSION_WINDOW = 5
 """How many earlier game days a scenario's recovery is compared with (their median)."""
-FIGURES = ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps")
+FIGURES = tuple(p.key for p in PHASE_TABLE)
+"""The figures the history keeps of each scenario: every phase of ``core/phases.PHASE_TABLE``."""
 
 
 def scenario_figures(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from chaoskit.core.phases import SLO_PHASES
+
 __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault",
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
@@ -50,7 +52,8 @@ HEARTBEAT_KINDS = frozenset({"node.unreachable"})
 ``probes.heartbeat_timeout``). A detection source shown beside the job's and the scheduler's, but not what
 ``t_detect`` is: the detection phase measures the system under drill noticing, and chaoskit is not part of it
 (a dropped management NIC silences a node for chaoskit while training never notices)."""
-PHASES = ("detection", "reallocation", "checkpoint_load", "recovery")
+PHASES = tuple(p.name for p in SLO_PHASES)
+"""The phases :func:`slo_verdict` judges in seconds (``core/phases.SLO_PHASES``); ``lost_steps`` is judged apart."""
 
 Event = dict[str, Any]
 

@@ -41,6 +41,7 @@ from chaoskit.cluster.fanout import fan_out as parallel
 from chaoskit.core.accounts import python_paths, unreachable_by
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.files import RESULT_FILE, copy_regular, make_folder_for, make_run_dir
+from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
 from chaoskit.core.result import RunResult
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
@@ -982,7 +983,7 @@ class _Run:
         unseen = (unseen_signals(phases_full, events, {p: PRESETS[p].sees for p in self.sc.probes.presets})
                   if phases_full else {})
         slo_cfg = self.sc.slo.model_dump()
-        slo = slo_verdict(phases_full or {"reasons": {p: "no fault was injected" for p in ("detection", "reallocation", "checkpoint_load", "recovery")}}, slo_cfg)
+        slo = slo_verdict(phases_full or {"reasons": {p.name: "no fault was injected" for p in SLO_PHASES}}, slo_cfg)
         steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
         final_step = max(steps) if steps else None
         recurrence = [node_returns(events, struck, f.spec.recur.times) for f in self.recurring
@@ -1034,8 +1035,7 @@ class _Run:
         verdict = self.verdict
         if verdict is None:
             verdict = "pass" if all(v["pass"] for v in slo.values()) and all(c["pass"] for c in checks.values()) else "fail"
-        phase_keys = ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps")
-        phases = {k: (phases_full or {}).get(k) for k in phase_keys}
+        phases = {p.key: (phases_full or {}).get(p.key) for p in PHASE_TABLE}
         if phases_full:
             phases["restored_step"] = phases_full["restored_step"]
             for key in ("restored_from", "reallocation_from"):  # which line gave them (not in torchft's)

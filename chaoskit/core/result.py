@@ -32,12 +32,15 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
+    create_model,
     model_serializer,
     model_validator,
 )
 
+from chaoskit.core.phases import PHASE_TABLE
+
 __all__ = [
-    "Number", "ResultPart", "Detection", "ReallocationStep", "Phases", "TriggerFired", "Incident", "NodeReturns", "FaultMeasure", "InjectedFault",
+    "Number", "ResultPart", "Detection", "ReallocationStep", "PhaseFigures", "Phases", "TriggerFired", "Incident", "NodeReturns", "FaultMeasure", "InjectedFault",
     "BlameParty", "Blamed", "BlameTruth", "Blame", "SloEntry", "Check", "Slowdown", "CheckpointTimes", "CheckpointIo", "SilentCheckpoint", "Silent", "PresetInfo", "BadputSeconds", "Goodput", "RunResult",
     "REPEAT_KIND", "result_schema_dict", "result_schema_text",
 ]
@@ -97,19 +100,23 @@ class ReallocationStep(ResultPart):
     bound_by: str = ""
 
 
-class Phases(ResultPart):
+PhaseFigures = create_model(
+    "PhaseFigures", __base__=ResultPart, __module__=__name__,
+    __doc__="One field per row of ``core/phases.PHASE_TABLE``, named by its ``key``: seconds or steps, ``None`` when "
+            "not observed.",
+    **{p.key: (Optional[Number] if p.unit == "s" else Optional[int], None) for p in PHASE_TABLE},
+)
+"""The phases' figures, built from the table (a new phase is a row there, not a field here)."""
+
+
+# its figures (detection_s, reallocation_s, ...) are PhaseFigures': core/phases.PHASE_TABLE's keys
+class Phases(PhaseFigures):  # type: ignore[misc,valid-type]
     """A fault's recovery phases, in seconds; ``None`` (with its reason in ``reasons``) when not observed.
 
     The headline ``phases`` of a run holds these; each entry of ``per_fault`` too, with the instants."""
 
     model: Optional[str] = None
     """The recovery model that measured it: ``restart``, ``torchft``, ``nvrx``, ``nvrx-inprocess``."""
-    detection_s: Optional[Number] = None
-    reallocation_s: Optional[Number] = None
-    checkpoint_load_s: Optional[Number] = None
-    startup_s: Optional[Number] = None
-    recovery_s: Optional[Number] = None
-    lost_steps: Optional[int] = None
     restored_step: Optional[int] = None
     restored_from: Optional[str] = None
     """Which line gave ``restored_step``: ``load line`` (the checkpoint load named its step), ``first step after

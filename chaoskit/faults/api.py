@@ -26,6 +26,7 @@ from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.errors import did_you_mean
 from chaoskit.core.event_kinds import EventKind
 from chaoskit.core.limits import MAX_COUNT
+from chaoskit.core.phases import PHASE_TABLE
 from chaoskit.core.models import NAME_RE, StrictModel
 
 __all__ = [
@@ -112,7 +113,7 @@ class FaultContext(Protocol):
 FAULT_ID_RE = r"^[A-Za-z][A-Za-z0-9_-]{0,39}$"
 """A fault's ``id``: what another fault's trigger names it by (``at: {during: {fault: ID}}``)."""
 
-PHASES = ("detection", "reallocation", "checkpoint_load")
+PHASES = tuple(p.name for p in PHASE_TABLE if p.cascade)
 """The phases of a recovery a cascade's second fault can strike in (``at: {during: {phase: ...}}``)."""
 
 TRIGGER_WITHIN_S = 300.0
@@ -130,7 +131,7 @@ class During(StrictModel):
 
     fault: str = Field(..., pattern=FAULT_ID_RE, description=(
         "The earlier fault of this scenario whose recovery is struck: its `id`, or `f<index>` (f0 is the first)."))
-    phase: Literal["detection", "reallocation", "checkpoint_load"] = Field(..., description=(
+    phase: Literal[PHASES] = Field(..., description=(  # type: ignore[valid-type]
         "detection: as soon as that fault is in effect, before anything noticed it; reallocation: at its "
         "detection (the first worker exit, detect or drain after it), while the job tears down and gathers a new "
         "world (a rendezvous); checkpoint_load: when a rank starts loading a checkpoint after it."))

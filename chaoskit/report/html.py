@@ -51,6 +51,7 @@ from chaoskit.coverage import (
     compute_coverage,
     resolve_covers,
 )
+from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES, phase
 from chaoskit.measure import measure_fault, phase_spans
 from chaoskit.observe.events import read_events
 from chaoskit.report.summary import check_text
@@ -117,30 +118,25 @@ def write_repeat_report(repeat_dir: str | Path) -> Path:
     return _write_page(out, render_html(page))
 
 
-_STRIP_LABELS = {"detection_s": "detection", "reallocation_s": "reallocation", "checkpoint_load_s": "checkpoint load",
-                 "startup_s": "start-up", "recovery_s": "recovery", "lost_steps": "lost work"}
-
-
 def _strips(dist: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
     """One strip plot per phase: every sample a dot, the median and the p95 as ticks, the median's 95% interval
     as a band, each percentile SLO as a line; the scale is the phase's own, from 0."""
     w, left, right = _W, 120, 250
     rows = []
-    for key, label in _STRIP_LABELS.items():
-        d = dist.get(key)
+    for ph in PHASE_TABLE:
+        d = dist.get(ph.key)
         if not d or d.get("p50") is None:
             if d and d.get("n"):
-                rows.append({"label": label, "empty": f"not observed in any of {d['n']} samples"})
+                rows.append({"label": ph.label, "empty": f"not observed in any of {d['n']} samples"})
             continue
-        slo_name = "lost_steps" if key == "lost_steps" else key[:-2]
-        lines = [(p, c["limit"]) for p, c in ((slo.get(slo_name) or {}).get("percentiles") or {}).items()]
+        lines = [(p, c["limit"]) for p, c in ((slo.get(ph.name) or {}).get("percentiles") or {}).items()]
         top = max([d["max"], *[v for _, v in lines]]) or 1.0
         scale = (w - left - right) / (top * 1.05)
         x = lambda v: round(left + v * scale, 1)  # noqa: E731
-        unit = "" if key == "lost_steps" else "s"
-        fmt = (lambda v: f"{v:g}") if key == "lost_steps" else (lambda v: f"{v:.2f}s")
+        unit = "s" if ph.unit == "s" else ""
+        fmt = (lambda v: f"{v:.2f}s") if ph.unit == "s" else (lambda v: f"{v:g}")
         rows.append({
-            "label": label, "empty": None,
+            "label": ph.label, "empty": None,
             "dots": [{"x": x(v), "title": f"sample {i}: {fmt(v)}"} for i, v in enumerate(d["samples"], 1) if v is not None],
             "p50": {"x": x(d["p50"]), "title": f"median {fmt(d['p50'])}"},
             "p95": {"x": x(d["p95"]), "title": f"p95 {fmt(d['p95'])}"},
@@ -460,14 +456,7 @@ def _read_json(path: Path, readers: frozenset[int] = frozenset()) -> Any:
         return None
 
 
-_PHASE_KEYS = ("detection_s", "reallocation_s", "checkpoint_load_s", "startup_s", "recovery_s", "lost_steps",
-               "restored_step", "last_step_before", "detected_by", "uncertainty_s")
-_PHASE_NAMES = (
-    ("detection", "detection_s", "detection", "fault -> the system noticed"),
-    ("reallocation", "reallocation_s", "reallocation", "noticed -> new world started"),
-    ("checkpoint_load", "checkpoint_load_s", "checkpoint load", "started -> last rank loaded"),
-    ("recovery", "recovery_s", "recovery", "fault -> first step after load"),
-)
+_PHASE_KEYS = (*(p.key for p in PHASE_TABLE), "restored_step", "last_step_before", "detected_by", "uncertainty_s")
 
 
 def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
@@ -476,24 +465,24 @@ def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, A
     model = phases.get("model") or "restart"
     meanings = phase_spans({"model": model, "reallocation_from": phases.get("reallocation_from")})
     rows = []
-    for name, key, label, meaning in _PHASE_NAMES:
-        meaning = meanings.get(name, meaning)
-        entry = slo.get(name)
-        value = phases.get(key)
-        plus_minus = uncertainty.get(name)
+    for p in SLO_PHASES:
+        entry = slo.get(p.name)
+        value = phases.get(p.key)
+        plus_minus = uncertainty.get(p.name)
         rows.append({
-            "label": label, "meaning": meaning,
+            "label": p.label, "meaning": meanings.get(p.name, p.meaning),
             "measured": ("not observed" if value is None
                          else f"{value:.3f}s" + (f" ± {plus_minus * 1000:.1f}ms" if plus_minus else "")),
-            "reason": None if value is not None else (entry or {}).get("reason") or reasons.get(name),
+            "reason": None if value is not None else (entry or {}).get("reason") or reasons.get(p.name),
             "limit": f"<= {entry['limit_s']:g}s" if entry else "-",
             "ok": None if not entry else bool(entry["pass"]),
         })
-    lost, entry = phases.get("lost_steps"), slo.get("lost_steps")
+    lost_work = phase("lost_steps")
+    lost, entry = phases.get(lost_work.key), slo.get(lost_work.name)
     before, restored = phases.get("last_step_before"), phases.get("restored_step")
     discarded, catch_up = phases.get("discarded_steps"), phases.get("catch_up_steps")
     rows.append({
-        "label": "lost work",
+        "label": lost_work.label,
         "meaning": (f"{len(discarded or [])} step(s) discarded by the survivors {discarded or ''}, catch-up of the healed "
                     f"group {'?' if catch_up is None else catch_up} (healed to step {'?' if restored is None else restored})"
                     if model == "torchft" else

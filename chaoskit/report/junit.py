@@ -16,15 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.core.files import write_new
+from chaoskit.core.phases import SLO_PHASES, phase
 
 __all__ = ["junit_xml", "write_junit", "phase_lines"]
-
-_PHASES = (
-    ("detection", "detection_s", "detection"),
-    ("reallocation", "reallocation_s", "reallocation"),
-    ("checkpoint_load", "checkpoint_load_s", "checkpoint load"),
-    ("recovery", "recovery_s", "recovery"),
-)
 
 
 def write_junit(summary: dict[str, Any], path: Path) -> Path:
@@ -96,19 +90,20 @@ def phase_lines(phases: dict[str, Any] | None, slo: dict[str, Any] | None) -> li
     phases, slo = phases or {}, slo or {}
     reasons = phases.get("reasons") or {}
     lines = []
-    for name, key, label in _PHASES:
-        value = phases.get(key)
-        entry = slo.get(name)
-        measured = f"{value:.3f}s" if value is not None else (entry or {}).get("reason") or reasons.get(name) or "not observed"
+    for p in SLO_PHASES:
+        value = phases.get(p.key)
+        entry = slo.get(p.name)
+        measured = f"{value:.3f}s" if value is not None else (entry or {}).get("reason") or reasons.get(p.name) or "not observed"
         limit = f"<= {entry['limit_s']:g}s" if entry else "no SLO"
         mark = ("ok" if entry["pass"] else "FAIL") if entry else ""
-        lines.append(f"{label:<16} {measured:<12} {limit:<10} {mark}".rstrip())
-    lost = phases.get("lost_steps")
-    entry = slo.get("lost_steps")
+        lines.append(f"{p.label:<16} {measured:<12} {limit:<10} {mark}".rstrip())
+    lost_work = phase("lost_steps")
+    lost = phases.get(lost_work.key)
+    entry = slo.get(lost_work.name)
     measured = "not observed" if lost is None else f"{lost} steps"
     limit = f"<= {entry['limit']}" if entry else "no SLO"
     mark = ("ok" if entry["pass"] else "FAIL") if entry else ""
-    lines.append(f"{'lost work':<16} {measured:<12} {limit:<10} {mark}".rstrip())
+    lines.append(f"{lost_work.label:<16} {measured:<12} {limit:<10} {mark}".rstrip())
     return lines
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from chaoskit.cluster.policy import origin, site_policy
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, UnsafePath, parse_utc_iso, write_new
+from chaoskit.core.phases import PHASE_TABLE
 from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.core.models import check_http_url
 
@@ -43,15 +44,10 @@ __all__ = ["METRICS", "DRILL_LABELS", "RESULTS", "Drill", "ExportOutcome", "read
 DRILL_LABELS = ("scenario", "cluster", "fault_kind")
 RESULTS = ("pass", "fail", "aborted", "error", "interrupted")
 """The values of ``chaoskit_drill_result``'s ``result`` label."""
-_PHASES = {
-    "chaoskit_detection_seconds": ("detection_s", "Seconds from the fault to the first sign the system noticed it."),
-    "chaoskit_reallocation_seconds": ("reallocation_s", "Seconds from detection to every worker of the new world started."),
-    "chaoskit_checkpoint_load_seconds": ("checkpoint_load_s", "Seconds from the new world's start to its last rank's checkpoint loaded."),
-    "chaoskit_recovery_seconds": ("recovery_s", "Seconds from the fault to the first training step after the checkpoint load (MTTR)."),
-}
+_PHASES = tuple(p for p in PHASE_TABLE if p.metric)
+"""The phases exported, each as its own gauge (``core/phases.Phase.metric``)."""
 METRICS: dict[str, str] = {
-    **{name: help_ for name, (_, help_) in _PHASES.items()},
-    "chaoskit_lost_steps": "Training steps lost: the last step before the fault minus the step restored.",
+    **{str(p.metric): p.metric_help for p in _PHASES},
     "chaoskit_drill_passed": "1 when the drill passed every SLO and check, else 0.",
     "chaoskit_drill_result": "1 for the drill's verdict (label result), 0 for the other verdicts.",
     "chaoskit_drill_duration_seconds": "Wall time of the drill.",
@@ -167,19 +163,16 @@ def _registry(drills: list[Drill], gameday: dict[str, Any] | None, *, with_gamed
         return Gauge(name, METRICS[name], labels, unit=unit, registry=registry)
 
     if drills:
-        phases = {name: gauge(name, DRILL_LABELS, "seconds") for name in _PHASES}
-        lost = gauge("chaoskit_lost_steps", DRILL_LABELS)
+        phases = {p.key: gauge(str(p.metric), DRILL_LABELS, "seconds" if p.unit == "s" else "") for p in _PHASES}
         passed = gauge("chaoskit_drill_passed", DRILL_LABELS)
         result = gauge("chaoskit_drill_result", DRILL_LABELS + ("result",))
         duration = gauge("chaoskit_drill_duration_seconds", DRILL_LABELS, "seconds")
         ended = gauge("chaoskit_drill_end_timestamp_seconds", DRILL_LABELS, "seconds")
         for d in drills:
             labels = d.labels()
-            for name, (key, _) in _PHASES.items():
+            for key, gauge_ in phases.items():
                 if isinstance(d.phases.get(key), (int, float)):
-                    phases[name].labels(**labels).set(d.phases[key])
-            if isinstance(d.phases.get("lost_steps"), (int, float)):
-                lost.labels(**labels).set(d.phases["lost_steps"])
+                    gauge_.labels(**labels).set(d.phases[key])
             passed.labels(**labels).set(1 if d.verdict == "pass" else 0)
             for r in RESULTS + (() if d.verdict in RESULTS else (d.verdict,)):
                 result.labels(**labels, result=r).set(1 if r == d.verdict else 0)

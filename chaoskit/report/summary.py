@@ -5,17 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from chaoskit.blame import blame_line
+from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
 from chaoskit.core.result import Check, RunResult, SloEntry
 from chaoskit.measure import phase_spans
 
 __all__ = ["render_result", "render_repeat", "render_plan", "check_text"]
-
-_ROWS = (
-    ("detection", "detection_s", "fault -> the system noticed"),
-    ("reallocation", "reallocation_s", "noticed -> new world started"),
-    ("checkpoint_load", "checkpoint_load_s", "started -> last rank loaded"),
-    ("recovery", "recovery_s", "fault -> first step after load"),
-)
 
 
 def _fmt(v: Any) -> str:
@@ -60,11 +54,10 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
         console.print(f"[green]rode through[/green] {result.scenario}'s disturbance: no worker exit, restart, new "
                       "rendezvous or detection by the stack (expect.restart: false)")
     spans = phase_spans({"model": model, "reallocation_from": phases.reallocation_from})
-    for name, key, meaning in _ROWS:
-        meaning = spans.get(name, meaning)
-        entry = slo.get(name)
+    for p in SLO_PHASES:
+        entry = slo.get(p.name)
         limit = f"<= {entry.limit_s:g}s" if entry else "-"
-        table.add_row(name.replace("_", " "), _fmt(getattr(phases, key)), limit, _mark(entry), meaning)
+        table.add_row(p.label, _fmt(getattr(phases, p.key)), limit, _mark(entry), spans.get(p.name, p.meaning))
     lost = phases.lost_steps
     entry = slo.get("lost_steps")
     table.add_row(
@@ -190,8 +183,8 @@ def _render_incident(console, result: RunResult) -> None:
                   + " from the first fault to the first step after the last recovery; lost work "
                   + ("not observed" if inc.lost_steps is None else f"{inc.lost_steps} steps"))
     for f in result.per_fault:
-        own = ", ".join(f"{name.replace('_', ' ')} " + ("-" if getattr(f, key) is None else f"{getattr(f, key):.2f}s")
-                        for name, key, _ in _ROWS)
+        own = ", ".join(f"{p.label} " + ("-" if getattr(f, p.key) is None else f"{getattr(f, p.key):.2f}s")
+                        for p in SLO_PHASES)
         console.print(f"  {f.fault} {f.kind} on {', '.join(f.targets)}: {own}")
         t = f.trigger
         if t is not None:
@@ -211,10 +204,6 @@ def _verdict(console, verdict: str, run_dir: str | None) -> None:
         console.print(f"result: {run_dir}/result.json", markup=False, highlight=False)
 
 
-_DIST_ROWS = (*((name, key) for name, key, _ in _ROWS[:3]), ("startup", "startup_s"), ("recovery", "recovery_s"),
-              ("lost work", "lost_steps"))
-
-
 def render_repeat(console, result: dict[str, Any]) -> None:
     """The distribution of each phase over a repeat's samples, with the SLOs judged on it."""
     from rich.markup import escape
@@ -226,16 +215,16 @@ def render_repeat(console, result: dict[str, Any]) -> None:
     for col, justify in (("phase", "left"), ("p50", "right"), ("95% CI of p50", "right"), ("p95", "right"),
                          ("max", "right"), ("SLO", "right"), ("", "center")):
         table.add_column(col, justify=justify)
-    for name, key in _DIST_ROWS:
-        d = dist.get(key) or {}
-        f = (lambda v: "-" if v is None else f"{v:g}") if key == "lost_steps" else (lambda v: "-" if v is None else f"{v:.3f}s")
-        entry = slo.get("lost_steps" if key == "lost_steps" else key[:-2])
+    for p in PHASE_TABLE:
+        d = dist.get(p.key) or {}
+        f = (lambda v: "-" if v is None else f"{v:.3f}s") if p.unit == "s" else (lambda v: "-" if v is None else f"{v:g}")
+        entry = slo.get(p.name)
         limits = ", ".join(f"{'every' if p == 'max' and entry['every_sample'] else p} <= {c['limit']:g}"
                            for p, c in entry["percentiles"].items()) if entry else "-"
         mark = ("[green]ok[/green]" if entry["pass"] else "[red]FAIL[/red]") if entry else ""
         ci = d.get("ci95")
         missing = f" [yellow]({d['missing']} not observed)[/yellow]" if d.get("missing") else ""
-        table.add_row(name.replace("_", " "), f(d.get("p50")) + missing, "-" if not ci else f"{f(ci[0])} .. {f(ci[1])}",
+        table.add_row(p.label, f(d.get("p50")) + missing, "-" if not ci else f"{f(ci[0])} .. {f(ci[1])}",
                       f(d.get("p95")), f(d.get("max")), limits, mark)
     console.print(table)
     for s in result.get("samples") or []:

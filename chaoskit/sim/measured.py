@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from chaoskit.core.errors import ScenarioError
+from chaoskit.core.phases import PHASE_TABLE
 from chaoskit.sim.model import RecoveryPhases
 
 __all__ = ["PHASE_FIELDS", "load_phases"]
 
-PHASE_FIELDS = {
-    "detection": ("detection_s", "--detection"),
-    "reallocation": ("reallocation_s", "--reallocation"),
-    "checkpoint_load": ("checkpoint_load_s", "--ckpt-load"),
-}
+PHASE_FIELDS = {p.name: (p.key, p.sim_flag) for p in PHASE_TABLE if p.sim_flag}
+"""The phases the simulator's model has a term for (``core/phases.Phase.sim_flag``): name -> (its key in
+``result.json``'s ``phases``, which is :class:`~chaoskit.sim.model.RecoveryPhases`' field, and the option that fills
+it in)."""
 
 
 def load_phases(path: Path, fallbacks: Mapping[str, float | None]) -> tuple[list[RecoveryPhases], list[str]]:
@@ -48,7 +48,7 @@ def load_phases(path: Path, fallbacks: Mapping[str, float | None]) -> tuple[list
     for origin, result in results:
         measured = result["phases"]
         reasons = measured.get("reasons") if isinstance(measured.get("reasons"), dict) else {}
-        values: dict[str, float] = {}
+        values: dict[str, float] = {}  # by key
         for name, (key, flag) in PHASE_FIELDS.items():
             value = measured.get(key)
             if value is None:
@@ -59,15 +59,15 @@ def load_phases(path: Path, fallbacks: Mapping[str, float | None]) -> tuple[list
                         f"{origin}: {key} is null ({why})",
                         hint=f"the run did not measure it; pass {flag} DURATION to fill it in, or use a run that observed it",
                     )
-                values[name] = given
+                values[key] = given
                 unused.discard(name)
                 notes.append(f"{origin}: {name} was not observed; using {flag} {given:g}s")
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ScenarioError(f"{origin}: {key} must be a non-negative number of seconds, got {value!r}")
-            values[name] = float(value)
+            values[key] = float(value)
         label = result.get("scenario") or origin
-        phases.append(RecoveryPhases(values["detection"], values["reallocation"], values["checkpoint_load"], source=str(label)))
+        phases.append(RecoveryPhases(**values, source=str(label)))
     for name in sorted(unused):
         notes.append(f"{PHASE_FIELDS[name][1]} was not used: every run measured {name} (drop --from-run to try other values)")
     if len(phases) > 1:
