@@ -4,20 +4,42 @@
 for anyone else. The folder is made 0700 and must stay the effective user's own: what
 ``chaoskit rollback`` runs comes from the journals kept here (:func:`private_dir`), never from
 the copies in a run folder that other people can read.
+
+Labs and locks are per user (issue 51): a user who is not root never takes a state folder, a lab's record or a run
+lock that another user owns (``$CHAOSKIT_STATE_DIR`` naming a shared ``/var/lib/chaoskit``, a record root wrote
+there under ``sudo -E``). :func:`state_dir` says so in one line and uses the user's own folder; :func:`not_ours` is
+the same test for a lab record or a lock found in it. Sharing them is on purpose only: ``CHAOSKIT_SHARED_STATE=1``
+(:data:`SHARED_ENV`) honours another user's lab records and locks in the user's state folder; root's state
+(``sudo chaoskit ...``) is the one every admin shares.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import stat
+import sys
 from pathlib import Path
 
 from chaoskit.core.errors import InfraError
 
-__all__ = ["state_dir", "private_dir", "private_problem", "lstat_no_link"]
+__all__ = ["state_dir", "private_dir", "private_problem", "lstat_no_link", "not_ours", "SHARED_ENV"]
+
+SHARED_ENV = "CHAOSKIT_SHARED_STATE"
+"""``1``: another user's lab records and locks in this user's state folder are honoured (shared on purpose)."""
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """One line on stderr, once per process: state_dir() is asked for on every lock, lease and lab record."""
+    if line not in _SAID:
+        _SAID.add(line)
+        sys.stderr.write(f"chaoskit: {line}\n")
 
 
 def state_dir() -> Path:
+    """The state folder (see the module): for a user who is not root, one of the user's own."""
     env = os.environ.get("CHAOSKIT_STATE_DIR")
     if env:
         root = Path(env)
@@ -25,6 +47,14 @@ def state_dir() -> Path:
         root = Path("/var/lib/chaoskit")
     else:
         root = Path.home() / ".local" / "state" / "chaoskit"
+    theirs = _owner_problem(root, follow=True) if os.geteuid() != 0 else None
+    if theirs is not None:
+        own = Path.home() / ".local" / "state" / "chaoskit"
+        if own == root or _owner_problem(own, follow=True) is not None:
+            raise InfraError(f"{theirs}: chaoskit keeps no state in another user's folder",
+                             hint="set CHAOSKIT_STATE_DIR to a folder of your own")
+        _say_once(f"{theirs}, not yours: its labs and locks are not yours; using your own {own}")
+        root = own
     if not root.exists():
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
     else:
@@ -32,6 +62,38 @@ def state_dir() -> Path:
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
             os.chmod(root, 0o700)  # ours, made before state was kept private (leases hold revert commands)
     return root
+
+
+def not_ours(path: Path, what: str) -> str | None:
+    """Why ``path`` (``what``: "the process lab record", "the lock of cluster X"), found in the state folder, is not
+    this user's: one line, said once on stderr too; ``None`` when it is ours, is not there, chaoskit is root, or
+    another user's are shared on purpose (:data:`SHARED_ENV`)."""
+    if os.geteuid() == 0 or os.environ.get(SHARED_ENV) == "1":
+        return None
+    problem = _owner_problem(path)
+    if problem is None:
+        return None
+    line = f"{what} {problem}, not yours: ignored ({SHARED_ENV}=1 shares it on purpose)"
+    _say_once(line)
+    return line
+
+
+def _owner_problem(path: Path, follow: bool = False) -> str | None:
+    """``path`` belongs to another user (or, not ``follow``-ed, is a link): "PATH belongs to uid N (name)";
+    ``None``: ours or absent."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if st.st_uid == os.geteuid():
+        return None
+    try:
+        name = f" ({pwd.getpwuid(st.st_uid).pw_name})"
+    except KeyError:
+        name = ""
+    return f"{path} belongs to uid {st.st_uid}{name}"
 
 
 def private_dir(*parts: str) -> Path:

@@ -25,7 +25,7 @@ from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.xid import lab_pci
 from chaoskit.core.accounts import LAB_ACCOUNT, Account, setpriv_argv
 from chaoskit.core.errors import InfraError
-from chaoskit.core.state import state_dir
+from chaoskit.core.state import not_ours, state_dir
 
 __all__ = ["ProcessLab", "lab_state_path", "JobNetns", "JOB_NETNS_PREFIX"]
 
@@ -60,7 +60,7 @@ class ProcessLab:
     def load(cls, state: Path | None = None) -> "ProcessLab | None":
         """The lab ``chaoskit lab up`` recorded at ``state``, or ``None``."""
         path = state or lab_state_path()
-        if not path.exists():
+        if not path.exists() or not_ours(path, "the process lab record") is not None:  # another user's: not adopted
             return None
         data = json.loads(path.read_text())
         created = data.get("created")
