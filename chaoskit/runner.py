@@ -113,6 +113,7 @@ class RunContext:
         self.checkpoint_dir = checkpoint_dir
         self.scheduler_jobs = scheduler_jobs if scheduler_jobs is not None else set()
         self.inproc_folders: dict[str, str] = {}
+        self._controller: dict[str, Transport] = {}
         """The in-process channel's folder by node where it is not the node's state folder's (a job that runs as an
         account of its own has its own, ``RUN.job/inproc``); set as the job starts."""
 
@@ -120,6 +121,14 @@ class RunContext:
         if node not in self.inventory:
             raise InfraError(f"refusing to touch {node!r}: it is not in the inventory")
         return self.inventory[node].conn
+
+    def controller(self, node: str) -> Transport:
+        """This machine, acting for ``node``: where a revert that runs on the controller (power, a docker network,
+        Slurm's resume) runs, and its watchdog; refuses a node outside the inventory."""
+        self.transport(node)
+        if node not in self._controller:
+            self._controller[node] = LocalTransport(node)
+        return self._controller[node]
 
     def arm(self, transport: Transport, fault_id: str, kind: str, revert: list[str], duration: float | None,
             target: str = "", on: str = "node") -> None:

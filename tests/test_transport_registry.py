@@ -92,3 +92,27 @@ def test_an_inventory_node_is_made_by_the_class_its_transport_names(tmp_path: Pa
     assert type(a.conn).name == "ssh" and a.ssh is not None and a.conn.known_hosts == str(tmp_path / "known_hosts")
     assert isinstance(b.conn, ToyTransport) and b.conn.address == "10.0.0.2" and b.ssh is None
     assert b.labels == {"rack": "r2", "toy": "yes"} and b.transport == "toy"
+
+
+def test_a_fault_gets_every_transport_from_its_context():
+    """No fault builds a transport itself: the node's comes from ``ctx.transport(node)``, and this machine acting
+    for a node (a revert that runs on the controller, its watchdog) from ``ctx.controller(node)``, which refuses
+    a node outside the inventory as ``ctx.transport`` does."""
+    import ast
+
+    from chaoskit.cluster.inventory import Inventory, Node
+    from chaoskit.core.errors import InfraError
+    from chaoskit.runner import RunContext
+    from tests.conftest import ROOT
+
+    built = []
+    for path in sorted((ROOT / "chaoskit" / "faults").glob("*.py")):
+        for call in ast.walk(ast.parse(path.read_text())):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id.endswith("Transport"):
+                built.append(f"{path.name}:{call.lineno}: {call.func.id}(...)")
+    assert built == []
+    ctx = RunContext(Inventory("lab", [Node("n0")]))
+    here = ctx.controller("n0")
+    assert here.node == "n0" and here is ctx.controller("n0") and here is not ctx.transport("n0")
+    with pytest.raises(InfraError, match="'n9': it is not in the inventory"):
+        ctx.controller("n9")

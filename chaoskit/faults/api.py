@@ -105,6 +105,10 @@ class FaultContext(Protocol):
     def transport(self, node: str) -> Transport:
         """The node's transport; refuses a node outside the inventory."""
 
+    def controller(self, node: str) -> Transport:
+        """This machine, acting for ``node`` (commands run here, the lease names the node): where a revert that runs
+        on the controller (power, a docker network, Slurm's resume) runs, and its watchdog."""
+
     def arm(self, transport: Transport, fault_id: str, kind: str, revert: list[str], duration: float | None,
             target: str = "", on: Literal["node", "controller"] = "node") -> None:
         """Journal the fault, then start its watchdog, before it is injected."""

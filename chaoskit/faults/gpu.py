@@ -46,7 +46,6 @@ from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.nvidia import device_of, listed_devices, lists_devices
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import ProcInfo, Transport
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.cluster.xid import MARKER, XID_MESSAGES, format_xid, normalize_pci
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
@@ -577,7 +576,7 @@ class GpuXidFault(Fault):
         marker = f"chaoskit drill {self.token}"
         resume = info.scheduler.resume_argv(node, marker, marked=True)
         fid = f"{self.fault_id}.resume{n}"
-        ctx.arm(LocalTransport(node), fid, self.kind, resume, self.spec.duration, target=node, on="controller")
+        ctx.arm(ctx.controller(node), fid, self.kind, resume, self.spec.duration, target=node, on="controller")
         return [Injection(fid, self.kind, node, [node], time.time(), {
             "mechanism": "slurm resume", "fidelity": "real", "revert": resume, "marker": marker, "before": state})]
 

@@ -37,7 +37,6 @@ from chaoskit.cluster.selectors import (
 )
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.docker import network_argv, networks_of
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import Duration, PositiveDuration
 from chaoskit.core.errors import InfraError, OutcomeUnknown, ScenarioError
 from chaoskit.core.limits import MAX_RATE_BITS
@@ -484,7 +483,7 @@ class PartitionFault(_NodeFault):
         for i, t in enumerate(targets):
             fid = f"{self.fault_id}.{i}"
             inject, revert, label, detail = self._disconnect_commands(ctx, t)
-            ctx.arm(LocalTransport(t.node), fid, self.kind, revert, self.spec.duration, target=label, on="controller")
+            ctx.arm(ctx.controller(t.node), fid, self.kind, revert, self.spec.duration, target=label, on="controller")
             res = run_power_command(inject, COMMAND_TIMEOUT_S, t.node)
             ts = time.time()
             if res.returncode != 0:
@@ -504,7 +503,7 @@ class PartitionFault(_NodeFault):
     def verify(self, ctx, injection):
         if injection.detail.get("on") != "controller":
             return super().verify(ctx, injection)
-        return until_reverted(lambda: self.check_reverted(LocalTransport(injection.node), injection.detail["revert"]), VERIFY_S)
+        return until_reverted(lambda: self.check_reverted(ctx.controller(injection.node), injection.detail["revert"]), VERIFY_S)
 
     def devices(self, target):
         return []

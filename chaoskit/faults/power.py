@@ -18,7 +18,6 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.power import run_power_command
 from chaoskit.cluster.selectors import NodeTarget, node_targets
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import Duration
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.secrets import redact_argv, redact_text
@@ -112,7 +111,7 @@ class PowerOffFault(Fault):
             fid = f"{self.fault_id}.{i}"
             off, on, _, timeout = self.commands(t)
             if self.lasting and on is not None:
-                ctx.arm(LocalTransport(t.node), fid, self.kind, on, self.spec.duration, target=t.node)
+                ctx.arm(ctx.controller(t.node), fid, self.kind, on, self.spec.duration, target=t.node)
             res = run_power_command(off, timeout, t.node)
             ts = time.time()
             _drop_connection(t.info)

@@ -31,7 +31,6 @@ from pydantic import Field
 from chaoskit.cluster.inventory import Node
 from chaoskit.cluster.selectors import NodeTarget, node_targets
 from chaoskit.cluster.slurm import SlurmAccess, job_ids
-from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.launches import LAUNCHES
@@ -130,7 +129,7 @@ class DrainFault(Fault):
             access = _access(t.info)
             before = _in_service(t.info)  # again: an administrator may have drained it since preflight
             resume = self.resume_argv(t.info)
-            ctx.arm(LocalTransport(t.node), fid, self.kind, resume, self.spec.duration, target=t.node, on="controller")
+            ctx.arm(ctx.controller(t.node), fid, self.kind, resume, self.spec.duration, target=t.node, on="controller")
             res = access.run("scontrol", "update", f"nodename={t.node}", "state=drain", f"reason={self.reason}", check=False)
             ts = time.time()
             if res.returncode != 0:
