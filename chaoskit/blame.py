@@ -208,14 +208,18 @@ def _wrapper(e: Event, timeline: list[Event], i: int, where: dict[int, str],
     return None
 
 
+_TORCHFT_SOURCE = "torchft"
+"""The ``source`` of the ``torchft`` preset's events from torchft's manager."""
+
+
 def _lighthouse(e: Event, timeline: list[Event], i: int, where: dict[int, str],
                 pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
     # torchft's src/lighthouse.rs: "Detected quorum change, bumping quorum_id to N"; it names no member: the group
     # that left is one that trained before and whose manager did not log "reconfiguring for quorum_id=N"
     quorum = e.get("quorum_id")
-    groups = {x.get("node") for x in timeline[:i] if x.get("source") == "torchft" and x.get("node") is not None
+    groups = {x.get("node") for x in timeline[:i] if x.get("source") == _TORCHFT_SOURCE and x.get("node") is not None
               and x.get("kind") in ("step", "rendezvous.done", "step.discarded")}
-    stayed = {x.get("node") for x in timeline if x.get("kind") == "rendezvous.done" and x.get("source") == "torchft"
+    stayed = {x.get("node") for x in timeline if x.get("kind") == "rendezvous.done" and x.get("source") == _TORCHFT_SOURCE
               and x.get("quorum_id") == quorum}
     if quorum is None or not stayed:
         return None  # nobody reconfigured for it yet: which group left is not known

@@ -18,8 +18,8 @@ Each instant has its finder, which returns the event it is read from or its "not
 :func:`find_lost_work` for the steps lost); :func:`measure_fault` puts them together.
 
 That is the ``restart`` recovery model (:func:`measure_fault`). A job that recovers without a restart is
-measured on its own terms: :data:`RECOVERY_MODELS` names each model's function, ``workload.recovery`` picks
-one, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
+measured on its own terms: its recovery stack (``workload.recovery``, :mod:`chaoskit.stacks`) names the function
+here that measures it, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
 drop a dead replica group from the quorum and carry on; its restarted group heals from a peer. ``nvrx``
 (:func:`measure_nvrx`): NVIDIA's ft_launcher, whose rank monitors notice a rank that stopped sending heartbeats.
 ``nvrx-inprocess`` (:func:`measure_nvrx_inprocess`): NVRx's in-process restart, which reruns the loop in the same
@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 from chaoskit.core.phases import SLO_PHASES
 
-__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "RECOVERY_MODELS", "detection_sources", "measure_fault",
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "detection_sources", "measure_fault",
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
            "measure_slowdown", "measure_checkpoint_io", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
@@ -391,7 +391,9 @@ def _uncertainty(value: float | None, a: float, b: float) -> float | None:
     return None if value is None else round(a + b, 6)
 
 
-TORCHFT_DETECT_SOURCES = frozenset({"torchft", "torchft lighthouse"})
+TORCHFT_SOURCE = "torchft"
+"""The ``source`` of the ``torchft`` preset's events from torchft's manager (the lighthouse's is its own)."""
+TORCHFT_DETECT_SOURCES = frozenset({TORCHFT_SOURCE, "torchft lighthouse"})
 """Who notices a dead replica group in the torchft model: a survivor's failed collective (torchft's manager)
 or the lighthouse dropping the group from the quorum once it stopped heartbeating."""
 
@@ -439,7 +441,7 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
     if t_detect is not None:
         # the first survivor reconfigured after the fault; it may be read a moment before the lighthouse's line that
         # caused it (two pipes, two readers): then the two are one instant, and reallocation is 0
-        realloc = next((e for e in after if e.get("kind") == "rendezvous.done" and e.get("source") == "torchft"
+        realloc = next((e for e in after if e.get("kind") == "rendezvous.done" and e.get("source") == TORCHFT_SOURCE
                         and survivor(e)), None)
         if realloc is None:
             reasons["reallocation"] = "not observed: no survivor reconfigured for a new quorum after the detection"
@@ -447,9 +449,9 @@ def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty
         reasons["reallocation"] = "not measurable: detection was not observed"
 
     mine = [e for e in after if node is None or e.get("node") == node]
-    heal = next((e for e in mine if e.get("kind") == "ckpt.load.start" and e.get("source") == "torchft"), None)
+    heal = next((e for e in mine if e.get("kind") == "ckpt.load.start" and e.get("source") == TORCHFT_SOURCE), None)
     healed = next((e for e in mine if heal is not None and e.get("kind") == "ckpt.load.end"
-                   and e.get("source") == "torchft" and e["ts"] >= heal["ts"]), None)
+                   and e.get("source") == TORCHFT_SOURCE and e["ts"] >= heal["ts"]), None)
     if heal is None:
         reasons["checkpoint_load"] = (f"not observed: the group on {node or '?'} never healed from a peer after the "
                                       "fault (no 'healing required' line: did its torchrun restart it?)")
@@ -605,8 +607,6 @@ def _number(v: Any) -> float | None:
         return None
 
 
-RECOVERY_MODELS = {"restart": measure_fault, "torchft": measure_torchft, "nvrx": measure_nvrx,
-                   "nvrx-inprocess": measure_nvrx_inprocess}
 PHASE_MEANINGS = {
     "restart": {"detection": "fault -> the system noticed", "reallocation": "noticed -> new world started",
                 "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
@@ -626,9 +626,8 @@ PHASE_MEANINGS = {
                        "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
                        "lost_steps": "the last step before the fault - the step restored"},
 }
-"""What each phase spans under each recovery model (the reports' "what it spans" column)."""
-"""``workload.recovery`` -> the function that measures a fault's recovery under that model (same signature and
-keys; ``model`` names it)."""
+"""What each phase spans under each recovery model (the reports' "what it spans" column); each stack points to its
+own (:attr:`chaoskit.stacks.api.Stack.phase_meanings`)."""
 
 
 PHASE_SIGNALS = {"detection": ("worker.exit", "detect"), "reallocation": ("worker.start",),

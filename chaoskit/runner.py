@@ -51,7 +51,7 @@ from chaoskit.faults.api import Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.goodput import account, goodput_terms
 from chaoskit.measure import (
-    RECOVERY_MODELS, baseline_restarts, false_restart, incident, measure_slowdown, node_returns, reallocation_steps,
+    baseline_restarts, false_restart, incident, measure_slowdown, node_returns, reallocation_steps,
     slo_verdict, unseen_signals,
 )
 from chaoskit.measure import measure_checkpoint_io
@@ -75,7 +75,8 @@ from chaoskit.safety.lock import ClusterLock
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
 from chaoskit.triggers import Fired, TriggerMissed, TriggerWatch, what_it_waits_for
-from chaoskit.core.launches import LAUNCHES, agent_of
+from chaoskit.core.launches import LAUNCHES
+from chaoskit.stacks.registry import stack_of
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.launch import checkpoint_dir, job_dir, torch_available
 from chaoskit.workloads.registry import job_class, make_job
@@ -251,7 +252,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         job = make_job(cluster, sc.workload, Path(out or Path("reports") / run_id), run_id, base=loaded.path.parent)
         plan = plan_scenario(loaded, cluster)
         result = {"scenario": sc.name, "verdict": "dry-run", "cluster": cluster.info(),
-                  "agent": agent_of(sc.workload.recovery),
+                  "agent": stack_of(sc.workload).agent,
                   "job": {n: " ".join(a) for n, a in job.commands().items()}, "plan": plan, **job.plan_part()}
         result["scope"] = _scope_preview(sc, cluster, job, loaded.path)
         if not torch_available() and LAUNCHES[sc.workload.launch].needs_torch:
@@ -535,10 +536,7 @@ class _Run:
     def _start(self) -> None:
         sc = self.sc
         presets = list(sc.probes.presets)
-        if sc.workload.recovery == "nvrx" and "nvrx" not in presets:  # ft_launcher's rank monitors say who noticed
-            presets.append("nvrx")
-        if sc.workload.recovery == "nvrx-inprocess" and "nvrx-inprocess" not in presets:  # the Wrapper's own lines
-            presets.append("nvrx-inprocess")
+        presets += [p for p in stack_of(sc.workload).presets if p not in presets]  # the stack's own lines: who noticed
         rules, tee = preset_rules(presets, torchrun=sc.probes.torchrun)
         rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
         self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
@@ -636,7 +634,7 @@ class _Run:
 
     def _baseline(self) -> None:
         need, timeout = self.sc.steady_state.steps, self.sc.steady_state.timeout
-        every_group = self.sc.workload.recovery == "torchft"
+        every_group = stack_of(self.sc.workload).every_group_steady
 
         def steady() -> bool:
             if not self.job.scope_chosen():
@@ -804,8 +802,7 @@ class _Run:
         felt = [inj for fault, inj in self.injections if not fault.primes] or [inj for _, inj in self.injections]
         t_fault = felt[0].t_fault if felt else time.time()
         announced: set[str] = set()
-        realloc_label = ("every rank's loop started again" if sc.workload.recovery == "nvrx-inprocess"
-                         else "new world started")
+        realloc_label = stack_of(sc.workload).reallocation_label
         while True:
             self._check_abort()
             self._revert_due()
@@ -1131,8 +1128,8 @@ class _Run:
     def measure(self, events: list[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
                 node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
         """One fault's recovery, measured with the scenario's recovery model (``workload.recovery``)."""
-        return RECOVERY_MODELS[self.sc.workload.recovery](events, t_fault, t_fault_uncertainty, node=node,
-                                                          fault_step=fault_step)
+        return stack_of(self.sc.workload).measure(events, t_fault, t_fault_uncertainty, node=node,
+                                                  fault_step=fault_step)
 
     def _clock_error(self, node: str) -> float:
         clock = self.clocks.get(node)

@@ -12,9 +12,11 @@ one cell per (stack, fault):
 ``p50``/``p95`` per phase. ``verdict`` is ``pass``/``fail`` (the row's SLOs), ``rode through``/``false restart``
 (a row with ``expect: {restart: false}``: a disturbance the stack should ride through), ``not detected`` ("not detected
 within X": the stack never noticed while the run watched), ``cannot run`` ("cannot run here: why") or ``error``;
-no cell is blank. ``timeouts`` are the stack's settings behind the numbers (collective timeout, NVRx heartbeat
-timeout, torchft's timeouts, Slurm's SlurmdTimeout), ``warnings`` the ones left at a default that makes
-detection take minutes.
+no cell is blank. ``timeouts`` are the stack's settings behind the numbers as the drill ran them: the collective
+timeout, and the recovery stack's own (:meth:`chaoskit.stacks.api.Stack.timeouts`, read from the validated
+workload: NVRx's heartbeat timeout, torchft's timeouts), Slurm's SlurmdTimeout; ``warnings`` the ones that make
+detection take minutes. A column whose stack says so carries a note (``stack_notes``: nvrx-inprocess is
+deprecated upstream).
 
 It writes ``scorecard.json``, ``index.html`` (:mod:`chaoskit.report.scorecard`) and ``metrics.prom``
 (OpenMetrics with a ``stack`` label).
@@ -45,17 +47,14 @@ from chaoskit.observe.events import read_events
 from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metrics
 from chaoskit.scenario import load_scenario, scenario_files
 from chaoskit.scenario.checks import check_scenario
+from chaoskit.scenario.model import workload_model
+from chaoskit.stacks.api import LONG_DETECTION_S
+from chaoskit.stacks.registry import by_column, stack as recovery_stack, stack_of
 from chaoskit.workloads.launch import torch_available
 
 __all__ = ["STACKS", "Stack", "CannotRun", "SCORECARD_FILE", "run_scorecard", "cells_from_gameday", "adapt_row"]
 
 SCORECARD_FILE = "scorecard.json"
-LONG_DETECTION_S = 120.0
-"""A timeout at or above this makes a hang (or a dead node) take minutes to notice: the cell warns."""
-NVRX_DEFAULT_HEARTBEAT_S = 45 * 60.0
-"""nvidia-resiliency-ext's own ``rank_heartbeat_timeout`` (fault_tolerance/config.py) when a job sets none."""
-NVRX_INPROCESS_DEFAULT_SOFT_S = 5.0
-"""chaoskit's default soft timeout for the in-process Wrapper (``workload.nvrx_inprocess``; NVRx's own is 60 s)."""
 TORCHFT_SCRIPT = Path("..") / "frameworks" / "torchft_train.py"
 """The torchft column's job, relative to the rows' folder (examples/frameworks/torchft_train.py beside
 examples/scorecard/); a folder without it gets "cannot run here" in that column."""
@@ -104,7 +103,7 @@ def _torchrun(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 def _nvrx(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     w = doc["workload"]
-    if w.get("launch", "reference") not in ("reference", "uninstrumented", "command"):
+    if recovery_stack("nvrx").launch_problem(w.get("launch", "reference")):
         raise CannotRun(f"ft_launcher replaces torchrun; launch: {w['launch']} has none")
     w["recovery"] = "nvrx"
     w.setdefault("nvrx", {"heartbeat_timeout": "5s", "initial_heartbeat_timeout": "60s"})
@@ -113,7 +112,7 @@ def _nvrx(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 def _nvrx_inprocess(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     w = doc["workload"]
-    if w.get("launch", "reference") not in ("reference", "uninstrumented"):
+    if recovery_stack("nvrx-inprocess").launch_problem(w.get("launch", "reference")):
         raise CannotRun(f"the in-process Wrapper wraps the reference job's training loop; launch: {w['launch']} is "
                         "a job of its own")
     w["recovery"] = "nvrx-inprocess"
@@ -180,12 +179,10 @@ def _slurm(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("torchrun", "torchelastic: the agent sees a dead worker, a hang only at the collective timeout", _torchrun),
-    Stack("nvrx", "NVIDIA's ft_launcher: each rank's monitor restarts a world whose rank stopped heartbeating", _nvrx),
-    Stack("nvrx-inprocess", "NVIDIA's in-process restart: the Wrapper reruns every rank's loop in its own process",
-          _nvrx_inprocess),
-    Stack("torchft", "torchft: survivors drop a dead replica group from the quorum; it heals from a peer", _torchft,
-          _torchft_unfit),
+    Stack("torchrun", by_column()["torchrun"].describe, _torchrun),
+    Stack("nvrx", by_column()["nvrx"].describe, _nvrx),
+    Stack("nvrx-inprocess", by_column()["nvrx-inprocess"].describe, _nvrx_inprocess),
+    Stack("torchft", by_column()["torchft"].describe, _torchft, _torchft_unfit),
     Stack("ray", "Ray Train: the controller restarts the worker group from the last reported checkpoint", _ray),
     Stack("slurm", "Slurm: torchrun inside an allocation; a lost node is DOWN after SlurmdTimeout, then requeue",
           _slurm),
@@ -272,6 +269,8 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
         "kind": "chaoskit.scorecard",
         "rows": str(folder),
         "stacks": stacks,
+        **({"stack_notes": notes_by} if (notes_by := {s: by_column()[s].scorecard_note for s in stacks
+                                                      if s in by_column() and by_column()[s].scorecard_note}) else {}),
         "faults": list(dict.fromkeys(p[1] for p in planned)),
         "repeat": repeat,
         "started_at": _iso(started),
@@ -412,58 +411,46 @@ def _disturbance_cell(cell: dict[str, Any], samples: list[dict[str, Any]], doc: 
 
 
 def _bound(detection_s: float, who: str, doc: dict[str, Any]) -> str:
-    """Which configured timeout the detection came at, where one did: the number is then the setting's."""
-    w = doc.get("workload") or {}
-    if who.startswith("NVRx rank monitor"):
-        hb = (w.get("nvrx") or {}).get("heartbeat_timeout", NVRX_DEFAULT_HEARTBEAT_S)
-        return "" if hb is None else f", at its heartbeat timeout ({_seconds(hb):g}s)"  # null: switched off
-    if who.startswith("NVRx in-process Wrapper"):
-        soft = _seconds((w.get("nvrx_inprocess") or {}).get("soft_timeout", NVRX_INPROCESS_DEFAULT_SOFT_S))
-        if abs(detection_s - soft) <= max(1.0, 0.2 * soft):
-            return f", at its soft timeout ({soft:g}s)"
-    collective = _seconds(w.get("collective_timeout", 30))
-    if "collective" in who and abs(detection_s - collective) <= max(1.0, 0.2 * collective):
-        return f", at the collective timeout ({collective:g}s)"
+    """Which configured timeout the detection came at, where one did: the number is then the setting's, as the
+    drill ran it (the validated workload's, through its recovery stack)."""
+    w = _workload(doc)
+    if w is None:
+        return ""
+    own = stack_of(w).bound(who, detection_s, w)
+    if own is not None:
+        return own
+    if "collective" in who and abs(detection_s - w.collective_timeout) <= max(1.0, 0.2 * w.collective_timeout):
+        return f", at the collective timeout ({w.collective_timeout:g}s)"
     return ""
 
 
+def _workload(doc: dict[str, Any]) -> Any:
+    """The adapted scenario's workload as the drill validated it (defaults filled in), or ``None`` when it does not
+    validate (its drill was refused, and said why)."""
+    try:
+        return workload_model().model_validate(doc.get("workload") or {})
+    except ValueError:
+        return None
+
+
 def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """The stack's settings behind a cell's numbers, as configured, and a warning for each left at a default that
-    makes detection take minutes."""
-    w = doc.get("workload") or {}
+    """The stack's settings behind a cell's numbers, as the drill ran them (the validated workload's), and a warning
+    for each that makes detection take minutes."""
+    raw = doc.get("workload") or {}
+    w = _workload(doc)
     timeouts: dict[str, str] = {}
     warnings: list[str] = []
-    collective = _seconds(w.get("collective_timeout", 30))
+    if w is None:
+        return timeouts, warnings
+    collective = w.collective_timeout
     timeouts["collective timeout"] = f"{collective:g}s"
-    if "collective_timeout" not in w:
+    if "collective_timeout" not in raw:
         timeouts["collective timeout"] += " (chaoskit's default; torch's own is 30 min, NCCL's watchdog 10 min)"
     if collective >= LONG_DETECTION_S:
         warnings.append(f"collective timeout {collective:g}s: a hang is noticed only after {collective / 60:.0f} min")
-    if stack == "nvrx":
-        n = w.get("nvrx") or {}
-        off = [key for key in ("heartbeat_timeout", "initial_heartbeat_timeout") if key in n and n[key] is None]
-        hb = _configured(timeouts, "NVRx", {k: v for k, v in n.items() if k not in off},
-                         (("heartbeat timeout", NVRX_DEFAULT_HEARTBEAT_S), ("initial heartbeat timeout", 60),
-                          ("check interval", 0.5)))[0]
-        for key in off:  # null: NVRx never checks it (workload.nvrx)
-            timeouts[f"NVRx {key.replace('_', ' ')}"] = "off (null)"
-        if "heartbeat_timeout" in off:
-            hb = 0.0
-        if n.get("section_timeouts"):
-            timeouts["NVRx section timeouts"] = ", ".join(f"{k} {_seconds(v):g}s" for k, v in n["section_timeouts"].items())
-        if hb >= LONG_DETECTION_S:
-            warnings.append(f"NVRx heartbeat timeout {hb:g}s (nvidia-resiliency-ext's default is 45 min): a hang "
-                            f"takes {hb / 60:.0f} min to notice")
-    if stack == "nvrx-inprocess":
-        soft = _configured(timeouts, "NVRx in-process", w.get("nvrx_inprocess") or {},
-                           (("soft timeout", NVRX_INPROCESS_DEFAULT_SOFT_S), ("hard timeout", 60),
-                            ("heartbeat timeout", 5)))[0]
-        if soft >= LONG_DETECTION_S:
-            warnings.append(f"NVRx in-process soft timeout {soft:g}s: a hung rank takes {soft / 60:.0f} min to notice")
-    if stack == "torchft":
-        timeouts["torchft timeout"] = "10s (torchft_train.py --timeout: a collective, a heal)"
-        timeouts["torchft lighthouse heartbeat timeout"] = "5s (torchft's default)"
-        timeouts["torchft quorum timeout"] = "60s (torchft's Manager default)"
+    own, own_warnings = stack_of(w).timeouts(w)
+    timeouts.update(own)
+    warnings += own_warnings
     if stack == "ray":
         timeouts["Ray health check"] = "1s x 3 failures (the Ray lab's RAY_health_check_*; Ray's default 3s x 5)"
     if stack == "slurm":
@@ -475,18 +462,6 @@ def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> t
         if sd is not None and sd >= LONG_DETECTION_S:
             warnings.append(f"SlurmdTimeout {sd:g}s (Slurm's default 300 s): a dead node is DOWN only after it")
     return timeouts, warnings
-
-
-def _configured(timeouts: dict[str, str], stack: str, section: dict[str, Any],
-                settings: tuple[tuple[str, float], ...]) -> list[float]:
-    """Each of a stack's own settings (``(name, default)``; its key in ``section`` is the name with ``_`` for
-    spaces) as configured, else its default, into ``timeouts`` as ``"<stack> <name>"``; their values in seconds."""
-    values = []
-    for name, default in settings:
-        value = _seconds(section.get(name.replace(" ", "_"), default))
-        timeouts[f"{stack} {name}"] = f"{value:g}s"
-        values.append(value)
-    return values
 
 
 def _attach_to_gameday(gameday_dir: Path, card: dict[str, Any]) -> None:

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from chaoskit.scenario import LoadedScenario, validate_file
-from chaoskit.core.launches import (LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, RECOVERY_LAUNCHES, running_under,
-                                        taking)
+from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, taking
 from chaoskit.scenario.model import Workload
+from chaoskit.stacks.registry import STACKS, stack
 from chaoskit.scenario.schema import schema_dict
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.attach import AttachedJob
@@ -54,7 +54,8 @@ def test_every_launch_of_the_schema_has_its_row_in_both_tables():
     for name, spec in LAUNCHES.items():
         assert spec.fields <= set(LAUNCH_FIELDS), name
         assert spec.needs is None or spec.needs.field in spec.fields, name
-        assert "restart" in spec.recoveries and set(spec.recoveries) <= {"restart", *RECOVERY_LAUNCHES}, name
+    assert stack("restart").launches == LAUNCH_NAMES  # plain torchrun runs every launch
+    assert all(set(stack(name).launches) <= set(LAUNCH_NAMES) for name in STACKS.names())
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -127,11 +128,11 @@ def test_the_field_a_launch_needs_is_asked_for(tmp_path, launch):
     assert res.code == 2 and f"{path}:4:3: workload: launch: {launch} needs '{LAUNCHES[launch].needs.field}: " in res.stderr
 
 
-@pytest.mark.parametrize("recovery", sorted(RECOVERY_LAUNCHES))
+@pytest.mark.parametrize("recovery", [n for n in STACKS.names() if stack(n).launches != LAUNCH_NAMES])
 def test_a_recovery_model_runs_only_under_its_launches(tmp_path, recovery):
     for launch in LAUNCH_NAMES:
         found = validate_file(_scenario(tmp_path, launch, _needed(launch), recovery=recovery))
-        if launch in running_under(recovery):
+        if launch in stack(recovery).launches:
             assert isinstance(found, LoadedScenario), (launch, found)
         else:
             assert not isinstance(found, LoadedScenario) and f"not launch: {launch}" in str(found[0]), (launch, found)

@@ -2,7 +2,7 @@
 
 The reference is the function as it stood before the split (commit 2789637), copied here and nowhere else, with
 ``measure_torchft`` as it was (the split moved the helpers it shared with it to the module). A few thousand seeded
-random timelines, under each model of :data:`chaoskit.measure.RECOVERY_MODELS`, give the same dict, key order
+random timelines, under each recovery stack's model (:meth:`chaoskit.stacks.api.Stack.measure`), give the same dict, key order
 included (result.json is written in that order). The ``nvrx`` models call ``measure_fault``: their reference is the
 same function with the old ``measure_fault`` in its place. Pure: events in, numbers out; nothing is started.
 """
@@ -16,10 +16,10 @@ from typing import Any, Iterable
 import pytest
 
 from chaoskit import measure
+from chaoskit.stacks.registry import STACKS, stack
 from chaoskit.measure import (
     DETECT_KINDS,
     INJECTED_LINE_SLACK_S,
-    RECOVERY_MODELS,
     TORCHFT_DETECT_SOURCES,
     _rank_key,
     _who,
@@ -329,7 +329,7 @@ def _old(model: str):
         saved = measure.measure_fault
         measure.measure_fault = old_measure_fault
         try:
-            return RECOVERY_MODELS[model](events, t_fault, t_fault_uncertainty, node=node)
+            return stack(model).measure(events, t_fault, t_fault_uncertainty, node=node)
         finally:
             measure.measure_fault = saved
     return reference
@@ -380,10 +380,10 @@ def _reason_wildcard(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any
     return got
 
 
-@pytest.mark.parametrize("model", sorted(RECOVERY_MODELS))
+@pytest.mark.parametrize("model", STACKS.names())
 def test_the_finders_measure_what_measure_fault_measured(model: str) -> None:
     rng = random.Random(f"finders-{model}")
-    old, new = _old(model), RECOVERY_MODELS[model]
+    old, new = _old(model), stack(model).measure
     seen_reasons: set[str] = set()
     for i in range(TIMELINES):
         events, t_fault, unc = random_timeline(rng)

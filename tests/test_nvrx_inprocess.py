@@ -20,9 +20,10 @@ import pytest
 
 from chaoskit.cluster.transports.api import ProcInfo, rank_processes
 from chaoskit.core.errors import ScenarioError
-from chaoskit.measure import PHASE_MEANINGS, RECOVERY_MODELS, measure_nvrx_inprocess
+from chaoskit.measure import measure_nvrx_inprocess
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.presets import PRESETS, preset_rules
+from chaoskit.stacks.registry import stack
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
@@ -61,7 +62,7 @@ def test_the_preset_reads_the_wrappers_real_lines():
 def test_a_cuda_error_measured_with_the_in_process_model():
     events, t_fault = recorded("raise")
     phases = measure_nvrx_inprocess(events, t_fault)
-    assert RECOVERY_MODELS["nvrx-inprocess"] is measure_nvrx_inprocess and set(PHASE_MEANINGS["nvrx-inprocess"]) == {
+    assert stack("nvrx-inprocess").measure(events, t_fault) == phases and set(stack("nvrx-inprocess").phase_meanings) == {
         "detection", "reallocation", "checkpoint_load", "recovery", "lost_steps"}
     assert phases["model"] == "nvrx-inprocess" and not phases["reasons"]
     # the Wrapper in the raising rank knew at once

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from chaoskit.core.errors import ScenarioError
-from chaoskit.measure import RECOVERY_MODELS, measure_fault, measure_nvrx
+from chaoskit.measure import measure_fault, measure_nvrx
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.presets import PRESETS, preset_rules
+from chaoskit.stacks.registry import stack
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
@@ -60,7 +61,7 @@ def test_the_nvrx_preset_reads_the_rank_monitors_real_lines():
 def test_a_hung_rank_measured_with_the_nvrx_model():
     events = _recorded_timeline()
     phases = measure_nvrx(events, T_FAULT)
-    assert phases["model"] == "nvrx" and RECOVERY_MODELS["nvrx"] is measure_nvrx
+    assert phases["model"] == "nvrx" and stack("nvrx").measure(events, T_FAULT) == phases
     # rank 0's monitor, 5 s after the last heartbeat before the hang (it blocked in the all-reduce with rank 1)
     assert phases["detected_by"].startswith("NVRx rank monitor on n0/rank0")
     assert 5.0 <= phases["detection_s"] <= 6.0, phases["detection_s"]
@@ -125,7 +126,8 @@ def test_ft_launcher_starts_in_place_of_torchrun_with_private_sockets(tmp_path):
     import stat
 
     from chaoskit.scenario.checks import check_scenario
-    from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob
+    from chaoskit.stacks.nvrx import NVRX_LAUNCHER
+    from chaoskit.workloads.launch import TorchrunJob
     from chaoskit.workloads.slurm import SlurmJob
 
     loaded = load_scenario(_scenario(tmp_path, "{recovery: nvrx, nvrx: {heartbeat_timeout: 3s}}"))
@@ -222,7 +224,7 @@ def test_heartbeat_timeouts_switched_off_reach_ft_launcher_as_null(tmp_path):
     assert "--ft-rank-heartbeat-timeout" not in argv and "--ft-initial-rank-heartbeat-timeout" not in argv
     config = argv[argv.index("--ft-cfg-path") + 1]
     (tmp_path / "run").mkdir()
-    assert job.write_nvrx_config() == config
+    assert job.stack_run.write_config() == config
     nvrx = pytest.importorskip("nvidia_resiliency_ext.fault_tolerance.launcher")
     from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
 

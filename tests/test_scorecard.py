@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from chaoskit.report.scorecard import render_scorecard_html, scorecard_metrics
-from chaoskit.scorecard import CannotRun, adapt_row, cells_from_gameday, stack_timeouts
+from chaoskit.scorecard import CannotRun, _bound, adapt_row, cells_from_gameday, stack_timeouts
+from chaoskit.stacks.registry import by_column
 from tests.conftest import ROOT, need, need_torch, run_cli
 
 ROWS = ROOT / "examples" / "scorecard"
@@ -47,13 +48,37 @@ def test_every_stack_adapts_every_row_or_says_why_not():
 
 
 def test_timeouts_behind_a_cell_and_a_warning_for_defaults_that_take_minutes():
-    timeouts, warnings = stack_timeouts("nvrx", {"workload": {"recovery": "nvrx", "nvrx": {}}}, {})
+    timeouts, warnings = stack_timeouts("nvrx", {"workload": {"recovery": "nvrx", "nvrx": {"heartbeat_timeout": "45m"}}}, {})
     assert timeouts["NVRx heartbeat timeout"] == "2700s" and timeouts["collective timeout"].startswith("30s")
     assert any("45 min" in w for w in warnings)
     timeouts, warnings = stack_timeouts("torchrun", {"workload": {"collective_timeout": "30m"}}, {})
     assert timeouts["collective timeout"] == "1800s" and warnings == ["collective timeout 1800s: a hang is noticed only after 30 min"]
     timeouts, warnings = stack_timeouts("slurm", {"workload": {}}, {"cluster": {"slurm": {"slurmd_timeout": 300}}})
     assert timeouts["SlurmdTimeout"] == "300s" and any("SlurmdTimeout" in w for w in warnings)
+
+
+def test_each_timeout_reads_as_the_drill_ran_it():
+    """Issue 50: a row that sets one NVRx setting (check_interval) ran with chaoskit's 5 s heartbeat timeout, the
+    validated workload's default, not NVRx's own 45 min; the cell says the drill's numbers and warns of nothing."""
+    doc = {"workload": {"recovery": "nvrx", "nvrx": {"check_interval": "1s"}}}
+    timeouts, warnings = stack_timeouts("nvrx", doc, {})
+    assert timeouts["NVRx heartbeat timeout"] == "5s" and timeouts["NVRx check interval"] == "1s"
+    assert timeouts["NVRx initial heartbeat timeout"] == "60s" and not warnings
+    # a detection at the heartbeat timeout is bound to the drill's number too
+    assert _bound(5.4, "NVRx rank monitor on n0/rank1", doc) == ", at its heartbeat timeout (5s)"
+    # the in-process Wrapper's, from its validated defaults
+    timeouts, _ = stack_timeouts("nvrx-inprocess", {"workload": {"recovery": "nvrx-inprocess"}}, {})
+    assert timeouts["NVRx in-process soft timeout"] == "5s" and timeouts["NVRx in-process hard timeout"] == "60s"
+
+
+def test_the_nvrx_inprocess_column_says_it_is_deprecated_upstream():
+    from chaoskit.report.scorecard import render_scorecard_html
+
+    card = {"stacks": ["torchrun", "nvrx-inprocess"], "faults": [], "cells": [], "repeat": 1, "duration_s": 0,
+            "stack_notes": {"nvrx-inprocess": by_column()["nvrx-inprocess"].scorecard_note}}
+    assert "NVRx 0.6 deprecated in-process restart" in card["stack_notes"]["nvrx-inprocess"]
+    assert "deprecated upstream" in render_scorecard_html(card)
+    assert by_column()["torchrun"].scorecard_note is None
 
 
 def test_a_pair_that_cannot_run_and_a_drill_that_never_noticed_are_cells_not_blanks(tmp_path):

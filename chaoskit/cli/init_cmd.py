@@ -32,6 +32,7 @@ from chaoskit.core.files import UnsafePath, write_new
 from chaoskit.core.trusted import read_authors_file
 from chaoskit.observe.presets import PRESETS
 from chaoskit.observe.script_lines import Found, scan
+from chaoskit.stacks.registry import framework_stack
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 """chaoskit's package data: the starter train.py that init writes beside the scenario."""
@@ -144,6 +145,7 @@ def _read_script(path: Path, out: Path, framework: str) -> Script:
 def render(framework: str, cluster: str, launch: str, script: Script | None = None) -> tuple[str, dict[str, str]]:
     """The scenario's text and the files it names (name -> starter text), for one combination; ``script``: the
     user's own script for ``launch: command`` (else the starter ``train.py`` is one of the files)."""
+    stack = framework_stack(framework)  # the recovery stack the framework's job runs under (None: plain torchrun)
     preset = PRESETS[framework]
     presets = ["torchrun"] if framework == "torchrun" else ["torchrun", framework]
     steps_seen = "step" in preset.sees
@@ -176,7 +178,7 @@ def render(framework: str, cluster: str, launch: str, script: Script | None = No
             "  nproc_per_node: 1                    # workers per node",
             "  max_restarts: 3                      # torchrun --max-restarts",
         ]
-        lines += _RECOVERY.get(framework, [])
+        lines += list(stack.init_lines) if stack is not None else []
         if script is None:
             extras["train.py"] = (DATA / "starter_train.py").read_text()
     elif launch == "attach":
@@ -232,7 +234,7 @@ def render(framework: str, cluster: str, launch: str, script: Script | None = No
         "faults:",
         "  - kind: process.kill                 # SIGKILL (signal: SIGTERM, ... also); see chaoskit schema for the others",
         ("    target: {nodes: [n1]}              # EDIT: which replica group (each node's worker is its torchrun's rank 0)"
-         if framework == "torchft" and launch == "command" else
+         if stack is not None and stack.every_group_steady and launch == "command" else
          "    target: {ranks: [1]}               # EDIT: which rank (nodes, labels, process, count, percent also)"),
         "    at: {step: 50}                     # EDIT: when (or {after: 30s})",
         "slo:                                   # EDIT: your objectives; a phase that was not observed fails",
@@ -285,25 +287,6 @@ def _script_rules(script: Script) -> list[str]:
         out.append(_padded(f"    - event: {rule.event}", f"{base}:{rule.line}: {source}"))
         out.append(f"      match: {_quoted(rule.match)}")
     return out
-
-
-_RECOVERY: dict[str, list[str]] = {
-    "torchft": ["  recovery: torchft                    # one replica group per node, torchft's lighthouse, the group's "
-                "torchrun store shared (torchft's Manager finds it at MASTER_ADDR:MASTER_PORT); measured without a "
-                "restart"],
-    "nvrx": ["  recovery: nvrx                       # NVRx's ft_launcher in place of torchrun: its rank monitors "
-             "(FT_RANK_MONITOR_IPC_SOCKET) for your job's RankMonitorClient",
-             "  nvrx:                                # EDIT: ft_launcher's timeouts; null switches one off (a job "
-             "watched by its sections alone, as NVRx's sections example)",
-             "    heartbeat_timeout: 5s              # a rank silent this long after a heartbeat is hung (null: none)",
-             "    initial_heartbeat_timeout: 60s     # the longest to the first heartbeat (null: none)",
-             "    # section_timeouts: {step: 10s}    # the sections your job opens, and the longest each may stay open"],
-    "nvrx-inprocess": ["  recovery: restart                    # your job wraps its loop in NVRx's inprocess.Wrapper "
-                       "itself: torchrun starts it, the nvrx-inprocess preset reads the Wrapper's lines (recovery: "
-                       "nvrx-inprocess wraps chaoskit's reference job only)"],
-}
-"""What ``launch: command`` needs under each framework's recovery stack (torchft's groups and lighthouse, NVRx's
-ft_launcher and its timeouts); a framework not named runs under plain torchrun."""
 
 
 def _what(framework: str) -> str:

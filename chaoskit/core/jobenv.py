@@ -5,11 +5,10 @@ the variables; ``--dry-run`` shows them with :data:`WHY`):
 
 - :data:`OWNED`: names chaoskit sets itself and a scenario may not change: the ``CHAOSKIT_*`` variables carry the
   job's scope mark (``CHAOSKIT_SCOPE``: the only processes a fault may act on), its node, its events file and its
-  checkpoint folder; a recovery stack's launcher variables (:data:`RECOVERY_OWNED`) are the stack's.
+  checkpoint folder; a recovery stack's launcher variables are the stack's (its ``owned_env``, :mod:`chaoskit.stacks`).
 - :data:`GUARDED`: names that change what code a process loads (``LD_PRELOAD``, ``PYTHONPATH``,
   ``PYTHONSTARTUP``, ...). A scenario is written by somebody other than whoever runs it (a game day's folder, a CI
   job), and the job may run as root, so they are refused unless the site policy's ``env`` names them.
-- :func:`share_rdzv_store`: whether the workers share torchrun's rendezvous store, per recovery stack, and why.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from __future__ import annotations
 import fnmatch
 import re
 
-__all__ = ["ENV_NAME_RE", "MAX_ENV_VARS", "MAX_ENV_VALUE", "OWNED_PREFIX", "RECOVERY_OWNED", "GUARDED", "WHY",
-           "SHARE_STORE_VAR", "check_env_name", "check_env_value", "owned_by", "guarded", "share_rdzv_store"]
+__all__ = ["ENV_NAME_RE", "MAX_ENV_VARS", "MAX_ENV_VALUE", "OWNED_PREFIX", "GUARDED", "WHY",
+           "SHARE_STORE_VAR", "check_env_name", "check_env_value", "owned_by", "guarded"]
 
 ENV_NAME_RE = r"[A-Za-z_][A-Za-z0-9_]{0,127}"
 """A variable's name: a shell's (letters, digits, ``_``, not a digit first), at most 128 characters."""
@@ -27,13 +26,6 @@ MAX_ENV_VALUE = 4096
 """The longest value, in characters (a path list, a flag string); a longer one is refused, never cut."""
 
 OWNED_PREFIX = "CHAOSKIT_"
-RECOVERY_OWNED: dict[str, tuple[str, ...]] = {
-    "torchft": ("REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE"),
-    "nvrx": ("TMPDIR",),
-}
-"""Per ``workload.recovery``: what chaoskit sets for the stack (torchft's Manager joins the lighthouse's quorum
-with the first three; ft_launcher's sockets go in a private folder through ``TMPDIR``)."""
-
 GUARDED = ("LD_*", "PYTHON*")
 """Names (shell-style patterns) a scenario sets or unsets only where the site policy's ``env`` allows them."""
 
@@ -45,14 +37,15 @@ WHY: dict[str, str] = {
     "TMPDIR": "ft_launcher's sockets in a private folder, not under guessable names in /tmp",
     "TORCH_CPP_LOG_LEVEL": "the Wrapper's store waits warn from c10d twice a second per rank, every one expected",
 }
-"""Why chaoskit sets a variable of its own, as ``--dry-run`` says (the store's reason is :func:`share_rdzv_store`'s)."""
+"""Why chaoskit sets a variable of its own, as ``--dry-run`` says (the store's reason is the recovery stack's)."""
 
 
-def owned_by(name: str, recovery: str) -> str | None:
-    """Who owns ``name`` when it is chaoskit's under ``recovery`` (a scenario may not set or unset it), else ``None``."""
+def owned_by(name: str, recovery: str, recovery_owned: tuple[str, ...] = ()) -> str | None:
+    """Who owns ``name`` when it is chaoskit's under ``recovery``, whose stack sets ``recovery_owned`` (a scenario may
+    not set or unset it), else ``None``."""
     if name.upper().startswith(OWNED_PREFIX):
         return "chaoskit (its scope mark CHAOSKIT_SCOPE, node, events file and checkpoint folder are CHAOSKIT_*)"
-    if name in RECOVERY_OWNED.get(recovery, ()):
+    if name in recovery_owned:
         return f"chaoskit under recovery: {recovery}"
     return None
 
@@ -62,20 +55,6 @@ def guarded(name: str, allowed: list[str] | None) -> bool:
     if not any(fnmatch.fnmatchcase(name, p) for p in GUARDED):
         return False
     return not any(fnmatch.fnmatchcase(name, p) for p in allowed or ())
-
-
-def share_rdzv_store(recovery: str) -> tuple[bool, str]:
-    """Whether a job under ``recovery`` shares torchrun's rendezvous store with its workers (torchrun's default:
-    they find it at ``MASTER_ADDR:MASTER_PORT``), and why, as the plan says it."""
-    if recovery == "torchft":
-        # each replica group is a torchrun world of one agent: no other agent's rounds to mix, and torchft's
-        # Manager looks for a store at MASTER_ADDR:MASTER_PORT (torchft/manager.py), which only a shared one hosts
-        return True, ("shared (torchrun's default): torchft's Manager connects to the store at MASTER_ADDR:MASTER_PORT, "
-                      "and each replica group is a world of one agent, so no rounds of other agents mix in it")
-    return False, (f"{SHARE_STORE_VAR}=1: each rendezvous round gets a fresh store hosted by rank 0; the store shared "
-                   "with the agents mixes rounds when agents restart at different counts and can deadlock "
-                   "init_process_group (seen with torch 2.13 on three local agents); a job that needs a store at "
-                   f"MASTER_ADDR:MASTER_PORT sets workload.env {SHARE_STORE_VAR}: null")
 
 
 def check_env_value(value: object) -> str | None:

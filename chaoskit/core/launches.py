@@ -1,9 +1,9 @@
 """What each ``workload.launch`` is, as far as a scenario file goes: one table, :data:`LAUNCHES`.
 
-Per launch: the launch-specific workload fields it takes, the one it cannot do without, the recovery models it
-runs under, its default ``wait``, and what "finished" means for it. The ``Workload`` model takes its ``launch``
-literal and its "'X' is only used with launch: Y" rules from here (:func:`field_problem`,
-:func:`recovery_problem`); :mod:`chaoskit.workloads.registry` maps the same names to the job classes that run
+Per launch: the launch-specific workload fields it takes, the one it cannot do without, its default ``wait``, and
+what "finished" means for it. The ``Workload`` model takes its ``launch`` literal and its "'X' is only used with
+launch: Y" rules from here (:func:`field_problem`); which recovery stacks run under a launch each stack says
+(:mod:`chaoskit.stacks`); :mod:`chaoskit.workloads.registry` maps the same names to the job classes that run
 them, and a test keeps the two tables' names equal. Stdlib only, so validating a scenario stays cheap.
 """
 
@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["LaunchSpec", "Needs", "LAUNCHES", "LAUNCH_NAMES", "LAUNCH_FIELDS", "RECOVERY_LAUNCHES", "taking",
-           "running_under", "field_problem", "recovery_problem", "RECOVERY_AGENTS", "agent_of"]
+__all__ = ["LaunchSpec", "Needs", "LAUNCHES", "LAUNCH_NAMES", "LAUNCH_FIELDS", "taking", "field_problem"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +35,6 @@ class LaunchSpec:
     fields: frozenset[str] = frozenset()
     """The fields of :data:`LAUNCH_FIELDS` it takes; any other of them, set, is refused."""
     needs: Needs | None = None
-    recoveries: tuple[str, ...] = ("restart",)
-    """The ``workload.recovery`` models it runs under (:data:`RECOVERY_LAUNCHES` words the refusal)."""
     wait: str = "finish"
     """``workload.wait`` when the scenario sets none."""
     ends_itself: bool = False
@@ -67,11 +64,10 @@ _STARTED_FIELDS = frozenset({"checkpoint_fs", "env"})
 _REFERENCE_FIELDS = _STARTED_FIELDS | {"step_compute"}
 
 LAUNCHES: dict[str, LaunchSpec] = {
-    "reference": LaunchSpec(_REFERENCE_FIELDS, recoveries=("restart", "nvrx", "nvrx-inprocess")),
-    "uninstrumented": LaunchSpec(_REFERENCE_FIELDS, recoveries=("restart", "nvrx", "nvrx-inprocess"),
-                                 sdk_events=False),
+    "reference": LaunchSpec(_REFERENCE_FIELDS),
+    "uninstrumented": LaunchSpec(_REFERENCE_FIELDS, sdk_events=False),
     "command": LaunchSpec(_STARTED_FIELDS | {"command"}, Needs("command", "[script.py, args...]"),
-                          recoveries=("restart", "torchft", "nvrx"), ends_itself=True, needs_torch=False),
+                          ends_itself=True, needs_torch=False),
     "ray-train": LaunchSpec(checkpoints="ray", inproc="none"),
     "attach": LaunchSpec(frozenset({"process", "inproc", "checkpoint_dir", "run_id", "user", "slurm_job"}),
                          Needs("process", "REGEX", "the job's command line, e.g. 'train\\.py'"),
@@ -104,34 +100,9 @@ LAUNCH_FIELDS: dict[str, str] = {
 """The workload fields only some launches take, in the order they are checked, each with what its refusal says
 after "'FIELD' is only used with " (``{launches}``: those that take it; ``{launch}``: the scenario's)."""
 
-RECOVERY_LAUNCHES: dict[str, str] = {
-    "torchft": "recovery: torchft is only used with launch: {launches} (chaoskit starts each replica group and the "
-               "lighthouse), not launch: {launch}",
-    "nvrx": "recovery: nvrx starts ft_launcher in place of torchrun (launch: {launches}), not launch: {launch}",
-    "nvrx-inprocess": "recovery: nvrx-inprocess runs the reference job's loop under NVRx's inprocess.Wrapper "
-                      "(launch: {launches}), not launch: {launch}; a job of your own that wraps itself is measured "
-                      "with recovery: restart and the nvrx-inprocess preset",
-}
-"""What refusing a recovery model to a launch says, for the models not every launch runs under."""
-
-RECOVERY_AGENTS: dict[str, str] = {"nvrx": "ft_launcher"}
-"""Each node's agent under the recovery models that start another than torchrun (what ``--dry-run`` names)."""
-
-
-def agent_of(recovery: str) -> str:
-    """The agent each node of a job started under ``recovery`` runs: ``torchrun`` unless :data:`RECOVERY_AGENTS`
-    names another."""
-    return RECOVERY_AGENTS.get(recovery, "torchrun")
-
-
 def taking(field: str) -> tuple[str, ...]:
     """The launches that take ``field`` (one of :data:`LAUNCH_FIELDS`), in table order."""
     return tuple(name for name, spec in LAUNCHES.items() if field in spec.fields)
-
-
-def running_under(recovery: str) -> tuple[str, ...]:
-    """The launches that run under the recovery model ``recovery``, in table order."""
-    return tuple(name for name, spec in LAUNCHES.items() if recovery in spec.recoveries)
 
 
 def field_problem(launch: str, values: Mapping[str, Any]) -> str | None:
@@ -146,13 +117,6 @@ def field_problem(launch: str, values: Mapping[str, Any]) -> str | None:
         if given and field not in spec.fields:
             return f"'{field}' is only used with " + only.format(launches=_either(taking(field)), launch=launch)
     return None
-
-
-def recovery_problem(launch: str, recovery: str) -> str | None:
-    """Why ``launch`` does not run under ``recovery``, or ``None`` when it does."""
-    if recovery in LAUNCHES[launch].recoveries:
-        return None
-    return RECOVERY_LAUNCHES[recovery].format(launches=_either(running_under(recovery)), launch=launch)
 
 
 def _given(value: Any) -> bool:

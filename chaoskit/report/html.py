@@ -55,6 +55,8 @@ from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES, phase
 from chaoskit.measure import measure_fault, phase_spans
 from chaoskit.observe.events import read_events
 from chaoskit.report.summary import check_text
+from chaoskit.stacks.api import Stack
+from chaoskit.stacks.registry import model_stack
 
 __all__ = ["build_report", "write_run_report", "write_repeat_report", "write_campaign_report", "write_gameday_report",
            "load_run", "render_html"]
@@ -462,7 +464,7 @@ _PHASE_KEYS = (*(p.key for p in PHASE_TABLE), "restored_step", "last_step_before
 def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, Any]]:
     reasons = phases.get("reasons") or {}
     uncertainty = phases.get("uncertainty_s") or {}
-    model = phases.get("model") or "restart"
+    model = phases.get("model") or Stack.name
     meanings = phase_spans({"model": model, "reallocation_from": phases.get("reallocation_from")})
     rows = []
     for p in SLO_PHASES:
@@ -480,12 +482,9 @@ def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, A
     lost_work = phase("lost_steps")
     lost, entry = phases.get(lost_work.key), slo.get(lost_work.name)
     before, restored = phases.get("last_step_before"), phases.get("restored_step")
-    discarded, catch_up = phases.get("discarded_steps"), phases.get("catch_up_steps")
     rows.append({
         "label": lost_work.label,
-        "meaning": (f"{len(discarded or [])} step(s) discarded by the survivors {discarded or ''}, catch-up of the healed "
-                    f"group {'?' if catch_up is None else catch_up} (healed to step {'?' if restored is None else restored})"
-                    if model == "torchft" else
+        "meaning": (model_stack(model).lost_work(phases) or
                     f"step {'?' if before is None else before} before the fault, "
                     + ("no restored step observed" if restored is None else f"restored {restored}"
                        + (f" (from the {phases['restored_from']})" if phases.get("restored_from") else ""))),

@@ -65,7 +65,9 @@ def render_scorecard_html(card: dict[str, Any]) -> str:
     e = html.escape
     stacks, faults = card.get("stacks") or [], card.get("faults") or []
     by = {(c["stack"], c["fault"]): c for c in card.get("cells") or []}
-    head = "".join(f"<th>{e(s)}</th>" for s in stacks)
+    notes = card.get("stack_notes") or {}
+    head = "".join(f"<th>{e(s)}" + (f'<div class="note">{e(notes[s])}</div>' if s in notes else "") + "</th>"
+                   for s in stacks)
     rows = []
     for fault in faults:
         cells = "".join(_cell_html(by.get((s, fault)) or {"verdict": "error", "why": "no cell"}) for s in stacks)
@@ -90,6 +92,7 @@ th.fault {{ background: #f4f4f4; }}
 .warn {{ font-size: 12px; color: #8a3b00; font-weight: 600; }}
 .blame {{ font-size: 12px; margin: 4px 0; word-wrap: break-word; }} .blame.wrong b, .blame.mixed b {{ color: #a11; }}
 .blame.right b {{ color: #156b27; }} .blame.none b {{ color: #666; }}
+thead .note {{ font-size: 11px; font-weight: 400; color: #ddd; }}
 ul.t {{ margin: 4px 0 0; padding-left: 16px; font-size: 11px; color: #555; }}
 </style></head><body>
 <h1>Recovery stacks scorecard</h1>

@@ -8,6 +8,8 @@ from chaoskit.blame import blame_line
 from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
 from chaoskit.core.result import Check, RunResult, SloEntry
 from chaoskit.measure import phase_spans
+from chaoskit.stacks.api import Stack
+from chaoskit.stacks.registry import model_stack
 
 __all__ = ["render_result", "render_repeat", "render_plan", "check_text"]
 
@@ -41,8 +43,8 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
 
     result = RunResult.model_validate(result)
     phases, slo = result.phases, result.slo
-    model = result.recovery_model or phases.model or "restart"
-    title = f"recovery of {result.scenario}" + ("" if model == "restart" else f" ({model} recovery model)")
+    model = result.recovery_model or phases.model or Stack.name
+    title = f"recovery of {result.scenario}" + ("" if model == Stack.name else f" ({model} recovery model)")
     table = Table(title=title, title_justify="left")
     table.add_column("phase")
     table.add_column("measured", justify="right")
@@ -63,8 +65,7 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     table.add_row(
         "lost work", "[yellow]not observed[/yellow]" if lost is None else f"{lost} step{'' if lost == 1 else 's'}",
         f"<= {entry.limit}" if entry else "-", _mark(entry),
-        f"{len(phases.discarded_steps)} discarded by the survivors + catch-up {phases.catch_up_steps} "
-        f"(healed to step {phases.restored_step})" if model == "torchft" else
+        model_stack(model).lost_work(phases.model_dump()) or
         f"step {'?' if phases.last_step_before is None else phases.last_step_before} before the fault, "
         + ("no restored step observed" if phases.restored_step is None else f"restored {phases.restored_step}"
            + (f" (from the {phases.restored_from})" if phases.restored_from else "")),

@@ -28,6 +28,7 @@ from chaoskit.faults.registry import get_fault
 from chaoskit.observe.presets import PRESETS
 from chaoskit.scenario import LoadedScenario
 from chaoskit.scenario.model import ScenarioBase
+from chaoskit.stacks.registry import stack_of
 
 __all__ = ["check_scenario", "preview_cluster", "world_size"]
 
@@ -80,7 +81,7 @@ def _env_checks(loaded: LoadedScenario, policy: SitePolicy | None) -> None:
     w = loaded.model.workload
     allowed = policy.env if policy is not None else None
     for name in w.env:
-        owner = owned_by(name, w.recovery)
+        owner = owned_by(name, w.recovery, stack_of(w).owned_env)
         if owner is not None:
             raise loaded.error(f"workload.env.{name}: {name} is set by {owner}; a scenario may not set or unset it",
                                "workload", "env", name)

@@ -8,7 +8,7 @@ documented like a built-in one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Union
+from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, ValidationInfo, create_model, field_validator, model_validator
 
@@ -22,13 +22,14 @@ from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
 from chaoskit.observe.presets import PRESET_NAMES
-from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem, recovery_problem
+from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem
 from chaoskit.core.jobenv import MAX_ENV_VARS, check_env_name, check_env_value
+from chaoskit.stacks.registry import STACKS, settings_keys
 
 __all__ = [
     "Workload",
-    "NvrxSettings",
-    "NvrxInprocessSettings",
+    "WorkloadBase",
+    "workload_model",
     "LogRule",
     "Probes",
     "PrometheusRule",
@@ -44,8 +45,6 @@ __all__ = [
     "model_for",
 ]
 
-SECTION_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
-
 _IDS = {  # a workload's field naming a job or a user: its pattern, its name and the pattern in words
     "slurm_job": (r"[0-9]{1,12}(_[0-9]{1,9})?", "Slurm job id", "digits, or JOB_TASK for an array task"),
     "run_id": (r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", "run id",
@@ -54,95 +53,11 @@ _IDS = {  # a workload's field naming a job or a user: its pattern, its name and
 }
 
 
-class NvrxSettings(StrictModel):
-    """NVIDIA Resiliency Extension (``nvidia-resiliency-ext``) fault tolerance: ``ft_launcher``'s rank monitors,
-    one per worker, that end and restart the workers when a rank's heartbeat or section stops coming."""
-
-    heartbeat_timeout: PositiveDuration | None = Field(5.0, description=(
-        "--ft-rank-heartbeat-timeout: a rank silent this long after a heartbeat is hung (NVRx's default is 45 min). "
-        "null: switched off (NVRx's null: never checked, as its own sections example sets it), for a job that "
-        "sends no heartbeats and is watched by its sections alone; chaoskit says it in ft_launcher's config file "
-        "(--ft-cfg-path), since its options take numbers only."))
-    initial_heartbeat_timeout: PositiveDuration | None = Field(60.0, description=(
-        "--ft-initial-rank-heartbeat-timeout: the longest a rank may take to its first heartbeat (start-up, "
-        "checkpoint load; NVRx's default is 60 min). null: none (as heartbeat_timeout)."))
-    section_timeouts: dict[str, PositiveDuration] = Field(default_factory=dict, description=(
-        "--ft-rank-section-timeouts: the longest each named section may stay open. The reference job opens "
-        "'setup' (process group and checkpoint load), 'step' (one training step) and 'checkpointing' (a save); "
-        "empty: heartbeats only."))
-    out_of_section_timeout: PositiveDuration | None = Field(None, description=(
-        "--ft-rank-out-of-section-timeout: the longest a rank may spend outside every section (with section_timeouts)."))
-    check_interval: PositiveDuration = Field(0.5, description=(
-        "--ft-workload-check-interval: how often a rank monitor checks its timeouts; a hang is seen up to this "
-        "much after its timeout (NVRx's default is 5 s)."))
-
-    @field_validator("section_timeouts")
-    @classmethod
-    def _sections(cls, v: dict[str, float]) -> dict[str, float]:
-        check_each(v, SECTION_RE, "section name", "letters, digits and _, at most 64")
-        if len(v) > 16:
-            raise ValueError("at most 16 sections")
-        return v
-
-    def null_timeouts(self) -> list[str]:
-        """NVRx's names of the heartbeat timeouts switched off (``null``): ft_launcher's options take a number only, so
-        these go in its config file (:meth:`config_yaml`)."""
-        return [name for name, value in (("initial_rank_heartbeat_timeout", self.initial_heartbeat_timeout),
-                                         ("rank_heartbeat_timeout", self.heartbeat_timeout)) if value is None]
-
-    def config_yaml(self) -> str | None:
-        """The ``--ft-cfg-path`` file's text when a timeout is switched off, else ``None``. NVRx's options are
-        ``type=float`` and an option not given keeps NVRx's default (45 and 60 min), so ``null`` is said in its
-        config file's ``fault_tolerance`` section, where a null timeout "has no effect" (fault_tolerance/config.py);
-        the options given beside it override the file."""
-        nulls = self.null_timeouts()
-        if not nulls:
-            return None
-        return "fault_tolerance:\n" + "".join(f"  {name}: null\n" for name in nulls)
-
-    def launcher_args(self, config_path: str | None = None) -> list[str]:
-        """``ft_launcher``'s options for these settings; ``config_path``: where :meth:`config_yaml` is written (needed
-        when a timeout is switched off: ``ValueError`` without it)."""
-        args: list[str] = []
-        if self.null_timeouts():
-            if config_path is None:
-                raise ValueError("a heartbeat timeout switched off needs ft_launcher's config file (config_path)")
-            args += ["--ft-cfg-path", config_path]
-        if self.heartbeat_timeout is not None:
-            args += ["--ft-rank-heartbeat-timeout", f"{self.heartbeat_timeout:g}"]
-        if self.initial_heartbeat_timeout is not None:
-            args += ["--ft-initial-rank-heartbeat-timeout", f"{self.initial_heartbeat_timeout:g}"]
-        args += ["--ft-workload-check-interval", f"{self.check_interval:g}"]
-        if self.section_timeouts:
-            args += ["--ft-rank-section-timeouts", ",".join(f"{k}:{v:g}" for k, v in self.section_timeouts.items())]
-        if self.out_of_section_timeout is not None:
-            args += ["--ft-rank-out-of-section-timeout", f"{self.out_of_section_timeout:g}"]
-        return args
-
-
-class NvrxInprocessSettings(StrictModel):
-    """NVIDIA Resiliency Extension's in-process restart (``nvidia_resiliency_ext.inprocess.Wrapper``): the reference
-    job's training loop runs inside the Wrapper, which reruns it in the same processes when a rank raises, stops
-    making progress or dies."""
-
-    soft_timeout: PositiveDuration = Field(5.0, description=(
-        "A rank that has not pinged (one ping a step) for this long is hung: every rank restarts its loop "
-        "(the Wrapper's default is 60 s)."))
-    hard_timeout: PositiveDuration = Field(60.0, description=(
-        "A rank still silent this long is killed by its monitor process (the Wrapper's default is 90 s). Must be "
-        "longer than the collective timeout: on gloo a rank blocked in a collective is freed only by that timeout."))
-    heartbeat_timeout: PositiveDuration = Field(5.0, description=(
-        "A peer whose monitor process stopped heartbeating this long (a dead process) is gone: the others restart "
-        "(the Wrapper's default is 30 s)."))
-
-    def job_args(self) -> list[str]:
-        """The reference job's options for these settings."""
-        return ["--nvrx-inprocess", "--nvrx-soft-timeout", f"{self.soft_timeout:g}",
-                "--nvrx-hard-timeout", f"{self.hard_timeout:g}", "--nvrx-heartbeat-timeout", f"{self.heartbeat_timeout:g}"]
-
-
-class Workload(StrictModel):
+class WorkloadBase(StrictModel):
     """The training job the drill runs against."""
+
+    # ``recovery`` and each recovery stack's settings (``nvrx:``) are added from the stacks' registry
+    # (:func:`workload_model`): a stack is one module of chaoskit/stacks/, never a field here
 
     launch: Literal[LAUNCH_NAMES] = Field(
         "reference",
@@ -203,16 +118,8 @@ class Workload(StrictModel):
     wait: Literal["finish", "recovered"] = Field(
         "finish", description="After the faults: wait for the job to finish, or stop once it recovered (the default with attach)."
     )
-    recovery: Literal["restart", "torchft", "nvrx", "nvrx-inprocess"] = Field("restart", description=(
-        "How the job recovers, and so how it is measured (docs/architecture.md, \"Recovery models\"). restart: the "
-        "world stops, restarts and loads a checkpoint. nvrx: NVIDIA's ft_launcher (nvidia-resiliency-ext) is "
-        "started in place of torchrun, with the timeouts of `nvrx`; its rank monitors restart a world whose rank "
-        "stopped sending heartbeats (the reference job sends them under it). nvrx-inprocess (launch: reference or "
-        "uninstrumented): the job's loop runs under NVRx's in-process restart (inprocess.Wrapper, the timeouts of "
-        "`nvrx_inprocess`), which reruns it in the same processes from the newest checkpoint. torchft (launch: command only): every node is one torchft "
-        "replica group with a torchrun of its own, chaoskit starts torchft's lighthouse on the first node and gives "
-        "each group REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and TORCHFT_LIGHTHOUSE; survivors drop a dead group from the "
-        "quorum and carry on, the restarted group heals from a peer."))
+    recovery: str = "restart"
+    """The recovery stack (:mod:`chaoskit.stacks`); its values are the registry's (:func:`workload_model`)."""
     env: dict[Annotated[str, AfterValidator(check_env_name)], Annotated[Any, AfterValidator(check_env_value)]] = Field(
         default_factory=dict, max_length=MAX_ENV_VARS, description=(
             "Variables of the job's environment, set on every agent and so on its workers: NAME: value sets one, "
@@ -223,10 +130,6 @@ class Workload(StrictModel):
             "(the job's scope mark and chaoskit's channels), a recovery stack's own (torchft: REPLICA_GROUP_ID, "
             "NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE; nvrx: TMPDIR), and LD_* and PYTHON* (what code a process "
             "loads) unless the site policy's env names them."))
-    nvrx: NvrxSettings | None = Field(None, description=(
-        "recovery: nvrx only: ft_launcher's timeouts (default: a 5 s heartbeat timeout, checked every 0.5 s)."))
-    nvrx_inprocess: NvrxInprocessSettings | None = Field(None, description=(
-        "recovery: nvrx-inprocess only: the Wrapper's timeouts (default: 5 s soft, 60 s hard, 5 s heartbeat)."))
 
     def command_script(self, base: Path) -> Path | None:
         """The script of ``launch: command`` as torchrun will run it: a relative one is taken from ``base`` (the
@@ -256,6 +159,16 @@ class Workload(StrictModel):
             v = str(v)  # a YAML number: an id written without quotes
         return check_match(v, *_IDS[info.field_name]) if isinstance(v, str) else v
 
+    @field_validator("recovery")
+    @classmethod
+    def _stack_runs_the_launch(cls, v: str, info: ValidationInfo) -> str:
+        """A recovery stack runs under its own launches only: refused at the ``recovery`` line otherwise."""
+        launch = info.data.get("launch")
+        problem = STACKS.get(v)().launch_problem(launch) if launch is not None and v in STACKS else None
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _launch_rules(self) -> "Workload":
         problem = field_problem(self.launch, {name: getattr(self, name) for name in LAUNCH_FIELDS})
@@ -263,35 +176,48 @@ class Workload(StrictModel):
             raise ValueError(problem)
         if self.step_compute is not None and self.step_compute > self.step_time:
             raise ValueError(f"step_compute ({self.step_compute:g}s) is longer than step_time ({self.step_time:g}s)")
-        # each recovery's launch is checked where its other rules are: the first error stays the one it was
-        if self.recovery == "torchft":
-            self._runs_under_recovery()
-        if self.nvrx is not None and self.recovery != "nvrx":
-            raise ValueError("'nvrx' is only used with recovery: nvrx")
-        if self.recovery == "nvrx":
-            self._runs_under_recovery()
-            if self.nvrx is None:
-                self.nvrx = NvrxSettings()
-        if self.nvrx_inprocess is not None and self.recovery != "nvrx-inprocess":
-            raise ValueError("'nvrx_inprocess' is only used with recovery: nvrx-inprocess")
-        if self.recovery == "nvrx-inprocess":
-            self._runs_under_recovery()
-            if self.nvrx_inprocess is None:
-                self.nvrx_inprocess = NvrxInprocessSettings()
-            if self.collective_timeout >= self.nvrx_inprocess.hard_timeout:
-                raise ValueError(f"collective_timeout ({self.collective_timeout:g}s) must be shorter than "
-                                 f"nvrx_inprocess.hard_timeout ({self.nvrx_inprocess.hard_timeout:g}s): on gloo a rank "
-                                 "blocked in a collective is freed only by its timeout, and the Wrapper kills a rank "
-                                 "silent for hard_timeout")
+        stack = STACKS.get(self.recovery)()
+        if stack.settings_key is not None and getattr(self, stack.settings_key) is None:
+            setattr(self, stack.settings_key, stack.Settings())
+        stack.check(self)
         default_wait = LAUNCHES[self.launch].wait
         if "wait" not in self.model_fields_set and self.wait != default_wait:
             self.wait = default_wait
         return self
 
-    def _runs_under_recovery(self) -> None:
-        problem = recovery_problem(self.launch, self.recovery)
-        if problem:
-            raise ValueError(problem)
+
+_WORKLOADS: dict[int, type[WorkloadBase]] = {}
+
+
+def workload_model() -> type[WorkloadBase]:
+    """The ``Workload`` model: :class:`WorkloadBase` with ``recovery`` one of the registered recovery stacks and each
+    stack's settings under its key (``nvrx:``), set only with that stack. Built once per set of registrations (a
+    stack registered later, a plugin's, gets a new model)."""
+    if STACKS.generation not in _WORKLOADS:
+        stacks = [STACKS.get(name)() for name in STACKS.names()]
+        recovery_doc = ("How the job recovers, and so how it is measured: its recovery stack (docs/recovery-stacks.md, "
+                        "docs/architecture.md \"Recovery models\"). " + "; ".join(
+                            f"{s.name}: {s.describe}" + ("" if s.launches == LAUNCH_NAMES else
+                                                         f" (launch: {', '.join(s.launches)})") for s in stacks) + ".")
+        settings = {s.settings_key: (Optional[s.Settings], Field(None, description=s.settings_doc))
+                    for s in stacks if s.settings_key}
+        validators = {"_own_settings": field_validator(*settings)(_own_settings)} if settings else {}
+        _WORKLOADS[STACKS.generation] = create_model(
+            "Workload", __base__=WorkloadBase, __doc__=WorkloadBase.__doc__, __validators__=validators,
+            recovery=(Literal[tuple(s.name for s in stacks)], Field("restart", description=recovery_doc)), **settings)
+    return _WORKLOADS[STACKS.generation]
+
+
+def _own_settings(cls: Any, value: Any, info: ValidationInfo) -> Any:
+    """A stack's settings go with that stack only: refused at their key's line under another."""
+    owner = settings_keys()[info.field_name]
+    if value is not None and info.data.get("recovery", owner.name) != owner.name:
+        raise ValueError(f"'{info.field_name}' is only used with recovery: {owner.name}")
+    return value
+
+
+Workload = workload_model()
+"""The built-in stacks' ``Workload`` (a plugin registered later gets its own from :func:`workload_model`)."""
 
 
 class LogRule(StrictModel):
@@ -504,7 +430,7 @@ class ScenarioBase(StrictModel):
     description: str = ""
     cluster: ClusterSpec
     """The cluster's spec: always one backend's ``Spec`` once validated (``lab`` becomes the process lab's)."""
-    workload: Workload = Field(default_factory=Workload)
+    workload: WorkloadBase = Field(default_factory=Workload)
     probes: Probes = Field(default_factory=Probes)
     slo: SLO = Field(default_factory=SLO)
     safety: Safety = Field(default_factory=Safety)
@@ -555,7 +481,7 @@ def scenario_model(clusters: Iterable[str] | None = None, faults: Iterable[str] 
     (a plugin registered later gets a new model)."""
     cluster_names = tuple(sorted(set(clusters))) if clusters is not None else tuple(CLUSTERS.names())
     fault_names = tuple(sorted(set(faults))) if faults is not None else tuple(FAULTS.names())
-    key = (CLUSTERS.generation, FAULTS.generation, cluster_names, fault_names)
+    key = (CLUSTERS.generation, FAULTS.generation, STACKS.generation, cluster_names, fault_names)
     if key not in _MODELS:
         _MODELS[key] = _build_model(cluster_names, fault_names)
     return _MODELS[key]
@@ -586,6 +512,7 @@ def _build_model(cluster_names: tuple[str, ...], fault_names: tuple[str, ...]) -
         "Scenario",
         __base__=ScenarioBase,
         __validators__={"_cluster_default": field_validator("cluster", mode="before")(_cluster_default)},
+        workload=(workload_model(), Field(default_factory=workload_model())),
         cluster=(Union[Literal["lab"], _tagged(clusters)], Field(
             "lab", validate_default=True,
             description=f"'lab' (the built-in process lab, 3 nodes) or a cluster spec {{kind: {kinds}, nodes: N, ...}}; "

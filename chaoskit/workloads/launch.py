@@ -4,17 +4,9 @@ One torchrun agent per node (elastic, c10d rendezvous), its output piped back
 line by line: each line is written to ``logs/<node>.log`` and handed to the
 log probes with the moment it arrived.
 
-With ``workload.recovery: torchft`` every node is one torchft replica group: its agent is a torchrun world
-of its own (its own rendezvous and restarts; a shared world would restart the survivors when the dead
-group's agent rejoins), and torchft's lighthouse runs beside the first node's agent.
-
-With ``workload.recovery: nvrx`` each node's agent is NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext, a
-torchrun with a rank monitor per worker) in place of torchrun, with the timeouts of ``workload.nvrx``; its
-sockets go in a private folder of the job's (``TMPDIR``), not under guessable names in ``/tmp``.
-
-With ``workload.recovery: nvrx-inprocess`` the agents are torchrun's and the reference job runs its loop under
-NVRx's ``inprocess.Wrapper`` (``--nvrx-inprocess``, :func:`chaoskit.workloads.plain_train.train_inprocess`), its own
-store at a port picked here (``CHAOSKIT_NVRX_STORE_PORT``).
+The recovery stack (``workload.recovery``, :mod:`chaoskit.stacks`) says what differs from that: each node's
+launcher (NVRx's ``ft_launcher``), its world (a torchft replica group is a world of its own), the variables it owns
+and what runs beside the agents (torchft's lighthouse), through its :class:`~chaoskit.stacks.api.StackRun`.
 """
 
 from __future__ import annotations
@@ -33,19 +25,15 @@ from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.files import open_folder, torch_cache_env
-from chaoskit.core.jobenv import SHARE_STORE_VAR, WHY, share_rdzv_store
+from chaoskit.core.jobenv import SHARE_STORE_VAR, WHY
 from chaoskit.core.lines import terminal_lines
 from chaoskit.core.trusted import read_authors_file
+from chaoskit.stacks.registry import stack_of
 from chaoskit.workloads.api import Job
 from chaoskit.workloads.root_cause import RootCause
 
-__all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available", "NVRX_LAUNCHER"]
+__all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available"]
 
-NVRX_LAUNCHER = ("-c", "import sys; from nvidia_resiliency_ext.fault_tolerance.launcher import main; sys.exit(main())")
-"""``ft_launcher`` run by the job's Python (its console script's entry point), so that a node's own Python is used."""
-_SOCKET_DIR_MAX = 60
-"""The longest folder ``ft_launcher``'s Unix sockets may go in: it adds up to ~45 characters of its own
-(``_ft_launcher<pid>_rmon<n>.socket``), and a socket path is at most 107 bytes."""
 
 MAX_SCRIPT_BYTES = 16 << 20
 """The largest ``launch: command`` script chaoskit copies to run (a larger one is refused, never cut short)."""
@@ -127,17 +115,14 @@ class TorchrunJob(Job):
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._readers: list[threading.Thread] = []
         self.port = free_port()
-        self.torchft = workload.recovery == "torchft"
-        self.lighthouse: subprocess.Popen[bytes] | None = None
-        self.lighthouse_port = free_port() if self.torchft else None
         self.node_env: dict[str, dict[str, str]] = {}
         """Variables for one node's processes on top of :meth:`job_env`'s (the in-process channel: :meth:`use_inproc`)."""
 
-        self.nvrx = workload.recovery == "nvrx"
-        self._nvrx_tmp: Path | None = None
-        self.nvrx_inprocess = workload.recovery == "nvrx-inprocess"
-        self.inprocess_store_port = free_port() if self.nvrx_inprocess else None
-        """The job's own store under NVRx's in-process restart (the Wrapper's is at MASTER_PORT)."""
+        self.stack = stack_of(workload)
+        self.stack_run = self.stack.for_job(self)
+        """The recovery stack's part in starting the job: its launcher, world, environment, processes beside it."""
+        self.beside: list[subprocess.Popen[bytes]] = []
+        """What the stack started beside the agents (torchft's lighthouse)."""
         self.checked_script: tuple[Path, str] | None = None
         """``launch: command``: the copy of its script that the workers run, and where the checked script really is
         (:meth:`check_script`); ``None`` until the job starts."""
@@ -166,8 +151,7 @@ class TorchrunJob(Job):
         ]
         if w.step_compute:
             args += ["--step-compute", f"{w.step_compute:g}"]
-        if self.nvrx_inprocess:
-            args += w.nvrx_inprocess.job_args()
+        args += self.stack_run.job_args()
         if w.launch == "reference":
             return ["-m", "chaoskit.workloads.ddp_train", *args]
         if w.launch == "uninstrumented":
@@ -211,13 +195,8 @@ class TorchrunJob(Job):
         host = node == self.cluster.agent_nodes[0]
         world = ["--nnodes", f"{n}:{n}", "--rdzv-endpoint", f"{self.cluster.rdzv_host}:{self.port}",
                  "--rdzv-id", self.run_id, "--rdzv-conf", f"is_host={'true' if host else 'false'}"]
-        if self.torchft:  # a replica group: a world of its own, its rendezvous on the node's own loopback
-            world = ["--nnodes", "1:1", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", f"{self.run_id}-{node}",
-                     "--rdzv-conf", "is_host=true"]
-        launcher = ["-m", "torch.distributed.run"]
-        if self.nvrx:  # ft_launcher takes torchrun's options and its own --ft-* ones
-            config = self.nvrx_config_path()
-            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args(str(config) if config is not None else None)]
+        world = self.stack_run.world(node) or world
+        launcher = self.stack_run.launcher(plan=True)
         return [
             self.cluster.python or sys.executable, *launcher,
             "--nproc-per-node", str(w.nproc_per_node), "--rdzv-backend", "c10d", *world,
@@ -227,27 +206,6 @@ class TorchrunJob(Job):
             *self.cluster.agent_args(node),
             *self.script_argv(),
         ]
-
-    def nvrx_config_path(self) -> Path | None:
-        """ft_launcher's config file (``--ft-cfg-path``) when ``workload.nvrx`` switches a heartbeat timeout off
-        (:meth:`~chaoskit.scenario.model.NvrxSettings.config_yaml`), else ``None``; written by :meth:`start`."""
-        return self.job_dir / "nvrx-ft.yaml" if self.nvrx and self.workload.nvrx.config_yaml() else None
-
-    def write_nvrx_config(self) -> str | None:
-        """Write :meth:`nvrx_config_path`'s file (once) and return its path, or ``None`` when none is needed."""
-        path = self.nvrx_config_path()
-        if path is None or path.exists():
-            return None if path is None else str(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        dfd = open_folder(self.job_dir)
-        try:  # chaoskit's file (as check_script's copy): never through a link, the job's account reads it
-            fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-        finally:
-            os.close(dfd)
-        with os.fdopen(fd, "w") as fh:
-            os.fchmod(fd, 0o644)
-            fh.write(self.workload.nvrx.config_yaml())
-        return str(path)
 
     def launch_argv(self, node: str) -> list[str]:
         """What this machine runs to start the node's agent (e.g. ``ip netns exec NS ...``, ``docker exec ...``)."""
@@ -270,7 +228,7 @@ class TorchrunJob(Job):
         """The variables the job needs on ``node``, on top of the environment it inherits: chaoskit's defaults, then
         the scenario's ``workload.env`` (a ``null`` removes one), then what chaoskit owns (the scope mark, its channels,
         a recovery stack's variables, the job account's identity). ``plan``: as ``--dry-run`` shows it (nothing made)."""
-        share, _ = share_rdzv_store(self.workload.recovery)
+        share, _ = self.stack.share_store()
         env = {
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",
@@ -279,10 +237,7 @@ class TorchrunJob(Job):
             **torch_cache_env(self.job_dir),  # not /tmp/torchinductor_<user>; the cluster's or node's env may override
             **self.cluster.launch_env(node),
         }
-        if self.nvrx_inprocess:
-            # the Wrapper's store waits warn from c10d's C++ twice a second per rank ("waitForInput ... timed out
-            # after 500ms"), every one of them expected
-            env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+        env.update(self.stack_run.env_defaults())
         for name, value in self.workload.env.items():  # the scenario's; none of the names below (validated)
             if value is None:
                 env.pop(name, None)
@@ -296,18 +251,9 @@ class TorchrunJob(Job):
         })
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)
-        if self.nvrx_inprocess:
-            env["CHAOSKIT_NVRX_STORE_PORT"] = str(self.inprocess_store_port)
         if self.account is not None:  # none of root's identity; its temporary files in its own folder, not /tmp
             env.update({**self.account.env(), "HOME": str(self.job_dir), "TMPDIR": str(self.job_dir / "tmp")})
-        if self.nvrx:
-            # ft_launcher makes its sockets in tempfile.gettempdir() under names from its pid (guessable in /tmp)
-            env["TMPDIR"] = "<a private folder of the job's, made at start>" if plan else str(self.nvrx_socket_dir())
-        if self.torchft:  # what torchft's Manager reads (torchft/manager.py) to join the lighthouse's quorum
-            env.update({"REPLICA_GROUP_ID": str(self.cluster.job_nodes.index(node)) if node in self.cluster.job_nodes
-                        else str(self.cluster.agent_nodes.index(node)),
-                        "NUM_REPLICA_GROUPS": str(len(self.cluster.job_nodes)),
-                        "TORCHFT_LIGHTHOUSE": f"http://{self.cluster.rdzv_host}:{self.lighthouse_port}"})
+        env.update(self.stack_run.env_owned(node, plan=plan))  # the recovery stack's own (its owned_env)
         return env
 
     def plan_part(self) -> dict[str, Any]:
@@ -315,7 +261,7 @@ class TorchrunJob(Job):
         (``nodes``), what is unset (``unset``), where each of the scenario's comes from, and why chaoskit sets its own
         (``why``; the rendezvous store's choice for the recovery stack always)."""
         mine = self.workload.env
-        _, store = share_rdzv_store(self.workload.recovery)
+        _, store = self.stack.share_store()
         nodes = {node: self.job_env(node, plan=True) for node in self.cluster.agent_nodes}
         names = {name for env in nodes.values() for name in env}
         why = {name: "workload.env" for name, value in mine.items() if value is not None}
@@ -323,45 +269,13 @@ class TorchrunJob(Job):
         if SHARE_STORE_VAR in mine:
             said = "unset" if mine[SHARE_STORE_VAR] is None else f"{SHARE_STORE_VAR}={mine[SHARE_STORE_VAR]}"
             store = f"as workload.env says ({said}); chaoskit's own choice for recovery: {self.workload.recovery}: {store}"
-        if "TMPDIR" in names and not self.nvrx and self.account is not None:
+        if "TMPDIR" in names and not self.stack_run.sets_tmpdir and self.account is not None:
             why["TMPDIR"] = "the job account's own folder, not /tmp"
         return {"env": {"nodes": nodes, "unset": self.unset_env(), "why": why, "rdzv_store": store}}
 
-    def nvrx_socket_dir(self) -> Path:
-        """The private folder (0700) ``ft_launcher`` keeps its sockets in: the job's own ``nvrx/`` when its path is
-        short enough for a Unix socket, else a fresh one from :func:`tempfile.mkdtemp` (a random name)."""
-        if self._nvrx_tmp is None:
-            import tempfile
-
-            mine = self.job_dir / "nvrx"
-            if self.account is not None:  # the account's own folder (made with it), or a fresh random one given to it
-                mine = self.job_dir / "tmp"
-                if len(str(mine)) > _SOCKET_DIR_MAX:
-                    mine = Path(tempfile.mkdtemp(prefix="chaoskit-nvrx-"))
-                    os.chown(mine, self.account.uid, self.account.gid, follow_symlinks=False)
-                self._nvrx_tmp = mine
-            elif len(str(mine)) <= _SOCKET_DIR_MAX:
-                mine.mkdir(mode=0o700, parents=True, exist_ok=True)
-                if mine.is_symlink() or not mine.is_dir() or mine.stat().st_uid != os.geteuid():
-                    raise InfraError(f"{mine} is not a folder of this user's: refusing to put ft_launcher's sockets there")
-                mine.chmod(0o700)
-                self._nvrx_tmp = mine
-            else:
-                self._nvrx_tmp = Path(tempfile.mkdtemp(prefix="chaoskit-nvrx-"))
-        return self._nvrx_tmp
-
-    def lighthouse_argv(self) -> list[str]:
-        """torchft's lighthouse (the ``torchft_lighthouse`` console script beside the job's Python): a quorum as
-        soon as one group is there, stragglers awaited 1 s, a group silent 5 s is dead (torchft's default)."""
-        script = Path(self.cluster.python or sys.executable).with_name("torchft_lighthouse")
-        return [str(script), "--min_replicas", "1", "--join_timeout_ms", "1000", "--quorum_tick_ms", "100",
-                "--bind", f"{self.cluster.rdzv_host}:{self.lighthouse_port}"]
-
     def commands(self) -> dict[str, list[str]]:
         agents = {node: self.launch_argv(node) for node in self.cluster.agent_nodes}
-        if self.torchft:  # the lighthouse, beside the first node's agent
-            return {f"{self.cluster.agent_nodes[0]} (torchft lighthouse)": self.lighthouse_argv(), **agents}
-        return agents
+        return {**self.stack_run.side_commands(), **agents}  # what the stack runs beside them first
 
     def start(self, nodes: list[str] | None = None) -> None:
         """Start the agents of ``nodes`` (default: the job's nodes; spares come with :meth:`start_spares`)."""
@@ -373,16 +287,18 @@ class TorchrunJob(Job):
         if self.account is None:  # else made with the account's folder, as that account's (the runner's job_owner)
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.check_script()
-        self.write_nvrx_config()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        if self.torchft and self.lighthouse is None:
-            first = self.cluster.agent_nodes[0]
-            self.lighthouse = self._popen(first, self.lighthouse_argv())
-            # its log has a few lines a step per group; only its quorum changes go to the probes (the torchft preset)
-            self._follow(first, self.lighthouse, "lighthouse", only="Detected quorum change")
+        self.beside += self.stack_run.start()
         for node in self.cluster.job_nodes if nodes is None else nodes:
             self.agents[node] = proc = self._popen(node, self.agent_argv(node))
             self._follow(node, proc, node)
+
+    def start_beside(self, node: str, argv: list[str], log: str, only: str | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv`` on ``node`` in the job's scope, its output in ``logs/<log>.log`` and (with ``only``: the
+        lines that contain it) to the probes: what a recovery stack runs beside the agents."""
+        proc = self._popen(node, argv)
+        self._follow(node, proc, log, only=only)
+        return proc
 
     def _popen(self, node: str, argv: list[str]) -> subprocess.Popen[bytes]:
         """Start ``argv`` on ``node`` in the job's scope (its processes are the job's: :meth:`stop` ends them)."""
@@ -471,14 +387,11 @@ class TorchrunJob(Job):
             deadline = time.time() + wait
             while time.time() < deadline and any(_processes(s) for s in scopes):
                 time.sleep(0.05)
-        for proc in [*self.agents.values(), *([self.lighthouse] if self.lighthouse is not None else [])]:
+        for proc in [*self.agents.values(), *self.beside]:
             try:
                 proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
         for t in self._readers:
             t.join(timeout=2)
-        if self._nvrx_tmp is not None and self._nvrx_tmp.name.startswith("chaoskit-nvrx-"):
-            import shutil
-
-            shutil.rmtree(self._nvrx_tmp, ignore_errors=True)
+        self.stack_run.cleanup()

@@ -32,7 +32,7 @@ from chaoskit.core.files import torch_cache_env
 from chaoskit.core.trusted import read_authors_file
 from chaoskit.observe.probes import FileLogProbe
 from chaoskit.workloads.api import Job
-from chaoskit.workloads.launch import NVRX_LAUNCHER, TorchrunJob, free_port, job_dir
+from chaoskit.workloads.launch import TorchrunJob, free_port, job_dir
 
 __all__ = ["SlurmJob", "job_owner", "batch_script_path", "names_job"]
 
@@ -169,9 +169,8 @@ class SlurmJob(Job):
         script = agent.script_argv()
         iface = self.cluster.scheduler_options.get("local_addr_interface")
         python = self.cluster.python or sys.executable
-        launcher = ["-m", "torch.distributed.run"]
-        if w.recovery == "nvrx":  # ft_launcher in place of torchrun (workloads/launch.py), its sockets in the job's folder
-            launcher = [*NVRX_LAUNCHER, *w.nvrx.launcher_args(agent.write_nvrx_config())]
+        launcher = agent.stack_run.launcher()  # the recovery stack's (ft_launcher in place of torchrun), files written
+        private_tmp = agent.stack_run.sets_tmpdir
         argv = [
             python, *launcher, "--nnodes", f"{n}:{n}", "--nproc-per-node", str(w.nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-id", self.run_id, "--max-restarts", str(w.max_restarts),
@@ -186,11 +185,11 @@ class SlurmJob(Job):
             'echo "chaoskit: agent on $SLURMD_NODENAME, job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}"',
             'is_host=false; [ "$SLURM_NODEID" = 0 ] && is_host=true',
         ]
-        if w.recovery == "nvrx":
-            # A private folder per node for ft_launcher's Unix sockets, not /tmp's guessable names. The launcher runs
+        if private_tmp:
+            # A private folder per node for the launcher's Unix sockets (ft_launcher's), not /tmp's guessable names. The launcher runs
             # as this script's child (not exec'd) so that the folder is removed when it ends; a SIGTERM from Slurm
             # (scancel, requeue, the step's end) is passed on and waited for. Only a SIGKILL can leave the folder.
-            lines += ['TMPDIR=$(mktemp -d -t chaoskit-nvrx-XXXXXXXX) || exit 1; export TMPDIR',
+            lines += [f'TMPDIR=$(mktemp -d -t chaoskit-{agent.stack.name}-XXXXXXXX) || exit 1; export TMPDIR',
                       """trap 'rm -rf -- "$TMPDIR"' EXIT""",
                       """trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT"""]
         extra = ""
@@ -200,7 +199,7 @@ class SlurmJob(Job):
         launch = (f'{shlex.join(argv)} --rdzv-endpoint "$CHAOSKIT_RDZV_HOST:{self.port}" '
                   f'--rdzv-conf "is_host=$is_host" --log-dir {shlex.quote(str(self.log_dir))}/torchelastic/"$SLURMD_NODENAME"'
                   f'{extra} {shlex.join(script)}')
-        if w.recovery == "nvrx":
+        if private_tmp:
             lines += [f"{launch} &", "launcher=$!",
                       # wait returns early when a trapped signal arrives: wait again until the launcher has ended
                       'while :; do wait "$launcher"; rc=$?; kill -0 "$launcher" 2>/dev/null || break; done',

@@ -1,0 +1,121 @@
+"""``recovery: nvrx-inprocess``: the reference job's training loop runs under NVRx's in-process restart
+(``nvidia_resiliency_ext.inprocess.Wrapper``), which reruns it in the same processes from the newest checkpoint when
+a rank raises, stops making progress or dies (:func:`chaoskit.measure.measure_nvrx_inprocess`). The agents are
+torchrun's.
+
+NVRx deprecated in-process restart in 0.6 ("use in-job restart via ft_launcher"): this stack measures the NVRx the
+package registry here serves (the ``frameworks`` extra's pin, 0.4.1); ``recovery: nvrx`` is the one upstream keeps.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from pydantic import Field
+
+from chaoskit.core.durations import PositiveDuration
+from chaoskit.core.models import StrictModel
+from chaoskit.measure import PHASE_MEANINGS, measure_nvrx_inprocess
+from chaoskit.stacks.api import LONG_DETECTION_S, Stack, StackRun
+
+__all__ = ["NvrxInprocess", "NvrxInprocessRun", "NvrxInprocessSettings", "DEPRECATED"]
+
+DEPRECATED = ("deprecated upstream: NVRx 0.6 deprecated in-process restart (\"use in-job restart via ft_launcher\"); "
+              "measured here on the NVRx the frameworks extra pins")
+
+
+class NvrxInprocessSettings(StrictModel):
+    """NVIDIA Resiliency Extension's in-process restart (``nvidia_resiliency_ext.inprocess.Wrapper``): the reference
+    job's training loop runs inside the Wrapper, which reruns it in the same processes when a rank raises, stops
+    making progress or dies."""
+
+    soft_timeout: PositiveDuration = Field(5.0, description=(
+        "A rank that has not pinged (one ping a step) for this long is hung: every rank restarts its loop "
+        "(the Wrapper's default is 60 s)."))
+    hard_timeout: PositiveDuration = Field(60.0, description=(
+        "A rank still silent this long is killed by its monitor process (the Wrapper's default is 90 s). Must be "
+        "longer than the collective timeout: on gloo a rank blocked in a collective is freed only by that timeout."))
+    heartbeat_timeout: PositiveDuration = Field(5.0, description=(
+        "A peer whose monitor process stopped heartbeating this long (a dead process) is gone: the others restart "
+        "(the Wrapper's default is 30 s)."))
+
+    def job_args(self) -> list[str]:
+        """The reference job's options for these settings."""
+        return ["--nvrx-inprocess", "--nvrx-soft-timeout", f"{self.soft_timeout:g}",
+                "--nvrx-hard-timeout", f"{self.hard_timeout:g}", "--nvrx-heartbeat-timeout", f"{self.heartbeat_timeout:g}"]
+
+
+class NvrxInprocessRun(StackRun):
+    def __init__(self, stack: Stack, job: Any) -> None:
+        super().__init__(stack, job)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            self.store_port = s.getsockname()[1]
+        """The job's own store under NVRx's in-process restart (the Wrapper's is at MASTER_PORT)."""
+
+    def job_args(self) -> list[str]:
+        return self.job.workload.nvrx_inprocess.job_args()
+
+    def env_defaults(self) -> dict[str, str]:
+        # the Wrapper's store waits warn from c10d's C++ twice a second per rank ("waitForInput ... timed out
+        # after 500ms"), every one of them expected
+        return {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+    def env_owned(self, node: str, plan: bool = False) -> dict[str, str]:
+        return {"CHAOSKIT_NVRX_STORE_PORT": str(self.store_port)}
+
+
+class NvrxInprocess(Stack):
+    name = "nvrx-inprocess"
+    describe = "NVIDIA's in-process restart (deprecated upstream in NVRx 0.6): the Wrapper reruns every rank's loop in its own process"
+    launches = ("reference", "uninstrumented")
+    refusal = ("recovery: nvrx-inprocess runs the reference job's loop under NVRx's inprocess.Wrapper "
+               "(launch: {launches}), not launch: {launch}; a job of your own that wraps itself is measured "
+               "with recovery: restart and the nvrx-inprocess preset")
+    settings_key = "nvrx_inprocess"
+    Settings = NvrxInprocessSettings
+    settings_doc = ("recovery: nvrx-inprocess only: the Wrapper's timeouts (default: 5 s soft, 60 s hard, 5 s "
+                    "heartbeat). NVRx deprecated in-process restart in 0.6.")
+    presets = ("nvrx-inprocess",)  # the Wrapper's own lines
+    phase_meanings = PHASE_MEANINGS["nvrx-inprocess"]
+    reallocation_label = "every rank's loop started again"
+    result_keys = ("wrapper", "in_process")
+    extra = "frameworks"
+    install = "pip install 'chaoskit[frameworks]' (nvidia-resiliency-ext, NVRx)"
+    scorecard_column = "nvrx-inprocess"
+    scorecard_note = DEPRECATED
+    framework = "nvrx-inprocess"
+    init_lines = ("  recovery: restart                    # your job wraps its loop in NVRx's inprocess.Wrapper "
+                  "itself: torchrun starts it, the nvrx-inprocess preset reads the Wrapper's lines (recovery: "
+                  "nvrx-inprocess wraps chaoskit's reference job only)",)
+    run_class = NvrxInprocessRun
+
+    def measure(self, events: Any, t_fault: float, t_fault_uncertainty: float = 0.0, *, node: str | None = None,
+                fault_step: int | None = None) -> dict[str, Any]:
+        return measure_nvrx_inprocess(events, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
+
+    def check(self, workload: Any) -> None:
+        s = workload.nvrx_inprocess
+        if workload.collective_timeout >= s.hard_timeout:
+            raise ValueError(f"collective_timeout ({workload.collective_timeout:g}s) must be shorter than "
+                             f"nvrx_inprocess.hard_timeout ({s.hard_timeout:g}s): on gloo a rank "
+                             "blocked in a collective is freed only by its timeout, and the Wrapper kills a rank "
+                             "silent for hard_timeout")
+
+    def timeouts(self, workload: Any) -> tuple[dict[str, str], list[str]]:
+        s: NvrxInprocessSettings = workload.nvrx_inprocess
+        timeouts = {"NVRx in-process soft timeout": f"{s.soft_timeout:g}s",
+                    "NVRx in-process hard timeout": f"{s.hard_timeout:g}s",
+                    "NVRx in-process heartbeat timeout": f"{s.heartbeat_timeout:g}s"}
+        warnings = []
+        if s.soft_timeout >= LONG_DETECTION_S:
+            warnings.append(f"NVRx in-process soft timeout {s.soft_timeout:g}s: a hung rank takes "
+                            f"{s.soft_timeout / 60:.0f} min to notice")
+        return timeouts, warnings
+
+    def bound(self, who: str, detection_s: float, workload: Any) -> str | None:
+        if not who.startswith("NVRx in-process Wrapper"):
+            return None
+        soft = workload.nvrx_inprocess.soft_timeout
+        return f", at its soft timeout ({soft:g}s)" if abs(detection_s - soft) <= max(1.0, 0.2 * soft) else ""

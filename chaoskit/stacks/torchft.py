@@ -1,0 +1,102 @@
+"""``recovery: torchft``: every node is one torchft replica group with a torchrun world of its own; chaoskit starts
+torchft's lighthouse beside the first node's agent and gives each group ``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS``
+and ``TORCHFT_LIGHTHOUSE``. Survivors drop a dead group from the quorum and carry on; the restarted group heals
+from a peer (:func:`chaoskit.measure.measure_torchft`)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from chaoskit.measure import PHASE_MEANINGS, measure_torchft
+from chaoskit.stacks.api import Stack, StackRun
+
+__all__ = ["Torchft", "TorchftRun"]
+
+
+class TorchftRun(StackRun):
+    def __init__(self, stack: Stack, job: Any) -> None:
+        super().__init__(stack, job)
+        self.lighthouse_port = _free_port()
+        self.lighthouse: subprocess.Popen[bytes] | None = None
+
+    def world(self, node: str) -> list[str]:
+        # a replica group: a world of its own, its rendezvous on the node's own loopback
+        return ["--nnodes", "1:1", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", f"{self.job.run_id}-{node}",
+                "--rdzv-conf", "is_host=true"]
+
+    def env_owned(self, node: str, plan: bool = False) -> dict[str, str]:
+        # what torchft's Manager reads (torchft/manager.py) to join the lighthouse's quorum
+        cluster = self.job.cluster
+        group = cluster.job_nodes.index(node) if node in cluster.job_nodes else cluster.agent_nodes.index(node)
+        return {"REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": str(len(cluster.job_nodes)),
+                "TORCHFT_LIGHTHOUSE": f"http://{cluster.rdzv_host}:{self.lighthouse_port}"}
+
+    def lighthouse_argv(self) -> list[str]:
+        """torchft's lighthouse (the ``torchft_lighthouse`` console script beside the job's Python): a quorum as
+        soon as one group is there, stragglers awaited 1 s, a group silent 5 s is dead (torchft's default)."""
+        cluster = self.job.cluster
+        script = Path(cluster.python or sys.executable).with_name("torchft_lighthouse")
+        return [str(script), "--min_replicas", "1", "--join_timeout_ms", "1000", "--quorum_tick_ms", "100",
+                "--bind", f"{cluster.rdzv_host}:{self.lighthouse_port}"]
+
+    def side_commands(self) -> dict[str, list[str]]:
+        return {f"{self.job.cluster.agent_nodes[0]} (torchft lighthouse)": self.lighthouse_argv()}
+
+    def start(self) -> list[subprocess.Popen[bytes]]:
+        if self.lighthouse is not None:
+            return []
+        # its log has a few lines a step per group; only its quorum changes go to the probes (the torchft preset)
+        self.lighthouse = self.job.start_beside(self.job.cluster.agent_nodes[0], self.lighthouse_argv(), "lighthouse",
+                                                only="Detected quorum change")
+        return [self.lighthouse]
+
+
+class Torchft(Stack):
+    name = "torchft"
+    describe = "every node one replica group: survivors drop a dead group from the quorum; it heals from a peer"
+    launches = ("command",)
+    refusal = ("recovery: torchft is only used with launch: {launches} (chaoskit starts each replica group and the "
+               "lighthouse), not launch: {launch}")
+    owned_env = ("REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE")
+    every_group_steady = True
+    phase_meanings = PHASE_MEANINGS["torchft"]
+    result_keys = ("discarded_steps", "catch_up_steps", "healed_group")
+    extra = "frameworks"
+    install = "pip install 'chaoskit[frameworks]' (torchft==0.2.0)"
+    scorecard_column = "torchft"
+    framework = "torchft"
+    init_lines = ("  recovery: torchft                    # one replica group per node, torchft's lighthouse, the group's "
+                  "torchrun store shared (torchft's Manager finds it at MASTER_ADDR:MASTER_PORT); measured without a "
+                  "restart",)
+    run_class = TorchftRun
+
+    def measure(self, events: Any, t_fault: float, t_fault_uncertainty: float = 0.0, *, node: str | None = None,
+                fault_step: int | None = None) -> dict[str, Any]:
+        return measure_torchft(events, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
+
+    def lost_work(self, phases: dict[str, Any]) -> str | None:
+        discarded, catch_up, restored = (phases.get("discarded_steps"), phases.get("catch_up_steps"),
+                                         phases.get("restored_step"))
+        return (f"{len(discarded or [])} step(s) discarded by the survivors {discarded or ''}, catch-up of the healed "
+                f"group {'?' if catch_up is None else catch_up} (healed to step {'?' if restored is None else restored})")
+
+    def share_store(self) -> tuple[bool, str]:
+        # each replica group is a torchrun world of one agent: no other agent's rounds to mix, and torchft's
+        # Manager looks for a store at MASTER_ADDR:MASTER_PORT (torchft/manager.py), which only a shared one hosts
+        return True, ("shared (torchrun's default): torchft's Manager connects to the store at MASTER_ADDR:MASTER_PORT, "
+                      "and each replica group is a world of one agent, so no rounds of other agents mix in it")
+
+    def timeouts(self, workload: Any) -> tuple[dict[str, str], list[str]]:
+        return {"torchft timeout": "10s (torchft_train.py --timeout: a collective, a heal)",
+                "torchft lighthouse heartbeat timeout": "5s (torchft's default)",
+                "torchft quorum timeout": "60s (torchft's Manager default)"}, []
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

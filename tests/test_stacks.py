@@ -1,0 +1,110 @@
+"""Recovery stacks are plugins (issue 50, items 1 and 4): a stack registered like another package's is a
+``workload.recovery`` value, with its settings under its own key, accepted by ``validate`` only under its own
+launches and refused elsewhere at the line that names it; the NVRx stack refuses, at its line, a setting the NVRx
+it drives lacks. ``validate`` runs in-process on real scenario files; nothing is started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import Field
+
+from chaoskit.core.models import StrictModel
+from chaoskit.measure import measure_fault
+from chaoskit.stacks import nvrx
+from chaoskit.stacks.api import Stack, StackRun
+from chaoskit.stacks.registry import STACKS, builtin_stacks, stack
+from tests.conftest import run_cli
+
+
+class RetrySettings(StrictModel):
+    retries: int = Field(2, ge=0, le=9, description="How often the toy launcher retries.")
+
+
+class RetryRun(StackRun):
+    def launcher(self, plan: bool = False) -> list[str]:
+        return ["-m", "toy_launcher", "--retries", str(self.job.workload.toy.retries)]
+
+
+class ToyStack(Stack):
+    """A throwaway stack, measured like ``restart``, that runs ``launch: command`` only."""
+
+    name = "toy-retry"
+    describe = "a toy launcher that retries"
+    launches = ("command",)
+    settings_key = "toy"
+    Settings = RetrySettings
+    settings_doc = "recovery: toy-retry only."
+    run_class = RetryRun
+
+    def measure(self, events: Any, t_fault: float, t_fault_uncertainty: float = 0.0, *, node: str | None = None,
+                fault_step: int | None = None) -> dict[str, Any]:
+        return measure_fault(events, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
+
+
+@pytest.fixture
+def toy_stack():
+    STACKS.register(ToyStack.name, ToyStack)
+    yield ToyStack
+    STACKS.unregister(ToyStack.name)
+
+
+def _scenario(tmp_path, launch: str, recovery: str, extra: list[str] = ()) -> str:
+    needs = {"command": ["  command: [train.py]"], "attach": ["  process: train"], "sbatch": ["  script: job.sh"]}
+    lines = ["name: t", "cluster: lab", "workload:", f"  launch: {launch}", *needs.get(launch, []),
+             f"  recovery: {recovery}", *extra, "probes: {log: [{match: 'step (?P<step>[0-9]+)', event: step}]}",
+             "faults: [{kind: process.kill, target: {nodes: [n1]}, at: {step: 5}}]"]
+    path = tmp_path / f"{launch}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    (tmp_path / "train.py").write_text("print('train')\n")
+    return str(path)
+
+
+def test_the_built_in_stacks_are_found_in_their_modules_source():
+    assert builtin_stacks() == {"nvrx": "chaoskit.stacks.nvrx:Nvrx",
+                                "nvrx-inprocess": "chaoskit.stacks.nvrx_inprocess:NvrxInprocess",
+                                "restart": "chaoskit.stacks.restart:Restart", "torchft": "chaoskit.stacks.torchft:Torchft"}
+    for name in STACKS.names():
+        assert stack(name).name == name
+
+
+def test_a_plugin_stack_is_accepted_only_under_its_own_launches(tmp_path, toy_stack):
+    ok = run_cli("validate", _scenario(tmp_path, "command", "toy-retry", ["  toy: {retries: 4}"]))
+    assert ok.code == 0, ok.stderr
+    for launch in ("reference", "uninstrumented", "attach", "sbatch", "ray-train"):
+        path = _scenario(tmp_path, launch, "toy-retry")
+        res = run_cli("validate", path)
+        assert res.code == 2, (launch, res.stdout, res.stderr)
+        line = 6 if launch in ("attach", "sbatch") else 5  # the recovery line, after the launch's own field
+        assert f"{path}:{line}:13: workload.recovery: recovery: toy-retry is only used with launch: command, not " \
+               f"launch: {launch}" in res.stderr, res.stderr
+    # its settings go with it only, refused at their line under another stack
+    path = _scenario(tmp_path, "command", "restart", ["  toy: {retries: 4}"])
+    res = run_cli("validate", path)
+    assert res.code == 2 and f"{path}:7:8: workload.toy: 'toy' is only used with recovery: toy-retry" in res.stderr, res.stderr
+
+
+def test_a_plugin_stack_is_in_the_schema_and_starts_its_own_launcher(tmp_path, toy_stack):
+    from chaoskit.scenario import load_scenario
+    from chaoskit.scenario.checks import check_scenario
+    from chaoskit.workloads.launch import TorchrunJob
+
+    schema = run_cli("schema").json
+    assert "toy-retry" in schema["$defs"]["Workload"]["properties"]["recovery"]["enum"]
+    loaded = load_scenario(_scenario(tmp_path, "command", "toy-retry", ["  toy: {retries: 4}"]))
+    job = TorchrunJob(check_scenario(loaded), loaded.model.workload, tmp_path / "run", "rid", None, base=tmp_path)
+    argv = job.agent_argv("n0")
+    assert argv[1:5] == ["-m", "toy_launcher", "--retries", "4"] and "torch.distributed.run" not in argv
+    assert STACKS.names().count("toy-retry") == 1
+
+
+def test_a_setting_the_driven_nvrx_lacks_is_refused_at_its_line(tmp_path):
+    assert nvrx.nvrx_version() == "0.4.1"  # the installed one here (the newest the registry serves), else the pin
+    path = _scenario(tmp_path, "reference", "nvrx", ["  nvrx:", "    heartbeat_timeout: 5s", "    hot_spares: 1"])
+    res = run_cli("validate", path)
+    assert res.code == 2 and f"{path}:8:17: workload.nvrx.hot_spares: " in res.stderr, res.stderr
+    assert "hot_spares needs NVRx 0.7.0 or later, and chaoskit drives NVRx 0.4.1" in res.stderr
+    # what 0.4.1 has is accepted
+    ok = run_cli("validate", _scenario(tmp_path, "reference", "nvrx", ["  nvrx: {check_interval: 1s}"]))
+    assert ok.code == 0, ok.stderr
