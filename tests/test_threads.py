@@ -83,3 +83,48 @@ def test_a_process_watch_whose_node_never_answers_does_not_keep_chaoskit_from_ex
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "stopped\n", proc.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_a_fan_out_runs_on_the_pool_and_a_silent_node_holds_up_nobody():
+    """fan_out, the one request per node of selectors, faults, doctor and audit, runs on a DaemonPool: each node
+    gets its value or its exception in the order given, a node that never answers is NoAnswer at the deadline,
+    calls not started by then never start, and at most max_workers run at once."""
+    from chaoskit.cluster.fanout import NoAnswer, fan_out
+
+    wedged, started, lock, running, peak = threading.Event(), [], threading.Lock(), [0], [0]
+
+    def node(name: str, value):
+        def call():
+            with lock:
+                started.append(name)
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            try:
+                if name == "silent":
+                    wedged.wait(30)
+                if isinstance(value, BaseException):
+                    raise value
+                time.sleep(0.05)
+                return value
+            finally:
+                with lock:
+                    running[0] -= 1
+        return call
+
+    calls = {"a": node("a", 1), "silent": node("silent", 2), "b": node("b", ZeroDivisionError("b")), "c": node("c", 3)}
+    t0 = time.monotonic()
+    out = fan_out(calls, deadline=1.0, max_workers=2)
+    assert time.monotonic() - t0 < 3
+    assert list(out) == ["a", "silent", "b", "c"]
+    assert out["a"] == 1 and out["c"] == 3 and isinstance(out["b"], ZeroDivisionError)
+    assert isinstance(out["silent"], NoAnswer) and peak[0] == 2
+    assert any(t.name.startswith("chaoskit-fanout_") and t.daemon for t in threading.enumerate())
+
+    late = {"first": node("silent", 0), "never": node("never", 1)}
+    out = fan_out(late, deadline=0.3, max_workers=1)
+    assert isinstance(out["first"], NoAnswer) and isinstance(out["never"], NoAnswer)
+    time.sleep(0.2)
+    assert "never" not in started  # given up on before it started: it never runs
+    wedged.set()
+    assert fan_out({}) == {}
+    assert fan_out({"x": lambda: 7}, enough=lambda done: "x" in done) == {"x": 7}

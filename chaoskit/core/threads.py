@@ -4,7 +4,8 @@
 ``shutdown(wait=False)`` said: one call that never returns (a node's transport wedged past its own deadline,
 as a Ray driver's ``get`` can spin once its cluster is gone) then keeps chaoskit from ever exiting, and a CI
 job from ever ending. :class:`DaemonPool` is the same bounded pool on daemon threads: a call left running
-when the process ends is abandoned with it, as :func:`chaoskit.cluster.fanout.fan_out`'s calls are.
+when the process ends is abandoned with it. It is chaoskit's one bounded pool: the leases' renewals, the process
+watch and every fan-out to nodes (:func:`chaoskit.cluster.fanout.fan_out`) run on it.
 """
 
 from __future__ import annotations
