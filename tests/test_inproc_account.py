@@ -8,7 +8,8 @@ it walks to it from ``/`` following no link, refuses it when anyone else may wri
 its descriptor, reads an answer only as a regular file of the account's with one link (bounded), and makes an order
 under a random name renamed over the old one. Here the account plants what it could (links, a FIFO, a link for
 the folder itself, a folder others may write), root plants what only root could (a hard link), and a second user
-tries to plant orders and answers.
+tries to plant orders and answers. The drill of a job that runs as the account (scenarios/inproc-hang.yaml, its end
+in the job's channel) is tests/test_inproc_drills.py's live hang (one drill of that scenario, issue 52).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.core.accounts import lab_account, python_paths, setpriv_argv, unreachable_by
+from chaoskit.core.accounts import lab_account, setpriv_argv, unreachable_by
 from chaoskit.core.files import make_folder_for
 from chaoskit.faults.inproc import HELPER, InprocHangFault, job_channel
-from tests.conftest import ROOT, SCENARIOS, SYSTEM_PYTHON, need, need_root_tool, need_torch, run_cli
+from tests.conftest import ROOT, SYSTEM_PYTHON, need, need_root_tool
 
 NOBODY = 65534
 SECRET = "root-only-9f1c"
@@ -212,27 +213,3 @@ def test_rollback_takes_a_jobs_own_channel_folder_and_no_other():
         assert not job_channel(folder), folder
         with pytest.raises(ValueError):
             InprocHangFault.journaled_revert(fault.revert_argv(sys.executable, folder, 4242, 987654, "f0.0"), node)
-
-
-@pytest.mark.slow
-def test_an_inproc_drill_runs_its_job_as_the_account(account, tmp_path):
-    """``scenarios/inproc-hang.yaml`` on the process lab as root, its run folder where the account can pass: the
-    job is chaoskit-lab's, the order reached it and its end came in its own channel."""
-    need_torch()
-    need(unreachable_by(account, python_paths()) is None,
-         f"a venv {account.name} can run (make builds one from /usr/bin/python3)")
-    base = Path(tempfile.mkdtemp(prefix="ck-inproc-drill-"))
-    base.chmod(0o755)
-    try:
-        res = run_cli("run", SCENARIOS / "inproc-hang.yaml", "--out", base / "run", "--json")
-        result = res.json
-        assert result["verdict"] == "pass", res.stdout[-3000:]
-        assert result["cluster"]["job_user"] == account.name and "job_user_why" not in result["cluster"]
-        fault = result["faults"][0]
-        assert fault["kind"] == "inproc.hang", fault
-        journal = [json.loads(line) for line in (base / "run" / "journal.jsonl").read_text().splitlines()]
-        lease = [r for r in journal if r.get("action") == "armed" and r.get("kind") == "inproc.hang"]
-        assert lease and lease[0]["revert"][5] == str(base / "run.job" / "inproc")  # its end, in the job's channel
-        assert not [r for r in journal if r.get("action") == "lease.kill"]  # the job reported its hang's end there
-    finally:
-        shutil.rmtree(base, ignore_errors=True)

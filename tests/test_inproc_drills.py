@@ -6,11 +6,14 @@ The job is unchanged: its orders come through chaoskit's bootstrap. Each drill i
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCENARIOS, need, need_torch, run_cli
+from chaoskit.core.accounts import lab_account, python_paths, unreachable_by
+from tests.conftest import IN_CI, ROOT, SCENARIOS, need, need_torch, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +29,23 @@ def events(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 
 
-def test_live_hang_keeps_the_rank_heartbeating_and_peers_detect_it_at_the_collective_timeout(tmp_path):
+@pytest.fixture
+def passable():
+    """A folder of root's that anyone may pass through (pytest's own may be root's 0700): a run folder in it lets
+    the job run as the lab's account, whose folder goes beside the run's."""
+    base = Path(tempfile.mkdtemp(prefix="ck-inproc-drill-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_live_hang_keeps_the_rank_heartbeating_and_peers_detect_it_at_the_collective_timeout(passable):
+    """Also the in-process drill of a job that runs as the lab's account (issue 48, item 0; it was a drill of its
+    own in tests/test_inproc_account.py, issue 52): as root, with the run folder where the account can pass, the
+    job is chaoskit-lab's, the order reached it and its end came in its own channel, RUN.job/inproc."""
+    tmp_path = passable / "run"
     res, r = drill(SCENARIOS / "inproc-hang.yaml", tmp_path)
     assert res.code == 0, res.stderr
     timeout = r["workload"]["collective_timeout"]
@@ -39,6 +58,15 @@ def test_live_hang_keeps_the_rank_heartbeating_and_peers_detect_it_at_the_collec
     # the training thread is held (no step of rank 1 for the collective timeout) while its heartbeat thread beats on
     assert not [s for s in steps if 0.5 < s < timeout]
     assert len([b for b in beats if 0 < b < timeout]) >= timeout / 2
+    account = lab_account()  # None unless root
+    cannot = unreachable_by(account, python_paths()) if account is not None else "not root"
+    if cannot is None or (account is not None and IN_CI):  # the job ran as the account, its hang ended in its channel
+        assert cannot is None, f"a venv {account.name} can run (make builds one from /usr/bin/python3): {cannot}"
+        assert r["cluster"]["job_user"].startswith(account.name) and "job_user_why" not in r["cluster"], r["cluster"]
+        journal = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+        lease = [e for e in journal if e.get("action") == "armed" and e.get("kind") == "inproc.hang"]
+        assert lease and lease[0]["revert"][5] == str(passable / "run.job" / "inproc")
+        assert not [e for e in journal if e.get("action") == "lease.kill"]  # the job reported its hang's end there
 
 
 def test_nan_in_one_ranks_gradients_is_caught_by_the_loss_watch(tmp_path):
