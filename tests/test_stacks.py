@@ -15,7 +15,7 @@ from chaoskit.core.models import StrictModel
 from chaoskit.measure import measure_fault
 from chaoskit.stacks import nvrx
 from chaoskit.stacks.api import Stack, StackRun
-from chaoskit.stacks.registry import STACKS, builtin_stacks, stack
+from chaoskit.stacks.registry import STACKS, builtin_stacks, by_column, stack
 from tests.conftest import run_cli
 
 
@@ -98,6 +98,7 @@ def test_a_plugin_stack_is_in_the_schema_and_starts_its_own_launcher(tmp_path, t
     argv = job.agent_argv("n0")
     assert argv[1:5] == ["-m", "toy_launcher", "--retries", "4"] and "torch.distributed.run" not in argv
     assert STACKS.names().count("toy-retry") == 1
+    assert by_column()["torchrun"].name == "restart" and "toy-retry" not in {s.name for s in by_column().values()}
 
 
 def test_a_setting_the_driven_nvrx_lacks_is_refused_at_its_line(tmp_path):

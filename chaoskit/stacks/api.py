@@ -122,7 +122,7 @@ class Stack:
     """The chaoskit extra that installs what it needs, ``None`` when torch alone does."""
     install: ClassVar[str | None] = None
     """The install line ``doctor`` and its refusals give."""
-    scorecard_column: ClassVar[str | None] = "torchrun"
+    scorecard_column: ClassVar[str | None] = None
     """Its column in ``chaoskit scorecard`` (``None``: none)."""
     scorecard_note: ClassVar[str | None] = None
     """What its column's header says under its name (``None``: nothing)."""
