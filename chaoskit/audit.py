@@ -30,6 +30,7 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.channel import AGENT_IDLE_EXIT_S, controller_alive, parse_controller_tag
+from chaoskit.core.accounts import unheld_account_processes
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.state import state_dir
 from chaoskit.crash import recover
@@ -342,11 +343,33 @@ def _controller_leftovers(live: set[str]) -> list[Leftover]:
         # another state folder, its job running, is not ours to name)
         if ns not in held and not _netns_in_use(ns):
             out.append(Leftover(CONTROLLER, f"network namespace {ns} of a process-lab job whose run is gone", "lab"))
+    out += _account_leftovers()
     for run in find_crashed_runs():
         pending = unreverted(read_journal(run.journal)) if run.journal.is_file() else []
         for entry in pending:
             out.append(Leftover(CONTROLLER, f"run {run.run_id} died with {entry.get('kind')} armed on {entry.get('node')} "
                                             f"({entry.get('fault_id')}) and not reverted in its journal", "journal"))
+    return out
+
+
+def _account_leftovers() -> list[Leftover]:
+    """Processes that run as a lab account no lab or run holds (a dead run's job), but a Ray lab's nodes while its
+    record says it is up (they keep its account once ``lab up`` has ended)."""
+    labs = {p.stem for p in (state_dir() / "ray-labs").glob("*.json")} if (state_dir() / "ray-labs").is_dir() else set()
+    out = []
+    for name, pids in unheld_account_processes().items():
+        left = []
+        for pid in pids:
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            scope = next((e.split(b"=", 1)[1].decode(errors="replace") for e in env if e.startswith(b"CHAOSKIT_SCOPE=")), "")
+            if scope.split(".", 1)[0] not in labs or not scope:
+                left.append(pid)
+        if left:
+            out.append(Leftover(CONTROLLER, f"processes left running as lab account {name}, which no run or lab holds: "
+                                            f"pid {', '.join(map(str, left[:10]))}", "account"))
     return out
 
 

@@ -38,7 +38,7 @@ from chaoskit.cluster.selectors import (
 from chaoskit.cluster.transports.api import FileFollower, Transport
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.fanout import fan_out as parallel
-from chaoskit.core.accounts import python_paths, unreachable_by
+from chaoskit.core.accounts import nearest_existing, python_paths, unreachable_by
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.files import RESULT_FILE, copy_regular, make_folder_for, make_run_dir
 from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
@@ -346,8 +346,9 @@ class _Run:
             why = "the in-process channel's folder is root's own (the job's folder is not on the nodes' disk)"
         else:
             script = self.sc.workload.command_script(self.loaded.path.parent) if self.sc.workload.command else None
-            needs = [*python_paths(self.cluster.python), *([script] if script else []), self.run_dir.parent]
-            problem = unreachable_by(account, needs)  # the job's folder goes beside the run folder
+            needs = [*python_paths(self.cluster.python), *([script] if script else []),
+                     nearest_existing(self.run_dir.parent)]
+            problem = unreachable_by(account, needs)  # the job's folder goes beside the run folder (missing: made 0755)
             if problem:
                 why = f"{account.name} cannot run the job: {problem}"
         if why is not None and self.cluster.job_account_fixed:  # its nodes write the job's files as the account
@@ -394,6 +395,7 @@ class _Run:
             self._preflight()
             self._start()
             self._baseline()
+            self._job_process_users()
             for fault in _faults(sc):
                 try:
                     self._inject(fault)
@@ -631,6 +633,18 @@ class _Run:
             details["job_isolation"] = self.cluster.job_isolation
             line += f"; in {self.cluster.job_isolation}"
         return line
+
+    def _job_process_users(self) -> None:
+        """Who the job's processes run as, read off its nodes once it trains (result.json's cluster
+        ``job_process_users``, as ``ps -o user`` would say): what the job ran as, not only what it was told to."""
+        uids: set[int] = set()
+        for name in self.cluster.job_nodes:
+            try:
+                uids.update(p.uid for p in self.inventory[name].conn.processes() if p.uid is not None)
+            except InfraError:
+                continue
+        if uids:
+            self.cluster.details["job_process_users"] = sorted(_user_name(u) for u in uids)
 
     def _baseline(self) -> None:
         need, timeout = self.sc.steady_state.steps, self.sc.steady_state.timeout

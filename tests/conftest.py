@@ -221,12 +221,65 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         sys.stderr.write("\nFAILED: threads that are not daemons outlived the tests (pytest would wait on them): "
                          + ", ".join(f"{t.name} ({getattr(t.run, '__qualname__', '?')})" for t in left) + "\n")
+    folder = _JOB_FOLDERS.get("session")
+    if folder is not None and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        shutil.rmtree(folder, ignore_errors=True)
+    elif folder is not None:
+        sys.stderr.write(f"\nthe session's temporary folders are kept in {folder}\n")
+
+
+# -- the drills' jobs run as the lab's account (issue 48) ---------------------------------------------------------
+# A job chaoskit starts as root runs as a lab account only where that account reaches its folder (beside the run
+# folder); pytest's temporary folders are root's 0700, so a drill with --out in one kept root. As root, the
+# session's temporary folders are root's and the lab accounts' group's (chaoskit.core.accounts.JOB_GROUP), mode
+# 0710: the account passes through, no other user does, nobody but root writes. They are a folder of this
+# session's own (pytest resets its shared /tmp/pytest-of-root to 0700 whenever a session starts: another session
+# would close the way in the middle of a drill), removed at the end when every test passed.
+
+_JOB_FOLDERS: dict[str, Any] = {}
+
+
+def _open_to_job_group(path: Path) -> None:
+    gid = _JOB_FOLDERS.get("gid")
+    if gid is not None:
+        os.chown(path, 0, gid, follow_symlinks=False)
+        os.chmod(path, 0o710)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config) -> None:
+    if os.geteuid() != 0 or config.option.basetemp:
+        return
+    from chaoskit.core.accounts import job_group
+
+    try:
+        _JOB_FOLDERS["gid"] = job_group()
+    except Exception as exc:  # noqa: BLE001 - no groupadd here: the drills' jobs keep root, as they say
+        sys.stderr.write(f"the session's folders stay 0700 (no lab accounts' group: {exc})\n")
+        return
+    session = Path(tempfile.mkdtemp(prefix="chaoskit-tests-"))
+    _open_to_job_group(session)
+    _JOB_FOLDERS["session"] = session
+    config.option.basetemp = str(session / "pytest")
+
+
+def _opened(fn):
+    def wrapped(self, *args, **kwargs):
+        path = fn(self, *args, **kwargs)
+        _open_to_job_group(path)
+        return path
+    return wrapped
+
+
+pytest.TempPathFactory.getbasetemp = _opened(pytest.TempPathFactory.getbasetemp)
+pytest.TempPathFactory.mktemp = _opened(pytest.TempPathFactory.mktemp)
 
 
 @pytest.fixture(autouse=True)
 def _private_state(tmp_path_factory, monkeypatch):
-    """Each test gets its own chaoskit state dir (locks, leases, labs)."""
+    """Each test gets its own chaoskit state dir (locks, leases, labs), root's alone (0700)."""
     state = tmp_path_factory.mktemp("state")
+    state.chmod(0o700)
     monkeypatch.setenv("CHAOSKIT_STATE_DIR", str(state))
     yield state
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.transports.local import read_proc
+from chaoskit.core.accounts import LAB_ACCOUNT
 from tests.conftest import ROOT, SCENARIOS, need_torch, proc_state, run_cli, lab_fixture
 
 pytestmark = pytest.mark.slow
@@ -70,8 +71,31 @@ def test_kill_rank_writes_the_run_directory(kill_rank):
     assert abs(journal[1]["t_fault"] - result["faults"][0]["t_fault"]) < 1e-6
     assert sorted(x.name for x in (out / "logs").iterdir()) == ["n0.log", "n1.log", "n2.log"]
     # torch's compile cache (made when DDP imports torch._dynamo) is the run's, not /tmp/torchinductor_<user>,
-    # a guessable name in a world-writable folder that another user could have made first
-    assert (out / "torchinductor").is_dir() and not (out / "torchinductor").is_symlink()
+    # a guessable name in a world-writable folder that another user could have made first; a job of the lab's
+    # account keeps it in its own folder beside the run's (RUN.job), removed with its checkpoints at the end
+    if result["cluster"].get("job_user", "root") == "root":
+        assert (out / "torchinductor").is_dir() and not (out / "torchinductor").is_symlink()
+    else:
+        assert not (out / "torchinductor").exists() and not out.with_name(out.name + ".job").exists()
+
+
+def _ran_as_a_lab_account(result: dict, what: str) -> None:
+    """As root, the drill's job ran as a lab account, by what its processes were when it trained (issue 48):
+    pytest's folders are the lab accounts' group's (tests/conftest.py), so nothing kept it root."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: the job is this user's own")
+    cluster = result["cluster"]
+    assert cluster["job_user"].startswith(LAB_ACCOUNT) and "job_user_why" not in cluster, (what, cluster)
+    assert cluster["job_process_users"] == [cluster["job_user"]], (what, cluster)
+
+
+def test_kill_rank_job_ran_as_the_lab_account(kill_rank):
+    _ran_as_a_lab_account(kill_rank[0].json, "kill-rank")
+
+
+def test_the_game_days_jobs_ran_as_the_lab_account(recorded_gameday):
+    for name in ("hang-rank", "kill-uninstrumented"):
+        _ran_as_a_lab_account(recorded_gameday.result(name), name)
 
 
 ADDED_SINCE = (
@@ -81,6 +105,7 @@ ADDED_SINCE = (
     ".phases.restored_from", ".per_fault[].restored_from", ".per_fault[].reallocation_from",  # issue 51: sources
     ".checks.steady_state.restarts",  # issue 51: restarts before the first fault (and restarts_allowed)
     ".blame", ".per_fault[].blame",  # issue 50 item 3: whom the stack named as failed, against the truth
+    ".cluster.job_process_users",  # issue 48: whom the job's processes ran as, read off the nodes
 )
 """Key paths added on purpose since the recordings (prefixes), each with the issue that added it."""
 

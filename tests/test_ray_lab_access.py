@@ -169,7 +169,7 @@ def test_the_ray_labs_nodes_are_not_root(ray_lab, accounts):
     from chaoskit.lab.ray import HEAD_NODE, scope_pids
 
     lab, said, _ = ray_lab
-    account, _ = accounts
+    account = pwd.getpwnam(lab.account.name)  # the lab account this lab holds (another may hold chaoskit-lab)
     pids = scope_pids({lab.lab.scope(n) for n in [HEAD_NODE, *lab.lab.node_names()]})
     assert pids
     ps = subprocess.run(["ps", "-o", "user:32=,comm=", "-p", ",".join(map(str, pids))], capture_output=True, text=True)
@@ -181,7 +181,7 @@ def test_the_ray_labs_nodes_are_not_root(ray_lab, accounts):
 
 def test_nothing_of_the_ray_lab_lies_under_a_guessable_name(ray_lab, accounts):
     lab, _, made = ray_lab
-    account, _ = accounts
+    account = pwd.getpwnam(lab.account.name)  # the lab account this lab holds (another may hold chaoskit-lab)
     lab_id = lab.lab.lab_id
     for shared in {tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"}:
         if os.path.isdir(shared):

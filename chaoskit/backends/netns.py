@@ -16,7 +16,7 @@ from chaoskit.backends.api import ClusterHandle, ClusterSpec, LabStatus, RootLab
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.transports.ssh_many import connect_all
-from chaoskit.core.accounts import lab_account, setpriv_argv
+from chaoskit.core.accounts import claim_lab_account, setpriv_argv
 from chaoskit.lab.netns import NetnsLab, netns_lab_dir, require_netns_tools
 
 __all__ = ["NetnsBackend", "NetnsSpec"]
@@ -56,9 +56,24 @@ class NetnsBackend(RootLabBackend):
     def open(self, spec: NetnsSpec, base: Path) -> ClusterHandle:
         """The lab ``lab up --kind netns`` made when it has this shape, else one made for this run."""
         require_netns_tools()
-        lab, ephemeral = self.open_lab(spec)
+        claim = claim_lab_account()  # the run's own: another lab's job runs as another account, and cannot reach its folders
+        try:
+            lab, ephemeral = self.open_lab(spec)
+        except BaseException:
+            if claim is not None:
+                claim.release()
+            raise
         inventory = _marked_inventory(lab)
         names = lab.node_names()
+        close = teardown_of(inventory, lab.down if ephemeral else None)
+
+        def teardown() -> None:
+            try:
+                close()
+            finally:
+                if claim is not None:
+                    claim.release()
+
         handle = ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=names[: spec.nodes],
             rdzv_host=lab.mgmt_address(names[0]),
@@ -68,9 +83,9 @@ class NetnsBackend(RootLabBackend):
             launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
             agent_args=lambda node: ["--local-addr", lab.data_address(node)],
             connect=lambda: connect_all([n.conn for n in inventory.nodes]),
-            teardown=teardown_of(inventory, lab.down if ephemeral else None),
+            teardown=teardown,
             details={"inventory": str(lab.inventory_path), "directory": str(lab.directory), "ephemeral": ephemeral},
-            job_account=lab_account(),
+            job_account=claim.account if claim is not None else None,
             job_isolation=f"the lab's namespaces: other users of this machine are refused its networks ({lab.guard_table})",
         )
         return handle

@@ -20,7 +20,7 @@ from chaoskit.backends.api import (
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.lab.checkpoint_fs import TmpfsCheckpoints
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
-from chaoskit.core.accounts import LAB_ACCOUNT, lab_account
+from chaoskit.core.accounts import JOB_GROUP, LAB_ACCOUNT, claim_lab_account
 from chaoskit.lab.process import JobNetns, ProcessLab, lab_uids
 
 __all__ = ["ProcessBackend", "ProcessSpec"]
@@ -44,10 +44,11 @@ class ProcessBackend(ClusterBackend):
                                rdzv_host="127.0.0.1", scope=lambda node: f"<lab>.{node}", checkpoint_fs=TmpfsCheckpoints())
         if os.geteuid() == 0:  # what open() does, said without doing it (no namespace, no account made)
             handle.launch_prefix = lambda node: ["ip", "netns", "exec", "<the run's own namespace>", "setpriv",
-                                                 f"--reuid={LAB_ACCOUNT}", f"--regid={LAB_ACCOUNT}", "--clear-groups",
-                                                 "--no-new-privs", "--"]
+                                                 f"--reuid={LAB_ACCOUNT}", f"--regid={LAB_ACCOUNT}",
+                                                 f"--groups={JOB_GROUP}", "--no-new-privs", "--"]
             handle.job_isolation = "a private network namespace made for the run: no other user reaches its stores"
-            handle.details.update(job_user=f"{LAB_ACCOUNT} (root where that account cannot run the job: the run "
+            handle.details.update(job_user=f"{LAB_ACCOUNT} or the first free of {LAB_ACCOUNT}-1... (a lab account "
+                                           "of the run's own; root where that account cannot run the job: the run "
                                            "says why)", job_isolation=handle.job_isolation)
         return handle
 
@@ -70,7 +71,14 @@ class ProcessBackend(ClusterBackend):
         # job runs as the lab's account (the runner keeps root only where the job cannot run as it).
         netns = JobNetns.create()
         details["netns"] = netns.name
-        handle.job_account = lab_account()
+        try:  # a lab account of the run's own: another lab's job runs as another, and cannot reach this one's folders
+            claim = claim_lab_account()
+        except BaseException:
+            netns.remove()
+            raise
+        handle.job_account = claim.account
+        for node in inventory.nodes:  # the node's processes: root's, or this run's account's (no other lab's)
+            node.conn.uids = frozenset({os.geteuid(), claim.account.uid})
         handle.job_isolation = f"a private network namespace ({netns.name}): no other user reaches its stores"
         handle.launch_prefix = lambda node: netns.prefix(handle.job_account)
 
@@ -80,6 +88,7 @@ class ProcessBackend(ClusterBackend):
                     lab.kill_all()
             finally:
                 netns.remove()
+                claim.release()
 
         handle.teardown = teardown
         return handle

@@ -23,7 +23,7 @@ from pathlib import Path
 from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.xid import lab_pci
-from chaoskit.core.accounts import LAB_ACCOUNT, Account, setpriv_argv
+from chaoskit.core.accounts import Account, lab_account_names, setpriv_argv
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import not_ours, state_dir
 
@@ -135,13 +135,15 @@ class ProcessLab:
 
 
 def lab_uids() -> frozenset[int]:
-    """Who a process lab's processes may run as: chaoskit's own user, and as root the lab's job account."""
+    """Who a process lab's processes may run as: chaoskit's own user, and as root the lab accounts (a run's
+    inventory narrows it to its own account: backends/process.py)."""
     uids = {os.geteuid()}
     if os.geteuid() == 0:
-        try:
-            uids.add(pwd.getpwnam(LAB_ACCOUNT).pw_uid)
-        except KeyError:
-            pass
+        for name in lab_account_names():
+            try:
+                uids.add(pwd.getpwnam(name).pw_uid)
+            except KeyError:
+                pass
     return frozenset(uids)
 
 

@@ -23,8 +23,8 @@ Who may use the cluster: Ray's GCS listens on loopback, where every local user r
 Ray cluster runs code on its nodes. So the lab turns on Ray's token authentication (``RAY_AUTH_MODE=token``):
 a fresh random token per lab, in a 0600 file of the lab's folder, named to the nodes, chaoskit's driver and the
 Ray Train driver by ``RAY_AUTH_TOKEN_PATH`` (never on a command line). And when chaoskit is root the nodes run
-as the lab's account (:func:`~chaoskit.core.accounts.lab_account`), not as root, unless that account cannot run
-chaoskit's Python (:attr:`RayLab.root_why` says why; ``lab up`` prints it).
+as a lab account of its own (:func:`~chaoskit.core.accounts.claim_lab_account`), not as root, unless that
+account cannot run chaoskit's Python (:attr:`RayLab.root_why` says why; ``lab up`` prints it).
 
 The lab's folder (:data:`TEMP_PREFIX` and a random name in the system's temporary folder, mode 0700, the
 nodes' account's) holds Ray's ``--temp-dir`` (sessions, logs, sockets), the token, the agents' state folder
@@ -45,13 +45,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaoskit.cluster.inventory import Inventory, Node, PowerCommands
 from chaoskit.cluster.transports.local import LocalTransport, proc_info, read_proc
 from chaoskit.cluster.transports.ray import WORKDIR_ENV, RayTransport, node_resource, node_table, ray_auth_env
-from chaoskit.core.accounts import Account, account_named, lab_account, python_paths, unreachable_by
+from chaoskit.core.accounts import Account, AccountClaim, account_named, claim_lab_account, python_paths, unreachable_by
 from chaoskit.core.errors import InfraError
 from chaoskit.core.files import torch_cache_env
 from chaoskit.core.state import private_dir, state_dir
@@ -120,6 +120,10 @@ class RayLab:
     """Whom the nodes run as: the lab's account when chaoskit is root; ``None``: as chaoskit itself."""
     root_why: str | None = None
     """Why the nodes run as root though chaoskit has an account for them (``None``: they do not)."""
+    claim: AccountClaim | None = field(default=None, repr=False, compare=False)
+    """This process's hold on :attr:`account` while it starts the lab (another lab takes another account), let go
+    at :meth:`down`; once the nodes run, their processes keep it the lab's (no other lab takes an account that
+    processes run as)."""
 
     @property
     def folder(self) -> str | None:
@@ -138,10 +142,16 @@ class RayLab:
               persistent: bool = False, timeout: float = 90.0) -> "RayLab":
         """Start the head and one Ray node per lab node; return once every node is alive in Ray's table."""
         port = _free_port()
-        account, root_why = _nodes_account()
-        folder = _make_folder(account)
+        claim, root_why = _nodes_account()
+        account = claim.account if claim is not None else None
+        try:
+            folder = _make_folder(account)
+        except BaseException:
+            if claim is not None:
+                claim.release()
+            raise
         ray_lab = cls(lab, f"127.0.0.1:{port}", num_cpus, object_store_mb * 1024 * 1024, persistent,
-                      os.path.join(folder, "r"), account, root_why)
+                      os.path.join(folder, "r"), account, root_why, claim)
         try:
             ray_lab._record()
             ray_lab._ray_start(HEAD_NODE, ["--head", f"--port={port}", "--num-cpus=0",
@@ -243,6 +253,8 @@ class RayLab:
         if self.folder is not None:  # the lab's own folder (mkdtemp's, 0700): Ray's files with it
             _remove_folder(self.folder, self.account)
         lab_record_path(self.lab.lab_id).unlink(missing_ok=True)
+        if self.claim is not None:
+            self.claim.release()
         return n
 
     # -- what runs use ---------------------------------------------------------------------
@@ -362,12 +374,13 @@ TEMP_PREFIX = "chaoskit-ray-"
 before, ``ckray-<lab id>-<random>``)."""
 
 
-def _nodes_account() -> tuple[Account | None, str | None]:
-    """Whom the lab's Ray nodes run as, and why root when chaoskit has an account for them but it cannot run
-    them: the account must reach chaoskit's Python, its packages and Ray's own binaries."""
-    account = lab_account()
-    if account is None:
+def _nodes_account() -> tuple[AccountClaim | None, str | None]:
+    """Whom the lab's Ray nodes run as (a lab account of its own, held), and why root when chaoskit has an account
+    for them but it cannot run them: the account must reach chaoskit's Python, its packages and Ray's own binaries."""
+    claim = claim_lab_account()
+    if claim is None:
         return None, None
+    account = claim.account
     import importlib.util
 
     spec = importlib.util.find_spec("ray")
@@ -375,8 +388,9 @@ def _nodes_account() -> tuple[Account | None, str | None]:
     # The runner asks the same of the job's driver (runner._account_for_job): both run as the account, or neither.
     problem = unreachable_by(account, [*python_paths(), *ray_dirs, Path(_ray_cli())])
     if problem:
+        claim.release()
         return None, f"{account.name} cannot run Ray here: {problem}"
-    return account, None
+    return claim, None
 
 
 def _make_folder(account: Account | None) -> str:
