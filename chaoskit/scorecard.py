@@ -3,8 +3,10 @@
 A row is a plain scenario file in a folder (``examples/scorecard/``): one fault, on the lab it needs, written for
 plain torchrun. A column is a recovery stack (:data:`STACKS`): torchrun (torchelastic restarts the world), nvrx
 (NVIDIA's ft_launcher with rank heartbeats), nvrx-inprocess (NVIDIA's in-process restart), torchft (per-step fault
-tolerance), ray (Ray Train), slurm (the job under Slurm's requeue). :func:`run_scorecard` turns each row into one scenario per stack (``<out>/scenarios/``;
-:meth:`Stack.adapt` says why a pair cannot run, which becomes its cell), runs them all as one game day
+tolerance), each a stack module's own (:attr:`chaoskit.stacks.api.Stack.scorecard_column`, which adapts the row:
+:meth:`chaoskit.stacks.api.Stack.adapt_row`), then ray (Ray Train) and slurm (the job under Slurm's requeue).
+:func:`run_scorecard` turns each row into one scenario per stack (``<out>/scenarios/``;
+:class:`CannotRun` says why a pair cannot run, which becomes its cell), runs them all as one game day
 (``<out>/gameday/``: the labs shared between drills, ``repeat`` honoured) and reads each drill's files back into
 one cell per (stack, fault):
 
@@ -48,22 +50,13 @@ from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metr
 from chaoskit.scenario import load_scenario, scenario_files
 from chaoskit.scenario.checks import check_scenario
 from chaoskit.scenario.model import workload_model
-from chaoskit.stacks.api import LONG_DETECTION_S
-from chaoskit.stacks.registry import by_column, stack as recovery_stack, stack_of
+from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, ranks_to_nodes
+from chaoskit.stacks.registry import by_column, stack_of
 from chaoskit.workloads.launch import torch_available
 
 __all__ = ["STACKS", "Stack", "CannotRun", "SCORECARD_FILE", "run_scorecard", "cells_from_gameday", "adapt_row"]
 
 SCORECARD_FILE = "scorecard.json"
-TORCHFT_SCRIPT = Path("..") / "frameworks" / "torchft_train.py"
-"""The torchft column's job, relative to the rows' folder (examples/frameworks/torchft_train.py beside
-examples/scorecard/); a folder without it gets "cannot run here" in that column."""
-
-
-class CannotRun(Exception):
-    """A (stack, fault) pair that cannot run here; the message is the cell's why."""
-
-
 @dataclass(frozen=True)
 class Stack:
     name: str
@@ -74,81 +67,8 @@ class Stack:
     """Why the stack cannot run on the scenario's (previewed) cluster, asked of the cluster itself; ``None``: it can."""
 
 
-def _kind(doc: dict[str, Any]) -> str:
-    cluster = doc.get("cluster", "lab")
-    return cluster.get("kind", "process") if isinstance(cluster, dict) else "process"
-
-
 def _network_faults(doc: dict[str, Any]) -> list[str]:
     return [f["kind"] for f in doc.get("faults", []) if str(f.get("kind", "")).startswith("network.")]
-
-
-def _ranks_to_nodes(doc: dict[str, Any], process: str | None = None) -> None:
-    """``target: {ranks: [r]}`` as the node of rank r, for stacks where a rank is no torchrun rank (one worker per
-    node: node n<r>)."""
-    for fault in doc.get("faults", []):
-        target = fault.get("target") or {}
-        if "ranks" in target:
-            ranks = target.pop("ranks")
-            target.setdefault("nodes", [f"n{r}" for r in ranks])
-        if process is not None and str(fault.get("kind", "")).startswith("process."):
-            target["process"] = process
-        fault["target"] = target
-
-
-def _torchrun(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
-    doc["workload"]["recovery"] = "restart"
-    return doc
-
-
-def _nvrx(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
-    w = doc["workload"]
-    if recovery_stack("nvrx").launch_problem(w.get("launch", "reference")):
-        raise CannotRun(f"ft_launcher replaces torchrun; launch: {w['launch']} has none")
-    w["recovery"] = "nvrx"
-    w.setdefault("nvrx", {"heartbeat_timeout": "5s", "initial_heartbeat_timeout": "60s"})
-    return doc
-
-
-def _nvrx_inprocess(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
-    w = doc["workload"]
-    if recovery_stack("nvrx-inprocess").launch_problem(w.get("launch", "reference")):
-        raise CannotRun(f"the in-process Wrapper wraps the reference job's training loop; launch: {w['launch']} is "
-                        "a job of its own")
-    w["recovery"] = "nvrx-inprocess"
-    collective = _seconds(w.get("collective_timeout", 30))  # the hard timeout must outlast it (gloo has no abort)
-    w.setdefault("nvrx_inprocess", {"soft_timeout": "5s", "hard_timeout": f"{max(30.0, 2 * collective):g}s",
-                                    "heartbeat_timeout": "5s"})
-    return doc
-
-
-def _torchft(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
-    script = (folder / TORCHFT_SCRIPT).resolve()
-    if not script.is_file():
-        raise CannotRun(f"no torchft training job: {script} is missing")
-    row_nodes = doc["cluster"].get("nodes", 3) if isinstance(doc.get("cluster"), dict) else 3
-    # one replica group per node, as many as the row's nodes (at least two); a spare has no place in torchft
-    doc["cluster"] = {"kind": _kind(doc), "nodes": max(2, int(row_nodes))}
-    w = doc["workload"]
-    doc["workload"] = {"launch": "command", "recovery": "torchft", "command": [str(script), "--steps", "100000",
-                       "--step-time", "0.2"], "steps": 100000, "max_restarts": w.get("max_restarts", 3)}
-    doc["probes"] = {"presets": ["torchrun", "torchft"]}
-    doc["steady_state"] = {"steps": 10, "timeout": "4m"}
-    _ranks_to_nodes(doc)
-    for fault in doc.get("faults", []):
-        if isinstance(fault.get("at"), dict) and "step" in fault["at"]:
-            fault["at"] = {"step": 20}  # torchft's steps are 0.2 s: the row's step would be minutes in
-    slo = doc.get("slo") or {}
-    slo.pop("lost_steps", None)  # the healed group's catch-up is counted in steps of the survivors' pace
-    doc["slo"] = slo
-    return doc
-
-
-def _torchft_unfit(handle: ClusterHandle) -> str | None:
-    if handle.rdzv_host == "127.0.0.1":
-        return None
-    return ("torchft_train.py's replica groups reach each other's stores at 127.0.0.1 (TORCHFT_STORE_HOST), and this "
-            f"cluster's nodes share no loopback (their rendezvous is at {handle.rdzv_host})")
 
 
 def _ray(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -160,7 +80,7 @@ def _ray(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     doc["cluster"] = {"kind": "ray", "nodes": 3}
     doc["workload"] = {"launch": "ray-train", **{k: w[k] for k in ("steps", "step_time", "checkpoint_every",
                                                                     "collective_timeout", "max_restarts") if k in w}}
-    _ranks_to_nodes(doc, process="RayTrainWorker")
+    ranks_to_nodes(doc, process="RayTrainWorker")
     return doc
 
 
@@ -178,15 +98,19 @@ def _slurm(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     return doc
 
 
-STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("torchrun", by_column()["torchrun"].describe, _torchrun),
-    Stack("nvrx", by_column()["nvrx"].describe, _nvrx),
-    Stack("nvrx-inprocess", by_column()["nvrx-inprocess"].describe, _nvrx_inprocess),
-    Stack("torchft", by_column()["torchft"].describe, _torchft, _torchft_unfit),
-    Stack("ray", "Ray Train: the controller restarts the worker group from the last reported checkpoint", _ray),
-    Stack("slurm", "Slurm: torchrun inside an allocation; a lost node is DOWN after SlurmdTimeout, then requeue",
-          _slurm),
-)}
+def _columns() -> dict[str, Stack]:
+    """Every column: each recovery stack's that names one (plain torchrun's first, then in the registry's order:
+    a stack module adds its own), then Ray Train's and Slurm's, which are clusters of their own."""
+    stacks = sorted(by_column().values(), key=lambda s: s.scorecard_column != "torchrun")
+    return {s.scorecard_column: Stack(s.scorecard_column, s.describe, s.adapt_row, s.unfit) for s in stacks} | {
+        "ray": Stack("ray", "Ray Train: the controller restarts the worker group from the last reported checkpoint",
+                     _ray),
+        "slurm": Stack("slurm", "Slurm: torchrun inside an allocation; a lost node is DOWN after SlurmdTimeout, then "
+                       "requeue", _slurm)}
+
+
+STACKS: dict[str, Stack] = _columns()
+"""The scorecard's columns, by name (``--stacks``), as the stacks registered at import have them."""
 
 
 def adapt_row(row: Path, stack: str) -> dict[str, Any]:
@@ -198,7 +122,7 @@ def adapt_row(row: Path, stack: str) -> dict[str, Any]:
     doc.setdefault("workload", {})
     doc.pop("repeat", None)
     doc.pop("covers", None)
-    return STACKS[stack].adapt(doc, Path(row).resolve().parent)
+    return _columns()[stack].adapt(doc, Path(row).resolve().parent)
 
 
 def _missing_before_drills(runnable: list[Path], console) -> list[str]:
@@ -221,10 +145,11 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
     """Run every row of ``folder`` on every stack of ``stacks``; write ``scorecard.json``, ``index.html`` and
     ``metrics.prom`` in ``out`` and return the scorecard. :class:`ScenarioError` for an unknown stack, no rows,
     a row that does not load (file:line:col) or an ``out`` that already holds a scorecard."""
-    unknown = [s for s in stacks if s not in STACKS]
+    columns = _columns()  # a stack registered since the import (a plugin's) has its column too
+    unknown = [s for s in stacks if s not in columns]
     if unknown or not stacks:
-        typo = did_you_mean(unknown[0], STACKS) if len(unknown) == 1 else ""
-        raise ScenarioError(f"unknown stack {', '.join(unknown) or '(none)'}{typo}; known: {', '.join(STACKS)}",
+        typo = did_you_mean(unknown[0], columns) if len(unknown) == 1 else ""
+        raise ScenarioError(f"unknown stack {', '.join(unknown) or '(none)'}{typo}; known: {', '.join(columns)}",
                             hint="--stacks torchrun,nvrx,nvrx-inprocess,torchft,ray,slurm")
     if not 1 <= repeat <= MAX_REPEAT:
         raise ScenarioError(f"--repeat {repeat}: expected 1..{MAX_REPEAT}")
@@ -250,7 +175,7 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
                     doc["repeat"] = repeat
                 path = scen_dir / f"{doc['name']}.yaml"
                 write_new(path, yaml.safe_dump(doc, sort_keys=False), replace=True)
-                why = STACKS[stack].unfit(check_scenario(load_scenario(path)))
+                why = columns[stack].unfit(check_scenario(load_scenario(path)))
                 if why is not None:
                     raise CannotRun(why)
             except CannotRun as exc:

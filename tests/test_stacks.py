@@ -101,6 +101,21 @@ def test_a_plugin_stack_is_in_the_schema_and_starts_its_own_launcher(tmp_path, t
     assert by_column()["torchrun"].name == "restart" and "toy-retry" not in {s.name for s in by_column().values()}
 
 
+def test_a_plugin_stack_that_names_a_column_gets_one_in_the_scorecard(tmp_path, toy_stack, monkeypatch):
+    from chaoskit.scorecard import CannotRun, adapt_row
+
+    monkeypatch.setattr(ToyStack, "scorecard_column", "toy", raising=False)
+    row = tmp_path / "kill.yaml"
+    row.write_text("name: kill\ncluster: lab\nworkload: {launch: command, command: [train.py]}\n"
+                   "faults: [{kind: process.kill, target: {nodes: [n1]}, at: {step: 5}}]\n")
+    doc = adapt_row(row, "toy")
+    assert doc["name"] == "kill--toy" and doc["workload"]["recovery"] == "toy-retry"
+    row.write_text("name: kill\ncluster: lab\nworkload: {launch: reference}\n"
+                   "faults: [{kind: process.kill, target: {ranks: [1]}, at: {step: 5}}]\n")
+    with pytest.raises(CannotRun, match="recovery: toy-retry is only used with launch: command"):
+        adapt_row(row, "toy")
+
+
 def test_a_setting_the_driven_nvrx_lacks_is_refused_at_its_line(tmp_path):
     assert nvrx.nvrx_version() == "0.4.1"  # the installed one here (the newest the registry serves), else the pin
     path = _scenario(tmp_path, "reference", "nvrx", ["  nvrx:", "    heartbeat_timeout: 5s", "    hot_spares: 1"])

@@ -21,7 +21,8 @@ from chaoskit.core.launches import LAUNCH_NAMES
 from chaoskit.core.models import StrictModel
 from chaoskit.measure import PHASE_MEANINGS, measure_fault
 
-__all__ = ["Stack", "StackRun", "JobView", "Measure", "TORCHRUN", "LONG_DETECTION_S", "seconds_text"]
+__all__ = ["Stack", "StackRun", "JobView", "Measure", "CannotRun", "TORCHRUN", "LONG_DETECTION_S", "seconds_text",
+           "row_kind", "ranks_to_nodes"]
 
 TORCHRUN = ["-m", "torch.distributed.run"]
 """torchrun, run by the job's Python (a node's own Python is used)."""
@@ -30,6 +31,10 @@ LONG_DETECTION_S = 120.0
 
 Measure = Callable[..., dict[str, Any]]
 """``(events, t_fault, t_fault_uncertainty=0.0, *, node=None, fault_step=None) -> phases`` (:mod:`chaoskit.measure`)."""
+
+
+class CannotRun(Exception):
+    """A (stack, fault) pair of the scorecard that cannot run here; the message is the cell's why."""
 
 
 class JobView(Protocol):
@@ -164,6 +169,20 @@ class Stack:
         ``None`` when none of its own did."""
         return None
 
+    def adapt_row(self, doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+        """A scorecard row (a scenario document written for plain torchrun, from the rows' ``folder``) as this
+        stack's column runs it; :class:`CannotRun` with why when it cannot. By default the row's workload under
+        this stack, refused where the stack does not run under the row's launch."""
+        problem = self.launch_problem(doc["workload"].get("launch", "reference"))
+        if problem:
+            raise CannotRun(problem)
+        doc["workload"]["recovery"] = self.name
+        return doc
+
+    def unfit(self, handle: Any) -> str | None:
+        """Why its column cannot run on the scenario's (previewed) cluster ``handle``, or ``None`` when it can."""
+        return None
+
     def lost_work(self, phases: dict[str, Any]) -> str | None:
         """What the lost work of a fault's recorded ``phases`` is made of, in its own terms, or ``None``: the steps
         between the last before the fault and the restored one (the reports say it)."""
@@ -179,6 +198,25 @@ class Stack:
 
 def seconds_text(value: float) -> str:
     return f"{value:g}s"
+
+
+def row_kind(doc: dict[str, Any]) -> str:
+    """The cluster kind a scorecard row runs on (``lab``: the process lab)."""
+    cluster = doc.get("cluster", "lab")
+    return cluster.get("kind", "process") if isinstance(cluster, dict) else "process"
+
+
+def ranks_to_nodes(doc: dict[str, Any], process: str | None = None) -> None:
+    """A row's ``target: {ranks: [r]}`` as the node of rank r, for a column where a rank is no torchrun rank (one
+    worker per node: node n<r>); ``process``: the process a ``process.*`` fault targets there."""
+    for fault in doc.get("faults", []):
+        target = fault.get("target") or {}
+        if "ranks" in target:
+            ranks = target.pop("ranks")
+            target.setdefault("nodes", [f"n{r}" for r in ranks])
+        if process is not None and str(fault.get("kind", "")).startswith("process."):
+            target["process"] = process
+        fault["target"] = target
 
 
 def _either(names: tuple[str, ...]) -> str:

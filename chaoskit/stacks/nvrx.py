@@ -27,7 +27,7 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.files import open_folder
 from chaoskit.core.models import StrictModel, check_each
 from chaoskit.measure import PHASE_MEANINGS, measure_nvrx
-from chaoskit.stacks.api import LONG_DETECTION_S, Stack, StackRun
+from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, Stack, StackRun
 
 __all__ = ["Nvrx", "NvrxRun", "NvrxSettings", "PINNED", "SETTINGS_SINCE", "nvrx_version", "NVRX_LAUNCHER",
            "NVRX_DEFAULT_HEARTBEAT_S"]
@@ -250,6 +250,14 @@ class Nvrx(Stack):
     def measure(self, events: Any, t_fault: float, t_fault_uncertainty: float = 0.0, *, node: str | None = None,
                 fault_step: int | None = None) -> dict[str, Any]:
         return measure_nvrx(events, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
+
+    def adapt_row(self, doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+        w = doc["workload"]
+        if self.launch_problem(w.get("launch", "reference")):
+            raise CannotRun(f"ft_launcher replaces torchrun; launch: {w['launch']} has none")
+        w["recovery"] = self.name
+        w.setdefault("nvrx", {"heartbeat_timeout": "5s", "initial_heartbeat_timeout": "60s"})
+        return doc
 
     def timeouts(self, workload: Any) -> tuple[dict[str, str], list[str]]:
         n: NvrxSettings = workload.nvrx

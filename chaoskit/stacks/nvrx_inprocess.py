@@ -10,14 +10,15 @@ package registry here serves (the ``frameworks`` extra's pin, 0.4.1); ``recovery
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-from chaoskit.core.durations import PositiveDuration
+from chaoskit.core.durations import PositiveDuration, parse_duration
 from chaoskit.core.models import StrictModel
 from chaoskit.measure import PHASE_MEANINGS, measure_nvrx_inprocess
-from chaoskit.stacks.api import LONG_DETECTION_S, Stack, StackRun
+from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, Stack, StackRun
 
 __all__ = ["NvrxInprocess", "NvrxInprocessRun", "NvrxInprocessSettings", "DEPRECATED"]
 
@@ -102,6 +103,18 @@ class NvrxInprocess(Stack):
                              f"nvrx_inprocess.hard_timeout ({s.hard_timeout:g}s): on gloo a rank "
                              "blocked in a collective is freed only by its timeout, and the Wrapper kills a rank "
                              "silent for hard_timeout")
+
+    def adapt_row(self, doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+        w = doc["workload"]
+        if self.launch_problem(w.get("launch", "reference")):
+            raise CannotRun(f"the in-process Wrapper wraps the reference job's training loop; launch: {w['launch']} is "
+                            "a job of its own")
+        w["recovery"] = self.name
+        given = w.get("collective_timeout", 30)  # the hard timeout must outlast it (gloo has no abort)
+        collective = float(given) if isinstance(given, (int, float)) else float(parse_duration(given))
+        w.setdefault("nvrx_inprocess", {"soft_timeout": "5s", "hard_timeout": f"{max(30.0, 2 * collective):g}s",
+                                        "heartbeat_timeout": "5s"})
+        return doc
 
     def timeouts(self, workload: Any) -> tuple[dict[str, str], list[str]]:
         s: NvrxInprocessSettings = workload.nvrx_inprocess

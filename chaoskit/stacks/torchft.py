@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.measure import PHASE_MEANINGS, measure_torchft
-from chaoskit.stacks.api import Stack, StackRun
+from chaoskit.stacks.api import CannotRun, Stack, StackRun, ranks_to_nodes, row_kind
 
-__all__ = ["Torchft", "TorchftRun"]
+__all__ = ["Torchft", "TorchftRun", "TORCHFT_SCRIPT"]
+
+TORCHFT_SCRIPT = Path("..") / "frameworks" / "torchft_train.py"
+"""The scorecard's torchft column's job, relative to the rows' folder (examples/frameworks/torchft_train.py beside
+examples/scorecard/); a folder without it gets "cannot run here" in that column."""
 
 
 class TorchftRun(StackRun):
@@ -83,6 +87,33 @@ class Torchft(Stack):
                                          phases.get("restored_step"))
         return (f"{len(discarded or [])} step(s) discarded by the survivors {discarded or ''}, catch-up of the healed "
                 f"group {'?' if catch_up is None else catch_up} (healed to step {'?' if restored is None else restored})")
+
+    def adapt_row(self, doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+        script = (folder / TORCHFT_SCRIPT).resolve()
+        if not script.is_file():
+            raise CannotRun(f"no torchft training job: {script} is missing")
+        row_nodes = doc["cluster"].get("nodes", 3) if isinstance(doc.get("cluster"), dict) else 3
+        # one replica group per node, as many as the row's nodes (at least two); a spare has no place in torchft
+        doc["cluster"] = {"kind": row_kind(doc), "nodes": max(2, int(row_nodes))}
+        w = doc["workload"]
+        doc["workload"] = {"launch": "command", "recovery": self.name, "command": [str(script), "--steps", "100000",
+                           "--step-time", "0.2"], "steps": 100000, "max_restarts": w.get("max_restarts", 3)}
+        doc["probes"] = {"presets": ["torchrun", "torchft"]}
+        doc["steady_state"] = {"steps": 10, "timeout": "4m"}
+        ranks_to_nodes(doc)
+        for fault in doc.get("faults", []):
+            if isinstance(fault.get("at"), dict) and "step" in fault["at"]:
+                fault["at"] = {"step": 20}  # torchft's steps are 0.2 s: the row's step would be minutes in
+        slo = doc.get("slo") or {}
+        slo.pop("lost_steps", None)  # the healed group's catch-up is counted in steps of the survivors' pace
+        doc["slo"] = slo
+        return doc
+
+    def unfit(self, handle: Any) -> str | None:
+        if handle.rdzv_host == "127.0.0.1":
+            return None
+        return ("torchft_train.py's replica groups reach each other's stores at 127.0.0.1 (TORCHFT_STORE_HOST), and "
+                f"this cluster's nodes share no loopback (their rendezvous is at {handle.rdzv_host})")
 
     def share_store(self) -> tuple[bool, str]:
         # each replica group is a torchrun world of one agent: no other agent's rounds to mix, and torchft's
