@@ -20,6 +20,8 @@ The stack's namings, each from its own words (the line's format is the one its l
 - **torchft's lighthouse**: ``Detected quorum change, bumping quorum_id to N``; the group that left is the one
   that was training before the fault and did not reconfigure for quorum N (each survivor's manager logs
   ``reconfiguring for quorum_id=N``);
+- **lm-resiliency's SCOUT**: ``SCOUT fault at step N: sdc=[0, 1], straggler=[0, 0]``: a 1 at a peer's place in
+  its replay group, which for DDP is the world (the place is the rank);
 - **Slurm**: a node drained or DOWN with its reason, a job's lost nodes (``node.drain``, ``node.down``,
   ``job.node_fail``); **Ray**: a node its GCS marked DEAD.
 
@@ -252,6 +254,19 @@ def _ray(e: Event, timeline: list[Event], i: int, where: dict[int, str],
     return {"by": "Ray GCS", "words": words, "parties": [{"rank": None, "node": e.get("node")}]}
 
 
+def _scout(e: Event, timeline: list[Event], i: int, where: dict[int, str],
+           pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
+    # lm_resiliency/_feature_wiring.py (0.2.0): f"SCOUT fault at step {step}: sdc={sdc_bitmap}, straggler=
+    # {straggler_bitmap}"; the bitmaps follow the replay group's peer ranks, the world's under DDP
+    def ones(bits: Any) -> list[int]:
+        return [i for i, b in enumerate(str(bits or "").replace(" ", "").split(",")) if b == "1"]
+
+    ranks = sorted(set(ones(e.get("sdc")) + ones(e.get("straggler"))))
+    words = f"SCOUT fault at step {e.get('at_step')}: sdc=[{e.get('sdc')}], straggler=[{e.get('straggler')}]"
+    return {"by": e.get("who") or "lm-resiliency SCOUT", "words": words,
+            "parties": [{"rank": r, "node": where.get(r)} for r in ranks]}
+
+
 _READERS: dict[tuple[Any, Any], Callable[..., Optional[dict[str, Any]]]] = {
     ("worker.exit", "torchrun"): _torchrun_exit,
     ("detect", "nvrx"): _rank_monitor,
@@ -261,6 +276,7 @@ _READERS: dict[tuple[Any, Any], Callable[..., Optional[dict[str, Any]]]] = {
     ("node.down", "slurm"): _slurm,
     ("job.node_fail", "slurm"): _slurm,
     ("detect", "ray"): _ray,
+    ("detect", "lm-resiliency"): _scout,
 }
 """(event kind, source) -> the reader of a stack's naming in it."""
 

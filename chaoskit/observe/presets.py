@@ -238,8 +238,38 @@ NVRX_INPROCESS = Preset("nvrx-inprocess", (
     verbosity="the nvidia_resiliency_ext logger at INFO and a StreamHandler on the root logger (without one the "
               "Wrapper warns 'logging not initialized, logs are disabled' and prints nothing)")
 
+# lm-resiliency 0.2.0 logs through the logging module (its loggers are lm_resiliency.*): a job with a handler at INFO
+# prints "... INFO lm_resiliency.checkpointing.manager: Loaded exact checkpoint at ...". examples/frameworks/
+# lm-resiliency/README.md holds the lines of a real kill.
+LM_RESILIENCY = Preset("lm-resiliency", (
+    # lm_resiliency/checkpointing/replication.py ChunkedGlooBackend.__init__: logger.info(f"ChunkedGlooBackend: rank
+    # {rank} paired with rank {peer}, chunk_size=...") when a worker's GEMINI starts (after init_process_group, before
+    # its checkpoint is loaded): each rank of a new world
+    LogRule.of(r"lm_resiliency\.checkpointing\.replication: ChunkedGlooBackend: rank (?P<rank>\d+) paired with rank",
+               "worker.start", {"source": "lm-resiliency"}),
+    # lm_resiliency/checkpointing/manager.py load(): logger.info("Loaded exact checkpoint at manager-selected step
+    # %s", agreed_step), after every rank agreed on the step the manager chose: the last rank loaded
+    LogRule.of(r"lm_resiliency\.checkpointing\.manager: Loaded exact checkpoint at manager-selected step (?P<step>\d+)",
+               "ckpt.load.end", {"source": "lm-resiliency"}),
+    # the same function, with no manager's step: f"Loaded checkpoint from memory at step {step}" / f"Loaded checkpoint
+    # from {folder} at step {latest}"
+    LogRule.of(r"lm_resiliency\.checkpointing\.manager: Loaded checkpoint from \S+ at step (?P<step>\d+)",
+               "ckpt.load.end", {"source": "lm-resiliency"}),
+    # lm_resiliency/_feature_wiring.py: logger.warning(f"SCOUT fault at step {step}: sdc={sdc_bitmap},
+    # straggler={straggler_bitmap}"), one place per peer rank of the replay group (the world for DDP), 1 = blamed.
+    # Only a line that blames someone: on CPU it comes every step with all zeros (docs/recovery-stacks.md)
+    LogRule.of(r"lm_resiliency\._feature_wiring: SCOUT fault at step (?P<at_step>\d+): (?=.*\b1\b)sdc=\[(?P<sdc>[01, ]{0,400})\], "
+               r"straggler=\[(?P<straggler>[01, ]{0,400})\]", "detect",
+               {"source": "lm-resiliency", "who": "lm-resiliency SCOUT", "why": "SCOUT localized a fault"}),
+), sees=("worker.start", "ckpt.load.end", "detect"),
+    cannot_see="steps and saves (GEMINI's capture every step logs nothing; the job's own step lines give steps), "
+               "and a worker's start unless GEMINI replicates (its pairing line); a killed worker is torchrun's to "
+               "report (the torchrun preset): SCOUT names no rank for it",
+    verbosity="the lm_resiliency loggers at INFO (logging.basicConfig(level=logging.INFO))")
+
 PRESETS: dict[str, Preset] = {p.name: p for p in (TORCHRUN, HF, LIGHTNING, TORCHTITAN, MEGATRON, DEEPSPEED,
-                                                  ACCELERATE, TORCHFT, NVRX, NVRX_INPROCESS)}
+                                                  ACCELERATE, TORCHFT, NVRX, NVRX_INPROCESS,
+                                                  LM_RESILIENCY)}
 PRESET_NAMES = tuple(PRESETS)
 
 

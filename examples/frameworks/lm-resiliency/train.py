@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -60,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--step-time", type=float, default=0.2)
     ap.add_argument("--width", type=int, default=16)
-    ap.add_argument("--checkpoints", default="checkpoints", help="GEMINI's node-local folder (its flushes)")
+    # under chaoskit (recovery: lm-resiliency) its checkpoint folder, where the agent looks for GEMINI's flushes
+    ap.add_argument("--checkpoints", default=os.environ.get("CHAOSKIT_CKPT_DIR", "checkpoints"),
+                    help="GEMINI's node-local folder (its flushes)")
     ap.add_argument("--detect", action="store_true", help="SCOUT's replay detection too (see the docstring)")
     args = ap.parse_args(argv)
     # lm-resiliency's own INFO/WARNING lines (restore, flush, SCOUT) are what a reader of this job's log needs

@@ -1,0 +1,91 @@
+"""``recovery: lm-resiliency``: torchrun with lm-resiliency's rendezvous backend (``lm_resiliency``, 0.2.0). The job
+is the user's: it calls lm-resiliency's ``enable_resiliency`` (GEMINI's in-memory checkpoint every step,
+replicated to a peer rank; examples/frameworks/lm-resiliency/train.py). A dead worker stops its world; the
+survivors flush their GEMINI shards and the replicas they hold; the agent (:mod:`chaoskit.stacks.lm_resiliency_agent`,
+the manager lm-resiliency does not ship) publishes the next generation on the same nodes at GEMINI's newest complete
+step, which every rank loads (``Loaded exact checkpoint at manager-selected step S``). Measured as a restart.
+
+What it is not (docs/recovery-stacks.md, "lm-resiliency"): a standby replacement (the nodes are ``N:N``; spares
+take no part), nor SCOUT's localization on this machine's CPU build (it needs NCCL for its zero-code attachment,
+and on gloo it flags every step with no rank).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from chaoskit.stacks.api import Stack, StackRun
+
+__all__ = ["LmResiliency", "LmResiliencyRun"]
+
+MACHINE_ID_ENV = "LM_RESILIENCY_MACHINE_ID_PATH"
+"""Where lm-resiliency reads a node's identity (default /etc/machine-id, which a lab's nodes share)."""
+JOIN_TIMEOUT_MS = 120_000
+"""How long an agent waits for a world of its generation (lm-resiliency's default: 300 s)."""
+
+
+class LmResiliencyRun(StackRun):
+    def __init__(self, stack: Stack, job: Any) -> None:
+        super().__init__(stack, job)
+        self.port = _free_port()
+
+    def _folder(self, node: str) -> Path:
+        """The node's restart-context folder: made by its agent (lm-resiliency wants it its own, 0700)."""
+        return Path(self.job.job_dir) / "lm-resiliency" / node
+
+    def _identity(self, node: str) -> Path:
+        """The node's identity file: chaoskit's, which the agent (the job's account, maybe) reads."""
+        return Path(self.job.job_dir) / "lm-resiliency-nodes" / node
+
+    def world(self, node: str) -> list[str]:
+        cluster = self.job.cluster
+        n = len(cluster.job_nodes)
+        conf = [f"is_host={'true' if node == cluster.agent_nodes[0] else 'false'}", "store_type=tcp",
+                "read_timeout=60", f"lm_resiliency_restart_context_path={self._folder(node) / 'context.json'}",
+                f"lm_resiliency_join_timeout_ms={JOIN_TIMEOUT_MS}"]
+        return ["--nnodes", f"{n}:{n}", "--rdzv-backend", "lm_resiliency",
+                "--rdzv-endpoint", f"{cluster.rdzv_host}:{self.port}", "--rdzv-id", self.job.run_id,
+                "--rdzv-conf", ",".join(conf)]
+
+    def launcher(self, plan: bool = False) -> list[str]:
+        return ["-m", "chaoskit.stacks.lm_resiliency_agent"]
+
+    def env_owned(self, node: str, plan: bool = False) -> dict[str, str]:
+        return {MACHINE_ID_ENV: str(self._identity(node))}
+
+    def start(self) -> list[subprocess.Popen[bytes]]:
+        # a node's identity of its own (32 hex digits, as /etc/machine-id): lm-resiliency places nodes by it
+        for node in self.job.cluster.agent_nodes:
+            path = self._identity(node)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(hashlib.sha256(f"{self.job.run_id}/{node}".encode()).hexdigest()[:32] + "\n")
+            path.chmod(0o644)
+        return []
+
+
+class LmResiliency(Stack):
+    name = "lm-resiliency"
+    describe = "torchrun with lm-resiliency's rendezvous: the world restarts from GEMINI's in-memory checkpoint"
+    launches = ("command",)
+    refusal = ("recovery: lm-resiliency is only used with launch: {launches} (the job calls lm-resiliency's "
+               "enable_resiliency itself), not launch: {launch}")
+    agent = "torchrun (lm_resiliency rendezvous)"
+    owned_env = (MACHINE_ID_ENV,)
+    presets = ("lm-resiliency",)
+    reallocation_label = "next generation formed"
+    extra = "lm-resiliency"
+    install = "pip install 'chaoskit[lm-resiliency]' (lm-resiliency==0.2.0)"
+    run_class = LmResiliencyRun
+
+    def timeouts(self, workload: Any) -> tuple[dict[str, str], list[str]]:
+        return {"lm-resiliency join timeout": f"{JOIN_TIMEOUT_MS // 1000}s (an agent's wait for its generation)"}, []
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
