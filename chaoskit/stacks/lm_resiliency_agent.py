@@ -12,8 +12,9 @@ Two things lm-resiliency 0.2.0 leaves to its user (examples/frameworks/lm-resili
   next_rendezvous``), else gives up after ``lm_resiliency_join_timeout_ms``. Here the agent publishes it itself the
   moment it asks again, which torchrun does only for a failed worker group (or a membership change, which needs a
   plan first): the same nodes, GEMINI's newest step that every rank's shard reached the checkpoint folder
-  (``CHAOSKIT_CKPT_DIR``, the job's ``InMemoryCkptConfig.disk_folder``), with the GEMINI topology the job wrote to
-  ``topology.json`` there. When several agents ask at once, the first publishes and the rest find it done.
+  (``CHAOSKIT_CKPT_DIR``, the job's ``InMemoryCkptConfig.disk_folder``, one folder every node reaches) once the
+  flushes have stopped, with the GEMINI topology the job wrote to ``topology.json`` there. When several agents ask
+  at once, the first publishes and the rest find it done.
 
 It prints ``[lm-resiliency manager] published generation G checkpoint_step S``.
 """
@@ -45,6 +46,20 @@ def newest_complete_step(folder: Path, world_size: int) -> int:
     return newest
 
 
+def settled_step(folder: Path, world_size: int, quiet_s: float = 1.0, limit_s: float = 30.0) -> int:
+    """:func:`newest_complete_step` once the flushes have stopped: no shard written for ``quiet_s`` (the ranks of
+    other nodes flush when their own agents stop them, maybe after this agent asked), at most ``limit_s``."""
+    deadline, last, quiet_since = time.monotonic() + limit_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        files = sorted(str(p) for p in folder.glob("runs/*/*/step-*/rank-*.pt"))
+        if files != last:
+            last, quiet_since = files, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            break
+        time.sleep(0.1)
+    return newest_complete_step(folder, world_size)
+
+
 def _publish_successor(handler: Any, params: Any) -> None:
     from lm_resiliency.integrations.torchrun import TorchrunRecoveryCoordinator, TorchrunRecoveryRequest
 
@@ -55,7 +70,7 @@ def _publish_successor(handler: Any, params: Any) -> None:
     generation = coordinator.current_generation
     if placement is None or handler._last_generation is None or generation > handler._last_generation:
         return  # not formed yet, or another agent already published the next generation
-    step = newest_complete_step(folder, params.min_nodes * local_world_size)
+    step = settled_step(folder, params.min_nodes * local_world_size)
     topology = json.loads((folder / "topology.json").read_text())["topology_id"]
     request = TorchrunRecoveryRequest(
         plan_id=uuid.uuid4().hex, intent_id=uuid.uuid4().hex, reason_code="worker_exit", recovery_mode="latest",
