@@ -257,6 +257,9 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         result["scope"] = _scope_preview(sc, cluster, job, loaded.path)
         if not torch_available() and LAUNCHES[sc.workload.launch].needs_torch:
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
+        missing = stack_of(sc.workload).missing()  # the recovery stack's own package (ft_launcher's, torchft's)
+        if missing:
+            result.setdefault("preflight", []).append(missing)
         return RunOutcome(0, redact_value(result), None, plan)
     run_dir = Path(out) if out else Path("reports") / run_id
     if run_dir.exists() and any(run_dir.iterdir()):

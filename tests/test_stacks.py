@@ -116,6 +116,16 @@ def test_a_plugin_stack_that_names_a_column_gets_one_in_the_scorecard(tmp_path, 
         adapt_row(row, "toy")
 
 
+def test_the_dry_run_says_what_a_stack_needs_installed(tmp_path, toy_stack, monkeypatch):
+    path = _scenario(tmp_path, "command", "toy-retry")
+    assert "preflight" not in run_cli("run", path, "--dry-run", "--json").json
+    monkeypatch.setattr(ToyStack, "requires", "toy_launcher_not_installed", raising=False)
+    monkeypatch.setattr(ToyStack, "install", "pip install toy-launcher", raising=False)
+    plan = run_cli("run", path, "--dry-run", "--json")
+    assert plan.code == 0 and plan.json["preflight"] == [
+        "toy_launcher_not_installed is not installed (recovery: toy-retry): pip install toy-launcher"], plan.stderr
+
+
 def test_a_setting_the_driven_nvrx_lacks_is_refused_at_its_line(tmp_path):
     assert nvrx.nvrx_version() == "0.4.1"  # the installed one here (the newest the registry serves), else the pin
     path = _scenario(tmp_path, "reference", "nvrx", ["  nvrx:", "    heartbeat_timeout: 5s", "    hot_spares: 1"])

@@ -12,6 +12,7 @@ chaoskit's lower layers only, so that validating a scenario stays cheap.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
@@ -125,8 +126,10 @@ class Stack:
     """Its own keys in ``result.json``'s phases, beside the phases every model has."""
     extra: ClassVar[str | None] = None
     """The chaoskit extra that installs what it needs, ``None`` when torch alone does."""
+    requires: ClassVar[str | None] = None
+    """The Python module this machine needs to start a job under it (``None``: torch alone)."""
     install: ClassVar[str | None] = None
-    """The install line ``doctor`` and its refusals give."""
+    """The install line that brings :attr:`requires` (what ``--dry-run``'s preflight says)."""
     scorecard_column: ClassVar[str | None] = None
     """Its column in ``chaoskit scorecard`` (``None``: none)."""
     scorecard_note: ClassVar[str | None] = None
@@ -178,6 +181,13 @@ class Stack:
             raise CannotRun(problem)
         doc["workload"]["recovery"] = self.name
         return doc
+
+    def missing(self) -> str | None:
+        """What this machine lacks to start a job under it (its :attr:`requires` not importable), with the line
+        that installs it; ``None`` when nothing is missing."""
+        if self.requires is None or importlib.util.find_spec(self.requires) is not None:
+            return None
+        return f"{self.requires} is not installed (recovery: {self.name}): {self.install or 'install it'}"
 
     def unfit(self, handle: Any) -> str | None:
         """Why its column cannot run on the scenario's (previewed) cluster ``handle``, or ``None`` when it can."""

@@ -235,6 +235,7 @@ class Nvrx(Stack):
     phase_meanings = PHASE_MEANINGS["nvrx"]
     result_keys = ("rank_monitor",)
     extra = "frameworks"
+    requires = "nvidia_resiliency_ext"
     install = f"pip install 'chaoskit[frameworks]' (nvidia-resiliency-ext=={PINNED})"
     scorecard_column = "nvrx"
     framework = "nvrx"

@@ -83,6 +83,7 @@ class NvrxInprocess(Stack):
     reallocation_label = "every rank's loop started again"
     result_keys = ("wrapper", "in_process")
     extra = "frameworks"
+    requires = "nvidia_resiliency_ext"
     install = "pip install 'chaoskit[frameworks]' (nvidia-resiliency-ext, NVRx)"
     scorecard_column = "nvrx-inprocess"
     scorecard_note = DEPRECATED

@@ -70,6 +70,7 @@ class Torchft(Stack):
     phase_meanings = PHASE_MEANINGS["torchft"]
     result_keys = ("discarded_steps", "catch_up_steps", "healed_group")
     extra = "frameworks"
+    requires = "torchft"
     install = "pip install 'chaoskit[frameworks]' (torchft==0.2.0)"
     scorecard_column = "torchft"
     framework = "torchft"
