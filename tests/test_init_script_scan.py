@@ -122,3 +122,19 @@ def test_a_tutorial_script_drilled_with_inits_scenario_unchanged_passes_with_the
     assert result["phases"]["lost_steps"] == last - resumed > 0
     assert all(result["phases"][k] is not None for k in ("detection_s", "reallocation_s", "checkpoint_load_s",
                                                           "recovery_s"))
+
+
+def test_a_script_behind_a_link_is_not_read(tmp_path):
+    """The script's lines go into the scenario: a link at its name (another user's, to a file they cannot read) is
+    not followed. Named with --script: refused in one line; a train.py beside the scenario: kept, not read."""
+    secret = tmp_path / "secret.py"
+    secret.write_text("for step in range(9):\n    print(f'password hunter2 step {step}')\n")
+    (tmp_path / "drill").mkdir()
+    (tmp_path / "drill" / "train.py").symlink_to(secret)
+    res = run_cli("init", "--script", tmp_path / "drill" / "train.py", "--out", tmp_path / "drill" / "s.yaml")
+    assert res.code == 2 and res.stderr == (f"error: --script: {tmp_path / 'drill' / 'train.py'} is a link; name the "
+                                            "script itself; nothing was written\n")
+    res = run_cli("init", "--out", tmp_path / "drill" / "s.yaml")
+    text = (tmp_path / "drill" / "s.yaml").read_text()
+    assert res.code == 0 and "hunter2" not in text and "command: [train.py]" in text
+    assert (tmp_path / "drill" / "train.py").is_symlink() and "train.py" not in res.stdout

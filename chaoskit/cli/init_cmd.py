@@ -87,8 +87,10 @@ def init(
         try:
             own = _read_script(script if script is not None else out.parent / "train.py", out, framework)
         except ScenarioError as exc:
-            env.stderr.write(f"error: {exc}\n")
-            return ExitCode.BAD_INPUT
+            if script is not None:
+                env.stderr.write(f"error: {exc}\n")
+                return ExitCode.BAD_INPUT
+            own = Script("train.py")  # the train.py there is kept as it is, unread: its rules are left to fill
     scenario, extras = render(framework, cluster, launch, own)
     # Made O_EXCL|O_NOFOLLOW from the folder's descriptor (--force: renamed over it), never through a link planted
     # at the name: exists() is false for a dangling link, and writing through one made its target as root.
@@ -129,8 +131,11 @@ class Script:
 
 def _read_script(path: Path, out: Path, framework: str) -> Script:
     """``path`` read once (see the module); :class:`ScenarioError` at ``--script`` when missing, refused or too big."""
-    data, _, _ = read_authors_file(path, roots=None, field="--script", what="script", limit=MAX_SCRIPT,
-                                   nothing="nothing was written")
+    data, _, real = read_authors_file(path, roots=None, field="--script", what="script", limit=MAX_SCRIPT,
+                                      nothing="nothing was written")
+    if real != os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path)):
+        # its lines go into the scenario: never those of a file a link made at the script's name points to
+        raise ScenarioError(f"--script: {path} is a link; name the script itself; nothing was written")
     here = os.path.abspath(out.parent)
     name = os.path.relpath(os.path.abspath(path), here)
     if name.startswith(".."):
