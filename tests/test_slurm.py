@@ -209,9 +209,10 @@ def test_scheduler_faults_refuse_nodes_without_slurm(tmp_path):
     assert res.code == 2 and "not managed by Slurm" in res.stderr
 
 
-def test_a_slurm_lab_needs_root_and_slurm_with_a_clear_error(monkeypatch):
+def test_a_slurm_lab_needs_root_and_slurm_with_a_clear_error(monkeypatch, _private_state):
     from chaoskit.lab import slurm
 
+    os.chown(_private_state, 1000, 1000)  # the state folder of the user the test plays (issue 51: per user)
     monkeypatch.setattr(slurm.os, "geteuid", lambda: 1000)
     res = run_cli("lab", "up", "--kind", "slurm")
     assert res.code == 3 and "needs root" in res.stderr and "apt-get install" in res.stderr
