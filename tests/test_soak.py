@@ -1,7 +1,8 @@
 """The CI form of ``bench/soak.py``: controller deaths across every lasting kind that runs here, and a short soak.
 
 The benchmark (``bench/soak.py --deaths 1000``, ``--soak 50``) is the long form; its figures are in bench/README.md.
-Here: 20 deaths, each lab's cases in a lane of their own (``--lanes``), one of each case: a SIGKILLed controller for
+Here: 20 deaths, each lab's cases in lanes of their own, at most 5 cases to a lane (``--lanes --lane-cases 5``: five
+lanes side by side, each with labs of its own, since a death mostly waits on its lease), one of each case: a SIGKILLed controller for
 every lasting kind on the process and netns labs and a Slurm drain, the node's agent killed, the management link cut
 past the lease TTL, the controller killed while the link is cut (its agent must end itself), the node powered off
 mid-fault, a full state folder. They must leave ``residue 0 of 20`` (the storage faults' three cases among them: storage.slow, storage.error, and
@@ -37,7 +38,7 @@ def test_twenty_controller_deaths_one_of_each_lasting_case_leave_nothing_behind(
     need(os.geteuid() == 0, "root (cgroups, network namespaces, tmpfs)")
     require_netns()
     require_slurm()
-    res = _soak("--deaths", "20", "--lanes", "--seed", "32", timeout=390)
+    res = _soak("--deaths", "20", "--lanes", "--lane-cases", "5", "--seed", "32", timeout=390)
     lines = res.stdout.strip().splitlines()
     assert res.returncode == 0 and lines and lines[-1] == "residue 0 of 20", res.stdout[-4000:] + res.stderr[-2000:]
     table = "\n".join(lines)
