@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from chaoskit.core.phases import SLO_PHASES
+from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
 
 __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "detection_sources", "measure_fault",
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
@@ -608,9 +608,7 @@ def _number(v: Any) -> float | None:
 
 
 PHASE_MEANINGS = {
-    "restart": {"detection": "fault -> the system noticed", "reallocation": "noticed -> new world started",
-                "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
-                "lost_steps": "the last step before the fault - the step restored"},
+    "restart": {p.name: p.meaning for p in PHASE_TABLE if p.slo},  # the table's own words (core/phases.Phase.meaning)
     "torchft": {"detection": "fault -> a survivor's collective failed or the lighthouse changed the quorum",
                 "reallocation": "noticed -> a survivor reconfigured for the quorum without the dead group",
                 "checkpoint_load": "the restarted group's heal from a peer ('healing required' -> 'Loaded state dict.')",
