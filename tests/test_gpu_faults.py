@@ -430,6 +430,25 @@ def test_dry_run_of_the_spare_drill_names_the_whole_node():
     assert {a["node"] for a in fault["actions"]} == {"n1"}
 
 
+def test_a_recorded_gpu_failure_with_scope_node_moved_the_job_onto_the_spare():
+    """gpu-fail-spare's story on a real drill, recorded: tests/data/lemon-node-spare is the same drill (netns lab,
+    n1's GPU failed with scope node at step 50, the crash loop emulated, spare n2) with recur added
+    (tests/data/lemon-node/README.md says how it was recorded). n1's agent died with its worker, so torchrun could
+    not restart in place: the spare joined the new world, and the job trained to its end. Its live drill was
+    tests/test_network_drills.py's; the spare joining a new world is drilled there by node-poweroff (issue 52)."""
+    data = ROOT / "tests" / "data" / "lemon-node-spare"
+    r = json.loads((data / "result.json").read_text())
+    assert r["verdict"] == "pass" and r["cluster"]["kind"] == "netns"
+    fault = r["faults"][0]
+    assert (fault["kind"], fault["mechanism"], fault["fidelity"], fault["scope"]) == ("gpu.fail", "crashloop", "emulated", "node")
+    events = [json.loads(x) for x in (data / "events.jsonl").read_text().splitlines()]
+    before = {e["node"] for e in events if e["kind"] == "worker.start" and e["ts"] < fault["t_fault"]}
+    after = {e["node"] for e in events if e["kind"] == "worker.start" and e["ts"] > fault["t_fault"]}
+    assert before == {"n0", "n1"} and after == {"n0", "n2"}  # the job moved off n1, onto the spare
+    assert r["phases"]["reallocation_s"] is not None and r["checks"]["faults_reverted"]["pass"]
+    assert r["final_step"] == r["workload"]["steps"]
+
+
 def test_device_and_scope_node_together_are_refused_at_the_device(tmp_path):
     bad = tmp_path / "bad.yaml"
     lines = SPARE.read_text().splitlines()
