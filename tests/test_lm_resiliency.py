@@ -47,3 +47,20 @@ def test_a_killed_rank_comes_back_from_gemini_in_a_generation_the_agent_publishe
     job_log = (tmp_path / "run" / "logs" / "n0.log").read_text(errors="replace")
     assert "[lm-resiliency manager] published generation 1 checkpoint_step" in job_log
     assert "Loaded exact checkpoint at manager-selected step" in job_log
+
+
+def test_its_scorecard_column_runs_the_rows_fault_on_the_example_job_at_the_rows_pace():
+    import yaml
+
+    from chaoskit.stacks.api import CannotRun
+    from chaoskit.stacks.registry import by_column
+
+    column, rows = by_column()["lm-resiliency"], ROOT / "examples" / "scorecard"
+    doc = column.adapt_row(yaml.safe_load((rows / "hang.yaml").read_text()), rows)
+    w = doc["workload"]
+    assert (w["launch"], w["recovery"], w["steps"]) == ("command", "lm-resiliency", 120)
+    assert w["command"][0] == str(ROOT / "examples" / "frameworks" / "lm-resiliency" / "train.py")
+    assert w["command"][1:] == ["--steps", "120", "--step-time", "0.05", "--collective-timeout", "10"]
+    assert doc["faults"][0]["target"] == {"ranks": [1]} and "lm-resiliency" in doc["probes"]["presets"]
+    with pytest.raises(CannotRun, match="no lm-resiliency training job"):
+        column.adapt_row(yaml.safe_load((rows / "kill.yaml").read_text()), ROOT / "tests")

@@ -18,12 +18,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from chaoskit.stacks.api import Stack, StackRun
+from chaoskit.core.durations import parse_duration
+from chaoskit.stacks.api import CannotRun, Stack, StackRun, row_kind
 
 __all__ = ["LmResiliency", "LmResiliencyRun"]
 
 MACHINE_ID_ENV = "LM_RESILIENCY_MACHINE_ID_PATH"
 """Where lm-resiliency reads a node's identity (default /etc/machine-id, which a lab's nodes share)."""
+SCRIPT = Path("..") / "frameworks" / "lm-resiliency" / "train.py"
+"""The scorecard column's job, relative to the rows' folder (examples/frameworks/lm-resiliency/train.py beside
+examples/scorecard/); a folder without it gets "cannot run here" in that column."""
 JOIN_TIMEOUT_MS = 120_000
 """How long an agent waits for a world of its generation (lm-resiliency's default: 300 s)."""
 
@@ -78,8 +82,29 @@ class LmResiliency(Stack):
     presets = ("lm-resiliency",)
     reallocation_label = "next generation formed"
     extra = "lm-resiliency"
+    requires = "lm_resiliency"
     install = "pip install 'chaoskit[lm-resiliency]' (lm-resiliency==0.2.0)"
+    scorecard_column = "lm-resiliency"
+    scorecard_note = "GEMINI in-memory checkpoints; chaoskit's agent publishes each restart (0.2.0 ships no manager)"
     run_class = LmResiliencyRun
+
+    def adapt_row(self, doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+        script = (folder / SCRIPT).resolve()
+        if not script.is_file():
+            raise CannotRun(f"no lm-resiliency training job: {script} is missing")
+        w = doc["workload"]
+        if w.get("launch", "reference") != "reference":
+            raise CannotRun(f"the column runs its own job (lm-resiliency/train.py), not launch: {w['launch']}")
+        # the row's job, as lm-resiliency's example writes it: its pace, its collective timeout, its length
+        step_time = parse_duration(w.get("step_time", 0.1))
+        command = [str(script), "--steps", str(w.get("steps", 100)), "--step-time", f"{step_time:g}",
+                   "--collective-timeout", f"{parse_duration(w.get('collective_timeout', 30)):g}"]
+        doc["cluster"] = {**doc["cluster"], "kind": row_kind(doc)} if isinstance(doc.get("cluster"), dict) else doc["cluster"]
+        doc["workload"] = {"launch": "command", "recovery": self.name, "command": command,
+                           **{k: w[k] for k in ("steps", "nproc_per_node", "max_restarts") if k in w}}
+        doc["probes"] = {"presets": ["torchrun", "lm-resiliency"],
+                         "log": [{"match": r"step (?P<step>\d+) rank 0 ", "event": "step"}]}
+        return doc
 
     def timeouts(self, workload: Any) -> tuple[dict[str, str], list[str]]:
         return {"lm-resiliency join timeout": f"{JOIN_TIMEOUT_MS // 1000}s (an agent's wait for its generation)"}, []

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--step-time", type=float, default=0.2)
     ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--collective-timeout", type=float, default=30.0, help="gloo's timeout of one collective (s)")
     # under chaoskit (recovery: lm-resiliency) its checkpoint folder, where the agent looks for GEMINI's flushes
     ap.add_argument("--checkpoints", default=os.environ.get("CHAOSKIT_CKPT_DIR", "checkpoints"),
                     help="GEMINI's node-local folder (its flushes)")
@@ -69,13 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     # lm-resiliency's own INFO/WARNING lines (restore, flush, SCOUT) are what a reader of this job's log needs
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    dist.init_process_group("gloo")
+    timeout = timedelta(seconds=args.collective_timeout)
+    dist.init_process_group("gloo", timeout=timeout)
     rank = dist.get_rank()
     # the decision the manager published for this generation (generation 0: none)
     context = get_torchrun_worker_context()
     print(f"rank {rank} generation {context.generation} checkpoint_step {context.checkpoint_step}", flush=True)
     # GEMINI's group and SCOUT's "nccl" group, both gloo (see the docstring); made collectively, in this order
-    group, replay_group = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+    group, replay_group = (dist.new_group(backend="gloo", timeout=timeout), dist.new_group(backend="gloo", timeout=timeout))
     torch.manual_seed(0)
     model = DistributedDataParallel(Net(args.width, depth=4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
