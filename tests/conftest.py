@@ -248,7 +248,7 @@ def _open_to_job_group(path: Path) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config) -> None:
-    if os.geteuid() != 0 or config.option.basetemp:
+    if os.geteuid() != 0:
         return
     from chaoskit.core.accounts import job_group
 
@@ -256,6 +256,8 @@ def pytest_configure(config) -> None:
         _JOB_FOLDERS["gid"] = job_group()
     except Exception as exc:  # noqa: BLE001 - no groupadd here: the drills' jobs keep root, as they say
         sys.stderr.write(f"the session's folders stay 0700 (no lab accounts' group: {exc})\n")
+        return
+    if config.option.basetemp:  # the operator's own --basetemp: its folders are opened, the folders above are theirs
         return
     session = Path(tempfile.mkdtemp(prefix="chaoskit-tests-"))
     _open_to_job_group(session)

@@ -22,7 +22,7 @@ from chaoskit.audit import _controller_leftovers
 from chaoskit.backends.process import ProcessBackend, ProcessSpec
 from chaoskit.core.accounts import JOB_GROUP, LAB_ACCOUNT, claim_lab_account, job_group, lab_account_names, setpriv_argv
 from chaoskit.core.files import make_folder_for
-from tests.conftest import ROOT, SYSTEM_PYTHON, need, need_root_tool, wait_until
+from tests.conftest import ROOT, SYSTEM_PYTHON, need, need_root_tool, run_cli, wait_until
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_a_held_account_is_never_handed_out_again_until_released(two_claims):
 
 def test_an_account_that_processes_still_run_as_is_not_handed_out_and_audit_names_them(root_tools):
     """A job's leftover (or a Ray lab's nodes) keeps its account: the next lab gets another; ``chaoskit audit``
-    names processes that run as a lab account no run or lab holds."""
+    and ``chaoskit lab down`` name processes that run as a lab account no run or lab holds."""
     first = claim_lab_account()
     name = first.account.name
     left = subprocess.Popen([*setpriv_argv(first.account), "sleep", "60"], cwd="/")
@@ -127,6 +127,8 @@ def test_an_account_that_processes_still_run_as_is_not_handed_out_and_audit_name
             nxt.release()
         found = [x for x in _controller_leftovers(set()) if x.kind == "account"]
         assert any(name in x.what and f"pid {left.pid}" in x.what for x in found), found
+        down = run_cli("lab", "down").stdout  # lab down says so too
+        assert any(line.startswith(f"lab account {name}:") and str(left.pid) in line for line in down.splitlines()), down
     finally:
         left.kill()
         left.wait()

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from chaoskit.backends.registry import CLUSTERS, backend, lab_kinds
 from chaoskit.cli.env import command_app, current_env, print_json
+from chaoskit.core.accounts import unheld_account_processes
 from chaoskit.core.errors import ScenarioError
 from chaoskit.safety.rollback import find_crashed_runs
 
@@ -73,6 +74,14 @@ def lab_down(
     lines = [line for name in CLUSTERS.names() for line in backend(name).lab_down(compose)]
     out.write("".join(f"{line}\n" for line in lines) or "no lab is up\n")
     out.write("".join(f"{line}\n" for line in _crashed_runs_labs()))
+    out.write("".join(f"{line}\n" for line in _accounts_left()))
+
+
+def _accounts_left() -> list[str]:
+    """A lab account that processes still run as with no run or lab holding it: a dead run's job, left running."""
+    return [f"lab account {name}: {len(pids)} process(es) still run as it (pid {', '.join(map(str, pids[:10]))}), "
+            "held by no run or lab: a dead run's job; 'chaoskit audit' lists them, stop them before it is used again"
+            for name, pids in unheld_account_processes().items()]
 
 
 def _crashed_runs_labs() -> list[str]:
