@@ -2,11 +2,12 @@
 
 One drill (issue 52: each story drilled end to end once): a killed worker, after which Ray Train restarts the whole
 group from its checkpoint, every phase measured. "A node is powered off and the job goes on without it" is drilled
-on the netns lab (test_network_drills.py::test_node_poweroff_a_spare_takes_over) and on Slurm
-(test_slurm.py::test_slurm_node_poweroff_requeues_onto_the_spare); what is the Ray lab's own in it, the node's
-processes killed with it, Ray's probe declaring it DEAD within 15 s, power on rejoining it, is
-test_ray_transport.py::test_power_off_kills_the_node_and_ray_declares_it_dead, on the shared Ray lab. The drill of
-scenarios/ray-node-poweroff.yaml stays runnable by hand (``chaoskit run scenarios/ray-node-poweroff.yaml``)."""
+on the netns lab (test_network_drills.py::test_node_poweroff_a_spare_takes_over), and Slurm's form of it is read
+from its recorded drill (test_slurm.py::test_a_recorded_slurm_power_off_requeued_the_job_onto_the_spare); what is
+the Ray lab's own in it, the node's processes killed with it, Ray's probe declaring it DEAD within 15 s, power on
+rejoining it, is test_ray_transport.py::test_power_off_kills_the_node_and_ray_declares_it_dead, on the shared Ray
+lab. The drill of scenarios/ray-node-poweroff.yaml stays runnable by hand (``chaoskit run
+scenarios/ray-node-poweroff.yaml``)."""
 
 from __future__ import annotations
 
