@@ -1,7 +1,12 @@
 """The safety net under fire: a controller that arms and injects a NIC fault or a
 partition over SSH is SIGKILLed at a random moment while the fault is active,
-20 times. Each time the node must restore itself within TTL + 5 s and nothing
-may be left: no chaoskit qdisc, no nft table, no link down, no watchdog."""
+6 times (each of the three kinds on each of the two nodes, two controllers at once).
+Each time the node must restore itself within TTL + 5 s and nothing may be left:
+no chaoskit qdisc, no nft table, no link down, no watchdog.
+
+It was 20 times (issue 52): the many deaths are the soak's, ``bench/soak.py --deaths 1000`` (``make soak``) and its
+CI form in tests/test_soak.py, which kills the controller of each of these kinds too (and of every other lasting
+kind), each death then audited for anything left."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import time
 pytest_plugins = ["tests.netns_fixtures"]
 
 TTL_S = 2.0
-KILLS = 20
+KILLS = 6
 
 CONTROLLER = r"""
 import sys, time
