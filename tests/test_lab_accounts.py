@@ -162,3 +162,13 @@ def test_the_accounts_are_in_the_job_group(root_tools):
         assert JOB_GROUP in groups
     finally:
         claim.release()
+
+
+def test_the_slurm_labs_plan_says_its_job_is_roots_and_why(root_tools):
+    """The one lab whose job is still root's (Slurm runs a job as its submitter, and no lab account reaches the lab's
+    slurm.conf and munge socket in root's state folder): its plan, and so its result.json, say so and why."""
+    from tests.conftest import SCENARIOS
+
+    plan = run_cli("run", SCENARIOS / "slurm-kill-rank.yaml", "--dry-run", "--json").json
+    assert plan["cluster"]["job_user"] == "root", plan["cluster"]
+    assert "no lab account can reach" in plan["cluster"]["job_user_why"], plan["cluster"]

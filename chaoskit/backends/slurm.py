@@ -9,6 +9,7 @@ job may land on.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,7 +103,7 @@ class SlurmBackend(RootLabBackend):
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=names[: spec.nodes],
             rdzv_host="<first node of the allocation>", scope=lambda node: f"{lab.lab_id}.{node}",
             launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
-            details={**details, "slurm": settings},
+            details={**details, "slurm": settings, **_root_job_why()},
             scheduler=access,
             scheduler_options={"partition": "chaoskit", "local_addr_interface": "eth0"},
         )
@@ -132,6 +133,15 @@ class SlurmBackend(RootLabBackend):
     def rollback_inventory(self, details: dict[str, Any], nodes: list[str]) -> Inventory:
         conf = (details.get("slurm") or {}).get("conf")
         return _with_scheduler(load_inventory(details["inventory"]), SlurmAccess(conf=conf))
+
+
+def _root_job_why() -> dict[str, str]:
+    """As root, whom the lab's job runs as and why it is root (the plan's and result.json's ``cluster.job_user``,
+    ``job_user_why``): Slurm runs a job as whoever submits it, and no lab account can submit to this lab yet."""
+    if os.geteuid() != 0:
+        return {}
+    return {"job_user": "root", "job_user_why": "the Slurm lab submits chaoskit's batch script as root: its slurm.conf and munge's socket "
+                            "lie in root's state folder, which no lab account can reach"}
 
 
 def _settings(spec: SlurmSpec) -> dict[str, float]:
