@@ -308,16 +308,22 @@ def test_slurm_kill_rank_recovers_in_place_without_slurm_noticing(tmp_path):
     assert "reallocation_steps" not in r["phases"]
 
 
-@pytest.mark.slow
-def test_slurm_preempt_requeues_and_resumes_from_the_checkpoint(tmp_path):
-    res, r = drill("slurm-preempt", tmp_path / "run")
-    assert res.code == 0, (res.stderr, r["slo"], r["notes"])
-    assert r["slurm"]["restarts"] == 1
+def test_a_recorded_preemption_requeued_the_job_and_it_resumed_from_its_checkpoint():
+    """scenarios/slurm-preempt.yaml's drill, recorded (tests/data/slurm-preempt/README.md): the job requeued at step
+    40 (slurm.requeue), held for the requeue hold, allocated again and resumed from its checkpoint. Its live drill
+    was one of this module's (issue 52: each story drilled once): slurm.requeue through the CLI, requeueing only the
+    drill's own job, is drilled by tests/test_shared_slurm.py::test_slurm_requeue_requeues_this_drill_s_job_and_no_other,
+    a requeued job held, allocated again and resumed from its checkpoint by the Xid drain below."""
+    from chaoskit.observe.events import read_events
+
+    data = ROOT / "tests" / "data" / "slurm-preempt"
+    r = json.loads((data / "result.json").read_text())
+    assert r["verdict"] == "pass" and r["slurm"]["restarts"] == 1
     steps = [s["step"] for s in r["phases"]["reallocation_steps"]]
     # the requeue hold is a step of its own; whether Slurm shows the job pending for another reason after it
     # ("eligible again") or allocates it at once depends on when its scheduler runs
     assert any(step.startswith("held (BeginTime) -> ") for step in steps), steps
-    ev = events_of(tmp_path / "run")
+    ev = read_events(data / "events.jsonl")
     assert any(e["kind"] == "job.pending" and e.get("reason") == "BeginTime" for e in ev)
     assert r["phases"]["restored_step"] > 0
 
