@@ -29,12 +29,19 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(EDITABLE) '.[workload,ssh,dev]'
 	touch $@ $(VENV)/.workload
 
+# lm-resiliency for its drill (tests/test_lm_resiliency.py puts it on the job's PYTHONPATH), in a folder of its
+# own and not in the venv: installed, its torchrun.handlers entry point fails to load in every torchrun of the venv
+# and logs a traceback into every job's log (0.2.0's create_rendezvous_handler takes an argument torchrun does not give).
+$(VENV)/lmr/.stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/lmr 'lm-resiliency==0.2.0'
+	touch $@
+
 # One drill with its phase table, then a short game day (coverage, JUnit, HTML report).
 demo: $(VENV)/.workload
 	$(BIN)/chaoskit run scenarios/kill-rank.yaml
 	$(BIN)/chaoskit gameday scenarios/kill-uninstrumented.yaml scenarios/hang-rank.yaml
 
-test: $(VENV)/.dev
+test: $(VENV)/.dev $(VENV)/lmr/.stamp
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The loaders' property tests at full size: over 10,000 generated inputs (scenario, inventory

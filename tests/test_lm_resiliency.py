@@ -1,8 +1,10 @@
 """``recovery: lm-resiliency`` (issue 50, item 2): lm-resiliency 0.2.0's torchrun backend, GEMINI's in-memory
 checkpoint in the job, and the agent as the manager lm-resiliency does not ship (docs/recovery-stacks.md,
 "lm-resiliency"). The drill runs the shipped scenario on the process lab: a real torchrun agent, two real worker
-processes over gloo, rank 1 SIGKILLed; nothing is mocked. It needs lm-resiliency in the job's Python
-(``pip install 'chaoskit[lm-resiliency]'``, not part of dev): without it the drill is skipped, saying so."""
+processes over gloo, rank 1 SIGKILLed; nothing is mocked. It needs lm-resiliency in the job's Python:
+``make test`` installs it into ``.venv/lmr`` (not into the venv: the Makefile says why) and the drill puts that
+folder on the job's ``PYTHONPATH``; ``pip install 'chaoskit[lm-resiliency]'`` does as well. Without either the drill
+is skipped, saying so, and fails in CI."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import json
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, need, run_cli
 
 SCENARIO = ROOT / "examples" / "frameworks" / "lm-resiliency-kill-rank.yaml"
+LMR = ROOT / ".venv" / "lmr"
+"""Where ``make test`` installs lm-resiliency for this drill."""
 
 
 def test_the_plan_runs_each_agent_with_the_lm_resiliency_backend_and_a_node_identity_of_its_own(tmp_path):
@@ -33,9 +37,12 @@ def test_it_is_refused_for_a_job_chaoskit_writes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_rank_comes_back_from_gemini_in_a_generation_the_agent_published(tmp_path):
-    if importlib.util.find_spec("lm_resiliency") is None:
-        pytest.skip("lm-resiliency is not installed (pip install 'chaoskit[lm-resiliency]')")
+def test_a_killed_rank_comes_back_from_gemini_in_a_generation_the_agent_published(tmp_path, monkeypatch):
+    if importlib.util.find_spec("lm_resiliency") is None and (LMR / "lm_resiliency").is_dir():
+        monkeypatch.setenv("PYTHONPATH", str(LMR))  # the job's agents and workers inherit it
+    else:
+        need(importlib.util.find_spec("lm_resiliency") is not None,
+             "lm-resiliency (make test installs it into .venv/lmr; or pip install 'chaoskit[lm-resiliency]')")
     res = run_cli("run", SCENARIO, "--out", tmp_path / "run")
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert res.code == 0 and result["verdict"] == "pass", res.stdout + res.stderr
