@@ -35,6 +35,7 @@ from typing import Any
 
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
 from chaoskit.core.files import GAMEDAY_FILE, HISTORY_FILE, UnsafePath, append_own, make_run_dir, read_history, write_new
+from chaoskit.core.progress import Progress
 from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.coverage import (
     catalog_by_id,
@@ -317,14 +318,14 @@ class _Gameday:
         t0 = time.time()
         record["started_at"] = _iso(t0)
         board.start(record, t0)
-        run_console = _tap_console(board, live, record["scenario"])
+        feed = _BoardFeed(board, live, record["scenario"])
         try:
             if record.get("repeat", 1) > 1:
-                outcome = run_repeated(record["file"], record["repeat"], out=run_dir, console=run_console,
+                outcome = run_repeated(record["file"], record["repeat"], out=run_dir, progress=feed,
                                        capabilities=self.caps, after_run=write_run_report, after_all=write_repeat_report,
                                        wait=self.until)
             else:
-                outcome = run_scenario(record["file"], out=run_dir, console=run_console, capabilities=self.caps,
+                outcome = run_scenario(record["file"], out=run_dir, progress=feed, capabilities=self.caps,
                                        after_run=write_run_report, wait=self.until)
             record.update(status=outcome.result.get("verdict"), exit_code=outcome.exit_code)
             self._take_result(record, outcome.result)
@@ -464,36 +465,23 @@ def _live(console, board: _Board):
     return Live(board, console=console, refresh_per_second=4, transient=False)
 
 
-class _Tap:
-    """A file for the run's console: each line becomes the board's phase and is
-    printed above the live display, prefixed with the scenario's name."""
+class _BoardFeed:
+    """The game day's subscriber to a run's progress events: each becomes the board's phase and is printed above the
+    live display, prefixed with the scenario's name."""
 
     def __init__(self, board: _Board, live, name: str) -> None:
-        self.board, self.live, self.name, self.buf = board, live, name, ""
+        self.board, self.live, self.name = board, live, name
 
-    def write(self, text: str) -> int:
-        self.buf += text
-        while "\n" in self.buf:
-            line, self.buf = self.buf.split("\n", 1)
-            if line.strip():
-                self.board.phase = re.sub(r"^\s*\d+\.\d+s\s+", "", line).strip()[:70]
-                if hasattr(self.live, "console"):
-                    from rich.text import Text
+    def __call__(self, event: Progress) -> None:
+        if not event.message:  # the verdict: the board shows it once the record is done
+            return
+        from rich.text import Text
 
-                    self.live.console.print(Text(f"{self.name}: {line.strip()}"), highlight=False)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
-def _tap_console(board: _Board, live, name: str):
-    from rich.console import Console
-
-    return Console(file=_Tap(board, live, name), color_system=None, force_terminal=False, width=200, highlight=False)
+        text = Text.from_markup(event.message).plain.strip()
+        self.board.phase = text[:70]
+        if hasattr(self.live, "console"):
+            line = text if event.elapsed_s is None else f"{event.elapsed_s:.2f}s  {text}"
+            self.live.console.print(Text(f"{self.name}: {line}"), highlight=False)
 
 
 def _print_summary(console, summary: dict[str, Any], out: Path) -> None:

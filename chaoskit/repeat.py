@@ -29,6 +29,7 @@ from typing import Any, Callable
 from chaoskit.core.errors import ChaoskitError, ExitCode, ScenarioError
 from chaoskit.core.files import RESULT_FILE, empty_out_dir, utc_iso, utc_stamp
 from chaoskit.core.limits import MAX_REPEAT
+from chaoskit.core.progress import Progress, Subscriber, TerminalProgress
 from chaoskit.core.result import REPEAT_KIND, RunResult
 from chaoskit.distribution import distribution, slo_on_distribution
 from chaoskit.runner import RunOutcome, run_scenario
@@ -41,11 +42,13 @@ SAMPLE_DIR = "sample-{:02d}"
 
 def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, console=None, capabilities=None,
                  after_run: Callable[[Path], Any] | None = None,
-                 after_all: Callable[[Path], Any] | None = None, wait: str | None = None) -> RunOutcome:
+                 after_all: Callable[[Path], Any] | None = None, wait: str | None = None,
+                 progress: Subscriber | None = None) -> RunOutcome:
     """Run the scenario at ``path`` ``repeat`` times into ``out`` (default ``reports/<UTC>-<name>-xN``).
 
     ``after_run(sample_dir)`` follows each sample (its report), ``after_all(out)`` the whole (the
-    distribution's report); ``wait`` is passed to each sample's :func:`run_scenario`. Raises :class:`ScenarioError` on a bad count or an ``out`` that
+    distribution's report); ``wait`` and ``progress`` (a subscriber to the progress events, beside ``console``'s) are
+    passed to each sample's :func:`run_scenario`, and each sample begins with a ``sample`` event. Raises :class:`ScenarioError` on a bad count or an ``out`` that
     holds files, and whatever a sample raised, once the folder's result.json is written."""
     if not 1 <= repeat <= MAX_REPEAT:
         raise ScenarioError(f"--repeat {repeat} is out of range: 1 to {MAX_REPEAT}", hint="e.g. --repeat 5")
@@ -58,11 +61,13 @@ def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, cons
     code = ExitCode.OK
     for i in range(1, repeat + 1):
         sample_dir = out / SAMPLE_DIR.format(i)
-        if console is not None:
-            console.print(f"[bold]sample {i} of {repeat}[/bold]")
+        header = Progress("sample", f"[bold]sample {i} of {repeat}[/bold]", data={"sample": i, "of": repeat})
+        for subscriber in (TerminalProgress(console) if console is not None else None, progress):
+            if subscriber is not None:
+                subscriber(header)
         try:
             outcome = run_scenario(path, out=sample_dir, console=console, capabilities=capabilities, after_run=after_run,
-                                   wait=wait)
+                                   wait=wait, progress=progress)
         except ChaoskitError as exc:
             samples.append(_sample(sample_dir, _read(sample_dir), exc.exit_code, error=str(exc)))
             raised = exc
@@ -87,6 +92,8 @@ def run_repeated(path: str | Path, repeat: int, *, out: Path | None = None, cons
             said = f"after the repeats: {type(exc).__name__}: {exc}"
         if said and console is not None:
             console.print(str(said))
+        if said and progress is not None:
+            progress(Progress("note", str(said)))
     if raised is not None:
         raise raised
     if code == ExitCode.OK and result["verdict"] != "pass":

@@ -42,6 +42,7 @@ from chaoskit.core.accounts import nearest_existing, python_paths, unreachable_b
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.files import RESULT_FILE, copy_regular, make_folder_for, make_run_dir
 from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
+from chaoskit.core.progress import ProgressFeed, Subscriber, TerminalProgress
 from chaoskit.core.result import RunResult
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
@@ -141,19 +142,6 @@ class RunContext:
         self.leases.arm(transport, fault_id, revert, duration)
 
 
-class _Progress:
-    """The run's progress lines: ``message`` is Rich markup, so a value from outside chaoskit (a job's words, a
-    scenario's pattern, a path) is put in with :func:`~rich.markup.escape`. One line each, never wrapped (a CI log
-    is read with grep): the terminal wraps what is too long for it."""
-
-    def __init__(self, console, t0: float) -> None:
-        self.console, self.t0 = console, t0
-
-    def __call__(self, message: str) -> None:
-        if self.console is not None:
-            self.console.print(f"[dim]{time.time() - self.t0:7.2f}s[/dim]  {message}", soft_wrap=True)
-
-
 def _uses_inproc(sc) -> bool:
     """Whether the run needs the in-process channel: an ``inproc.*`` fault, or the SDC probe."""
     return sc.probes.sdc is not None or any(f.kind.startswith("inproc.") for f in sc.faults)
@@ -227,9 +215,11 @@ def _placeholder_targets(target, nodes: list[str], world: int, per_node: int) ->
 
 def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = False, console=None,
                  capabilities: Capabilities | None = None, after_run: Callable[[Path], Any] | None = None,
-                 wait: str | None = None, gate: Gate | None = None) -> RunOutcome:
+                 wait: str | None = None, gate: Gate | None = None, progress: Subscriber | None = None) -> RunOutcome:
     """Run one scenario (or, with ``dry_run``, plan it); see the module docstring for what raises.
 
+    ``console``: the terminal the run's progress is printed on (:class:`~chaoskit.core.progress.TerminalProgress`);
+    ``progress``: another subscriber to the run's progress events (a game day's board);
     ``capabilities``: what this machine can do, recorded in result.json (probed when not given);
     ``after_run(run_dir)``: called once the run's files are written, errors included (the CLI renders
     the HTML report there); what it raises is reported as a progress line, never lost with the run;
@@ -271,7 +261,8 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     if cluster.inventory.policy is None:  # a lab's: the machine's policy that the checks applied binds the run too
         cluster.inventory.policy = preview.inventory.policy
     try:
-        run = _Run(loaded, cluster, run_id, out, console, capabilities or detect_capabilities(), after_run)
+        run = _Run(loaded, cluster, run_id, out, [TerminalProgress(console) if console is not None else None, progress],
+                   capabilities or detect_capabilities(), after_run)
         run.gate = gate
         run.cut_short = cut_short
     except BaseException:
@@ -299,7 +290,8 @@ def _iso(ts: float) -> str:
 class _Run:
     """One live run. ``execute`` always reverts, stops the job and writes result.json."""
 
-    def __init__(self, loaded: LoadedScenario, cluster: ClusterHandle, run_id: str, out: Path | None, console,
+    def __init__(self, loaded: LoadedScenario, cluster: ClusterHandle, run_id: str, out: Path | None,
+                 progress: list[Subscriber | None],
                  capabilities: Capabilities, after_run: Callable[[Path], Any] | None) -> None:
         self.capabilities, self.after_run = capabilities, after_run
         self.gate: Gate | None = None
@@ -311,7 +303,8 @@ class _Run:
         self.run_dir = (Path(out) if out else Path("reports") / run_id).resolve()
         self._default_dir = out is None
         self.t0 = time.time()
-        self.say = _Progress(console, self.t0)
+        self.say = ProgressFeed(self.t0, progress)
+        """The run's progress: ``say(message, stage, **data)`` (:mod:`chaoskit.core.progress`)."""
         self.injections: list[tuple[Fault, Injection]] = []
         self.notes: list[str] = []
         self.verdict: str | None = None
@@ -404,19 +397,19 @@ class _Run:
                     self._inject(fault)
                 except TriggerMissed as exc:  # the drill as written cannot happen: it ends here, everything reverted
                     self.missed = str(exc)
-                    self.say(f"[yellow]trigger never fired:[/yellow] {escape(self.missed)}; ending the drill")
+                    self.say(f"[yellow]trigger never fired:[/yellow] {escape(self.missed)}; ending the drill", "trigger_missed")
                     break
             else:
                 self._observe()
         except SafetyAbort as exc:
             self.verdict = "aborted"
             self.notes.append(str(exc))
-            self.say(f"[red]aborted:[/red] {escape(str(exc))}")
+            self.say(f"[red]aborted:[/red] {escape(str(exc))}", "aborted")
             exit_code = ExitCode.ABORTED
         except KeyboardInterrupt:
             self.verdict = "interrupted"
             self.notes.append("interrupted by Ctrl-C or SIGTERM; every fault was reverted")
-            self.say("[yellow]interrupted[/yellow]: reverting")
+            self.say("[yellow]interrupted[/yellow]: reverting", "interrupted")
             exit_code = ExitCode.INTERRUPTED
         except (InfraError, ScenarioError) as exc:
             self.verdict = "error"
@@ -433,6 +426,7 @@ class _Run:
             exit_code = ExitCode.INTERRUPTED
         result = redact_value(self._result().dump())
         (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+        self.say("", "verdict", verdict=result["verdict"], recovery_s=(result.get("phases") or {}).get("recovery_s"))
         self._after_run()
         self._active_marker.unlink(missing_ok=True)
         shutil.rmtree(private_dir("runs", self.run_id), ignore_errors=True)  # ended: nothing left for rollback
@@ -479,7 +473,7 @@ class _Run:
             raise SafetyAbort(holding[0])
         self.stop_watcher = watcher
         watcher.start()  # stopped in _teardown, after the job and the probes
-        self.say(f"{len(conditions)} stop condition(s) from Prometheus watched")
+        self.say(f"{len(conditions)} stop condition(s) from Prometheus watched", "stop_conditions")
 
     def _checkpoint_dir(self) -> str | None:
         """The job's checkpoint folder as its nodes see it (what storage faults act in)."""
@@ -509,7 +503,7 @@ class _Run:
             self.leases.release(CHECKPOINT_FS_ID)
             raise
         self._checkpoint_fs = (node, revert)
-        self.say(f"the job's checkpoint folder is a file system of its own: {escape(str(folder))} ({size} bytes)")
+        self.say(f"the job's checkpoint folder is a file system of its own: {escape(str(folder))} ({size} bytes)", "checkpoint_fs")
 
     def _unmount_checkpoint_fs(self) -> None:
         if self._checkpoint_fs is None:
@@ -536,7 +530,7 @@ class _Run:
             self.clocks[name] = res
         far = [f"{name} {c.offset_s:+.3f}s" for name, c in self.clocks.items() if abs(c.offset_s) > 0.05]
         if far:
-            self.say(f"clocks: {', '.join(far)} against this machine (corrected)")
+            self.say(f"clocks: {', '.join(far)} against this machine (corrected)", "clocks")
 
     def _start(self) -> None:
         sc = self.sc
@@ -611,15 +605,15 @@ class _Run:
             where = (f"Slurm job {sc.workload.slurm_job}" if sc.workload.slurm_job is not None
                      else f"the job on {', '.join(self.cluster.job_nodes)}")
             self.say(f"{self.cluster.kind} [bold]{escape(self.cluster.id)}[/bold]: attaching to {escape(where)} "
-                     f"(processes matching '{escape(sc.workload.process or '')}')")
+                     f"(processes matching '{escape(sc.workload.process or '')}')", "started", attached=True)
         else:
             length = "until its script ends" if self.job.finish_step() is None else f"{sc.workload.steps} steps"
             self.say(
                 f"{self.cluster.kind} [bold]{escape(self.cluster.id)}[/bold]: {len(self.cluster.job_nodes)} nodes x "
                 f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
-                f"starting the {sc.workload.launch} job ({length})"
+                f"starting the {sc.workload.launch} job ({length})", "started", attached=False,
             )
-            self.say(escape(self._job_user_line()))
+            self.say(escape(self._job_user_line()), "job_user")
         self.job.start()
 
     def _job_user_line(self) -> str:
@@ -674,7 +668,7 @@ class _Run:
                 hint=f"see the job's output under {self.run_dir / 'logs'}",
             )
         self.t_baseline = time.time()
-        self.say(f"steady state: step {self.bus.last_step} reached")
+        self.say(f"steady state: step {self.bus.last_step} reached", "steady", step=self.bus.last_step)
         for i, fault in enumerate(_faults(self.sc)):
             if fault.target_type == "process" and not resolve_processes(self.inventory, fault.spec.target, on_silent=(
                     lambda node, why, i=i: self._note(f"faults.{i}.target: node {node} did not answer at steady state ({why})"))):
@@ -683,7 +677,7 @@ class _Run:
                                  "while the job runs; nothing was injected")
         spares = self.job.start_spares()
         if spares:
-            self.say(f"spare node(s) {', '.join(spares)} waiting to take over")
+            self.say(f"spare node(s) {', '.join(spares)} waiting to take over", "spares", nodes=list(spares))
 
     def _inject(self, fault: Fault) -> None:
         spec = fault.spec
@@ -728,7 +722,9 @@ class _Run:
             self.injections.append((fault, inj))
         labels = ", ".join(dict.fromkeys(t for inj in injections for t in inj.targets))  # gpu.xid with_failure: line and failure, one target
         how = sorted({f"{m['mechanism']}, {m['fidelity']}" for m in map(_mechanism, injections) if m})
-        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})" + (escape(f" [{'; '.join(how)}]") if how else ""))
+        self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})" + (escape(f" [{'; '.join(how)}]") if how else ""), "injected",
+                 fault=fault.fault_id, fault_kind=fault.kind, targets=list(dict.fromkeys(t for inj in injections for t in inj.targets)),
+                 step=self.bus.last_step)
         for inj in injections:
             problem = fault.verify(self.ctx, inj) if not fault.lasting else None
             if problem:
@@ -760,7 +756,8 @@ class _Run:
             target = (fault.spec.target if fault.target_type == "node" else fault.spec.target.model_copy(
                 update={"nodes": [start["node"]], "ranks": None, "labels": None, "count": None, "percent": None}))
             self.say(f"the job came back to {escape(str(start['node']))}: {fault.kind} strikes again (return {n}"
-                     + (f" of {recur.times}" if recur.times else "") + ")")
+                     + (f" of {recur.times}" if recur.times else "") + ")", "strikes_again",
+                     fault=fault.fault_id, fault_kind=fault.kind, node=start["node"], returns=n)
             try:
                 self._strike(again, target)
             except InfraError as exc:  # the worker was gone again before the strike: the next start is the next return
@@ -778,7 +775,7 @@ class _Run:
         watch = TriggerWatch(at, ids, since, ref_t)
         t0 = time.time()
         end = t0 + watch.within
-        self.say(f"faults.{i}: waiting for {escape(what_it_waits_for(at))}")
+        self.say(f"faults.{i}: waiting for {escape(what_it_waits_for(at))}", "waiting", fault=fault.fault_id)
         while not self.bus.wait_for(lambda: watch.feed(self.bus.events) is not None, 0.1):
             self._check_abort()
             self._revert_due()
@@ -808,7 +805,7 @@ class _Run:
         reason, t0 = why(), time.time()
         if reason is None:
             return
-        self.say(f"holding {fault.kind}: {escape(str(reason))}")
+        self.say(f"holding {fault.kind}: {escape(str(reason))}", "holding", fault=fault.fault_id, why=str(reason))
         while reason is not None:
             self._wait(lambda: False, 0.5, what="the gate", quiet=True)
             reason = why()
@@ -828,18 +825,19 @@ class _Run:
                 m = {"t_resumed": None}  # all said: a long job (a campaign) need not be measured ten times a second
             else:
                 m = self.measure(self.bus.snapshot(), t_fault, node=felt[0].node if felt else None)  # progress lines only; result.json measures with clocks
-            for key, label in () if len(announced) == 4 else (("t_detect", "detected"), ("t_realloc", realloc_label), ("t_loaded", "checkpoint loaded"), ("t_resumed", "training resumed")):
+            for key, label, stage in () if len(announced) == 4 else (("t_detect", "detected", "detected"), ("t_realloc", realloc_label, "reallocated"), ("t_loaded", "checkpoint loaded", "loaded"), ("t_resumed", "training resumed", "resumed")):
                 if m[key] is not None and key not in announced:
                     announced.add(key)
                     # the job's own words (an exception's text, "[.../pair.cc:537] Connection closed") are not markup
                     extra = f" by {escape(m['detected_by'])}" if key == "t_detect" else ""
-                    self.say(f"{label} {m[key] - t_fault:.2f}s after the fault{extra}")
+                    self.say(f"{label} {m[key] - t_fault:.2f}s after the fault{extra}", stage,
+                             after_s=m[key] - t_fault, **({"detected_by": m["detected_by"]} if key == "t_detect" else {}))
             pending = any(not inj.reverted for _, inj in self.injections if _.lasting)
             if not pending and self._watched_long_enough():
                 return
             if not self.job.running():
                 if pending:  # the job has ended: a fault still in effect has nothing left to drill
-                    self.say("the job has ended; reverting the faults still in effect")
+                    self.say("the job has ended; reverting the faults still in effect", "job_ended")
                     self._revert_due(force=True)
                 return
             felt = [inj for fault, inj in self.injections if not fault.primes] or [inj for _, inj in self.injections]
@@ -851,7 +849,7 @@ class _Run:
                 if self.cut_short and not any(f.measures_slowdown for f, inj in self.injections if f.lasting and not inj.reverted):
                     # recovery is measured and nothing after it is: the rest of the faults' durations drills nothing
                     left = [inj.kind for f, inj in self.injections if f.lasting and not inj.reverted]
-                    self.say(f"recovery measured; reverting {', '.join(left)} before its duration is up")
+                    self.say(f"recovery measured; reverting {', '.join(left)} before its duration is up", "cut_short", fault_kinds=left)
                     self.notes.append(f"{', '.join(left)} reverted {time.time() - t_fault:.1f}s after the fault, once recovery "
                                       "was measured (a game day stops each drill there; set workload.wait to keep every duration)")
                     self._revert_due(force=True)
@@ -898,7 +896,8 @@ class _Run:
         ts = time.time()
         self.journal.record("reverted", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, verified=problem is None, problem=problem)
         self.bus.publish(make_event("fault.reverted", ts, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, source="chaoskit"))
-        self.say(f"reverted {inj.kind} on {', '.join(inj.targets)}" + (f" [red]({escape(str(problem))})[/red]" if problem else ""))
+        self.say(f"reverted {inj.kind} on {', '.join(inj.targets)}" + (f" [red]({escape(str(problem))})[/red]" if problem else ""), "reverted",
+                 fault=inj.fault_id, fault_kind=inj.kind, targets=list(inj.targets), verified=problem is None)
         if problem:
             self.notes.append(f"revert of {inj.kind} on {inj.node} not verified: {problem}")
 
