@@ -259,10 +259,34 @@ def pytest_configure(config) -> None:
         return
     if config.option.basetemp:  # the operator's own --basetemp: its folders are opened, the folders above are theirs
         return
-    session = Path(tempfile.mkdtemp(prefix="chaoskit-tests-"))
+    _drop_old_sessions()
+    session = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX))
+    (session / "session.pid").write_text(str(os.getpid()))
     _open_to_job_group(session)
     _JOB_FOLDERS["session"] = session
     config.option.basetemp = str(session / "pytest")
+
+
+SESSION_PREFIX = "chaoskit-tests-"
+KEEP_SESSIONS = 3
+"""How many folders of ended sessions that failed are kept for a look (pytest keeps 3 of its own too)."""
+
+
+def _drop_old_sessions() -> None:
+    """Remove the folders of ended sessions (their pid gone) but the newest :data:`KEEP_SESSIONS`: a session that
+    failed keeps its folder, and sessions run on. Only root's own folders of that name, never a link."""
+    ended = []
+    for folder in Path(tempfile.gettempdir()).glob(SESSION_PREFIX + "*"):
+        try:
+            st = os.lstat(folder)
+            pid = int((folder / "session.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if not os.path.isdir(folder) or os.path.islink(folder) or st.st_uid != 0 or os.path.exists(f"/proc/{pid}"):
+            continue
+        ended.append((st.st_mtime, folder))
+    for _, folder in sorted(ended, reverse=True)[KEEP_SESSIONS:]:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _opened(fn):
