@@ -27,7 +27,7 @@ from rich.markup import escape
 from chaoskit.backends.api import ClusterHandle, Probe
 from chaoskit.backends.registry import backend
 from chaoskit.blame import attach_blame
-from chaoskit.cluster.clock import ClockedTransport, ClockOffset
+from chaoskit.cluster.clock import ClockOffset
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
     TargetSpec,
@@ -48,7 +48,7 @@ from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
 from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
-from chaoskit.faults.api import Fault, Injection, Leases
+from chaoskit.faults.api import INPROC_CHANNEL_DIR, Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
 from chaoskit.goodput import account, goodput_terms
 from chaoskit.measure import (
@@ -61,7 +61,7 @@ from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
 from chaoskit.observe.sdc import SilentWatch, silent_summary
-from chaoskit.observe.presets import PRESETS, preset_rules
+from chaoskit.observe.presets import NO_STEP_SEEN, PRESETS
 from chaoskit.observe.probes import (
     FileLogProbe,
     LogRegexProbe,
@@ -69,7 +69,6 @@ from chaoskit.observe.probes import (
     RemoteLogProbe,
     SdkLogProbe,
 )
-from chaoskit.observe.rules import LogRule
 from chaoskit.safety.journal import Journal, argv_digest
 from chaoskit.safety.lease import LeaseManager, default_lease_root
 from chaoskit.safety.lock import ClusterLock
@@ -143,8 +142,8 @@ class RunContext:
 
 
 def _uses_inproc(sc) -> bool:
-    """Whether the run needs the in-process channel: an ``inproc.*`` fault, or the SDC probe."""
-    return sc.probes.sdc is not None or any(f.kind.startswith("inproc.") for f in sc.faults)
+    """Whether the run needs the in-process channel: a fault that acts through it, or the SDC probe."""
+    return sc.probes.sdc is not None or any(get_fault(f.kind).uses_inproc_channel for f in sc.faults)
 
 
 def _faults(sc) -> list[Fault]:
@@ -179,7 +178,7 @@ def _scope_preview(sc, cluster: ClusterHandle, job: Job, path: Path) -> dict[str
     text = job.scope_note()
     regexes = ([("workload.process", sc.workload.process)] if sc.workload.process else []) + [
         (f"faults.{i}.target.process", f.target.process) for i, f in enumerate(sc.faults) if f.target.process]
-    local = all(isinstance(n.conn, LocalTransport) for n in cluster.inventory.nodes)
+    local = all(n.conn is not None and n.conn.processes_here for n in cluster.inventory.nodes)
     outside = []
     if regexes and local:
         procs = [p for p in read_proc() if p.state != "Z" and LocalTransport.SCOPE_ENV not in p.env]
@@ -478,9 +477,10 @@ class _Run:
     def _checkpoint_dir(self) -> str | None:
         """The job's checkpoint folder as its nodes see it (what storage faults act in)."""
         w = self.sc.workload
-        if w.launch == "attach":
+        where = LAUNCHES[w.launch].checkpoints
+        if where == "given":
             return w.checkpoint_dir
-        if w.launch == "ray-train":
+        if where != "job":  # the launcher's own storage, which no storage fault reaches
             return None
         return str(checkpoint_dir(self.cluster, self.run_dir, self.run_id, owned=self.job_owner is not None))
 
@@ -522,7 +522,7 @@ class _Run:
     def _sync_clocks(self) -> None:
         """Each remote node's clock offset (several round trips each, the nodes in parallel): the times its
         transport reports from now on are on this machine's clock."""
-        clocked = {n.name: n.conn for n in self.inventory.nodes if isinstance(n.conn, ClockedTransport)}
+        clocked = {n.name: n.conn for n in self.inventory.nodes if n.conn is not None and n.conn.has_own_clock}
         found = parallel({name: conn.sync_clock for name, conn in clocked.items()})
         for name, res in found.items():
             if isinstance(res, BaseException):
@@ -534,17 +534,14 @@ class _Run:
 
     def _start(self) -> None:
         sc = self.sc
-        presets = list(sc.probes.presets)
-        presets += [p for p in stack_of(sc.workload).presets if p not in presets]  # the stack's own lines: who noticed
-        rules, tee = preset_rules(presets, torchrun=sc.probes.torchrun)
-        rules += [LogRule.of(r.match, r.event, r.fields) for r in sc.probes.log]
+        rules, tee = sc.probes.log_rules(stack_of(sc.workload).presets)  # the stack's own lines: who noticed
         self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
         owner = self.job_owner
         self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None)
         events_path = (self.job_dir / "sdk-events.jsonl"
                        if sc.probes.sdk and LAUNCHES[sc.workload.launch].sdk_events else None)
         if owner is not None:  # the job's user's folder: made new (its parents too), its files in it, then given to them
-            dirs = ("checkpoints", "tmp", *(("inproc",) if _uses_inproc(sc) else ()))  # inproc: the channel's folder
+            dirs = ("checkpoints", "tmp", *((INPROC_CHANNEL_DIR,) if _uses_inproc(sc) else ()))
             make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=dirs,
                             files=("sdk-events.jsonl",) if events_path is not None else ())
         else:
@@ -593,11 +590,11 @@ class _Run:
             self.silent_watch.start()
             if self.job.bootstraps:  # its processes take chaoskit's bootstrap, and the channel's folder
                 if owner is not None:  # the account's own, which it reaches (root's state folder it does not)
-                    self.ctx.inproc_folders = {n: str(self.job_dir / "inproc") for n in self.cluster.agent_nodes}
-                self.job.use_inproc({n: self.ctx.inproc_folders.get(n) or f"{self.inventory[n].conn.state_dir}/inproc"
+                    self.ctx.inproc_folders = {n: str(self.job_dir / INPROC_CHANNEL_DIR) for n in self.cluster.agent_nodes}
+                self.job.use_inproc({n: self.ctx.inproc_folders.get(n) or f"{self.inventory[n].conn.state_dir}/{INPROC_CHANNEL_DIR}"
                                      for n in self.cluster.agent_nodes},
                                     sdc_every=sc.probes.sdc.every if sc.probes.sdc is not None else None,
-                                    final_checksum=any(f.kind == "inproc.bitflip" for f in sc.faults))
+                                    final_checksum=any(get_fault(f.kind).needs_final_checksum for f in sc.faults))
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
         if watcher is not None:
             self.job.use_watch(watcher)  # a job that looks at the nodes pays only for what their watch streams report
@@ -714,8 +711,8 @@ class _Run:
             self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=getattr(t, "pid", None))
         injections = fault.inject(self.ctx, targets)
         for inj in injections:
-            if self.kmsg_probe is not None and inj.detail.get("cgroup"):  # mem.oom's: its kills are this run's
-                self.kmsg_probe.claim_cgroup(str(inj.detail["cgroup"]))
+            if self.kmsg_probe is not None and inj.oom_cgroup is not None:  # the OOM kills in it are this run's
+                self.kmsg_probe.claim_cgroup(inj.oom_cgroup)
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
             self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets,
                                         source="chaoskit", **_mechanism(inj)))
@@ -1150,12 +1147,6 @@ class _Run:
     def _clock_error(self, node: str) -> float:
         clock = self.clocks.get(node)
         return clock.error_s if clock is not None else 0.0
-
-
-NO_STEP_SEEN = ("no step event was seen: the job reported none (no SDK, no callback) and no probes.log rule or "
-                "preset read one from its lines (torchrun's carry none); add a step rule, e.g. {event: step, match: "
-                "'Step (?P<step>\\d+)'}, or chaoskit.probe.step(n) in the script")
-"""What a job that ended before steady state without one step event seen is told (issue 51, item 5)."""
 
 
 def _mechanism(inj: Injection) -> dict[str, Any]:

@@ -39,6 +39,7 @@ __all__ = [
     "FaultSpec",
     "Action",
     "Injection",
+    "INPROC_CHANNEL_DIR",
     "Fault",
     "FaultContext",
     "Leases",
@@ -293,6 +294,11 @@ class Action:
     target: str = ""
 
 
+INPROC_CHANNEL_DIR = "inproc"
+"""The in-process channel's folder (:attr:`Fault.uses_inproc_channel`), by this name in a node's state folder, or in
+the job's own folder where the job runs as an account of its own."""
+
+
 @dataclass
 class Injection:
     """What an injected fault left in effect, enough to revert and verify it."""
@@ -304,6 +310,9 @@ class Injection:
     t_fault: float
     detail: dict[str, Any] = field(default_factory=dict)
     reverted: bool = False
+    oom_cgroup: str | None = None
+    """A memory cgroup this injection made (``mem.oom``'s): an OOM kill in it is this run's, which the kernel-log
+    probe is told once the fault is in."""
 
 
 class Fault:
@@ -334,6 +343,12 @@ class Fault:
     silent: ClassVar[bool] = False
     """True when the harm raises no error by itself (numbers gone wrong: a flipped bit, a NaN): the run measures
     whether anything noticed it (``result.json["silent"]``), and nothing noticing is a FAIL with :meth:`describe`."""
+    uses_inproc_channel: ClassVar[bool] = False
+    """True when the fault acts inside the job's processes through the in-process channel: the job is started with
+    chaoskit's bootstrap and a channel folder per node (``inproc/``)."""
+    needs_final_checksum: ClassVar[bool] = False
+    """True when the job's ranks must compare a checksum of their parameters as they exit: a harm nothing noticed
+    shows as ranks that disagree at the end (``result.json["silent"]``)."""
 
     def __init__(self, spec: FaultSpec, fault_id: str) -> None:
         self.spec = spec

@@ -181,6 +181,7 @@ class _InprocFault(Fault):
     """What every ``inproc.*`` kind does the same way; a kind names its spec and whether it lasts."""
 
     target_type: ClassVar[Literal["process"]] = "process"
+    uses_inproc_channel = True
     state_prefixes = ("inproc/",)  # the channel folder itself (a file inproc-x.json is nobody's)
 
     @classmethod
@@ -412,6 +413,7 @@ class InprocBitflipFault(_InprocFault):
     covers = ("hardware.sdc",)
     Spec = InprocBitflipSpec
     silent = True
+    needs_final_checksum = True  # a flipped bit in one replica's parameters: the replicas differ at the end
 
     def describe(self, injection: Injection) -> str:
         return describe_flip(injection.detail)

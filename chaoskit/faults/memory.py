@@ -112,6 +112,12 @@ class OomFault(CgroupTool):
                                       "rmdir the chaoskit cgroup", label))
         return out
 
+    def inject(self, ctx: FaultContext, targets: list[Any]) -> list[Injection]:
+        injections = super().inject(ctx, targets)
+        for injection in injections:  # the OOM kills in the cgroup it made are this run's (the kernel-log probe's claim)
+            injection.oom_cgroup = injection.detail.get("cgroup")
+        return injections
+
     def move_in(self, transport: Transport, python: str, t: ProcessTarget, pids: list[int], state: str,
                 token: str) -> dict[str, Any]:
         return self.run_tool(transport, python, ["cap", f"{CGROUP_PREFIX}{t.node}-{token}", str(self.spec.limit_mib << 20),

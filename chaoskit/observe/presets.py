@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from chaoskit.observe.rules import TORCHRUN_RULES, LogRule
 
-__all__ = ["Preset", "PRESETS", "PRESET_NAMES", "preset_rules"]
+__all__ = ["Preset", "PRESETS", "PRESET_NAMES", "preset_rules", "NO_STEP_SEEN"]
 
 
 @dataclass(frozen=True)
@@ -281,3 +281,9 @@ def preset_rules(names: list[str] | tuple[str, ...], torchrun: bool = True) -> t
         if name != "torchrun":
             rules.extend(PRESETS[name].rules)
     return rules, "torchrun" in names
+
+
+NO_STEP_SEEN = ("no step event was seen: the job reported none (no SDK, no callback) and no probes.log rule or "
+                "preset read one from its lines (torchrun's carry none); add a step rule, e.g. {event: step, match: "
+                "'Step (?P<step>\\d+)'}, or chaoskit.probe.step(n) in the script")
+"""What a job that ended before steady state without one step event seen is told (issue 51, item 5)."""

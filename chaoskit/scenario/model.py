@@ -21,7 +21,8 @@ from chaoskit.core.models import NAME_RE, Regex, StrictModel, check_each, check_
 from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
-from chaoskit.observe.presets import PRESET_NAMES
+from chaoskit.observe.presets import PRESET_NAMES, preset_rules
+from chaoskit.observe.rules import LogRule as ObservedRule
 from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem
 from chaoskit.core.jobenv import MAX_ENV_VARS, check_env_name, check_env_value
 from chaoskit.stacks.registry import STACKS, settings_keys
@@ -309,6 +310,15 @@ class Probes(StrictModel):
         "Costs one pass over the parameters per N steps (bench/bench_inproc.py)."))
     prometheus: list[PrometheusRule] = Field(default_factory=list, max_length=32, description=(
         "Prometheus queries evaluated every second during the drill; a rise (or a crossing of `above`) is an event."))
+
+    def log_rules(self, stack_presets: Iterable[str] = ()) -> tuple[list[ObservedRule], bool]:
+        """What the job's lines are read with: the rules of the presets named here and then of the recovery stack's
+        own (``stack_presets``), the launcher's built-in lines unless switched off, then ``log``; and whether the
+        lines carry the launcher's ``--tee`` rank prefixes."""
+        presets = list(self.presets)
+        presets += [p for p in stack_presets if p not in presets]
+        rules, tee = preset_rules(presets, torchrun=self.torchrun)
+        return rules + [ObservedRule.of(r.match, r.event, r.fields) for r in self.log], tee
 
 
 class _Percentiles(StrictModel):

@@ -60,6 +60,8 @@ class AgentTransport:
     the channel."""
 
     has_own_network = True
+    has_own_clock = True  # measured by sync_clock
+    processes_here = False
     container: str | None = None
     role = "node"
     """How errors name this host (``node``; SSH's bastions say ``bastion``)."""

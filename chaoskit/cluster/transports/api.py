@@ -187,6 +187,12 @@ class Transport(Protocol):
     node: str
     has_own_network: ClassVar[bool]
     """True when the node has a network stack of its own, so a NIC fault there cannot hit the controller's."""
+    has_own_clock: ClassVar[bool]
+    """True when the node keeps a clock of its own (:class:`~chaoskit.cluster.clock.ClockedTransport`): a run
+    measures its offset before anything starts and the transport reports node times corrected."""
+    processes_here: ClassVar[bool]
+    """True when the node's processes are this machine's, read from its ``/proc`` without connecting (a process
+    lab's node): a dry run counts what a ``process`` regex matches outside the job there."""
     container: str | None
     """The container that is this node, when an engine runs it (``network.partition`` with ``method: disconnect``)."""
     state_dir: str

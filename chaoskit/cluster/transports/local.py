@@ -30,6 +30,8 @@ class LocalTransport:
 
     SCOPE_ENV = "CHAOSKIT_SCOPE"
     has_own_network = False
+    has_own_clock = False
+    processes_here = True
     container = None
 
     def __init__(self, node: str, scope: str | None = None, state_dir: str | None = None, *,

@@ -293,6 +293,8 @@ class RayTransport:
     name = "ray"
 
     has_own_network = False  # the lab's Ray nodes are process scopes on one host
+    has_own_clock = False
+    processes_here = False  # read through their Ray actors
     container = None
 
     def __init__(self, node: str, scope: str | None, *, address: str, resource: str | None = None,
