@@ -3,7 +3,9 @@
 Each node is a network namespace with its own data and management NICs and an
 sshd; faults travel over SSH; the job's collectives run over the data NICs. A spare taking a node's place is
 drilled once, by node-poweroff; gpu-fail-spare (the same spare after a GPU failed with scope node) is read from
-its recorded drill, tests/data/lemon-node-spare (tests/test_gpu_faults.py, issue 52).
+its recorded drill, tests/data/lemon-node-spare (tests/test_gpu_faults.py, issue 52). The link chaoskit talks over
+cut, restored by the node's own watchdog and verified once chaoskit reaches the node again (nic-drop-mgmt), is
+silent-node-kill's first fault.
 """
 
 from __future__ import annotations
@@ -115,16 +117,9 @@ def test_a_silent_node_holds_up_no_kill_on_another_node(tmp_path):
     assert ("process.gone", "n2") not in order[first:back]
     assert not any(e["kind"] == "node.unreachable" and e["node"] != "n2" for e in events)
     assert r["checks"]["faults_reverted"]["pass"] and r["final_step"] == r["workload"]["steps"]
-    _nothing_left(r)
-
-
-def test_dropping_the_controllers_own_link_still_ends_restored(tmp_path):
-    r = _drill("nic-drop-mgmt", tmp_path)
-    assert r["verdict"] == "pass"
-    assert r["checks"]["faults_reverted"]["pass"]
-    entries = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
-    reverted = [e for e in entries if e["action"] == "reverted"]
-    assert reverted and reverted[0]["verified"] is True
-    assert r["phases"]["detection_s"] is None  # training runs on the data network: it never noticed
-    assert any("no sign of the fault" in n for n in r["notes"])
+    # n2's own watchdog brought the link chaoskit talks over back up; chaoskit reconnected and verified the revert
+    # (this drill is also nic-drop-mgmt's story, which had a drill of its own until issue 52)
+    journal = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    reverted = [e for e in journal if e["action"] == "reverted"]
+    assert reverted and all(e["verified"] is True for e in reverted), reverted
     _nothing_left(r)
