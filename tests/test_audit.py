@@ -77,7 +77,7 @@ def test_audit_of_no_lab_is_bad_input():
 
 def test_a_process_lab_with_one_leftover_of_each_kind_names_each(process_lab, tmp_path, _private_state):
     need(os.geteuid() == 0, "root (the node state folder /run/chaoskit, cgroups)")
-    from chaoskit.cluster.nodefs import default_state_dir
+    from chaoskit.nodeside.nodefs import default_state_dir
     from chaoskit.cluster.transports.local import LocalTransport
     from chaoskit.safety.journal import Journal
     from chaoskit.safety.lease import LeaseManager, default_lease_root

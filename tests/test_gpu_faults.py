@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.cluster.nodefs import default_state_dir
 from chaoskit.cluster.selectors import TargetSpec, resolve_processes
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.gpu import CRASHLOOP, LOOP_GRACE_S, GpuFailFault, GpuFailSpec
 from chaoskit.lab.process import ProcessLab
+from chaoskit.nodeside.nodefs import default_state_dir
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager

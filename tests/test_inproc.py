@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaoskit.cluster import nodefs
+from chaoskit.nodeside import nodefs
 from chaoskit.core.files import torch_cache_env
 from chaoskit.sdk import inproc
 from tests.conftest import ROOT, need_torch, run_cli, wait_until
@@ -261,7 +261,7 @@ def test_an_order_arms_in_a_live_process_and_a_bitflip_is_silent(tmp_path):
 JOB_ARMED_MID_FORWARD = JOB.replace(
     "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))",
     """import json, os
-from chaoskit.cluster import nodefs
+from chaoskit.nodeside import nodefs
 from chaoskit.sdk import inproc
 class Arm(torch.nn.Module):  # the order arrives while the model's forward runs, as the watcher's thread can take it
     def forward(self, x):

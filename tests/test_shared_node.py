@@ -151,7 +151,7 @@ def new_tmp_entries(since: float) -> list[str]:
 
 
 def test_a_state_folder_someone_else_controls_is_refused_and_nothing_is_written_there(hostile, tmp_path):
-    from chaoskit.cluster.nodefs import StateDirError, state_dir
+    from chaoskit.nodeside.nodefs import StateDirError, state_dir
 
     world = tmp_path / "world-writable"
     world.mkdir()
@@ -240,7 +240,7 @@ def _files_under(folder: str) -> set[str]:
 
 def test_link_down_over_ssh_writes_only_in_chaoskits_state_folder(netns_lab, hostile, tmp_path):
     from chaoskit.cluster.inventory_file import load_inventory
-    from chaoskit.cluster.nodefs import ROOT_STATE_DIR
+    from chaoskit.nodeside.nodefs import ROOT_STATE_DIR
     from chaoskit.cluster.selectors import resolve_nodes
     from chaoskit.faults.registry import get_fault
     from tests.conftest import connected, fault_context

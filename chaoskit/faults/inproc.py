@@ -40,7 +40,6 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit import nodeside
 from chaoskit.cluster.clock import ClockOffset
-from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.selectors import ProcessTarget
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.core.durations import PositiveDuration
@@ -48,6 +47,7 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.faults.api import Action, Fault, FaultContext, FaultSpec, Injection, NodeView
 from chaoskit.faults.node_tool import journaled_python, node_python
+from chaoskit.nodeside.nodefs import bundle
 from chaoskit.sdk.inproc import CUDA_ERRORS, ID_RE, NAME_RE
 
 __all__ = ["InprocHangFault", "InprocGilFault", "InprocRaiseFault", "InprocNanFault", "InprocBitflipFault",

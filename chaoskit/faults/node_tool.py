@@ -1,6 +1,6 @@
 """What the faults that run a helper script on the node share (``mem.oom``, ``node.slow``, ``gpu.fail``'s crash loop).
 
-A helper is a stdlib-only program with :mod:`chaoskit.cluster.nodefs` in front of it (:func:`helper_source`),
+A helper is a stdlib-only program with :mod:`chaoskit.nodeside.nodefs` in front of it (:func:`helper_source`),
 run as ``python3 -I -c SOURCE ARGS...`` (:func:`helper_argv`) through the node's transport. Its files lie in
 the node's state folder (:attr:`~chaoskit.cluster.transports.api.Transport.state_dir`, which chaoskit made and
 checked), under a random name (:func:`state_path`); a path read back (from a revert armed earlier, or the
@@ -23,12 +23,12 @@ import time
 from typing import Any, Callable, ClassVar
 
 from chaoskit.cluster.inventory import Node
-from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.faults.api import Fault, FaultContext, Injection, NodeView
+from chaoskit.nodeside.nodefs import bundle
 
 __all__ = ["checkpoint_root", "checkpoint_where", "COMMAND_TIMEOUT_S", "VERIFY_S", "helper_source", "helper_argv", "tool_prefix", "node_python", "run_helper",
            "state_path", "own_state_path", "read_node_file", "wait_node_file", "parse_started", "undo", "process_tree",

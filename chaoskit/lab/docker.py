@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaoskit.cluster import nodefs
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.transports.docker import (
     DockerTransport,
@@ -40,6 +39,7 @@ from chaoskit.core.state import state_dir
 from chaoskit.core.trusted import UntrustedFile, open_checked
 from chaoskit.core.yaml_source import input_text, load_yaml_text
 from chaoskit.lab.guard import guard, guard_table, unguard
+from chaoskit.nodeside import nodefs
 
 __all__ = ["ComposeProject", "DockerLab", "load_compose", "find_compose", "private_bind"]
 

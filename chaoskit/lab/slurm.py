@@ -7,6 +7,11 @@ with its data and mgmt NICs and its sshd); on top of it:
 - one ``munged`` for the lab, with its own key and socket (``AuthInfo=socket=``), so
   the machine's own munge, if any, is never touched; every namespace shares the socket
   (a unix socket is a file, not an address);
+- what a lab account needs to submit a job (``slurm.conf`` and munge's socket) in the lab's
+  own folder under :data:`PUBLIC_ROOT`, root's with group ``chaoskit-jobs`` (mode 0710,
+  ``slurm.conf`` 0640): the lab's job runs as a lab account (issue 48), which reaches
+  nothing else of the lab (its state, its logs, the munge key stay in root's 0700 state
+  folder); no other user reaches it;
 - ``slurmctld`` in this machine's namespace, reached on the lab's mgmt bridge address:
   ``SlurmctldHost`` carries the machine's host name (slurmctld checks it) with that
   address in parentheses;
@@ -38,8 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaoskit.cluster import nodefs
 from chaoskit.cluster.slurm import SlurmAccess
+from chaoskit.core.accounts import job_group
 from chaoskit.core.errors import InfraError
 from chaoskit.core.shell import shell_quote
 from chaoskit.core.state import state_dir
@@ -47,9 +52,11 @@ from chaoskit.lab.admin import lab_main
 from chaoskit.lab import labdir
 from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.netns import NetnsLab, require_netns_tools
+from chaoskit.nodeside import nodefs
 from chaoskit.nodeside.procstat import proc_state
 
-__all__ = ["SlurmLab", "slurm_lab_dir", "require_slurm_tools", "DEFAULT_SETTINGS", "PARTITION", "HEALTHCHECK"]
+__all__ = ["SlurmLab", "slurm_lab_dir", "require_slurm_tools", "DEFAULT_SETTINGS", "PARTITION", "HEALTHCHECK",
+           "PUBLIC_ROOT"]
 
 TOOLS = ("slurmctld", "slurmd", "munged", "nsenter", "scontrol", "sbatch", "squeue", "scancel", "sinfo", "srun")
 HINT = "apt-get install -y slurmctld slurmd slurm-client munge"
@@ -81,6 +88,12 @@ HEALTHCHECK = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "heal
 """The example health check the lab runs (a source checkout's ``examples/slurm/healthcheck.sh``)."""
 
 
+PUBLIC_ROOT = Path("/run/chaoskit-slurm")
+"""Where each Slurm lab keeps what its job's account needs to submit and run a job (``<lab id>/slurm.conf``,
+``<lab id>/munge/munge.socket``): root's folders in the lab accounts' group (:data:`~chaoskit.core.accounts.JOB_GROUP`),
+mode 0710, which that group may pass through and no one else may enter."""
+
+
 def slurm_lab_dir() -> Path:
     return state_dir() / "lab" / "slurm"
 
@@ -109,6 +122,9 @@ class SlurmLab:
     hostname: str = ""
     bin_dir: str = "/usr/sbin"
     created: float = field(default_factory=time.time)
+    public: str = ""
+    """The lab's folder under :data:`PUBLIC_ROOT` (its ``slurm.conf`` and munge's socket, which a lab account reaches);
+    ``""``: a lab made before it existed, whose two are in :attr:`directory` (its job is then root's)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -121,7 +137,7 @@ class SlurmLab:
         labdir.claim(directory, "Slurm lab", 0o711)  # munged wants its socket's folders searchable by all
         net = NetnsLab.create(nodes, spare=spare, directory=directory / "netns")
         lab = cls(net.lab_id, directory, nodes, spare, {**DEFAULT_SETTINGS, **(settings or {})}, _free_port(),
-                  socket.gethostname(), str(Path(tools["slurmctld"]).parent))
+                  socket.gethostname(), str(Path(tools["slurmctld"]).parent), public=str(PUBLIC_ROOT / net.lab_id))
         labdir.build_whole(lab._save, lab._build, lab.down)
         return lab
 
@@ -146,6 +162,8 @@ class SlurmLab:
         labdir.kill_marked(str(self.munge_socket))
         if net is not None:
             net.down()
+        if self.public:
+            shutil.rmtree(self.public, ignore_errors=True)  # never follows a link out of it
         shutil.rmtree(self.directory, ignore_errors=True)
 
     # -- names and paths ------------------------------------------------------------------
@@ -158,12 +176,17 @@ class SlurmLab:
         return [f"n{i}" for i in range(self.nodes + self.spare)]
 
     @property
+    def reachable(self) -> bool:
+        """Whether a lab account can submit to this lab (its ``slurm.conf`` and munge's socket in :attr:`public`)."""
+        return bool(self.public)
+
+    @property
     def conf_path(self) -> Path:
-        return self.directory / "slurm.conf"
+        return Path(self.public or self.directory) / "slurm.conf"
 
     @property
     def munge_socket(self) -> Path:
-        return self.directory / "munge" / "munge.socket"
+        return Path(self.public or self.directory) / "munge" / "munge.socket"
 
     @property
     def inventory_path(self) -> Path:
@@ -228,13 +251,18 @@ class SlurmLab:
 
     def _build(self) -> None:
         net = self._net()
+        if self.public:
+            _group_folder(Path(self.public), new=True)
         self._start_munged()
         (self.directory / "ctld").mkdir(mode=0o700, exist_ok=True)
         for node in self.node_names():
             (self.node_dir(node) / "spool").mkdir(parents=True, exist_ok=True)
         if self.settings.get("health_check_interval", 0) > 0:
             self._write_healthcheck(net)
-        self.conf_path.write_text(self.conf_text(net))
+        if self.public:
+            _write_for_group(self.conf_path, self.conf_text(net))
+        else:
+            self.conf_path.write_text(self.conf_text(net))
         net.open_to_all(net.controller_address, self.port)  # every user's sbatch/squeue (munge is their login)
         _run([os.path.join(self.bin_dir, "slurmctld"), "-c", "-f", str(self.conf_path)], env=self._env())
         for node in self.node_names():
@@ -333,6 +361,8 @@ class SlurmLab:
     def _start_munged(self) -> None:
         mdir = self.directory / "munge"
         mdir.mkdir(mode=0o711, exist_ok=True)
+        if self.public:  # the socket where the lab accounts reach it (the key, seed and log stay here)
+            _group_folder(self.munge_socket.parent, new=True)
         key = new_munge_key(mdir / "munge.key")
         # --force: munged refuses root and a key it cannot prove private otherwise; the key is ours, 0400.
         _run(["munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
@@ -364,6 +394,50 @@ class SlurmLab:
         tail = log.read_text()[-400:].strip() if log.exists() else ""
         raise InfraError(f"slurmctld did not see every node idle within {timeout:g}s: {states or 'no answer'}"
                          + (f"; slurmctld.log ends: {tail}" if tail else ""))
+
+
+def _group_folder(folder: Path, new: bool) -> None:
+    """``folder`` (in :data:`PUBLIC_ROOT`, made too when missing) root's with the lab accounts' group, mode 0710:
+    made here (``new``: refused when anything is there, a link included), else checked to be root's own folder, not
+    a link. Mode and group are set on the opened folder, never through a path a link could redirect."""
+    gid = job_group()
+    if gid is None:
+        raise InfraError("the Slurm lab needs root")
+    if folder != PUBLIC_ROOT:  # its parents first, up to PUBLIC_ROOT (which /run holds)
+        if PUBLIC_ROOT not in folder.parents:
+            raise InfraError(f"{folder} is not under {PUBLIC_ROOT}")
+        _group_folder(folder.parent, new=False)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        if new:
+            raise InfraError(f"{folder} is already there; a new Slurm lab makes its own",
+                             hint="chaoskit lab down, or remove it if no lab uses it") from None
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != 0:
+            raise InfraError(f"{folder} is not root's (uid {st.st_uid}); the Slurm lab keeps its slurm.conf only in a "
+                             "folder of root's", hint="remove it; chaoskit makes it again")
+        os.fchown(fd, 0, gid)
+        os.fchmod(fd, 0o710)
+    finally:
+        os.close(fd)
+
+
+def _write_for_group(path: Path, text: str) -> None:
+    """``path`` made new with ``text``, root's with the lab accounts' group, mode 0640 from its first byte (no link
+    followed, nothing that was there reused)."""
+    gid = job_group()
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchown(fd, 0, gid if gid is not None else 0)
+        os.fchmod(fd, 0o640)
+        with os.fdopen(os.dup(fd), "w") as fh:
+            fh.write(text)
+    finally:
+        os.close(fd)
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:

@@ -2,8 +2,8 @@
 
 Each module here is a real, linted file. The controller sends its source with ``python3 -I -c`` (so
 nothing of the node's ``sys.path``, current folder or ``PYTHON*`` is imported), with
-:mod:`chaoskit.cluster.nodefs` and any shared module (:mod:`.jobscope`, :mod:`.cgroups`) in front of it
-(:func:`chaoskit.cluster.nodefs.bundle`) and the constants it names set there. A program's work is in its
+:mod:`chaoskit.nodeside.nodefs` and any shared module (:mod:`.jobscope`, :mod:`.cgroups`) in front of it
+(:func:`chaoskit.nodeside.nodefs.bundle`) and the constants it names set there. A program's work is in its
 ``main()``, which runs when the source runs as ``-c`` (``__name__ == "__main__"``); importing it here, on
 the controller, runs nothing. This package imports nothing of chaoskit: it is the lowest layer.
 

@@ -2,7 +2,7 @@
 
 Standard library only, Python 3.6+, like every module of :mod:`chaoskit.nodeside`: the node's agent
 (:mod:`chaoskit.cluster.transports.agent_script`) carries its source in front of its own
-(:func:`chaoskit.cluster.nodefs.bundle`), and the controller imports it for its own processes (the channel's
+(:func:`chaoskit.nodeside.nodefs.bundle`), and the controller imports it for its own processes (the channel's
 controller tag, local nodes' processes, the labs' daemons, rollback's pids). The command name (field 2) is
 skipped up to its last ``)``: a name may hold spaces and parentheses of its own.
 """

@@ -1,7 +1,7 @@
 """storage.slow's and storage.error's node program: a FUSE passthrough mounted over the checkpoint folder, which
 delays (``latency``, ``jitter``, ``rate``) or fails (an errno for a share) the chosen operations on the files that
 match a glob. ``SOURCE_PREFIX``, ``FSTYPE``, ``GRACE_S`` and ``READY_S`` come in front of it, with
-:mod:`chaoskit.cluster.nodefs` and :mod:`.procstat`.
+:mod:`chaoskit.nodeside.nodefs` and :mod:`.procstat`.
 
 ``python3 -I -c STORAGE_IO OP ...`` on the node, as root:
 

@@ -9,7 +9,7 @@ A transport that reaches a remote node (SSH) implements
 :class:`~chaoskit.cluster.transports.api.WatchdogHost`: it ships the watchdog
 script to the node and starts it there, with the lease directory on the node.
 Other transports get the controller-local watchdog through ``spawn_detached``, its lease folder made
-under a root of the controller's own (checked as :mod:`chaoskit.cluster.nodefs` checks a node's state folder).
+under a root of the controller's own (checked as :mod:`chaoskit.nodeside.nodefs` checks a node's state folder).
 Either way the watchdog runs with ``python3 -I`` as one self-contained program
 (:func:`~chaoskit.safety.watchdog.watchdog_source`).
 
@@ -30,11 +30,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaoskit.cluster.nodefs import REVERT_FILE, StateDirError, ensure_dir, make_dirs, read_file, touch_file, write_file
 from chaoskit.cluster.transports.api import Transport, WatchdogHost
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
 from chaoskit.core.threads import DaemonPool
+from chaoskit.nodeside.nodefs import REVERT_FILE, StateDirError, ensure_dir, make_dirs, read_file, touch_file, write_file
 from chaoskit.safety.watchdog import watchdog_source
 
 __all__ = ["Lease", "LeaseManager", "default_lease_root"]

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.cluster.inventory import Inventory
-from chaoskit.cluster.nodefs import touch_file
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
@@ -38,6 +37,7 @@ from chaoskit.core.secrets import redact_argv
 from chaoskit.core.state import lstat_no_link, state_dir
 from chaoskit.faults.api import Fault
 from chaoskit.faults.registry import fault_kinds
+from chaoskit.nodeside.nodefs import touch_file
 from chaoskit.nodeside.procstat import proc_state
 from chaoskit.safety.journal import Journal, argv_digest, read_journal, unreverted
 from chaoskit.safety.lease import default_lease_root

@@ -1,7 +1,7 @@
 """The on-node dead-man switch behind every lasting fault (standard library only).
 
 Started detached (its own session) on the node *before* the fault is injected, as one program with
-:mod:`chaoskit.cluster.nodefs` in front of it (:func:`watchdog_source`) and ``python3 -I``::
+:mod:`chaoskit.nodeside.nodefs` in front of it (:func:`watchdog_source`) and ``python3 -I``::
 
     python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX
 
@@ -14,7 +14,7 @@ appears (the controller reverted the fault itself). After firing it writes
 ``LEASE_DIR/fired`` with the reason. It needs nothing from the controller's
 connection, so it can be shipped to a remote node as a single file.
 
-``LEASE_DIR`` must be a folder of chaoskit's own (:func:`~chaoskit.cluster.nodefs.check_dir`: the
+``LEASE_DIR`` must be a folder of chaoskit's own (:func:`~chaoskit.nodeside.nodefs.check_dir`: the
 effective user's, not a link, writable by nobody else); the watchdog refuses any other, and makes
 its files there without following links.
 """
@@ -29,7 +29,7 @@ import time
 try:
     StateDirError  # noqa: B018 - defined when nodefs' source was put in front of this one (watchdog_source)
 except NameError:  # imported on the controller
-    from chaoskit.cluster.nodefs import REVERT_FILE, StateDirError, bundle, check_dir, create_file, read_file, write_file
+    from chaoskit.nodeside.nodefs import REVERT_FILE, StateDirError, bundle, check_dir, create_file, read_file, write_file
 
 POLL_S = 0.05
 USAGE = "usage: python3 -I watchdog.py LEASE_DIR TTL_S DEADLINE_UNIX   (the revert's argv in LEASE_DIR/revert.json)\n"

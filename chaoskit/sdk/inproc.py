@@ -12,7 +12,7 @@ imported it). Loaded three ways, all ending in :func:`start`:
 
 **The channel.** An order is one file, ``<folder>/order-<pid>.json``, written by chaoskit's helper on the node
 (through the node's agent, atomically) into ``<state folder>/inproc``, the node's verified state folder
-(:mod:`chaoskit.cluster.nodefs`). The watcher thread looks for its own pid's file every
+(:mod:`chaoskit.nodeside.nodefs`). The watcher thread looks for its own pid's file every
 :data:`POLL_S` (one ``lstat`` that fails while no order is there: 20 failing system calls a second, off the
 training thread). Before it
 reads anything it checks, as nodefs does: the folder is a real directory (not a link) of this process's uid
@@ -169,7 +169,7 @@ def _no_constant(name: str) -> Any:
 
 def check_folder(path: str) -> None:
     """Refuse (:class:`OrderError`) a channel folder someone other than this uid (or root) could change:
-    the folder and every one above it, as :func:`chaoskit.cluster.nodefs.check_dir` checks a state folder."""
+    the folder and every one above it, as :func:`chaoskit.nodeside.nodefs.check_dir` checks a state folder."""
     uid = os.geteuid()
     if not os.path.isabs(path) or ".." in path.split("/"):
         raise OrderError("the channel folder is not an absolute path")
@@ -227,7 +227,7 @@ def read_order(folder: str, pid: int) -> dict[str, Any] | None:
 
 def channel_dir() -> str | None:
     """The channel's folder: ``$CHAOSKIT_INPROC_DIR`` (a job chaoskit starts), else ``inproc`` in the
-    effective user's default state folder (what :mod:`chaoskit.cluster.nodefs` makes), where an attached
+    effective user's default state folder (what :mod:`chaoskit.nodeside.nodefs` makes), where an attached
     SDK job is sent its orders."""
     given = os.environ.get("CHAOSKIT_INPROC_DIR")
     if given:

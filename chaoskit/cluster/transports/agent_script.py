@@ -34,7 +34,7 @@ of its own, so the tests of clock correction shift the agent's instead).
 Fed a single request followed by EOF, the same program serves one command per
 exec, which is the transport's fallback when a persistent agent cannot be kept.
 
-Files: the agent keeps its state in one folder (:mod:`chaoskit.cluster.nodefs`, whose source the controller
+Files: the agent keeps its state in one folder (:mod:`chaoskit.nodeside.nodefs`, whose source the controller
 puts in front of this one, with ``CHAOSKIT_WORKDIR``, the inventory's ``workdir`` or ``None``): made and
 checked when the agent starts, named in its hello (``state_dir``, or ``state_error`` saying why it was
 refused). ``write``, ``touch``, ``rmtree`` and ``watchdog`` act only inside it, without following links;
@@ -54,8 +54,8 @@ import time
 try:
     StateDirError  # noqa: B018 - defined when the controller put nodefs' (jobscope's, procstat's) source in front of this one
 except NameError:  # imported on the controller (tests, BOOT)
-    from chaoskit.cluster.nodefs import StateDirError, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
-    from chaoskit.cluster.nodefs import inside as _inside_dir
+    from chaoskit.nodeside.nodefs import StateDirError, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
+    from chaoskit.nodeside.nodefs import inside as _inside_dir
     from chaoskit.nodeside.jobscope import job_marks, job_owns, uid_of  # noqa: I001 - bundled after nodefs on a node
     from chaoskit.nodeside.procstat import proc_start_time, proc_stat_fields
 

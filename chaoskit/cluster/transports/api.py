@@ -196,7 +196,7 @@ class Transport(Protocol):
     container: str | None
     """The container that is this node, when an engine runs it (``network.partition`` with ``method: disconnect``)."""
     state_dir: str
-    """chaoskit's state folder on the node (:mod:`chaoskit.cluster.nodefs`: made by chaoskit, checked: owner, mode,
+    """chaoskit's state folder on the node (:mod:`chaoskit.nodeside.nodefs`: made by chaoskit, checked: owner, mode,
     not a link), where faults keep their node-side files; reading it may connect. Raises
     :class:`~chaoskit.core.errors.InfraError` when the node refused the folder."""
 

@@ -1,6 +1,6 @@
 """The channel to chaoskit's agent on a node: what the SSH and docker transports both speak.
 
-The agent (:mod:`.agent_script`, with :mod:`chaoskit.cluster.nodefs` and the shared node-side modules in front:
+The agent (:mod:`.agent_script`, with :mod:`chaoskit.nodeside.nodefs` and the shared node-side modules in front:
 :func:`agent_program`) is started by running :func:`boot_argv` on the node, which reads the program from stdin;
 from then on the channel carries JSON lines both ways, requests multiplexed by id (see :mod:`.agent_script` for
 the protocol). :class:`AgentChannel` works over a paramiko channel (replies parsed right in paramiko's
@@ -41,10 +41,10 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from chaoskit.cluster.nodefs import bundle
 from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.core.errors import InfraError
 from chaoskit.nodeside import jobscope, procstat
+from chaoskit.nodeside.nodefs import bundle
 from chaoskit.nodeside.procstat import proc_start_time
 
 __all__ = [

@@ -6,7 +6,7 @@ node through the environment every descendant inherits: ``CHAOSKIT_SCOPE``.
 :meth:`LocalTransport.processes` returns only processes carrying the node's
 token, so a selector can never reach anything else on the machine. Faults keep the
 node's files in :attr:`LocalTransport.state_dir`, this user's state folder
-(:mod:`chaoskit.cluster.nodefs`: ``/run/chaoskit`` as root, else in its home).
+(:mod:`chaoskit.nodeside.nodefs`: ``/run/chaoskit`` as root, else in its home).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import os
 import subprocess
 import time
 
-from chaoskit.cluster import nodefs
 from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo, proc_env
 from chaoskit.core.errors import InfraError
+from chaoskit.nodeside import nodefs
 from chaoskit.nodeside.procstat import proc_stat_fields
 
 __all__ = ["LocalTransport", "read_proc"]

@@ -15,7 +15,7 @@ seen or signalled. Leases (``start_watchdog``) ship the standard-library
 watchdog to the node and start it outside the actor's process tree, so a killed
 agent leaves the watchdog to revert the fault when the lease goes stale. The
 node's files (leases, the watchdog) live in its state folder
-(:mod:`chaoskit.cluster.nodefs`: ``/run/chaoskit`` as root, or ``$CHAOSKIT_WORKDIR`` of the raylet's
+(:mod:`chaoskit.nodeside.nodefs`: ``/run/chaoskit`` as root, or ``$CHAOSKIT_WORKDIR`` of the raylet's
 environment, which the Ray lab sets), never in ``/tmp``.
 
 A cluster with Ray's token authentication (``RAY_AUTH_MODE=token``; the Ray lab's always has it) is joined with
@@ -35,10 +35,10 @@ import threading
 import time
 from typing import Any
 
-from chaoskit.cluster.nodefs import REVERT_FILE, inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
 from chaoskit.cluster.transports.api import CommandResult, InventorySite, JobScope, ListedNode, ProcInfo
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.core.errors import InfraError
+from chaoskit.nodeside.nodefs import REVERT_FILE, inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
 
 __all__ = ["RayTransport", "ChaosAgent", "connect_ray", "find_node_id", "discover_nodes", "ray_auth_env",
            "WORKDIR_ENV"]

@@ -38,7 +38,7 @@ Contract:
   streams the changes of the job's workers there (with a heartbeat about once a second),
   and resumes from the workers the controller last knew.
 - **State folder**: the agent keeps chaoskit's node-side files (leases, the watchdog, faults' state) in one
-  folder of its own (:mod:`chaoskit.cluster.nodefs`): ``/run/chaoskit`` as root, ``~/.local/state/chaoskit``
+  folder of its own (:mod:`chaoskit.nodeside.nodefs`): ``/run/chaoskit`` as root, ``~/.local/state/chaoskit``
   of a user that is not, or the inventory's ``workdir``; made 0700 and checked (owner, mode, not a link)
   on every agent start. A folder that fails the check stops the connection with an
   :class:`~chaoskit.core.errors.InfraError` naming it and what is wrong; :attr:`SSHTransport.state_dir`

@@ -211,7 +211,7 @@ def random_name():
 
 def bundle(source, *modules, **constants):
     """On the controller: this module's source, then each of ``modules``' (other stdlib-only node-side modules,
-    such as :mod:`chaoskit.cluster.jobscope`), then ``NAME = value`` for each of ``constants`` (Python literals),
+    such as :mod:`chaoskit.nodeside.jobscope`), then ``NAME = value`` for each of ``constants`` (Python literals),
     then ``source``: one self-contained program to run on a node with ``python3 -I``."""
     parts = []
     for path in [__file__] + [m.__file__ for m in modules]:
