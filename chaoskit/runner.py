@@ -26,7 +26,6 @@ from rich.markup import escape
 
 from chaoskit.backends.api import ClusterHandle, Probe
 from chaoskit.backends.registry import backend
-from chaoskit.blame import attach_blame
 from chaoskit.cluster.clock import ClockOffset
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
@@ -41,7 +40,7 @@ from chaoskit.cluster.fanout import fan_out as parallel
 from chaoskit.core.accounts import nearest_existing, python_paths, unreachable_by
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
 from chaoskit.core.files import RESULT_FILE, copy_regular, make_folder_for, make_run_dir
-from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
+from chaoskit.assembler import RunRecord, assemble
 from chaoskit.core.progress import ProgressFeed, Subscriber, TerminalProgress
 from chaoskit.core.result import RunResult
 from chaoskit.core.patterns import bounded_search, compile_pattern
@@ -50,18 +49,12 @@ from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
 from chaoskit.faults.api import INPROC_CHANNEL_DIR, Fault, Injection, Leases
 from chaoskit.faults.registry import get_fault
-from chaoskit.goodput import account, goodput_terms
-from chaoskit.measure import (
-    baseline_restarts, false_restart, incident, measure_slowdown, node_returns, reallocation_steps,
-    slo_verdict, unseen_signals,
-)
-from chaoskit.measure import measure_checkpoint_io
 from chaoskit.observe.events import EventBus, make_event
 from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
-from chaoskit.observe.sdc import SilentWatch, silent_summary
-from chaoskit.observe.presets import NO_STEP_SEEN, PRESETS
+from chaoskit.observe.sdc import SilentWatch
+from chaoskit.observe.presets import NO_STEP_SEEN
 from chaoskit.observe.probes import (
     FileLogProbe,
     LogRegexProbe,
@@ -280,10 +273,6 @@ def _user_name(uid: int) -> str:
 
 def _utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
-def _iso(ts: float) -> str:
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _Run:
@@ -715,10 +704,10 @@ class _Run:
                 self.kmsg_probe.claim_cgroup(inj.oom_cgroup)
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
             self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets,
-                                        source="chaoskit", **_mechanism(inj)))
+                                        source="chaoskit", **inj.mechanism()))
             self.injections.append((fault, inj))
         labels = ", ".join(dict.fromkeys(t for inj in injections for t in inj.targets))  # gpu.xid with_failure: line and failure, one target
-        how = sorted({f"{m['mechanism']}, {m['fidelity']}" for m in map(_mechanism, injections) if m})
+        how = sorted({f"{m['mechanism']}, {m['fidelity']}" for m in (inj.mechanism() for inj in injections) if m})
         self.say(f"[bold red]inject[/bold red] {fault.kind} -> {labels} (step {self.bus.last_step})" + (escape(f" [{'; '.join(how)}]") if how else ""), "injected",
                  fault=fault.fault_id, fault_kind=fault.kind, targets=list(dict.fromkeys(t for inj in injections for t in inj.targets)),
                  step=self.bus.last_step)
@@ -947,21 +936,8 @@ class _Run:
 
     # -- results ------------------------------------------------------------------------
 
-    def _checkpoint_io(self, events: list[dict[str, Any]]) -> dict[str, Any]:
-        """``{"checkpoint_io": ...}`` for the first fault that harms the checkpoint storage (its save and load times
-        before, during and after it), or ``{}``."""
-        for fault, inj in self.injections:
-            if fault.measures_checkpoint_io:
-                t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted"
-                                 and e.get("fault") == inj.fault_id), None)
-                nodes = {i.node for f, i in self.injections if f is fault}  # the storage harmed: those nodes'
-                return {"checkpoint_io": {"fault": fault.fault_id, "nodes": sorted(nodes),
-                                          **measure_checkpoint_io(events, inj.t_fault, t_revert, nodes)}}
-        return {}
-
     def _result(self) -> RunResult:
-        """The run's :class:`~chaoskit.core.result.RunResult`: only the keys that apply, in result.json's order."""
-        events = self.bus.snapshot()
+        """The run's result (:func:`~chaoskit.assembler.assemble`), once what its probes could not read is noted."""
         log_probe = getattr(self, "log_probe", None)
         watched = [w.notes() for w in (self.stop_watcher, self.prometheus_probe) if w is not None]
         kmsg_probe = getattr(self, "kmsg_probe", None)
@@ -974,184 +950,18 @@ class _Run:
                         + list(self.job.line_errors if self.job is not None else [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)
-        per_fault = []
-        slowdown = None
-        for fault, inj in self.injections:
-            # an in-process fault's answer names the step its process was training: the lines it logged before
-            # the fault may be read a moment after it (measure.steps_before)
-            m = self.measure(events, inj.t_fault, self._clock_error(inj.node), node=inj.node,
-                             fault_step=inj.detail.get("step"))
-            steps = reallocation_steps(events, m["t_detect"], m["t_realloc"], self.cluster.details.get("slurm"))
-            if steps:
-                m["reallocation_steps"] = steps
-            per_fault.append({"fault": inj.fault_id, "kind": inj.kind, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault, **m})
-            fired = self.fired.get(fault.fault_id)
-            if fired is not None:
-                per_fault[-1]["trigger"] = fired.record(fault.spec.at, inj.t_fault)
-            if fault.measures_slowdown and slowdown is None:
-                t_revert = next((e["ts"] for e in events if e.get("kind") == "fault.reverted" and e.get("fault") == inj.fault_id), None)
-                slowdown = measure_slowdown(events, inj.t_fault, t_revert)
-        # The headline is the first fault the job feels: a corrupted checkpoint only matters at the restart a later
-        # fault causes, and the work lost counts from that fault's last step to the (older) step restored.
-        # A fault the job did not feel by itself (chaoskit's own link to a node cut, then a kill elsewhere) has the
-        # later fault's detection as its own: the headline is the first fault detected before the next one came.
-        felt = [m for (fault, _), m in zip(self.injections, per_fault) if not fault.primes]
-        by_itself = [m for m in felt if m["t_detect"] is not None
-                     and not any(m["t_fault"] < o["t_fault"] < m["t_detect"] for o in per_fault)]
-        phases_full = (by_itself or felt or per_fault or [None])[0]
-        unseen = (unseen_signals(phases_full, events, {p: PRESETS[p].sees for p in self.sc.probes.presets})
-                  if phases_full else {})
-        slo_cfg = self.sc.slo.model_dump()
-        slo = slo_verdict(phases_full or {"reasons": {p.name: "no fault was injected" for p in SLO_PHASES}}, slo_cfg)
-        steps = [e["step"] for e in events if e.get("kind") == "step" and isinstance(e.get("step"), int)]
-        final_step = max(steps) if steps else None
-        recurrence = [node_returns(events, struck, f.spec.recur.times) for f in self.recurring
-                      if (struck := [m for m in per_fault if m["fault"].split(".")[0] == f.fault_id])]
-        if self.sc.slo.returns is not None:
-            came = sum(r["returns"] for r in recurrence)
-            slo["returns"] = {"limit": self.sc.slo.returns, "measured": came, "pass": came <= self.sc.slo.returns}
-        checks: dict[str, Any] = {}
-        if self.t_baseline is not None:
-            checks["steady_state"] = {"pass": True, "step": self.sc.steady_state.steps}
-            if self.injections:  # a worker that exited or a world that restarted before the first fault: not steady
-                allowed = self.sc.steady_state.restarts_allowed
-                # a job found running: its log's history and its restarts before steady state are not this
-                # baseline's (they are read at once when the run attaches); a job chaoskit started: all of them
-                found = LAUNCHES[self.sc.workload.launch].found
-                restarts, first = baseline_restarts(events, min(inj.t_fault for _, inj in self.injections),
-                                                    found=found, since=self.t_baseline if found else self.t0)
-                checks["steady_state"].update(restarts=restarts, restarts_allowed=allowed)
-                if restarts > allowed:
-                    why = (f"the baseline was not steady: {restarts} restart{'s' if restarts != 1 else ''} of the job's "
-                           f"workers before the first fault ({first}); steady_state.restarts_allowed is {allowed}")
-                    checks["steady_state"].update({"pass": False, "reason": why})
-                    self._note(why)
-                elif restarts:
-                    self._note(f"{restarts} restart{'s' if restarts != 1 else ''} of the job's workers before the first "
-                               f"fault ({first}), within steady_state.restarts_allowed: {allowed}")
-        if not self.sc.expect.restart and self.injections:
-            checks["no_restart"] = self._no_restart_check(events, phases_full)
-        if self.missed is not None:
-            checks["triggered"] = {"pass": False, "reason": self.missed}
-            self._note(self.missed)
-        elif self.fired:
-            checks["triggered"] = {"pass": True}
-        if self.sc.workload.wait == "finish" and self.verdict is None and self.job is not None:
-            checks["training_finished"] = self.job.finished(final_step)
-        reverted_ok = all(inj.reverted for f, inj in self.injections if f.lasting)
-        if any(f.lasting for f, _ in self.injections):
-            checks["faults_reverted"] = {"pass": reverted_ok}
-        if slowdown is not None and self.verdict is None and not (slowdown.get("throughput_lost_pct") or 0) > 0:
-            self.notes.append("the slowdown did not slow the job: its step time did not grow while the fault lasted")
-        elif (slowdown is None and phases_full and phases_full["t_detect"] is None and self.verdict is None
-              and self.sc.expect.restart and checks.get("training_finished", {}).get("pass")):
-            self.notes.append("the job showed no sign of the fault: nothing detected it and training never stopped")
-        silent = self._silent(events)
-        if silent is not None:
-            checks["silent_fault_detected"] = {"pass": silent["detected"], **({"reason": silent["reason"]} if "reason" in silent else {})}
-            if "reason" in silent and silent["reason"] not in self.notes:
-                self.notes.insert(0, silent["reason"])
-        verdict = self.verdict
-        if verdict is None:
-            verdict = "pass" if all(v["pass"] for v in slo.values()) and all(c["pass"] for c in checks.values()) else "fail"
-        phases = {p.key: (phases_full or {}).get(p.key) for p in PHASE_TABLE}
-        if phases_full:
-            phases["restored_step"] = phases_full["restored_step"]
-            for key in ("restored_from", "reallocation_from"):  # which line gave them (not in torchft's)
-                if phases_full.get(key) is not None:
-                    phases[key] = phases_full[key]
-            phases["last_step_before"] = phases_full["last_step_before"]
-            phases["detected_by"] = phases_full["detected_by"]
-            phases["detections"] = phases_full["detections"]
-            phases["reasons"] = phases_full["reasons"]
-            phases["uncertainty_s"] = phases_full["uncertainty_s"]
-            if phases_full.get("reallocation_steps"):
-                phases["reallocation_steps"] = phases_full["reallocation_steps"]
-            if unseen:
-                phases["unseen"] = unseen
-            phases["model"] = phases_full["model"]
-            # the torchft model's lost work, in parts; who in NVRx noticed; whether the in-process restart kept every process
-            for key in ("discarded_steps", "catch_up_steps", "healed_group", "rank_monitor", "wrapper", "in_process",
-                        "world_size"):
-                if key in phases_full:
-                    phases[key] = phases_full[key]
-        if silent is not None and phases.get("lost_steps") is None:
-            phases["lost_steps"] = silent["lost_steps"]  # back to the last clean checkpoint
-        return RunResult(**{
-            "scenario": self.sc.name,
-            "scenario_file": str(self.loaded.path),
-            "verdict": verdict,
-            "started_at": _iso(self.t0),
-            "ended_at": _iso(time.time()),
-            "duration_s": round(time.time() - self.t0, 3),
-            "run_dir": str(self.run_dir),
-            "cluster": self.cluster.info(),
-            "workload": self.sc.workload.model_dump(),
-            "recovery_model": self.sc.workload.recovery,
-            "faults": [{"kind": inj.kind, "fault": inj.fault_id, "node": inj.node, "targets": inj.targets, "t_fault": inj.t_fault,
-                        **_mechanism(inj)} for _, inj in self.injections],
-            "phases": phases,
-            "slo": slo,
-            "checks": checks,
-            "per_fault": per_fault,
-            **attach_blame(per_fault, events, phases_full, getattr(self.job, "root_cause", None)),  # whom the stack named
-            **({"incident": incident(felt)} if len(felt) > 1 else {}),
-            **({"recurrence": recurrence} if recurrence else {}),
-            **({"slowdown": slowdown} if slowdown is not None else {}),
-            **self._checkpoint_io(events),
-            **({"silent": silent} if silent is not None else {}),
-            "final_step": final_step,
-            # the run's lost time in ml-goodput-measurement's buckets, beside a production goodput dashboard
-            "goodput": goodput_terms(account(events, per_fault), per_fault),
-            "notes": self.notes,
-            "capabilities": self.capabilities.as_dict(),
-            "clocks": {name: c.as_dict() for name, c in self.clocks.items()},
-            **({"stop_condition": self.stop_watcher.fired} if self.stop_watcher is not None and self.stop_watcher.fired else {}),
-            **(self.job.result_part() if self.job is not None else {}),
-            # which signals each log preset could not see: a phase it left unmeasured is explained here
-            **({"presets": {name: {"sees": list(PRESETS[name].sees), "cannot_see": PRESETS[name].cannot_see,
-                                   "verbosity": PRESETS[name].verbosity} for name in self.sc.probes.presets}}
-               if self.sc.probes.presets else {}),
-        })
+        watch = getattr(self, "silent_watch", None)
+        return assemble(RunRecord(
+            sc=self.sc, scenario_file=self.loaded.path, run_dir=self.run_dir, cluster=self.cluster,
+            capabilities=self.capabilities, t0=self.t0, t_baseline=self.t_baseline, events=self.bus.snapshot(),
+            injections=self.injections, fired=self.fired, recurring=self.recurring, missed=self.missed,
+            verdict=self.verdict, notes=self.notes, job=self.job, clocks=self.clocks,
+            stop_fired=self.stop_watcher.fired if self.stop_watcher is not None else None,
+            disagree_at_end=watch.disagree_at_end if watch is not None else None))
 
-    def _no_restart_check(self, events: list[dict[str, Any]], phases: dict[str, Any] | None) -> dict[str, Any]:
-        """``checks.no_restart`` of a drill with ``expect: {restart: false}``: passed when the job rode through the
-        disturbances; else the false restart, who made it, and what it cost (the headline's recovery and lost work)."""
-        t_first = min(inj.t_fault for _, inj in self.injections)
-        found = false_restart(events, t_first)
-        if found is None:  # rode through: the summary and the report say so
-            return {"pass": True}
-        cost = {k: (phases or {}).get(k) for k in ("recovery_s", "lost_steps")}
-        why = (f"a false restart: {found['what']} {found['after_s']:.2f}s after the first fault, a disturbance the "
-               f"job should have ridden through (expect.restart: false); it cost "
-               + ("an unmeasured recovery" if cost["recovery_s"] is None else f"{cost['recovery_s']:.2f}s of recovery")
-               + " and " + ("unmeasured lost work" if cost["lost_steps"] is None else f"{cost['lost_steps']} steps"))
-        self._note(why)
-        return {"pass": False, "reason": why, "false_restart": {**found, **cost}}
-
-    def _silent(self, events: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The first silent fault's own measure (a bit flip, NaN: nothing fails by itself), or ``None``."""
-        for fault, inj in self.injections:
-            if fault.silent:
-                watch = getattr(self, "silent_watch", None)
-                return silent_summary(events, inj.t_fault, inj.detail.get("step"),
-                                      watch.disagree_at_end if watch else None, fault.describe(inj))
-        return None
-
-    def measure(self, events: list[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
-                node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
-        """One fault's recovery, measured with the scenario's recovery model (``workload.recovery``)."""
-        return stack_of(self.sc.workload).measure(events, t_fault, t_fault_uncertainty, node=node,
-                                                  fault_step=fault_step)
-
-    def _clock_error(self, node: str) -> float:
-        clock = self.clocks.get(node)
-        return clock.error_s if clock is not None else 0.0
-
-
-def _mechanism(inj: Injection) -> dict[str, Any]:
-    """How a fault with several mechanisms acted (``gpu.fail``: nvidia, real; crashloop, emulated; on a device or the whole node), for the report."""
-    return {k: inj.detail[k] for k in ("mechanism", "fidelity", "scope", "error") if k in inj.detail}
+    def measure(self, events: list[dict[str, Any]], t_fault: float, node: str | None = None) -> dict[str, Any]:
+        """One fault's recovery as the run watches it (its progress lines), with the scenario's recovery model."""
+        return stack_of(self.sc.workload).measure(events, t_fault, 0.0, node=node)
 
 
 def install_sigterm():

@@ -43,7 +43,7 @@ def test_the_result_model_has_a_field_per_phase_typed_by_its_unit() -> None:
 
 
 def test_a_recorded_run_gives_its_phases_in_the_tables_order() -> None:
-    """What the runner writes (``runner._Run._result``: one figure per row, in order) is what a real run wrote before
+    """What the runner writes (``assembler.assemble``: one figure per row, in order) is what a real run wrote before
     the table (``tests/data/result/kill-rank.json``) and what every reader of ``result.json`` finds."""
     recorded = json.loads((ROOT / "tests" / "data" / "result" / "kill-rank.json").read_text())
     keys = [p.key for p in PHASE_TABLE]

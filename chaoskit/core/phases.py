@@ -1,7 +1,7 @@
 """The phases of a recovery, in one table: :data:`PHASE_TABLE`.
 
 Every reader of a phase reads its row here: the measurement's SLO verdict (``measure.py``), the result model's
-fields (``core/result.Phases``), the runner's copy into ``result.json`` (``runner._Run._result``), the terminal
+fields (``core/result.Phases``), the runner's copy into ``result.json`` (``assembler.assemble``), the terminal
 summary, JUnit, the HTML report, the OpenMetrics export, the history, the distributions of a repeat, the
 simulator's ``--from-run`` and a cascade's ``at: {during: {phase: ...}}``. Adding a phase is one row here plus its
 measurement: the recovery models of ``measure.py`` give its ``key`` in the dict they return.

@@ -1,6 +1,6 @@
 """What one run leaves in ``result.json``: :class:`RunResult` and its parts, typed.
 
-The runner fills it (``runner._Run._result``); the reports, the metrics, the game day, the repeat and the
+The runner fills it (``assembler.assemble``); the reports, the metrics, the game day, the repeat and the
 campaign read it. Its JSON Schema is ``chaoskit schema --result`` (``chaoskit.result.schema.json``).
 
 Three rules keep the file what it was before the model existed, byte for byte:

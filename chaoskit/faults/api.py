@@ -314,6 +314,11 @@ class Injection:
     """A memory cgroup this injection made (``mem.oom``'s): an OOM kill in it is this run's, which the kernel-log
     probe is told once the fault is in."""
 
+    def mechanism(self) -> dict[str, Any]:
+        """How a fault with several mechanisms acted (``gpu.fail``: nvidia, real; crashloop, emulated; on a device or
+        the whole node), for the timeline and the report; ``{}`` for one with a single mechanism."""
+        return {k: self.detail[k] for k in ("mechanism", "fidelity", "scope", "error") if k in self.detail}
+
 
 class Fault:
     """One kind of harm. Subclasses set ``kind``, ``Spec`` and implement the verbs."""
