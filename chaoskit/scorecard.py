@@ -3,8 +3,8 @@
 A row is a plain scenario file in a folder (``examples/scorecard/``): one fault, on the lab it needs, written for
 plain torchrun. A column is a recovery stack (:data:`STACKS`): torchrun (torchelastic restarts the world), nvrx
 (NVIDIA's ft_launcher with rank heartbeats), nvrx-inprocess (NVIDIA's in-process restart), torchft (per-step fault
-tolerance), each a stack module's own (:attr:`chaoskit.stacks.api.Stack.scorecard_column`, which adapts the row:
-:meth:`chaoskit.stacks.api.Stack.adapt_row`), then ray (Ray Train) and slurm (the job under Slurm's requeue).
+tolerance), then ray (Ray Train's own restart) and slurm (the job under Slurm's requeue), each a stack module's own
+(:attr:`chaoskit.stacks.api.Stack.scorecard_column`, which adapts the row: :meth:`chaoskit.stacks.api.Stack.adapt_row`).
 :func:`run_scorecard` turns each row into one scenario per stack (``<out>/scenarios/``;
 :class:`CannotRun` says why a pair cannot run, which becomes its cell), runs them all as one game day
 (``<out>/gameday/``: the labs shared between drills, ``repeat`` honoured) and reads each drill's files back into
@@ -16,7 +16,8 @@ one cell per (stack, fault):
 within X": the stack never noticed while the run watched), ``cannot run`` ("cannot run here: why") or ``error``;
 no cell is blank. ``timeouts`` are the stack's settings behind the numbers as the drill ran them: the collective
 timeout, and the recovery stack's own (:meth:`chaoskit.stacks.api.Stack.timeouts`, read from the validated
-workload: NVRx's heartbeat timeout, torchft's timeouts), Slurm's SlurmdTimeout; ``warnings`` the ones that make
+workload: NVRx's heartbeat timeout, torchft's timeouts, Ray's health check; from the drill's result: Slurm's
+SlurmdTimeout, :meth:`chaoskit.stacks.api.Stack.ran_timeouts`); ``warnings`` the ones that make
 detection take minutes. A column whose stack says so carries a note (``stack_notes``: nvrx-inprocess is
 deprecated upstream).
 
@@ -40,7 +41,6 @@ from rich.markup import escape
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.blame import blame, blame_line
-from chaoskit.core.durations import parse_duration
 from chaoskit.core.errors import ChaoskitError, InfraError, ScenarioError, did_you_mean
 from chaoskit.core.files import GAMEDAY_FILE, RESULT_FILE, make_run_dir, write_new
 from chaoskit.core.limits import MAX_REPEAT
@@ -50,7 +50,7 @@ from chaoskit.report.scorecard import write_scorecard_html, write_scorecard_metr
 from chaoskit.scenario import load_scenario, scenario_files
 from chaoskit.scenario.checks import check_scenario
 from chaoskit.scenario.model import workload_model
-from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, ranks_to_nodes
+from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun
 from chaoskit.stacks.registry import by_column, stack_of
 from chaoskit.workloads.launch import torch_available
 
@@ -67,46 +67,10 @@ class Stack:
     """Why the stack cannot run on the scenario's (previewed) cluster, asked of the cluster itself; ``None``: it can."""
 
 
-def _network_faults(doc: dict[str, Any]) -> list[str]:
-    return [f["kind"] for f in doc.get("faults", []) if str(f.get("kind", "")).startswith("network.")]
-
-
-def _ray(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
-    net = _network_faults(doc)
-    if net:
-        raise CannotRun(f"{', '.join(net)}: the Ray lab's nodes are process groups on this machine's network, "
-                        "with no NIC of their own")
-    w = doc["workload"]
-    doc["cluster"] = {"kind": "ray", "nodes": 3}
-    doc["workload"] = {"launch": "ray-train", **{k: w[k] for k in ("steps", "step_time", "checkpoint_every",
-                                                                    "collective_timeout", "max_restarts") if k in w}}
-    ranks_to_nodes(doc, process="RayTrainWorker")
-    return doc
-
-
-def _slurm(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
-    inproc = sorted({f.get("kind") for f in doc.get("faults", []) if str(f.get("kind", "")).startswith("inproc.")})
-    if inproc:
-        raise CannotRun(f"{', '.join(inproc)}: a Slurm batch job has no chaoskit bootstrap on its path yet, so the "
-                        "in-process channel does not reach its ranks (docs/inprocess.md)")
-    doc["cluster"] = {"kind": "slurm", "nodes": 2, "spare": 1}
-    doc["workload"]["recovery"] = "restart"
-    for fault in doc.get("faults", []):
-        target = fault.get("target") or {}
-        if target.get("nodes"):  # the Slurm lab's nodes are n0..n2; a row's n1 is a job node there too
-            target["nodes"] = [n for n in target["nodes"] if n in ("n0", "n1")] or ["n1"]
-    return doc
-
-
 def _columns() -> dict[str, Stack]:
-    """Every column: each recovery stack's that names one (plain torchrun's first, then in the registry's order:
-    a stack module adds its own), then Ray Train's and Slurm's, which are clusters of their own."""
-    stacks = sorted(by_column().values(), key=lambda s: s.scorecard_column != "torchrun")
-    return {s.scorecard_column: Stack(s.scorecard_column, s.describe, s.adapt_row, s.unfit) for s in stacks} | {
-        "ray": Stack("ray", "Ray Train: the controller restarts the worker group from the last reported checkpoint",
-                     _ray),
-        "slurm": Stack("slurm", "Slurm: torchrun inside an allocation; a lost node is DOWN after SlurmdTimeout, then "
-                       "requeue", _slurm)}
+    """Every column: each recovery stack's that names one (:func:`chaoskit.stacks.registry.by_column`: plain
+    torchrun's first, those that run every row on a cluster of their own, Ray Train's and Slurm's, last)."""
+    return {column: Stack(column, s.describe, s.adapt_row, s.unfit) for column, s in by_column().items()}
 
 
 STACKS: dict[str, Stack] = _columns()
@@ -373,19 +337,12 @@ def stack_timeouts(stack: str, doc: dict[str, Any], result: dict[str, Any]) -> t
         timeouts["collective timeout"] += " (chaoskit's default; torch's own is 30 min, NCCL's watchdog 10 min)"
     if collective >= LONG_DETECTION_S:
         warnings.append(f"collective timeout {collective:g}s: a hang is noticed only after {collective / 60:.0f} min")
-    own, own_warnings = stack_of(w).timeouts(w)
-    timeouts.update(own)
-    warnings += own_warnings
-    if stack == "ray":
-        timeouts["Ray health check"] = "1s x 3 failures (the Ray lab's RAY_health_check_*; Ray's default 3s x 5)"
-    if stack == "slurm":
-        slurm = ((result.get("cluster") or {}).get("slurm") or {})
-        settings = slurm.get("settings") if isinstance(slurm.get("settings"), dict) else slurm
-        value = settings.get("slurmd_timeout") if isinstance(settings, dict) else None
-        sd = _seconds(value) if value is not None else None
-        timeouts["SlurmdTimeout"] = f"{sd:g}s" if sd is not None else "the Slurm lab's (see its result.json)"
-        if sd is not None and sd >= LONG_DETECTION_S:
-            warnings.append(f"SlurmdTimeout {sd:g}s (Slurm's default 300 s): a dead node is DOWN only after it")
+    ran = stack_of(w)
+    column = by_column().get(stack)
+    for own in (ran, column) if column is not None and column.name != ran.name else (ran,):
+        for said, said_warnings in (own.timeouts(w), own.ran_timeouts(result)):
+            timeouts.update(said)
+            warnings += said_warnings
     return timeouts, warnings
 
 
@@ -396,10 +353,6 @@ def _attach_to_gameday(gameday_dir: Path, card: dict[str, Any]) -> None:
         data = json.loads(path.read_text(encoding="utf-8"))
         data["scorecard"] = {k: card[k] for k in ("stacks", "faults", "repeat", "cells")}
         write_new(path, json.dumps(data, indent=2) + "\n", replace=True)
-
-
-def _seconds(v: Any) -> float:
-    return float(v) if isinstance(v, (int, float)) else float(parse_duration(v))
 
 
 def _watched_s(samples: list[dict[str, Any]]) -> float | None:

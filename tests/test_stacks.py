@@ -135,3 +135,84 @@ def test_a_setting_the_driven_nvrx_lacks_is_refused_at_its_line(tmp_path):
     # what 0.4.1 has is accepted
     ok = run_cli("validate", _scenario(tmp_path, "reference", "nvrx", ["  nvrx: {check_interval: 1s}"]))
     assert ok.code == 0, ok.stderr
+
+
+def _on(tmp_path, cluster: str, launch: str, recovery: str | None) -> str:
+    """A scenario on ``cluster`` (its line), ``launch``, and ``recovery`` on line 5 (or none)."""
+    needs = {"command": ["  command: [train.py]"], "sbatch": ["  script: job.sh"]}
+    lines = ["name: t", f"cluster: {cluster}", "workload:", f"  launch: {launch}",
+             *([f"  recovery: {recovery}"] if recovery else []), *needs.get(launch, []),
+             "probes: {log: [{match: 'step (?P<step>[0-9]+)', event: step}]}",
+             "faults: [{kind: process.kill, target: {nodes: [n1]}, at: {step: 5}}]"]
+    path = tmp_path / f"{launch}-{recovery}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --requeue\nsrun true\n")
+    return str(path)
+
+
+def _checked_recovery(path: str) -> str:
+    from chaoskit.scenario import load_scenario
+    from chaoskit.scenario.checks import check_scenario
+
+    loaded = load_scenario(path)
+    check_scenario(loaded)
+    return loaded.model.workload.recovery
+
+
+@pytest.mark.parametrize("cluster, launch, recovery", [
+    ("'{kind: ray, nodes: 3}'", "ray-train", "ray-train"),
+    ("'{kind: slurm, nodes: 2, spare: 1}'", "reference", "slurm-requeue"),
+    ("'{kind: slurm, nodes: 2, spare: 1}'", "uninstrumented", "slurm-requeue"),
+    ("lab", "reference", "restart"),
+    ("lab", "command", "restart"),
+    ("'{kind: ray, nodes: 3}'", "reference", "restart"),  # torchrun on the Ray lab's nodes: no Ray Train in it
+])
+def test_a_scenario_that_names_no_stack_gets_its_launch_s_own(tmp_path, cluster, launch, recovery):
+    """Issue 50 item 1: Ray Train's own restart for launch: ray-train, Slurm's requeue for a batch job Slurm runs,
+    plain torchrun for the rest; result.json's recovery_model is this name (runner/assembler: workload.recovery)."""
+    path = _on(tmp_path, cluster.strip("'"), launch, None)
+    assert run_cli("validate", path).code == 0
+    assert _checked_recovery(path) == recovery
+
+
+def test_ray_train_and_slurm_requeue_are_refused_at_the_recovery_line_where_they_cannot_run(tmp_path):
+    cases = [("lab", "reference", "ray-train", "recovery: ray-train is Ray Train's own restart, only used with "
+              "launch: ray-train (a cluster of kind: ray), not launch: reference"),
+             ("lab", "command", "slurm-requeue", "recovery: slurm-requeue is Slurm's requeue of a batch job, only "
+              "used with launch: reference, uninstrumented or sbatch on a cluster with Slurm, not launch: command"),
+             ("lab", "reference", "slurm-requeue", "recovery: slurm-requeue needs a cluster with Slurm to requeue "
+              "the job (kind: slurm, or an inventory with scheduler: slurm)")]
+    for cluster, launch, recovery, said in cases:
+        path = _on(tmp_path, cluster, launch, recovery)
+        res = run_cli("validate", path)
+        assert res.code == 2 and f"{path}:5:13: workload.recovery: {said}" in res.stderr, (recovery, res.stderr)
+
+
+@pytest.mark.parametrize("cluster, launch, recovery", [
+    ("{kind: ray, nodes: 3}", "ray-train", "ray-train"),
+    ("{kind: ray, nodes: 3}", "ray-train", "restart"),  # what it said before the stack was one: the same model
+    ("{kind: slurm, nodes: 2, spare: 1}", "reference", "slurm-requeue"),
+    ("{kind: slurm, nodes: 2, spare: 1}", "reference", "restart"),
+])
+def test_naming_the_stack_or_restart_under_ray_train_and_slurm_is_accepted(tmp_path, cluster, launch, recovery):
+    path = _on(tmp_path, cluster, launch, recovery)
+    res = run_cli("validate", path)
+    assert res.code == 0, res.stderr
+    assert _checked_recovery(path) == recovery
+
+
+def test_ray_train_and_slurm_requeue_own_their_columns_and_timeouts():
+    from chaoskit.scorecard import stack_timeouts
+
+    columns = by_column()
+    assert columns["ray"].name == "ray-train" and columns["slurm"].name == "slurm-requeue"
+    assert list(columns)[0] == "torchrun" and list(columns)[-2:] == ["ray", "slurm"]  # clusters of their own last
+    assert stack("ray-train").requires == "ray" and "chaoskit[ray]" in stack("ray-train").install
+    # the Ray lab's health check is the ray column's, the SlurmdTimeout the slurm column's, read from result.json
+    timeouts, _ = stack_timeouts("ray", {"workload": {"launch": "ray-train"}}, {})
+    assert timeouts["Ray health check"].startswith("1s x 3 failures")
+    timeouts, warnings = stack_timeouts("slurm", {"workload": {"recovery": "slurm-requeue"}},
+                                        {"cluster": {"slurm": {"settings": {"slurmd_timeout": "10s"}}}})
+    assert timeouts["SlurmdTimeout"] == "10s" and not warnings
+    assert "Ray health check" not in stack_timeouts("torchrun", {"workload": {}}, {})[0]

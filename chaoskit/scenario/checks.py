@@ -28,7 +28,7 @@ from chaoskit.faults.registry import get_fault
 from chaoskit.observe.presets import PRESETS
 from chaoskit.scenario import LoadedScenario
 from chaoskit.scenario.model import ScenarioBase
-from chaoskit.stacks.registry import stack_of
+from chaoskit.stacks.registry import default_stack, stack_of
 
 __all__ = ["check_scenario", "preview_cluster", "world_size"]
 
@@ -67,11 +67,26 @@ def check_scenario(loaded: LoadedScenario) -> ClusterHandle:
                 err.pos = loaded.pos("cluster")
             raise err
         cluster.inventory.policy = machine
+    _recovery_checks(loaded, cluster)
     if cluster.inventory.policy is not None:
         _policy_checks(loaded, cluster, cluster.inventory.policy)
     _env_checks(loaded, cluster.inventory.policy)
     _static_checks(loaded, cluster)
     return cluster
+
+
+def _recovery_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
+    """The recovery stack on this cluster: the one its launch gets here when the scenario names none (a job Slurm
+    requeues: ``slurm-requeue``), refused at the ``recovery`` line where the cluster cannot run the one it names."""
+    w = loaded.model.workload
+    if "recovery" not in w.model_fields_set:
+        default = default_stack(w.launch, cluster.scheduler is not None).name
+        if default != w.recovery:
+            w.recovery = default
+        return
+    problem = stack_of(w).cluster_problem(cluster)
+    if problem:
+        raise loaded.error(f"workload.recovery: {problem}", "workload", "recovery")
 
 
 def _env_checks(loaded: LoadedScenario, policy: SitePolicy | None) -> None:

@@ -25,7 +25,7 @@ from chaoskit.observe.presets import PRESET_NAMES, preset_rules
 from chaoskit.observe.rules import LogRule as ObservedRule
 from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem
 from chaoskit.core.jobenv import MAX_ENV_VARS, check_env_name, check_env_value
-from chaoskit.stacks.registry import STACKS, settings_keys
+from chaoskit.stacks.registry import STACKS, default_stack, settings_keys
 
 __all__ = [
     "Workload",
@@ -177,6 +177,11 @@ class WorkloadBase(StrictModel):
             raise ValueError(problem)
         if self.step_compute is not None and self.step_compute > self.step_time:
             raise ValueError(f"step_compute ({self.step_compute:g}s) is longer than step_time ({self.step_time:g}s)")
+        if "recovery" not in self.model_fields_set:  # the launch's own stack (Ray Train's restart); a cluster with
+            default = default_stack(self.launch).name  # a scheduler may say more (scenario/checks.py)
+            if default != self.recovery:
+                self.recovery = default
+                self.__pydantic_fields_set__.discard("recovery")  # still the launch's, not the author's choice
         stack = STACKS.get(self.recovery)()
         if stack.settings_key is not None and getattr(self, stack.settings_key) is None:
             setattr(self, stack.settings_key, stack.Settings())

@@ -134,6 +134,8 @@ class Stack:
     """Its column in ``chaoskit scorecard`` (``None``: none)."""
     scorecard_note: ClassVar[str | None] = None
     """What its column's header says under its name (``None``: nothing)."""
+    scorecard_cluster: ClassVar[str | None] = None
+    """The cluster kind its column runs every row on (``None``: the row's own): such columns come last."""
     framework: ClassVar[str | None] = None
     """The ``chaoskit init --framework`` whose starter scenario runs under it (``None``: none)."""
     init_lines: ClassVar[tuple[str, ...]] = ()
@@ -144,6 +146,11 @@ class Stack:
                 fault_step: int | None = None) -> dict[str, Any]:
         """One fault's recovery measured under this stack's model (``model`` names it in the phases)."""
         return measure_fault(events, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
+
+    def default_under(self, launch: str, scheduled: bool) -> bool:
+        """Whether it is the stack of a job of ``launch`` whose scenario names none (``scheduled``: on a cluster with
+        a batch scheduler); plain torchrun is where no stack claims the launch."""
+        return False
 
     def launch_problem(self, launch: str) -> str | None:
         """Why it does not run under ``launch``, or ``None`` when it does."""
@@ -167,6 +174,10 @@ class Stack:
         each that makes detection take minutes."""
         return {}, []
 
+    def ran_timeouts(self, result: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+        """Its timeouts that only the drill's ``result.json`` knows (the cluster's settings), as :meth:`timeouts`."""
+        return {}, []
+
     def bound(self, who: str, detection_s: float, workload: Any) -> str | None:
         """Which of its timeouts a detection by ``who`` after ``detection_s`` came at (``", at its ..."``), or
         ``None`` when none of its own did."""
@@ -188,6 +199,11 @@ class Stack:
         if self.requires is None or importlib.util.find_spec(self.requires) is not None:
             return None
         return f"{self.requires} is not installed (recovery: {self.name}): {self.install or 'install it'}"
+
+    def cluster_problem(self, handle: Any) -> str | None:
+        """Why a scenario that names it cannot run on its cluster ``handle`` (validate's error at the ``recovery``
+        line), or ``None`` when it can."""
+        return None
 
     def unfit(self, handle: Any) -> str | None:
         """Why its column cannot run on the scenario's (previewed) cluster ``handle``, or ``None`` when it can."""

@@ -17,7 +17,7 @@ from chaoskit.core.registry import Registry, declared_in_source
 from chaoskit.stacks.api import Stack
 
 __all__ = ["STACKS", "GROUP", "NAME_RE", "builtin_stacks", "stack", "stack_of", "stack_names", "by_column",
-           "settings_keys", "model_stack", "framework_stack"]
+           "settings_keys", "model_stack", "framework_stack", "default_stack"]
 
 GROUP = "chaoskit.stacks"
 NAME_RE = r"[a-z][a-z0-9-]*"
@@ -53,8 +53,17 @@ def stack_names() -> list[str]:
 
 
 def by_column() -> dict[str, Stack]:
-    """The stacks that have a scorecard column, by column name, in registry order."""
-    return {s.scorecard_column: s for s in (stack(n) for n in STACKS.names()) if s.scorecard_column}
+    """The stacks that have a scorecard column, by column name: plain torchrun's first, then in registry order, the
+    columns that run every row on a cluster of their own (:attr:`Stack.scorecard_cluster`) last."""
+    stacks = [s for s in (stack(n) for n in STACKS.names()) if s.scorecard_column]
+    stacks.sort(key=lambda s: (s.name != Stack.name, s.scorecard_cluster is not None))
+    return {s.scorecard_column: s for s in stacks}
+
+
+def default_stack(launch: str, scheduled: bool = False) -> Stack:
+    """The stack of a job of ``launch`` whose scenario names none (``scheduled``: on a cluster with a batch
+    scheduler): the first in registry order that claims it (:meth:`Stack.default_under`), else plain torchrun."""
+    return next((s for s in (stack(n) for n in STACKS.names()) if s.default_under(launch, scheduled)), stack(Stack.name))
 
 
 def settings_keys() -> dict[str, Stack]:
