@@ -15,10 +15,10 @@ import sys
 import time
 
 from chaoskit.cluster.transports import channel
-from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.channel import (
     AGENT_TAG, AgentChannel, agent_program, boot_argv, controller_alive, controller_tag, parse_controller_tag,
 )
+from chaoskit.nodeside.agent import BOOT
 
 
 class _Socket:

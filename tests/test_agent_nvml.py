@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.cluster.transports import agent_script
 from chaoskit.cluster.transports.api import NvmlBatch
+from chaoskit.nodeside import agent
 from chaoskit.observe.gpu import RemoteNvmlProbe
 from tests.conftest import need, wait_until
 
@@ -33,7 +33,7 @@ def fake_nvml(tmp_path, monkeypatch):
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-o", str(lib), str(SOURCE)], check=True)
     events, calls = tmp_path / "events", tmp_path / "calls"
     events.write_text("")
-    monkeypatch.setattr(agent_script, "NVML_LIB", str(lib))
+    monkeypatch.setattr(agent, "NVML_LIB", str(lib))
     monkeypatch.setenv("CHAOSKIT_FAKE_NVML_EVENTS", str(events))
     monkeypatch.setenv("CHAOSKIT_FAKE_NVML_CALLS", str(calls))
     return events, calls
@@ -52,13 +52,13 @@ class Stream:
 
     def _run(self) -> None:
         try:
-            self.result = agent_script.op_nvml({"id": self.rid, "op": "nvml"}, self._on_part)
-        except agent_script.OpError as exc:
+            self.result = agent.op_nvml({"id": self.rid, "op": "nvml"}, self._on_part)
+        except agent.OpError as exc:
             self.error = str(exc)
         self.done.set()
 
     def cancel(self) -> None:
-        agent_script.op_cancel({"stream": self.rid})
+        agent.op_cancel({"stream": self.rid})
 
 
 def test_the_agent_streams_xid_and_ecc_events_from_nvml_with_the_nodes_time(fake_nvml):
@@ -86,9 +86,9 @@ def test_the_agent_streams_xid_and_ecc_events_from_nvml_with_the_nodes_time(fake
 
 
 def test_a_node_without_nvml_is_one_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(agent_script, "NVML_LIB", str(tmp_path / "libnvidia-ml.so.1"))
-    with pytest.raises(agent_script.OpError, match="NVML is not on this node"):
-        agent_script.op_nvml({"id": "x", "op": "nvml"}, lambda part: None)
+    monkeypatch.setattr(agent, "NVML_LIB", str(tmp_path / "libnvidia-ml.so.1"))
+    with pytest.raises(agent.OpError, match="NVML is not on this node"):
+        agent.op_nvml({"id": "x", "op": "nvml"}, lambda part: None)
 
 
 class AgentNvmlNode:
@@ -125,7 +125,7 @@ def test_the_probe_publishes_each_nodes_gpu_events_for_that_node(fake_nvml):
 def test_a_node_where_nvml_does_not_load_is_said_once_and_not_asked_again(monkeypatch, tmp_path):
     from chaoskit.observe.events import EventBus
 
-    monkeypatch.setattr(agent_script, "NVML_LIB", str(tmp_path / "missing.so"))
+    monkeypatch.setattr(agent, "NVML_LIB", str(tmp_path / "missing.so"))
     probe = RemoteNvmlProbe(EventBus(), {"n3": AgentNvmlNode()}, retry_s=0.05)
     probe.start()
     try:

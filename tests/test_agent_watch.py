@@ -1,6 +1,6 @@
 """The node agent's ``watch`` stream, run here as the node would run it, against real processes.
 
-The agent program (``agent_script.py``) is started as a subprocess speaking its JSON-lines protocol on
+The agent program (``chaoskit/nodeside/agent.py``) is started as a subprocess speaking its JSON-lines protocol on
 stdin/stdout, exactly what the SSH transport drives over its exec channel; the workers are real
 processes with torchrun's environment (``sleep`` with ``TORCHELASTIC_RUN_ID`` and ``RANK``), stopped,
 continued, killed and left as zombies by the test.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.cluster.transports import agent_script
+from chaoskit.nodeside import agent as node_agent
 
-AGENT = Path(agent_script.__file__)
+AGENT = Path(node_agent.__file__)
 RUN_ID = "watched-run"
 
 
@@ -229,15 +229,15 @@ def test_a_process_seen_not_to_be_a_worker_is_not_read_again_while_it_lives(monk
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         read: list[int] = []
-        real = agent_script._proc
-        monkeypatch.setattr(agent_script, "_proc", lambda pid: (read.append(pid), real(pid))[1])
+        real = node_agent._proc
+        monkeypatch.setattr(node_agent, "_proc", lambda pid: (read.append(pid), real(pid))[1])
         deadline = time.monotonic() + 5
-        while child.pid not in agent_script._NOT_WORKERS and time.monotonic() < deadline:
-            agent_script.op_procs({"workers": True})  # its cmdline and environment read empty while it execs
+        while child.pid not in node_agent._NOT_WORKERS and time.monotonic() < deadline:
+            node_agent.op_procs({"workers": True})  # its cmdline and environment read empty while it execs
             time.sleep(0.02)
-        assert child.pid in agent_script._NOT_WORKERS
+        assert child.pid in node_agent._NOT_WORKERS
         read.clear()
-        agent_script.op_procs({"workers": True})
+        node_agent.op_procs({"workers": True})
         assert child.pid not in read
     finally:
         child.kill()

@@ -235,7 +235,7 @@ def test_a_netns_lab_with_one_leftover_of_each_kind_names_each(netns_lab, tmp_pa
 def _orphan_agent(lab, node: str) -> subprocess.Popen:
     """A real agent in ``node``'s namespace whose controller is gone: its command line names a process that
     ran and was killed; its stdin stays open, as an SSH channel's does behind a connection that never closed."""
-    from chaoskit.cluster.transports.agent_script import BOOT
+    from chaoskit.nodeside.agent import BOOT
     from chaoskit.cluster.transports.channel import AGENT_TAG, agent_program, controller_tag
 
     gone = subprocess.Popen(["sleep", "30"])

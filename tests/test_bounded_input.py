@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.cluster.transports.agent_script import BOOT
 from chaoskit.cluster.transports.channel import agent_program
 from chaoskit.core.limits import MAX_LINE_BYTES
 from chaoskit.core.lines import LineCutter, terminal_lines
+from chaoskit.nodeside.agent import BOOT
 from chaoskit.observe.events import EventBus
 from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, coerce_capture
 from chaoskit.observe.rules import LogRule

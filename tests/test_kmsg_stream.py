@@ -16,9 +16,9 @@ import time
 import pytest
 
 from chaoskit.cluster.inventory import Node
-from chaoskit.cluster.transports import agent_script
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.cluster.xid import FATAL, XID_MESSAGES, format_xid, lab_pci, normalize_pci, parse_xid
+from chaoskit.nodeside import agent
 from chaoskit.observe.events import EventBus
 from chaoskit.observe.kmsg import KmsgProbe
 from tests.conftest import need, wait_until
@@ -96,7 +96,7 @@ class _Stream:
         self.rid = f"t-{secrets.token_hex(4)}"
         self.parts: list[dict] = []
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=agent_script.op_kmsg, daemon=True, args=(
+        self.thread = threading.Thread(target=agent.op_kmsg, daemon=True, args=(
             {"id": self.rid, "op": "kmsg", "seq": seq, "match": match, "interval": 0.05}, self._emit))
         self.thread.start()
         assert wait_until(lambda: self.parts and self.parts[0].get("started"), 5)
@@ -114,7 +114,7 @@ class _Stream:
             return next((p["seq"] for p in reversed(self.parts) if p.get("seq") is not None), None)
 
     def close(self) -> None:
-        agent_script.op_cancel({"stream": self.rid})
+        agent.op_cancel({"stream": self.rid})
         self.thread.join(5)
         assert not self.thread.is_alive()
 
@@ -147,8 +147,8 @@ def test_the_stream_starts_now_and_resumes_after_its_last_record_without_a_loss_
 
 
 def test_an_unreadable_log_is_one_clear_error():
-    with pytest.raises(agent_script.OpError, match="cannot read the kernel log /nonexistent/kmsg"):
-        agent_script.op_kmsg({"id": "x", "op": "kmsg", "path": "/nonexistent/kmsg"}, lambda part: None)
+    with pytest.raises(agent.OpError, match="cannot read the kernel log /nonexistent/kmsg"):
+        agent.op_kmsg({"id": "x", "op": "kmsg", "path": "/nonexistent/kmsg"}, lambda part: None)
 
 
 # -- the probe: attribution by PCI id, once per kernel --------------------------------------------

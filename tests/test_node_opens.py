@@ -80,7 +80,7 @@ def test_the_follower_refuses_fifos_devices_and_links_to_them_without_opening_an
 
 
 def test_procs_ships_command_lines_cut_to_cmdline_max(planter):
-    from chaoskit.cluster.transports.agent_script import CMDLINE_MAX
+    from chaoskit.nodeside.agent import CMDLINE_MAX
 
     token = f"ck31-{os.getpid()}"
     long_arg = "x" * 100_000

@@ -107,7 +107,7 @@ def hostile():
     """``ckhostile1`` with its folders and links planted before chaoskit runs; the snapshot of them."""
     need_root_tool("useradd")
     need(sh("which", "runuser", check=False).returncode == 0, "runuser (util-linux)")
-    from chaoskit.safety.watchdog import watchdog_source
+    from chaoskit.nodeside.watchdog import watchdog_source
     import hashlib
 
     _drop_hostile()  # a crashed session's leftover
@@ -195,7 +195,7 @@ def test_the_agent_refuses_a_workdir_someone_else_made_and_names_it(netns_lab, h
 def test_a_non_root_agent_keeps_its_state_in_its_own_home(hostile, tmp_path):
     """The agent started as an unprivileged user (here the hostile one itself, over its own login) makes
     ~/.local/state/chaoskit 0700; and refuses that folder once it is writable by others."""
-    from chaoskit.cluster.transports.agent_script import BOOT
+    from chaoskit.nodeside.agent import BOOT
     from chaoskit.cluster.transports.channel import agent_program
 
     program = agent_program(None)

@@ -161,10 +161,10 @@ def _cluster(site):
 
 
 def test_procs_answers_carry_only_the_env_keys_chaoskit_reads(shared):
-    from chaoskit.cluster.transports import agent_script
+    from chaoskit.nodeside import agent
     from chaoskit.cluster.transports.api import PROC_ENV_KEYS, PROC_ENV_PREFIXES
 
-    assert agent_script.ENV_KEYS == PROC_ENV_KEYS and agent_script.ENV_PREFIXES == PROC_ENV_PREFIXES
+    assert agent.ENV_KEYS == PROC_ENV_KEYS and agent.ENV_PREFIXES == PROC_ENV_PREFIXES
     ours = shared.our_worker("n1", 1)
     with open(f"/proc/{ours}/environ", "rb") as fh:
         assert f"MY_TOKEN={SECRET}".encode() in fh.read()  # planted: what is not shipped below is filtered

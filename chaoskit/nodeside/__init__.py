@@ -5,8 +5,12 @@ nothing of the node's ``sys.path``, current folder or ``PYTHON*`` is imported), 
 :mod:`chaoskit.nodeside.nodefs` and any shared module (:mod:`.jobscope`, :mod:`.cgroups`) in front of it
 (:func:`chaoskit.nodeside.nodefs.bundle`) and the constants it names set there. A program's work is in its
 ``main()``, which runs when the source runs as ``-c`` (``__name__ == "__main__"``); importing it here, on
-the controller, runs nothing. This package imports nothing of chaoskit: it is the lowest layer.
+the controller, runs nothing. This package imports nothing of chaoskit: it is the lowest layer (the agent and
+the watchdog import their siblings here, on the controller only: on a node those come bundled in front).
 
+- :mod:`.nodefs`: chaoskit's state folder on a node and the files made there (in front of every program here);
+- :mod:`.agent`: the agent the SSH and docker transports talk to (:mod:`chaoskit.cluster.transports.channel`
+  sends it); :mod:`.watchdog`: the lease watchdog behind every lasting fault (:mod:`chaoskit.safety.lease`);
 - :mod:`.jobscope`: which processes are the drilled job's (the node's agent and the crash loop share it);
 - :mod:`.procstat`: a process's ``/proc/PID/stat`` (the node's agent carries it; the controller imports it);
 - :mod:`.crashloop` (``gpu.fail``), :mod:`.xid_writer` (``gpu.xid``), :mod:`.memory_tool` and

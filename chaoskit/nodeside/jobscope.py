@@ -1,7 +1,7 @@
 """Which processes of a node are the drilled job's: the one copy of that rule, run on the node.
 
 Standard library only, Python 3.6+, like every module of :mod:`chaoskit.nodeside`: the node's agent
-(:mod:`chaoskit.cluster.transports.agent_script`) and the crash loop (:mod:`chaoskit.nodeside.crashloop`)
+(:mod:`chaoskit.nodeside.agent`) and the crash loop (:mod:`chaoskit.nodeside.crashloop`)
 carry its source in front of their own (:func:`chaoskit.nodeside.nodefs.bundle`); the agent imports it from
 here when it runs on the controller (a local node). A job is ``{"run_id", "uid", "slurm_job", "pending", "agents"}`` as the
 controller chose it (:class:`chaoskit.cluster.transports.api.JobScope`); a process is judged by its real uid

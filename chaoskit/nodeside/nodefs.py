@@ -1,7 +1,7 @@
 """chaoskit's files on a node: one private state folder, and files made there without following links.
 
 Standard library only, Python 3.6+. It runs on the node in three ways, never installed there: the agent
-(:mod:`chaoskit.cluster.transports.agent_script`), the lease watchdog (:mod:`chaoskit.safety.watchdog`) and
+(:mod:`chaoskit.nodeside.agent`), the lease watchdog (:mod:`chaoskit.nodeside.watchdog`) and
 every fault's helper script carry its source in front of their own (:func:`bundle`), and they run with
 ``python3 -I``, so nothing is imported from the node's ``sys.path``, its current folder or ``PYTHON*``.
 

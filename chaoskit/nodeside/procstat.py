@@ -1,7 +1,7 @@
 """A process's ``/proc/PID/stat``, read one way: the fields after its command name.
 
 Standard library only, Python 3.6+, like every module of :mod:`chaoskit.nodeside`: the node's agent
-(:mod:`chaoskit.cluster.transports.agent_script`) carries its source in front of its own
+(:mod:`chaoskit.nodeside.agent`) carries its source in front of its own
 (:func:`chaoskit.nodeside.nodefs.bundle`), and the controller imports it for its own processes (the channel's
 controller tag, local nodes' processes, the labs' daemons, rollback's pids). The command name (field 2) is
 skipped up to its last ``)``: a name may hold spaces and parentheses of its own.

@@ -1,7 +1,7 @@
 """The nodes' kernel logs: OOM kills (``oom.kill``) and NVIDIA Xid lines (``gpu.xid``), read on each node.
 
 Every node with chaoskit's agent (SSH) streams its own ``/dev/kmsg`` through the agent (the ``kmsg`` op of
-:mod:`chaoskit.cluster.transports.agent_script`): only the records that can matter (:data:`MATCH`), each with
+:mod:`chaoskit.nodeside.agent`): only the records that can matter (:data:`MATCH`), each with
 the node's time it was logged, put on this machine's clock by the node's measured offset. A stream that
 drops (the connection, the node) is started again after the last record it delivered (records carry the
 kernel's sequence numbers), so a reconnect neither loses nor doubles a line. Nodes whose transport is local
@@ -29,12 +29,12 @@ import threading
 from typing import Any, Callable
 
 from chaoskit.cluster.inventory import Node
-from chaoskit.cluster.transports import agent_script
 from chaoskit.cluster.transports.api import KernelLogFollower, KmsgBatch
 from chaoskit.cluster.transports.local import LocalTransport
 from chaoskit.cluster.xid import normalize_pci, parse_xid
 from chaoskit.core.errors import InfraError
 from chaoskit.faults.memory import BALLAST_NAME, CGROUP_PREFIX
+from chaoskit.nodeside import agent
 from chaoskit.observe.events import EventBus, make_event
 
 __all__ = ["KmsgProbe", "KMSG", "MATCH", "REFRESH_S", "parse_record"]
@@ -127,7 +127,7 @@ class _LocalStream:
 
     def _run(self, req: dict[str, Any]) -> None:
         try:
-            agent_script.op_kmsg(req, self._emit)
+            agent.op_kmsg(req, self._emit)
         except Exception as exc:  # noqa: BLE001 - OpError (the log cannot be read), OSError: the source retries
             self.error = str(exc)
         self.done.set()
@@ -137,7 +137,7 @@ class _LocalStream:
                                  part.get("seq"), part.get("boot_id"), int(part.get("lost") or 0), bool(part.get("started"))))
 
     def cancel(self) -> None:
-        agent_script.op_cancel({"stream": self.rid})
+        agent.op_cancel({"stream": self.rid})
 
 
 class KmsgProbe(threading.Thread):

@@ -1,6 +1,6 @@
 """Leases: a lasting fault's revert, armed on the node before the fault.
 
-:meth:`LeaseManager.arm` starts :mod:`chaoskit.safety.watchdog` detached on the
+:meth:`LeaseManager.arm` starts :mod:`chaoskit.nodeside.watchdog` detached on the
 node; the controller renews every lease from a background thread; ``release``
 tells the watchdog its job is done. If the controller dies, the leases go stale
 and every node reverts its own faults within the TTL.
@@ -11,7 +11,7 @@ script to the node and starts it there, with the lease directory on the node.
 Other transports get the controller-local watchdog through ``spawn_detached``, its lease folder made
 under a root of the controller's own (checked as :mod:`chaoskit.nodeside.nodefs` checks a node's state folder).
 Either way the watchdog runs with ``python3 -I`` as one self-contained program
-(:func:`~chaoskit.safety.watchdog.watchdog_source`).
+(:func:`~chaoskit.nodeside.watchdog.watchdog_source`).
 
 A fault with no duration (``inproc.hang`` without one: "for good") has no deadline: its watchdog reverts only
 when its lease goes stale, and the run reverts it itself (once recovery is measured or the job ended, at
@@ -35,7 +35,7 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
 from chaoskit.core.threads import DaemonPool
 from chaoskit.nodeside.nodefs import REVERT_FILE, StateDirError, ensure_dir, make_dirs, read_file, touch_file, write_file
-from chaoskit.safety.watchdog import watchdog_source
+from chaoskit.nodeside.watchdog import watchdog_source
 
 __all__ = ["Lease", "LeaseManager", "default_lease_root"]
 

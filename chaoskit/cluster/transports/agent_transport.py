@@ -1,7 +1,7 @@
 """What the SSH and docker transports share: a node reached through chaoskit's agent over one channel.
 
 :class:`AgentTransport` holds the contract both keep (see :mod:`.ssh` for it in full): the first command starts
-the agent (:mod:`.agent_script`) over one channel (:class:`~.channel.AgentChannel`) and later ones travel over
+the agent (:mod:`chaoskit.nodeside.agent`) over one channel (:class:`~.channel.AgentChannel`) and later ones travel over
 it as JSON requests with ids and deadlines; a dead agent is restarted, and after :data:`AGENT_RESTARTS` failed
 starts in a row the transport falls back to one exec per command; every request has a deadline on the node and
 on the client (``timeout + GRACE_S``); times the node reports come back on the controller's clock; the agent

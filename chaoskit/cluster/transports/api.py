@@ -247,7 +247,7 @@ class WatchdogHost(Protocol):
     uses it when the transport has these methods, else spawns the local watchdog."""
 
     def start_watchdog(self, lease_id: str, ttl: float, duration: float, revert: list[str], source: str) -> tuple[str, int]:
-        """Ship the watchdog (``source``: one self-contained program, :func:`chaoskit.safety.watchdog.watchdog_source`)
+        """Ship the watchdog (``source``: one self-contained program, :func:`chaoskit.nodeside.watchdog.watchdog_source`)
         to the node's state folder and start it there with ``python3 -I``; return (its lease directory there, its pid)
         once it watches.
 

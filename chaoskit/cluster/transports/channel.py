@@ -1,8 +1,8 @@
 """The channel to chaoskit's agent on a node: what the SSH and docker transports both speak.
 
-The agent (:mod:`.agent_script`, with :mod:`chaoskit.nodeside.nodefs` and the shared node-side modules in front:
+The agent (:mod:`chaoskit.nodeside.agent`, with :mod:`chaoskit.nodeside.nodefs` and the shared node-side modules in front:
 :func:`agent_program`) is started by running :func:`boot_argv` on the node, which reads the program from stdin;
-from then on the channel carries JSON lines both ways, requests multiplexed by id (see :mod:`.agent_script` for
+from then on the channel carries JSON lines both ways, requests multiplexed by id (see :mod:`chaoskit.nodeside.agent` for
 the protocol). :class:`AgentChannel` works over a paramiko channel (replies parsed right in paramiko's
 transport thread) or over anything with ``sendall``, ``recv``, ``recv_stderr_ready``, ``recv_stderr`` and
 ``close`` (the docker transport's exec socket, a socket pair in the tests).
@@ -38,12 +38,12 @@ import socket
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from chaoskit.cluster.transports.agent_script import BOOT
+from chaoskit import nodeside
 from chaoskit.core.errors import InfraError
 from chaoskit.nodeside import jobscope, procstat
+from chaoskit.nodeside.agent import BOOT
 from chaoskit.nodeside.nodefs import bundle
 from chaoskit.nodeside.procstat import proc_start_time
 
@@ -67,7 +67,7 @@ __all__ = [
     "KEEPALIVE_S",
 ]
 
-AGENT_SOURCE = Path(__file__).with_name("agent_script.py").read_text(encoding="utf-8")
+AGENT_SOURCE = nodeside.source("agent")
 """The agent's own source; what a node runs is :func:`agent_program` of it."""
 
 MAX_REPLY_BYTES = 32 << 20

@@ -19,7 +19,7 @@ Contract:
   the agent, and so every remote command, runs under ``sudo -n`` (never
   prompts). When sudo wants a password the first agent start fails with
   :class:`SudoError` naming the node and the user: no restarts, no hang.
-- **Fast path**: the first command starts :mod:`.agent_script` over one exec
+- **Fast path**: the first command starts :mod:`chaoskit.nodeside.agent` over one exec
   channel (:class:`~.channel.AgentChannel`); later commands travel over that channel as JSON lines with request
   ids, deadlines and exit codes (~0.2 ms round trip instead of ~100 ms for a new
   SSH session). If the agent dies it is restarted; after repeated failures the
