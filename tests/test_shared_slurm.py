@@ -22,7 +22,7 @@ import pytest
 
 from chaoskit.cluster.slurm import NODE_FREE_TEXT, job_ids, node_reason, parse_jobs, parse_show
 from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until, lab_fixture
-from tests.test_slurm import require_slurm
+from tests.test_slurm import may_submit, require_slurm
 
 USER = "ckhostile4"
 HOSTILE_NAME = "j NodeList=n9 JobState=PENDING UserId=root(0)"
@@ -100,7 +100,7 @@ def shared_lab():
     made = subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     root = Path(tempfile.mkdtemp(prefix="ck-shared-slurm-"))
-    root.chmod(0o711)  # the other user reaches slurm.conf and munge's socket, nothing else
+    may_submit(USER)  # the lab's slurm.conf and munge socket: the lab accounts' group's
     lab = None
     try:
         lab = SlurmLab.create(2, 1, {"requeue_hold": 5.0, "sched_interval": 2.0}, directory=root / "slurm")
@@ -117,7 +117,8 @@ def as_other_user(lab, *argv: str) -> subprocess.CompletedProcess[str]:
     """Run a Slurm command as the other user, from their home."""
     pw = pwd.getpwnam(USER)
     env = {"PATH": os.environ["PATH"], "HOME": pw.pw_dir, "USER": USER, "SLURM_CONF": str(lab.conf_path)}
-    return subprocess.run(list(argv), capture_output=True, text=True, user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
+    return subprocess.run(list(argv), capture_output=True, text=True, user=pw.pw_uid, group=pw.pw_gid,
+                          extra_groups=[g for g in os.getgrouplist(USER, pw.pw_gid) if g != pw.pw_gid],
                           cwd=pw.pw_dir, env=env, timeout=30)
 
 
@@ -176,6 +177,7 @@ def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, job_us
     theirs = hostile_job(lab, "n0")
     theirs_n1 = hostile_job(lab, "n1")
     base, folder = job_user_folders  # our job's own user's folder: its script, its output
+    may_submit(job_user.pw_name)
     log = folder / "train.log"
     (folder / "train.sbatch").write_text(
         f"#!/bin/bash\n#SBATCH -N1 -w n0 --oversubscribe --requeue -o {log} -J ours\nexport RANK=0 LOCAL_RANK=0\n"

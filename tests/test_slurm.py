@@ -6,9 +6,11 @@ Tests that need root and Slurm's daemons skip outside CI and fail in CI (``requi
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
+import stat
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.cluster.slurm import SlurmAccess, node_list, parse_show
+from chaoskit.core.accounts import JOB_GROUP, claim_lab_account, job_group, setpriv_argv
 from chaoskit.measure import measure_fault, reallocation_steps
 from chaoskit.observe.events import make_event
 from tests.conftest import ROOT, SCENARIOS, need_torch, run_cli, wait_until
@@ -34,6 +37,15 @@ def require_slurm() -> None:
     require(problem is None, problem or "")
 
 
+def may_submit(user: str) -> int:
+    """Let ``user`` submit to the Slurm labs (which only root and the lab accounts' group reach: issue 48): put them
+    in that group, as an operator would (``usermod --append --groups chaoskit-jobs USER``); its gid."""
+    gid = job_group()
+    res = subprocess.run(["usermod", "--append", "--groups", JOB_GROUP, user], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return gid
+
+
 def leftovers(lab_id: str, directory: Path) -> list[str]:
     """What the lab could leave: its namespaces, a daemon naming its folder, the folder."""
     found = [f"netns: {line}" for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
@@ -49,6 +61,9 @@ def leftovers(lab_id: str, directory: Path) -> list[str]:
             found.append(f"daemon {pid}: {cmdline!r}")
     if directory.exists():
         found.append(f"directory: {directory}")
+    public = Path("/run/chaoskit-slurm") / lab_id
+    if public.exists():
+        found.append(f"directory: {public}")
     return found
 
 
@@ -240,6 +255,28 @@ def test_lab_up_status_down_leaves_no_daemon_namespace_or_folder(_private_state)
         status = run_cli("lab", "status", "--json").json
         [entry] = [x for x in status["labs"] if x["kind"] == "slurm"]
         assert [n["slurm_state"] for n in entry["nodes"]] == ["IDLE"] * 3
+        # What a lab account needs to submit and run a job, in root's folders of the lab accounts' group (0710):
+        # slurm.conf, munge's socket, the spool where slurmstepd puts the batch script; no one else enters them.
+        group = grp.getgrnam("chaoskit-jobs").gr_gid
+        for path, mode in ((Path(lab.public), 0o710), (lab.munge_socket.parent, 0o710), (lab.conf_path, 0o640),
+                           (lab.spool_dir("n0").parent, 0o710)):  # slurmd makes its spool 0755, inside
+            st = os.lstat(path)
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, group, mode), (path, st)
+        assert Path(lab.public).parent == Path("/run/chaoskit-slurm") and not (Path(lab.public) / "munge" / "munge.key").exists()
+        claim = claim_lab_account()
+        try:
+            env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(lab.conf_path), "HOME": "/"}
+            ours = subprocess.run([*setpriv_argv(claim.account), "sinfo", "-h", "-o", "%D"], capture_output=True,
+                                  text=True, env=env, timeout=30, cwd="/")
+            assert ours.returncode == 0 and ours.stdout.split() == ["3"], ours  # a lab account submits
+            nobody = pwd.getpwnam("nobody")  # anyone else: no slurm.conf, no munge socket (sinfo would retry)
+            for check in (["cat", str(lab.conf_path)], ["test", "-e", str(lab.munge_socket)]):
+                other = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                                        *check], capture_output=True, text=True, env=env, timeout=30, cwd="/")
+                assert other.returncode != 0, (check, other)
+            assert subprocess.run([*setpriv_argv(claim.account), "test", "-S", str(lab.munge_socket)]).returncode == 0
+        finally:
+            claim.release()
         # The lab's Slurm works with its own commands: a 2-node job runs one task in each node's namespace.
         env = {**os.environ, "SLURM_CONF": str(lab.conf_path)}
         out = subprocess.run(["srun", "-N2", "bash", "-c", "echo $SLURMD_NODENAME $(ip -o -4 addr show dev eth1 | awk '{print $4}')"],
@@ -305,6 +342,10 @@ def test_slurm_kill_rank_recovers_in_place_without_slurm_noticing(tmp_path):
     assert r["slurm"]["outputs"] and Path(r["slurm"]["outputs"][0]).exists()
     kinds = {e["kind"] for e in events_of(tmp_path / "run")}
     assert "job.running" in kinds and not kinds & {"job.requeued", "node.down", "job.node_fail"}
+    if os.geteuid() == 0:  # the generated batch script was submitted as the run's lab account (issue 48), not root
+        job_user = r["cluster"]["job_user"]
+        assert job_user.startswith("chaoskit-lab") and r["cluster"]["job_process_users"] == [job_user], r["cluster"]
+        assert sorted(p.name for p in (tmp_path / "run" / "logs").glob("n*.log")), "the agents' logs were not kept"
     assert "reallocation_steps" not in r["phases"]
 
 

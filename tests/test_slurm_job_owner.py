@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import SYSTEM_PYTHON, need_root_tool, run_cli, wait_until, lab_fixture
-from tests.test_slurm import require_slurm
+from tests.test_slurm import may_submit, require_slurm
 
 LOOKALIKE_USER = "ckslurmlook"
 MARK = "chaoskit_owner_train"
@@ -44,7 +44,7 @@ def lab():
     made = subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", LOOKALIKE_USER], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     root = Path(tempfile.mkdtemp(prefix="ck-slurm-owner-"))
-    root.chmod(0o711)  # the job user reaches slurm.conf and munge's socket, nothing else
+    may_submit(LOOKALIKE_USER)  # the lab's slurm.conf and munge socket: the lab accounts' group's
     made_lab = None
     try:
         made_lab = SlurmLab.create(1, 0, directory=root / "slurm")
@@ -60,7 +60,7 @@ def _on_n0_as(user: pwd.struct_passwd, lab, *argv: str) -> list[str]:
     """``argv`` as ``user``, logged in on n0 (inside its namespace: the lab's guard keeps this machine's other users
     off the lab's networks), with only their own environment."""
     return lab.net.exec_argv("n0", [
-        "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+        "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups",
         "env", "-i", "PATH=/usr/bin:/bin", f"HOME={user.pw_dir}", f"USER={user.pw_name}",
         f"SLURM_CONF={lab.conf_path}", *argv])
 
@@ -85,6 +85,7 @@ def test_a_lookalike_with_the_jobs_slurm_job_id_is_never_chosen_and_the_jobs_own
     access = lab.access()
     go = Path(job_user.pw_dir) / "go"
     go.unlink(missing_ok=True)
+    may_submit(job_user.pw_name)
     # the job user's job: it waits for the test's word, then runs its worker (RANK set; SLURM_JOB_ID set by Slurm)
     res = subprocess.run(_on_n0_as(job_user, lab, "sbatch", "--parsable", "-N1", "-w", "n0", "--oversubscribe",
                                    "-J", "owned", "-o", "/dev/null", "--wrap",

@@ -20,10 +20,11 @@ from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.ssh_many import connect_all
+from chaoskit.core.accounts import LAB_ACCOUNT, claim_lab_account
 from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.models import StrictModel
 from chaoskit.lab.netns import NetnsLab
-from chaoskit.lab.slurm import DEFAULT_SETTINGS, SlurmLab, require_slurm_tools, slurm_lab_dir
+from chaoskit.lab.slurm import DEFAULT_SETTINGS, PUBLIC_ROOT, SlurmLab, require_slurm_tools, slurm_lab_dir
 from chaoskit.observe.slurm import SlurmProbe
 
 __all__ = ["SlurmBackend", "SlurmSpec", "SlurmSettings"]
@@ -78,21 +79,45 @@ class SlurmBackend(RootLabBackend):
                 *super().up_notes(lab)]
 
     def preview(self, spec: SlurmSpec, base: Path) -> ClusterHandle:
-        lab = SlurmLab("(new slurm lab)", slurm_lab_dir(), spec.nodes, spec.spare, _settings(spec))
+        lab = SlurmLab("(new slurm lab)", slurm_lab_dir(), spec.nodes, spec.spare, _settings(spec),
+                       public=str(PUBLIC_ROOT / "(new slurm lab)"))
         net = NetnsLab("(new slurm lab)", slurm_lab_dir() / "netns", spec.nodes, spec.spare)
         inventory = self.preview_inventory(lab.inventory_document(net), lab.access())
-        return self._handle(spec, lab, inventory, details={})
+        handle = self._handle(spec, lab, inventory, details={})
+        if os.geteuid() == 0:  # what open() does, said without doing it (no account made)
+            handle.details["job_user"] = (
+                f"{LAB_ACCOUNT} or the first free of {LAB_ACCOUNT}-1... (a lab account of the run's own, which "
+                "submits chaoskit's batch script; an author's batch script is submitted as its user; root where the "
+                "account cannot run the job: the run says why)")
+        return handle
 
     def open(self, spec: SlurmSpec, base: Path) -> ClusterHandle:
         """The lab ``lab up --kind slurm`` made when it has this shape and these settings, else one made for this run."""
         require_slurm_tools()
         lab, ephemeral = self.open_lab(spec)
+        try:  # the generated batch script is submitted as this run's own lab account, where it reaches the lab
+            claim = claim_lab_account() if lab.reachable else None
+        except BaseException:
+            if ephemeral:
+                lab.down()
+            raise
         inventory = _with_scheduler(load_inventory(lab.inventory_path), lab.access())
         handle = self._handle(spec, lab, inventory, details={
             "inventory": str(lab.inventory_path), "directory": str(lab.directory), "ephemeral": ephemeral,
+            **(_root_job_why() if not lab.reachable else {}),
         })
         handle.connect = lambda: connect_all([n.conn for n in inventory.nodes])
-        handle.teardown = teardown_of(inventory, lab.down if ephemeral else None)
+        close = teardown_of(inventory, lab.down if ephemeral else None)
+
+        def teardown() -> None:
+            try:
+                close()
+            finally:
+                if claim is not None:
+                    claim.release()
+
+        handle.teardown = teardown
+        handle.job_account = claim.account if claim is not None else None
         return handle
 
     def _handle(self, spec: SlurmSpec, lab: SlurmLab, inventory: Inventory, details: dict[str, Any]) -> ClusterHandle:
@@ -103,7 +128,7 @@ class SlurmBackend(RootLabBackend):
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=names[: spec.nodes],
             rdzv_host="<first node of the allocation>", scope=lambda node: f"{lab.lab_id}.{node}",
             launch_env=lambda node: {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"},
-            details={**details, "slurm": settings, **_root_job_why()},
+            details={**details, "slurm": settings},
             scheduler=access,
             scheduler_options={"partition": "chaoskit", "local_addr_interface": "eth0"},
         )
@@ -136,12 +161,13 @@ class SlurmBackend(RootLabBackend):
 
 
 def _root_job_why() -> dict[str, str]:
-    """As root, whom the lab's job runs as and why it is root (the plan's and result.json's ``cluster.job_user``,
-    ``job_user_why``): Slurm runs a job as whoever submits it, and no lab account can submit to this lab yet."""
+    """As root, on a lab made before its ``slurm.conf`` and munge socket had a folder of the lab accounts' group
+    (:attr:`~chaoskit.lab.slurm.SlurmLab.public`): whom its job runs as and why it is root (``cluster.job_user``,
+    ``job_user_why``): Slurm runs a job as whoever submits it."""
     if os.geteuid() != 0:
         return {}
-    return {"job_user": "root", "job_user_why": "the Slurm lab submits chaoskit's batch script as root: its slurm.conf and munge's socket "
-                            "lie in root's state folder, which no lab account can reach"}
+    return {"job_user": "root", "job_user_why": "this Slurm lab was made before its slurm.conf and munge's socket had a folder "
+                            "a lab account reaches ('chaoskit lab down' and up again): the batch script is submitted as root"}
 
 
 def _settings(spec: SlurmSpec) -> dict[str, float]:

@@ -7,7 +7,8 @@ with its data and mgmt NICs and its sshd); on top of it:
 - one ``munged`` for the lab, with its own key and socket (``AuthInfo=socket=``), so
   the machine's own munge, if any, is never touched; every namespace shares the socket
   (a unix socket is a file, not an address);
-- what a lab account needs to submit a job (``slurm.conf`` and munge's socket) in the lab's
+- what a lab account needs to submit and run a job (``slurm.conf``, munge's socket, the
+  nodes' spool folders, where slurmstepd writes the batch script the job runs) in the lab's
   own folder under :data:`PUBLIC_ROOT`, root's with group ``chaoskit-jobs`` (mode 0710,
   ``slurm.conf`` 0640): the lab's job runs as a lab account (issue 48), which reaches
   nothing else of the lab (its state, its logs, the munge key stay in root's 0700 state
@@ -195,6 +196,10 @@ class SlurmLab:
     def node_dir(self, node: str) -> Path:
         return self.directory / "nodes" / node
 
+    def spool_dir(self, node: str) -> Path:
+        """``node``'s ``SlurmdSpoolDir``, where slurmstepd writes the batch script the job's account runs."""
+        return Path(self.public or self.directory) / "nodes" / node / "spool"
+
     def access(self) -> SlurmAccess:
         return SlurmAccess(conf=str(self.conf_path))
 
@@ -256,7 +261,11 @@ class SlurmLab:
         self._start_munged()
         (self.directory / "ctld").mkdir(mode=0o700, exist_ok=True)
         for node in self.node_names():
-            (self.node_dir(node) / "spool").mkdir(parents=True, exist_ok=True)
+            (self.node_dir(node)).mkdir(parents=True, exist_ok=True)
+            if self.public:  # slurmstepd writes the batch script there, which the job's account runs
+                _group_folder(self.spool_dir(node), new=True)
+            else:
+                self.spool_dir(node).mkdir(exist_ok=True)
         if self.settings.get("health_check_interval", 0) > 0:
             self._write_healthcheck(net)
         if self.public:
@@ -319,7 +328,7 @@ class SlurmLab:
             "CredType=cred/munge",
             f"AuthInfo=socket={self.munge_socket},cred_expire={int(max(5, s['requeue_hold']))}",
             f"StateSaveLocation={d / 'ctld'}",
-            f"SlurmdSpoolDir={d / 'nodes' / '%n' / 'spool'}",
+            f"SlurmdSpoolDir={Path(self.public or d) / 'nodes' / '%n' / 'spool'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
             f"SlurmdPidFile={d / 'nodes' / '%n' / 'slurmd.pid'}",
             f"SlurmctldLogFile={d / 'slurmctld.log'}",

@@ -12,6 +12,11 @@ SCRIPT``); the environment tells it where the SDK writes (``CHAOSKIT_EVENTS``) a
 where checkpoints go (``CHAOSKIT_CKPT_DIR``). Either way the job id and its output
 files go into ``result.json`` (``slurm``), and the output is read through the log
 probes as it is written.
+
+As root, the generated batch script is submitted as the cluster's job account when it has one (a Slurm lab's
+lab account, :attr:`~chaoskit.backends.api.ClusterHandle.job_account`), never as root: the script goes to sbatch's
+standard input, the agent script is inside it (``srun bash -c``), and the job's output and logs are written in
+the account's own folder (``RUN.job/logs``), copied into the run folder when the job has ended.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, SubmitUser, node_list, submit_user
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
-from chaoskit.core.files import torch_cache_env
+from chaoskit.core.accounts import Account
+from chaoskit.core.files import copy_regular, torch_cache_env
 from chaoskit.core.trusted import read_authors_file
 from chaoskit.observe.probes import FileLogProbe
 from chaoskit.workloads.api import Job
@@ -75,12 +81,19 @@ class SlurmJob(Job):
         self.base = Path(base) if base is not None else Path.cwd()
         self.access: SlurmAccess = cluster.scheduler
         self.events_path, self.on_line = events_path, on_line
-        self.owner: SubmitUser | None = job_owner(workload, self.base)
-        """The user an author's batch script is submitted as (chaoskit runs as root), or ``None``: as chaoskit."""
+        self.owner: SubmitUser | None = (job_owner(workload, self.base) if not self.generated
+                                         else _submit_user(cluster.job_account))
+        """The user an author's batch script, or the generated one, is submitted as (chaoskit runs as root: the
+        script's user; the cluster's job account), or ``None``: as chaoskit."""
         self.job_dir = job_dir(cluster, self.run_dir, run_id, owned=self.owner is not None)
         self.ckpt_dir = self.job_dir / "checkpoints"
         self.slurm_dir = self.run_dir / "slurm"
         self.log_dir = self.run_dir / "logs"
+        """Where the job's output and agents' logs are read from: the run folder's, or for a generated job of an
+        account the account's own folder's (copied into the run folder's at :meth:`stop`)."""
+        self.run_logs = self.log_dir
+        if self.generated and self.owner is not None:
+            self.log_dir = self.job_dir / "logs"
         self.port = free_port()
         self.job_id: str | None = None
         self.submitted_at: float | None = None
@@ -136,7 +149,8 @@ class SlurmJob(Job):
     def plan_part(self) -> dict[str, Any]:
         return {"submit": self.describe()}
 
-    def batch_script(self) -> str:
+    def batch_script(self, agent: str | None = None) -> str:
+        """The generated batch script; ``agent``: the agent script's text, put inside it for a job of an account."""
         w = self.workload
         n = len(self.cluster.job_nodes)
         partition = self.cluster.scheduler_options.get("partition")
@@ -157,9 +171,16 @@ class SlurmJob(Job):
             'echo "chaoskit: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
             'rendezvous on $head ($CHAOSKIT_RDZV_HOST)"',
             # Each agent writes logs/<node>.log itself: srun's %N is the machine's host name, not the Slurm node's.
-            f"srun --kill-on-bad-exit=0 --output=none bash {shlex.quote(str(self.slurm_dir / 'agent.sh'))}",
+            f"srun --kill-on-bad-exit=0 --output=none bash {self._agent_arg(agent)}",
         ]
         return "\n".join(lines) + "\n"
+
+    def _agent_arg(self, agent: str | None) -> str:
+        """What ``srun bash`` runs on each node: ``slurm/agent.sh`` in the run folder, or for a job of an account
+        (which cannot read root's run folder) the agent script itself (``-c``; ``agent``: its text)."""
+        if self.owner is None or agent is None:
+            return shlex.quote(str(self.slurm_dir / "agent.sh"))
+        return "-c " + shlex.quote(agent)
 
     def agent_script(self) -> str:
         w = self.workload
@@ -225,6 +246,8 @@ class SlurmJob(Job):
                 env[name] = value
         if self.events_path is not None:
             env["CHAOSKIT_EVENTS"] = str(self.events_path)
+        if self.generated and self.owner is not None:  # none of root's: the account's own folder
+            env.update({"HOME": str(self.job_dir), "TMPDIR": str(self.job_dir / "tmp")})
         return env
 
     # -- running ----------------------------------------------------------------------------
@@ -233,13 +256,17 @@ class SlurmJob(Job):
         """Submit the job (nothing else: Slurm starts it when it allocates the nodes)."""
         if self.owner is None:  # else the job's own folder, made for its user before the run's probes started
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.run_logs.mkdir(parents=True, exist_ok=True)
         script = self.script_path()
         text = None
         if self.generated:
             self.slurm_dir.mkdir(parents=True, exist_ok=True)
-            script.write_text(self.batch_script())
-            (self.slurm_dir / "agent.sh").write_text(self.agent_script())
+            agent = self.agent_script()
+            (self.slurm_dir / "agent.sh").write_text(agent)
+            script.write_text(self.batch_script(agent))
+            if self.owner is not None:  # the account reads neither: the script on stdin, its logs in its folder
+                text = script.read_text()
+                _own_folder(self.job_dir, "logs", self.owner)
         else:
             text = self.checked_text()
         # the author's script as its own user, with none of chaoskit's environment; chaoskit's own script as chaoskit
@@ -377,6 +404,30 @@ class SlurmJob(Job):
                 time.sleep(0.2)
         for follower in self.followers:
             follower.stop()
+        if self.log_dir != self.run_logs:  # the account's logs, as data: never through a link, never a FIFO
+            for name in sorted(os.listdir(self.log_dir)) if self.log_dir.is_dir() else []:
+                if name.endswith((".log", ".out")) and not (self.run_logs / name).exists():
+                    copy_regular(self.log_dir / name, self.run_logs / name)
+            self.outputs = [str(self.run_logs / Path(o).name) if Path(o).parent == self.log_dir else o
+                            for o in self.outputs]
+
+
+def _submit_user(account: Account | None) -> SubmitUser | None:
+    """The cluster's job account as whom a generated batch script is submitted (``None``: as chaoskit)."""
+    if account is None:
+        return None
+    return SubmitUser(account.name, account.uid, account.gid, account.home, (account.gid, *account.groups))
+
+
+def _own_folder(parent: Path, name: str, user: SubmitUser) -> None:
+    """``parent/name`` made for ``user`` (``mkdir`` from ``parent``'s descriptor, which fails on anything that
+    is there, a link too; then given to them)."""
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.mkdir(name, 0o700, dir_fd=fd)
+        os.chown(name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+    finally:
+        os.close(fd)
 
 
 def names_job(text: str) -> bool:
