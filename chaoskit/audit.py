@@ -30,6 +30,7 @@ from chaoskit.cluster.inventory import Inventory, Node
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.channel import AGENT_IDLE_EXIT_S, controller_alive, parse_controller_tag
+from chaoskit.core import procs
 from chaoskit.core.accounts import unheld_account_processes
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.core.state import state_dir
@@ -360,10 +361,10 @@ def _account_leftovers() -> list[Leftover]:
     for name, pids in unheld_account_processes().items():
         left = []
         for pid in pids:
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
+            raw = procs.environ(pid)
+            if raw is None:
                 continue
+            env = raw.split(b"\0")
             scope = next((e.split(b"=", 1)[1].decode(errors="replace") for e in env if e.startswith(b"CHAOSKIT_SCOPE=")), "")
             if scope.split(".", 1)[0] not in labs or not scope:
                 left.append(pid)
@@ -392,12 +393,10 @@ def _netns_in_use(name: str) -> bool:
 
 def _controller_procs() -> list[tuple[int, str]]:
     out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                out.append((int(pid), fh.read().replace(b"\0", b" ").decode(errors="replace").strip()))
-        except OSError:
-            continue
+    for pid in procs.pids():
+        raw = procs.cmdline(pid)
+        if raw is not None:
+            out.append((pid, raw.replace(b"\0", b" ").decode(errors="replace").strip()))
     return out
 
 

@@ -21,6 +21,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
 
 __all__ = ["Account", "AccountClaim", "LAB_ACCOUNT", "LAB_ACCOUNTS", "JOB_GROUP", "CLAIMS_DIR", "lab_account",
@@ -208,15 +209,7 @@ def _claims_dir() -> int:
 
 def processes_of(uid: int) -> list[int]:
     """The pids of the processes that run as ``uid`` on this machine (the owners of ``/proc/PID``)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    out.append(int(entry))
-            except OSError:
-                continue
-    return sorted(out)
+    return sorted(pid for pid in procs.pids() if procs.owner(pid) == uid)
 
 
 def _made(name: str) -> Account:

@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
+from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
 
 __all__ = ["LAB_FILE", "claim", "build_whole", "save", "load", "run_tool", "kill_marked"]
@@ -87,16 +88,12 @@ def kill_marked(*markers: str) -> None:
     ``markers`` (a daemon whose pid file is gone, a watchdog naming the lab's folder)."""
     needles = [m.encode() for m in markers]
     skip = {os.getpid(), os.getppid()}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) in skip:
+    for pid in procs.pids():
+        if pid in skip:
             continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if all(n in cmdline for n in needles):
+        cmdline = procs.cmdline(pid)
+        if cmdline is not None and all(n in cmdline for n in needles):
             try:
-                os.kill(int(entry.name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

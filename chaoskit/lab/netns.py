@@ -36,6 +36,7 @@ from typing import Any
 
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.xid import lab_pci
+from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
 from chaoskit.core.state import state_dir
 from chaoskit.lab.guard import guard, guard_table, unguard
@@ -43,7 +44,6 @@ from chaoskit.lab import labdir
 from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.admin import lab_main
 from chaoskit.faults.network import QDISC_HANDLE
-from chaoskit.nodeside.procstat import proc_state
 
 __all__ = ["NetnsLab", "netns_lab_dir", "require_netns_tools"]
 
@@ -373,7 +373,7 @@ class NetnsLab:
             pid = int((self.node_dir(node) / "sshd.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return False
-        return proc_state(pid) not in (None, "Z")
+        return procs.state(pid) not in (None, "Z")
 
     def _wait_ssh(self, nodes: list[str], timeout: float = 15.0) -> None:
         pending = list(nodes)
@@ -490,18 +490,7 @@ def _remove_privsep_dir() -> None:
 
 def _sshd_running() -> bool:
     """A live sshd anywhere on the machine (zombies waiting to be reaped do not count)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        comm, _, rest = stat.partition(" (")[2].rpartition(") ")
-        if comm == "sshd" and not rest.startswith("Z"):
-            return True
-    return False
+    return any(procs.name(pid) == "sshd" and procs.state(pid) not in (None, "Z") for pid in procs.pids())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,7 @@ from typing import Any
 
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.core.accounts import job_group
+from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
 from chaoskit.core.shell import shell_quote
 from chaoskit.core.state import state_dir
@@ -54,7 +55,6 @@ from chaoskit.lab import labdir
 from chaoskit.lab.labdir import run_tool
 from chaoskit.lab.netns import NetnsLab, require_netns_tools
 from chaoskit.nodeside import nodefs
-from chaoskit.nodeside.procstat import proc_state
 
 __all__ = ["SlurmLab", "slurm_lab_dir", "require_slurm_tools", "DEFAULT_SETTINGS", "PARTITION", "HEALTHCHECK",
            "PUBLIC_ROOT"]
@@ -470,7 +470,7 @@ def _alive(path: Path) -> bool:
     pid = _pid(path)
     if pid is None:
         return False
-    return proc_state(pid) not in (None, "Z")
+    return procs.state(pid) not in (None, "Z")
 
 
 def _kill_pidfile(path: Path, timeout: float = 5.0) -> None:

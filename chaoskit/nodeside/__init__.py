@@ -12,7 +12,8 @@ the watchdog import their siblings here, on the controller only: on a node those
 - :mod:`.agent`: the agent the SSH and docker transports talk to (:mod:`chaoskit.cluster.transports.channel`
   sends it); :mod:`.watchdog`: the lease watchdog behind every lasting fault (:mod:`chaoskit.safety.lease`);
 - :mod:`.jobscope`: which processes are the drilled job's (the node's agent and the crash loop share it);
-- :mod:`.procstat`: a process's ``/proc/PID/stat`` (the node's agent carries it; the controller imports it);
+- :mod:`.procstat`: a process's ``/proc/PID/stat`` on a node (the agent carries it; the controller's own reader is
+  :mod:`chaoskit.core.procs`);
 - :mod:`.crashloop` (``gpu.fail``), :mod:`.xid_writer` (``gpu.xid``), :mod:`.memory_tool` and
   :mod:`.ballast` (``mem.oom``), :mod:`.cpu_tool` (``node.slow``), :mod:`.cgroups` (what those two share),
   :mod:`.storage_tool` (``storage.*``), :mod:`.cont_if_same` (``process.hang``'s revert),

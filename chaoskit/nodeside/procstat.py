@@ -1,10 +1,11 @@
 """A process's ``/proc/PID/stat``, read one way: the fields after its command name.
 
 Standard library only, Python 3.6+, like every module of :mod:`chaoskit.nodeside`: the node's agent
-(:mod:`chaoskit.nodeside.agent`) carries its source in front of its own
-(:func:`chaoskit.nodeside.nodefs.bundle`), and the controller imports it for its own processes (the channel's
-controller tag, local nodes' processes, the labs' daemons, rollback's pids). The command name (field 2) is
-skipped up to its last ``)``: a name may hold spaces and parentheses of its own.
+(:mod:`chaoskit.nodeside.agent`) and the storage io daemon carry its source in front of their own
+(:func:`chaoskit.nodeside.nodefs.bundle`). The controller reads its own machine's processes with
+:mod:`chaoskit.core.procs` (``core`` and ``nodeside`` are independent layers, so ``core/accounts.py`` could not
+import this one): two readers, one per side, by the same rule (tests/test_procs.py). The command name (field 2)
+is skipped up to its last ``)``: a name may hold spaces and parentheses of its own.
 """
 
 

@@ -32,13 +32,13 @@ from typing import Any
 from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.transports.api import Transport
 from chaoskit.cluster.transports.local import LocalTransport
+from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
 from chaoskit.core.secrets import redact_argv
 from chaoskit.core.state import lstat_no_link, state_dir
 from chaoskit.faults.api import Fault
 from chaoskit.faults.registry import fault_kinds
 from chaoskit.nodeside.nodefs import touch_file
-from chaoskit.nodeside.procstat import proc_state
 from chaoskit.safety.journal import Journal, argv_digest, read_journal, unreverted
 from chaoskit.safety.lease import default_lease_root
 
@@ -202,4 +202,4 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return proc_state(pid) != "Z"  # unreadable (another user's, hidden): alive, as kill(0) said
+    return procs.state(pid) != "Z"  # unreadable (another user's, hidden): alive, as kill(0) said

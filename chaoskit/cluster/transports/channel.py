@@ -41,11 +41,11 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from chaoskit import nodeside
+from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
 from chaoskit.nodeside import jobscope, procstat
 from chaoskit.nodeside.agent import BOOT
 from chaoskit.nodeside.nodefs import bundle
-from chaoskit.nodeside.procstat import proc_start_time
 
 __all__ = [
     "AgentChannel",
@@ -133,7 +133,7 @@ def _host() -> str:
 
 
 def _start_ticks(pid: int) -> int | None:
-    start = proc_start_time(pid)
+    start = procs.start_time(pid)
     return int(start) if start is not None and start.isdigit() else None
 
 

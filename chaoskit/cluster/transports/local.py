@@ -16,9 +16,9 @@ import subprocess
 import time
 
 from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo, proc_env
+from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
 from chaoskit.nodeside import nodefs
-from chaoskit.nodeside.procstat import proc_stat_fields
 
 __all__ = ["LocalTransport", "read_proc"]
 
@@ -147,10 +147,7 @@ class LocalTransport:
 def read_proc() -> list[ProcInfo]:
     """Every readable process on this machine, with the environment keys chaoskit reads (:func:`~.api.proc_env`)."""
     out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
+    for pid in procs.pids():
         info = proc_info(pid)
         if info is not None:
             out.append(info)
@@ -166,35 +163,29 @@ def proc_info(pid: int) -> ProcInfo | None:
     The environment is the costly part and cannot change without an exec, so it
     is cached per (pid, start time, command line): an exec changes the command line.
     """
-    base = f"/proc/{pid}"
-    rest = proc_stat_fields(pid)
-    if rest is None:
+    rest = procs.stat_fields(pid)
+    raw_cmdline = procs.cmdline(pid)
+    if rest is None or len(rest) < 20 or raw_cmdline is None:
         return None
-    try:
-        with open(f"{base}/cmdline", "rb") as fh:
-            cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        key = (pid, rest[19], cmdline)
-        env = _ENV_CACHE.get(key)
-        if env is None:
-            try:
-                with open(f"{base}/environ", "rb") as fh:
-                    raw = fh.read()
-            except PermissionError:
-                raw = b""
-            env = {}
-            for item in raw.split(b"\0"):
-                k, sep, value = item.partition(b"=")
-                if sep:
-                    env[k.decode(errors="replace")] = value.decode(errors="replace")
-            env = proc_env(env)
-            # a process between fork and exec has no stable identity yet, and right after exec its environ can
-            # read empty for a moment: neither is cached
-            if cmdline and raw:
-                if len(_ENV_CACHE) > 4096:
-                    _ENV_CACHE.clear()
-                _ENV_CACHE[key] = env
-        uid = os.stat(base).st_uid
-    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+    cmdline = raw_cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+    key = (pid, rest[19], cmdline)
+    env = _ENV_CACHE.get(key)
+    if env is None:
+        raw = procs.environ(pid) or b""  # unreadable (another user's): no environment
+        env = {}
+        for item in raw.split(b"\0"):
+            k, sep, value = item.partition(b"=")
+            if sep:
+                env[k.decode(errors="replace")] = value.decode(errors="replace")
+        env = proc_env(env)
+        # a process between fork and exec has no stable identity yet, and right after exec its environ can
+        # read empty for a moment: neither is cached
+        if cmdline and raw:
+            if len(_ENV_CACHE) > 4096:
+                _ENV_CACHE.clear()
+            _ENV_CACHE[key] = env
+    uid = procs.owner(pid)
+    if uid is None:
         return None
     return ProcInfo(pid=pid, ppid=int(rest[1]), cmdline=cmdline, env=env, state=rest[0].decode(errors="replace"), uid=uid,
                     start_time=int(rest[19]))
