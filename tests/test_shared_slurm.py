@@ -199,6 +199,7 @@ def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, job_us
         ours = r["slurm"]["job_id"]
         assert ours and ours not in (theirs, theirs_n1)
         assert r["slurm"]["restarts"] >= 1, r["slurm"]
+        assert r["recovery_model"] == "slurm-requeue"  # an sbatch job's stack: Slurm's requeue (issue 50 item 1)
         assert r["slurm"]["user"] == job_user.pw_name and access.job(ours)["UserId"] == str(job_user.pw_uid)
         injected = [e for e in (base / "run" / "journal.jsonl").read_text().splitlines() if '"injected"' in e]
         assert len(injected) == 1 and f"n0/job{ours}" in injected[0], injected
