@@ -194,8 +194,8 @@ def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, job_us
     try:
         assert wait_until(lambda: running(lab, theirs) and running(lab, theirs_n1), 30)
         res = run_cli("run", sc, "--out", base / "run", "--json")
+        assert res.stdout, res.stderr
         r = res.json
-        assert r is not None, res.stderr
         ours = r["slurm"]["job_id"]
         assert ours and ours not in (theirs, theirs_n1)
         assert r["slurm"]["restarts"] >= 1, r["slurm"]
@@ -231,6 +231,31 @@ def test_slurm_requeue_requeues_this_drill_s_job_and_no_other(shared_lab, job_us
     finally:
         access.run("scancel", theirs, theirs_n1, check=False)
         access.run("scancel", "-n", "ours", check=False)
+
+
+def test_a_user_outside_the_labs_group_is_refused_before_sbatch(shared_lab, job_user, job_user_folders):
+    """The lab's slurm.conf is the lab accounts' group's only (issue 48): an author's script whose user is not in it
+    is refused with the reason and the fix, and nothing is submitted (not sbatch's own retries and error)."""
+    lab = shared_lab
+    base, folder = job_user_folders
+    subprocess.run(["gpasswd", "--delete", job_user.pw_name, "chaoskit-jobs"], capture_output=True)  # if an earlier test's
+    assert "chaoskit-jobs" not in subprocess.run(["id", "-nG", job_user.pw_name], capture_output=True, text=True).stdout
+    (folder / "train.sbatch").write_text("#!/bin/bash\n#SBATCH -N1 -J refused\nsleep 60\n")
+    os.chown(folder / "train.sbatch", job_user.pw_uid, job_user.pw_gid)
+    sc = folder / "s.yaml"
+    sc.write_text(f"name: outside\ncluster: {{inventory: {lab.inventory_path}, scheduler: slurm, "
+                  f"slurm: {{conf: {lab.conf_path}}}}}\n"
+                  "workload:\n  launch: sbatch\n  script: train.sbatch\n"
+                  "faults:\n  - {kind: slurm.requeue, target: {nodes: [n0]}, at: {step: 3}}\n"
+                  "probes:\n  log:\n    - {match: 'step (?P<step>\\d+)', event: step}\n"
+                  "steady_state: {steps: 2, timeout: 30s}\nsafety: {max_nodes: 1, abort_after: 1m}\n")
+    before = {j["JobId"] for j in lab.access().jobs()}
+    res = run_cli("run", sc, "--out", base / "run", "--json")
+    assert res.code == 3, (res.code, res.stderr)
+    assert f"{job_user.pw_name} cannot submit to this cluster: /run/chaoskit-slurm (mode 0710, root's) is closed to" \
+        in res.stderr, res.stderr
+    assert "usermod --append --groups chaoskit-jobs" in res.stderr, res.stderr
+    assert {j["JobId"] for j in lab.access().jobs()} == before  # nothing was submitted
 
 
 def test_a_node_drained_before_the_drill_stays_drained_with_its_reason(shared_lab, tmp_path):

@@ -33,7 +33,7 @@ from chaoskit.backends.api import ClusterHandle
 from chaoskit.cluster.slurm import JOB_DONE_STATES, SlurmAccess, SubmitRefused, SubmitUser, node_list, submit_user
 from chaoskit.cluster.transports.api import JobScope
 from chaoskit.core.errors import InfraError, ScenarioError
-from chaoskit.core.accounts import Account
+from chaoskit.core.accounts import JOB_GROUP, Account, unreachable_by
 from chaoskit.core.files import copy_regular, torch_cache_env
 from chaoskit.core.trusted import read_authors_file
 from chaoskit.observe.probes import FileLogProbe
@@ -276,6 +276,7 @@ class SlurmJob(Job):
             if value is None:
                 env.pop(name, None)
                 job_env.pop(name, None)
+        self._check_reaches_conf()
         res = self.access.run("sbatch", *self.sbatch_args(text), check=False, env={**env, **job_env}, timeout=30,
                               as_user=self.owner, input=text)
         if res.returncode != 0:
@@ -293,6 +294,18 @@ class SlurmJob(Job):
             for node in self.cluster.inventory.names():
                 self._follow(node, self.log_dir / f"{node}.log")
         self._follow_outputs()
+
+    def _check_reaches_conf(self) -> None:
+        """:class:`InfraError` (nothing submitted) when the user the script is submitted as cannot read the cluster's
+        ``slurm.conf`` (a Slurm lab's is the lab accounts' group's only), rather than sbatch's own retries and error."""
+        owner = self.owner
+        if owner is None or not self.access.conf:
+            return
+        problem = unreachable_by(Account(owner.name, owner.uid, owner.gid, owner.home, tuple(owner.groups)),
+                                 [Path(self.access.conf)])
+        if problem:
+            raise InfraError(f"{owner.name} cannot submit to this cluster: {problem}; nothing was submitted",
+                             hint=f"on a Slurm lab, let them submit: usermod --append --groups {JOB_GROUP} {owner.name}")
 
     def checked_text(self) -> str:
         """The author's batch script, read once through the descriptor that was checked (issue 48, finding 7): inside
