@@ -317,6 +317,11 @@ class _Run:
         self._checkpoint_fs: tuple[str, list[str]] | None = None
         self.stop_watcher: StopWatcher | None = None
         self.prometheus_probe: PrometheusProbe | None = None
+        # the probes the job's start makes (None until then, and where they do not apply): the result reads them
+        self.log_probe: LogRegexProbe | None = None
+        self.sdk_probe: SdkLogProbe | None = None
+        self.kmsg_probe: KmsgProbe | None = None
+        self.silent_watch: SilentWatch | None = None
 
     def _account_for_job(self) -> str | None:
         """Run the job as the cluster's account (``job_account``) unless it cannot run as that account; return why
@@ -938,19 +943,17 @@ class _Run:
 
     def _result(self) -> RunResult:
         """The run's result (:func:`~chaoskit.assembler.assemble`), once what its probes could not read is noted."""
-        log_probe = getattr(self, "log_probe", None)
+        log_probe, kmsg_probe, sdk_probe = self.log_probe, self.kmsg_probe, self.sdk_probe
         watched = [w.notes() for w in (self.stop_watcher, self.prometheus_probe) if w is not None]
-        kmsg_probe = getattr(self, "kmsg_probe", None)
         kernel_logs = [f"kernel log of {e}" for e in (kmsg_probe.errors if kmsg_probe is not None else [])
                        if "cannot read the kernel log" in e][:5]  # a node's log chaoskit could not read: say so
-        sdk_probe = getattr(self, "sdk_probe", None)
         for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
                         + (sdk_probe.errors if sdk_probe is not None else [])
                         + [e for t in self.threads if isinstance(t, FileLogProbe) for e in t.errors]
                         + list(self.job.line_errors if self.job is not None else [])[:5] + [n for notes in watched for n in notes]):
             if problem not in self.notes:
                 self.notes.append(problem)
-        watch = getattr(self, "silent_watch", None)
+        watch = self.silent_watch
         return assemble(RunRecord(
             sc=self.sc, scenario_file=self.loaded.path, run_dir=self.run_dir, cluster=self.cluster,
             capabilities=self.capabilities, t0=self.t0, t_baseline=self.t_baseline, events=self.bus.snapshot(),
