@@ -263,6 +263,7 @@ def test_lab_up_status_down_leaves_no_daemon_namespace_or_folder(_private_state)
             st = os.lstat(path)
             assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, group, mode), (path, st)
         assert Path(lab.public).parent == Path("/run/chaoskit-slurm") and not (Path(lab.public) / "munge" / "munge.key").exists()
+        assert stat.S_IMODE(os.stat(lab.directory).st_mode) == 0o700  # the rest (its state, the munge key): root's alone
         claim = claim_lab_account()
         try:
             env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(lab.conf_path), "HOME": "/"}

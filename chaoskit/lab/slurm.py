@@ -135,7 +135,7 @@ class SlurmLab:
         """Build the lab; return once slurmctld sees every node IDLE. On failure nothing is left."""
         tools = require_slurm_tools()
         directory = Path(directory or slurm_lab_dir()).resolve()
-        labdir.claim(directory, "Slurm lab", 0o711)  # munged wants its socket's folders searchable by all
+        labdir.claim(directory, "Slurm lab", 0o700)  # root's alone: what others reach is in PUBLIC_ROOT
         net = NetnsLab.create(nodes, spare=spare, directory=directory / "netns")
         lab = cls(net.lab_id, directory, nodes, spare, {**DEFAULT_SETTINGS, **(settings or {})}, _free_port(),
                   socket.gethostname(), str(Path(tools["slurmctld"]).parent), public=str(PUBLIC_ROOT / net.lab_id))
@@ -369,7 +369,7 @@ class SlurmLab:
 
     def _start_munged(self) -> None:
         mdir = self.directory / "munge"
-        mdir.mkdir(mode=0o711, exist_ok=True)
+        mdir.mkdir(mode=0o700, exist_ok=True)  # the key, seed and log: root's alone
         if self.public:  # the socket where the lab accounts reach it (the key, seed and log stay here)
             _group_folder(self.munge_socket.parent, new=True)
         key = new_munge_key(mdir / "munge.key")
