@@ -337,7 +337,8 @@ class _Run:
             script = self.sc.workload.command_script(self.loaded.path.parent) if self.sc.workload.command else None
             needs = [*python_paths(self.cluster.python), *([script] if script else []),
                      nearest_existing(self.run_dir.parent)]
-            problem = unreachable_by(account, needs)  # the job's folder goes beside the run folder (missing: made 0755)
+            problem = (self.cluster.account_reaches(account) if self.cluster.account_reaches is not None  # containers
+                       else unreachable_by(account, needs))  # the job's folder goes beside the run folder (missing: made 0755)
             if problem:
                 why = f"{account.name} cannot run the job: {problem}"
         if why is not None and self.cluster.job_account_fixed:  # its nodes write the job's files as the account

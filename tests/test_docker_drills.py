@@ -14,6 +14,8 @@ test_network_faults_cut_the_node_inside_its_container_and_are_reverted, test_a_s
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.conftest import SCENARIOS, need_torch, run_cli
@@ -37,6 +39,10 @@ def _drill(name: str, tmp_path, monkeypatch) -> dict:
     assert result["cluster"]["kind"] == "docker" and result["cluster"]["project"] == project
     assert fx.leftovers(project) == {"containers": [], "networks": [], "volumes": []}
     assert (tmp_path / "run" / "sdk-events.jsonl").stat().st_size > 0  # collected from the shared folder
+    if os.geteuid() == 0:  # the job ran in the containers as the run's lab account (issue 48), not root
+        job_user = result["cluster"]["job_user"]
+        assert job_user.startswith("chaoskit-lab") and "job_user_why" not in result["cluster"], result["cluster"]
+        assert result["cluster"]["job_process_users"] == [job_user], result["cluster"]
     assert list((tmp_path / "shared").iterdir()) == []  # the job's checkpoints went with the run
     return result
 

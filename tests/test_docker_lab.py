@@ -36,10 +36,29 @@ def test_the_compose_file_users_run_is_the_lab():
     assert project.name == "chaoskit"
     assert [s.name for s in project.services] == ["n0", "n1", "n2"]
     for s in project.services:
-        assert s.image == "chaoskit-node:latest" and s.init and s.cap_add == ["NET_ADMIN"] and s.networks == ["data"]
+        assert s.image == "chaoskit-node:latest" and s.init and s.cap_add == ["NET_ADMIN", "SYS_PTRACE"] and s.networks == ["data"]
         assert (project.directory / s.build["context"] / s.build["dockerfile"]).is_file()
     assert [s.labels["io.chaoskit.role"] for s in project.services] == ["worker", "worker", "spare"]
     assert project.shared_dir() == Path("/tmp/chaoskit-docker")  # the same path on both sides
+
+
+def test_a_compose_file_without_sys_ptrace_keeps_the_job_root_and_says_why(tmp_path):
+    """The job runs in the containers as a lab account only where chaoskit's agent (root there) can see its processes,
+    which takes SYS_PTRACE (issue 48): a compose file of the user's without it keeps the job root, with the reason (the
+    runner's job_user_why); chaoskit's own compose file adds it. No engine needed: the compose file as read."""
+    from types import SimpleNamespace
+
+    from chaoskit.backends.docker import _no_ptrace
+    from chaoskit.lab.docker import find_compose, load_compose
+
+    f = tmp_path / "docker-compose.yml"
+    f.write_text("name: mine\nservices:\n  n0:\n    image: chaoskit-node:latest\n    cap_add: [NET_ADMIN]\n"
+                 "    labels: [io.chaoskit.role=worker]\n"
+                 "  n1:\n    image: chaoskit-node:latest\n    cap_add: [NET_ADMIN, SYS_PTRACE]\n"
+                 "    labels: [io.chaoskit.role=worker]\n")
+    why = _no_ptrace(SimpleNamespace(project=load_compose(f, environ={})), ["n0", "n1"])
+    assert why is not None and "services n0 do not add SYS_PTRACE" in why, why
+    assert _no_ptrace(SimpleNamespace(project=load_compose(find_compose(), environ={})), ["n0", "n1"]) is None
 
 
 def test_compose_variables_and_project_name_follow_compose(tmp_path):
@@ -140,7 +159,7 @@ def test_lab_up_makes_what_compose_would(docker_lab):
         assert c.labels["com.docker.compose.service"] == service
         assert c.labels["com.docker.compose.container-number"] == "1"
         host = c.attrs["HostConfig"]
-        assert host["CapAdd"] == ["NET_ADMIN"] and host["Init"] is True
+        assert host["CapAdd"] == ["NET_ADMIN", "SYS_PTRACE"] and host["Init"] is True
         shared = str(docker_lab.project.shared_dir())
         assert {"Type": "bind", "Source": shared, "Destination": shared} in [
             {k: m[k] for k in ("Type", "Source", "Destination")} for m in c.attrs["Mounts"]]

@@ -109,6 +109,11 @@ class ClusterHandle:
     job_account: Account | None = None
     """The unprivileged account the job chaoskit starts runs as on this cluster (a lab's, when chaoskit is root;
     :mod:`chaoskit.core.accounts`); ``None``: as chaoskit itself."""
+    account_reaches: Callable[[Account], str | None] | None = None
+    """Why ``job_account`` cannot run the job on this cluster's nodes, or ``None``: a cluster whose nodes have file
+    systems of their own says so itself (a docker lab: its shared folder, as its containers see it; their Python is
+    the image's). ``None`` here: the runner checks this machine's (the job's Python, its script, the run folder's
+    parents)."""
     job_account_fixed: bool = False
     """The cluster's own nodes run as ``job_account`` and write the job's files (a Ray lab's nodes: its Ray Train
     controller and workers write its checkpoints): a job whose folders that account cannot reach cannot fall back

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +32,7 @@ from chaoskit.cluster.transports.docker import (
     power_argv,
 )
 from chaoskit.cluster.transports.ssh_many import connect_all
+from chaoskit.core.accounts import Account, claim_lab_account, job_group
 from chaoskit.core.errors import InfraError, ScenarioError
 from chaoskit.lab.docker import ComposeProject, DockerLab, find_compose, load_compose
 
@@ -98,12 +100,30 @@ class DockerBackend(ClusterBackend):
         ephemeral = lab is None
         if ephemeral:
             lab = DockerLab.up(project=project)
+        claim = None
         try:
-            return self._handle(spec, lab, ephemeral)
+            claim = claim_lab_account()  # the job runs as a lab account of the run's own in the containers
+            handle = self._handle(spec, lab, ephemeral)
         except BaseException:
+            if claim is not None:
+                claim.release()
             if ephemeral:
                 lab.down()
             raise
+        if claim is not None:
+            close = handle.teardown
+
+            def teardown() -> None:
+                try:
+                    close()
+                finally:
+                    claim.release()
+
+            handle.teardown = teardown
+            handle.job_account = claim.account
+            handle.account_reaches = lambda account: (_no_ptrace(lab, handle.job_nodes)
+                                                      or _shared_closed_to(account, Path(handle.shared_dir or "/")))
+        return handle
 
     def _handle(self, spec: DockerSpec, lab: DockerLab, ephemeral: bool) -> ClusterHandle:
         shared = lab.project.shared_dir()
@@ -134,9 +154,11 @@ class DockerBackend(ClusterBackend):
 
         def wrap(node: str, argv: list[str], env: dict[str, str], cwd: Path) -> list[str]:
             flags = [f for k, v in sorted(env.items()) for f in ("-e", f"{k}={v}")]
-            return ["docker", "exec", "-i", "-w", str(cwd), *flags, containers[node], *argv]
+            account = handle.job_account  # the lab account (by number: the image knows no such user), group chaoskit-jobs
+            user = ["--user", f"{account.uid}:{job_group()}"] if account is not None else []
+            return ["docker", "exec", "-i", *user, "-w", str(cwd), *flags, containers[node], *argv]
 
-        return ClusterHandle(
+        handle = ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=used[: spec.nodes],
             rdzv_host=addresses[used[0]], scope=lab.scope,
             # No GLOO_SOCKET_IFNAME: gloo takes the address of the node's host name (the engine writes it
@@ -148,6 +170,7 @@ class DockerBackend(ClusterBackend):
             python=NODE_PYTHON, launch_wrap=wrap, shared_dir=shared,
             job_transport=lambda node: inventory[node].conn,
         )
+        return handle
 
     def lab_up(self, spec: DockerSpec, base: Path, say: Say, rebuild: bool = False) -> str:
         if spec.model_fields_set & {"nodes", "spare"}:
@@ -234,3 +257,28 @@ def _run_lab(details: dict[str, Any]) -> DockerLab:
     """The docker lab a run used: its compose file under the project name it ran with."""
     environ = {**os.environ, **({"COMPOSE_PROJECT_NAME": details["project"]} if details.get("project") else {})}
     return DockerLab(load_compose(details["compose"], environ=environ), docker_client())
+
+
+def _no_ptrace(lab: DockerLab, nodes: list[str]) -> str | None:
+    """Why chaoskit's agent (root in the container) could not see a job that runs as another user, or ``None``: it
+    reads the job's processes' environment (their scope), which takes ``SYS_PTRACE`` (the compose file's
+    ``cap_add``; chaoskit's docker-compose.yml adds it)."""
+    lacking = [s.name for s in lab.project.services if s.name in nodes and "SYS_PTRACE" not in s.cap_add]
+    if lacking:
+        return (f"the compose file's services {', '.join(lacking)} do not add SYS_PTRACE (cap_add), which chaoskit's "
+                "agent needs to see a job that does not run as root")
+    return None
+
+
+def _shared_closed_to(account: Account, shared: Path) -> str | None:
+    """Why ``account`` (run with the group chaoskit-jobs) cannot make its way into the shared folder, as the containers
+    see it (mounted at the same path, above it the image's own folders), or ``None``: the job's folder is made in it."""
+    try:
+        st = os.stat(shared)
+    except OSError as exc:
+        return f"{shared}: {exc.strerror}"
+    gid = job_group()
+    need = stat.S_IXUSR if st.st_uid == account.uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
+    if not st.st_mode & need:
+        return f"the shared folder {shared} (mode {stat.S_IMODE(st.st_mode):04o}) is closed to {account.name}"
+    return None

@@ -33,6 +33,7 @@ from chaoskit.cluster.transports.docker import (
     docker_client,
     power_argv,
 )
+from chaoskit.core.accounts import job_group
 from chaoskit.core.errors import InfraError, ScenarioError, SourcePos
 from chaoskit.core.limits import MAX_FILE_BYTES
 from chaoskit.core.state import state_dir
@@ -111,10 +112,19 @@ class ComposeProject:
 
 def private_bind(source: str) -> None:
     """The lab's shared storage (``/tmp/chaoskit-docker`` by default), which root writes through from every node:
-    made 0700 by us or, when it exists, a real folder of ours that nobody else can write (then made 0700)."""
+    made by us or, when it exists, a real folder of ours that nobody else can write; then 0700, or as root 0710 with
+    the lab accounts' group (:data:`~chaoskit.core.accounts.JOB_GROUP`), which the job's lab account passes through
+    to its own folder there (issue 48), and no other user (set on the opened folder, no link followed)."""
     try:
         nodefs.ensure_dir(source)
-        os.chmod(source, 0o700)
+        gid = job_group()
+        fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if gid is not None:
+                os.fchown(fd, os.geteuid(), gid)
+            os.fchmod(fd, 0o710 if gid is not None else 0o700)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise InfraError(f"the docker lab's bind mount {source}: {exc}",
                          hint="remove it if it is not chaoskit's, or set CHAOSKIT_DOCKER_SHARED to a folder of your own") from None
