@@ -333,7 +333,8 @@ class TorchrunJob(Job):
         assert proc.stdout is not None
         # Lines are cut at MAX_LINE_BYTES (the log keeps all of it), and nothing a line does to on_line stops
         # this thread: were it to stop, the job's stdout pipe would fill and the job would block on its next print.
-        with open(self.log_dir / f"{name or node}.log", "ab") as log:
+        # the pipe is closed at its end here: a job object kept after its run would otherwise hold its agents' pipes
+        with open(self.log_dir / f"{name or node}.log", "ab") as log, proc.stdout:
             for raw, lines in terminal_lines(proc.stdout):  # a progress bar's every redraw (\r) is a line
                 ts = time.time()
                 if raw:
