@@ -315,6 +315,7 @@ class _Run:
         self.missed: str | None = None
         """Why a trigger never fired (the faults after it were not injected), or ``None``."""
         self._checkpoint_fs: tuple[str, list[str]] | None = None
+        self._job_dir_made = False
         self.stop_watcher: StopWatcher | None = None
         self.prometheus_probe: PrometheusProbe | None = None
         # the probes the job's start makes (None until then, and where they do not apply): the result reads them
@@ -487,12 +488,15 @@ class _Run:
         if size is None or fs is None or self.ctx.checkpoint_dir is None:
             return
         folder = Path(self.ctx.checkpoint_dir)
+        owner = self.job_owner
+        if owner is not None:  # the folder is in the job's own, made for its user first (no process of theirs runs yet)
+            self._make_job_dir()
         revert = fs.unmount_argv(folder)
         node = self.cluster.job_nodes[0]
         self.ctx.arm(LocalTransport(node), CHECKPOINT_FS_ID, "workload.checkpoint_fs", revert,
                      self.sc.safety.abort_after + 120.0, target=str(folder), on="controller")
         try:
-            fs.mount(folder, size)
+            fs.mount(folder, size, (owner.uid, owner.gid) if owner is not None else None)
         except BaseException:
             LocalTransport(node).run(revert, 30.0)
             self.leases.release(CHECKPOINT_FS_ID)
@@ -527,20 +531,30 @@ class _Run:
         if far:
             self.say(f"clocks: {', '.join(far)} against this machine (corrected)", "clocks")
 
-    def _start(self) -> None:
-        sc = self.sc
-        rules, tee = sc.probes.log_rules(stack_of(sc.workload).presets)  # the stack's own lines: who noticed
-        self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
-        owner = self.job_owner
-        self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None)
-        events_path = (self.job_dir / "sdk-events.jsonl"
+    def _make_job_dir(self) -> Path | None:
+        """The job's own folder, made once (before the job starts, or before its checkpoint file system is mounted
+        in it): for a job of another user made new, its files in it, then given to them. Its SDK events file."""
+        sc, owner = self.sc, self.job_owner
+        events_path = (job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None) / "sdk-events.jsonl"
                        if sc.probes.sdk and LAUNCHES[sc.workload.launch].sdk_events else None)
-        if owner is not None:  # the job's user's folder: made new (its parents too), its files in it, then given to them
+        if self._job_dir_made:
+            return events_path
+        self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None)
+        if owner is not None:
             dirs = ("checkpoints", "tmp", *((INPROC_CHANNEL_DIR,) if _uses_inproc(sc) else ()))
             make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=dirs,
                             files=("sdk-events.jsonl",) if events_path is not None else ())
         else:
             self.job_dir.mkdir(parents=True, exist_ok=True)
+        self._job_dir_made = True
+        return events_path
+
+    def _start(self) -> None:
+        sc = self.sc
+        rules, tee = sc.probes.log_rules(stack_of(sc.workload).presets)  # the stack's own lines: who noticed
+        self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
+        owner = self.job_owner
+        events_path = self._make_job_dir()
         if events_path is not None:
             if owner is None:
                 events_path.touch()

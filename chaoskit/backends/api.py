@@ -60,8 +60,9 @@ class CheckpointFs(Protocol):
     def unmount_argv(self, folder: Path) -> list[str]:
         """What removes it (idempotent); the runner arms it as a lease before :meth:`mount`."""
 
-    def mount(self, folder: Path, size: int) -> None:
-        """Make a file system of ``size`` bytes on ``folder``; :class:`~chaoskit.core.errors.InfraError` if it cannot."""
+    def mount(self, folder: Path, size: int, owner: tuple[int, int] | None = None) -> None:
+        """Make a file system of ``size`` bytes on ``folder``, its root given to ``owner`` (uid, gid) when the job
+        runs as another user; :class:`~chaoskit.core.errors.InfraError` if it cannot."""
 
 
 @dataclass

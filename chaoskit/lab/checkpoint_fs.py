@@ -31,12 +31,13 @@ class TmpfsCheckpoints:
         return unmount_argv(folder)
 
     @staticmethod
-    def mount(folder: Path, size: int) -> None:
-        mount_checkpoint_fs(folder, size)
+    def mount(folder: Path, size: int, owner: tuple[int, int] | None = None) -> None:
+        mount_checkpoint_fs(folder, size, owner)
 
 
-def mount_checkpoint_fs(folder: Path, size: int) -> list[str]:
-    """Mount a tmpfs of ``size`` bytes on ``folder`` (made if missing); return the argv that unmounts it."""
+def mount_checkpoint_fs(folder: Path, size: int, owner: tuple[int, int] | None = None) -> list[str]:
+    """Mount a tmpfs of ``size`` bytes on ``folder`` (made if missing), its root ``owner``'s (uid, gid; mode 0700)
+    when the job runs as another user; return the argv that unmounts it."""
     folder = Path(folder)
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         raise InfraError("workload.checkpoint_fs: mounting the job's checkpoint file system needs root",
@@ -44,7 +45,8 @@ def mount_checkpoint_fs(folder: Path, size: int) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     if any(folder.iterdir()):
         raise InfraError(f"workload.checkpoint_fs: {folder} already holds files; the job's file system would hide them")
-    res = subprocess.run(["mount", "-t", FSTYPE, "-o", f"size={int(size)},mode=0755", SOURCE, str(folder)],
+    mode = f"mode=0700,uid={int(owner[0])},gid={int(owner[1])}" if owner is not None else "mode=0755"
+    res = subprocess.run(["mount", "-t", FSTYPE, "-o", f"size={int(size)},{mode}", SOURCE, str(folder)],
                          capture_output=True, text=True, timeout=TIMEOUT_S)
     if res.returncode != 0:
         raise InfraError(f"workload.checkpoint_fs: mount -t tmpfs on {folder} failed: {res.stderr.strip() or res.returncode}")
