@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import need, need_root_tool, need_torch, wait_until, lab_fixture
 from tests.swap_fixtures import flipping_link, swap_on_open
+from tests.test_slurm import may_submit
 
 AUTHOR = "ckauthor48"
 
@@ -295,6 +296,7 @@ def test_a_batch_script_swapped_after_its_owner_was_taken_is_not_submitted_as_th
     from chaoskit.scenario.model import Workload
     from chaoskit.workloads.slurm import SlurmJob
 
+    may_submit(job_user.pw_name)  # the lab's slurm.conf and munge socket: the lab accounts' group's (issue 48)
     folder, marker = drill
     base, own = job_user_folders
     good = own / "train.sbatch"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SYSTEM_PYTHON, run_cli, wait_until, lab_fixture
-from tests.test_slurm import events_of, require_slurm
+from tests.test_slurm import events_of, may_submit, require_slurm
 
 TTL_S = 2.0
 
@@ -165,7 +165,7 @@ def site_slurm(tmp_path_factory):
     from chaoskit.lab.slurm import SlurmLab
 
     root = Path(tempfile.mkdtemp(prefix="ck-site-slurm-"))
-    root.chmod(0o711)  # a job's own user reaches slurm.conf and munge's socket, nothing else
+    root.chmod(0o711)  # a job's own user reaches its folders; slurm.conf and munge's socket are the group's
     lab = SlurmLab.create(2, 0, {"requeue_hold": 5.0, "sched_interval": 2.0}, directory=root / "slurm")
     try:
         yield lab
@@ -237,6 +237,7 @@ def test_a_drain_is_resumed_by_its_lease_when_chaoskit_is_sigkilled(site_slurm, 
     user of its own, never root); chaoskit dies (SIGKILL, no revert of its own) while n0 is drained; the watchdog
     armed on the controller resumes n0 once the lease goes stale."""
     lab = site_slurm
+    may_submit(job_user.pw_name)  # the lab's slurm.conf and munge socket: the lab accounts' group's (issue 48)
     base, own = job_user_folders
     log = own / "train.log"
     script = write(own, "train.sbatch", fake_train(log, "n0", SYSTEM_PYTHON))
