@@ -141,7 +141,9 @@ def test_kill_one_rank_of_a_job_chaoskit_did_not_start(site, user_job, tmp_path,
     phases = result["phases"]
     for phase in ("detection_s", "reallocation_s", "checkpoint_load_s", "recovery_s"):
         assert phases[phase] is not None and phases[phase] >= 0, (phase, phases)
-    assert phases["detected_by"].startswith("torchrun agent on n1")
+    # the first to notice is a torchrun agent: n1's (its worker SIGKILLed) or n0's, whose worker gloo may abort
+    # (exit -6) the moment its peer's socket closes; which comes first is a race of the two nodes, not a defect
+    assert phases["detected_by"].startswith(("torchrun agent on n1", "torchrun agent on n0")), phases["detected_by"]
     assert result["cluster"]["kind"] == "inventory"
     assert sorted(w["rank"] for w in result["attached"]["workers"]) == [0, 1]
     clocks = result["clocks"]
