@@ -24,7 +24,7 @@ from pydantic import Field
 from chaoskit.cluster.inventory import InterfaceSpec, Inventory, Node, PowerCommands
 from chaoskit.cluster.slurm import SlurmAccess
 from chaoskit.cluster.transports.api import JobScope, Transport
-from chaoskit.core.accounts import Account
+from chaoskit.core.accounts import Account, AccountClaim
 from chaoskit.core.errors import ScenarioError
 from chaoskit.core.models import StrictModel
 from chaoskit.core.state import state_dir
@@ -305,13 +305,18 @@ class RootLabBackend(ClusterBackend):
         return Inventory("check", nodes)
 
 
-def teardown_of(inventory: Inventory, remove: Callable[[], Any] | None) -> Callable[[], None]:
+def teardown_of(inventory: Inventory, remove: Callable[[], Any] | None,
+                claim: AccountClaim | None = None) -> Callable[[], None]:
     """A handle's ``teardown``: close ``inventory``'s connections, then ``remove`` the cluster, when the run made
-    it (``None``: it stays up)."""
+    it (``None``: it stays up); the run's lab account ``claim`` is let go last, whatever failed before."""
 
     def teardown() -> None:
-        inventory.close()
-        if remove is not None:
-            remove()
+        try:
+            inventory.close()
+            if remove is not None:
+                remove()
+        finally:
+            if claim is not None:
+                claim.release()
 
     return teardown

@@ -65,14 +65,7 @@ class NetnsBackend(RootLabBackend):
             raise
         inventory = _marked_inventory(lab)
         names = lab.node_names()
-        close = teardown_of(inventory, lab.down if ephemeral else None)
-
-        def teardown() -> None:
-            try:
-                close()
-            finally:
-                if claim is not None:
-                    claim.release()
+        teardown = teardown_of(inventory, lab.down if ephemeral else None, claim)
 
         handle = ClusterHandle(
             id=lab.lab_id, kind=self.name, inventory=inventory, job_nodes=names[: spec.nodes],

@@ -107,14 +107,7 @@ class SlurmBackend(RootLabBackend):
             **(_root_job_why() if not lab.reachable else {}),
         })
         handle.connect = lambda: connect_all([n.conn for n in inventory.nodes])
-        close = teardown_of(inventory, lab.down if ephemeral else None)
-
-        def teardown() -> None:
-            try:
-                close()
-            finally:
-                if claim is not None:
-                    claim.release()
+        teardown = teardown_of(inventory, lab.down if ephemeral else None, claim)
 
         handle.teardown = teardown
         handle.job_account = claim.account if claim is not None else None
