@@ -24,9 +24,8 @@ from chaoskit.measure import (
     baseline_restarts, false_restart, incident, measure_checkpoint_io, measure_slowdown, node_returns,
     reallocation_steps, slo_verdict, unseen_signals,
 )
-from chaoskit.observe.presets import PRESETS
 from chaoskit.observe.sdc import silent_summary
-from chaoskit.stacks.registry import stack_of
+from chaoskit.stacks.registry import log_presets, stack_of
 from chaoskit.triggers import Fired
 from chaoskit.workloads.api import Job
 
@@ -96,7 +95,7 @@ def assemble(r: RunRecord) -> RunResult:
     by_itself = [m for m in felt if m["t_detect"] is not None
                  and not any(m["t_fault"] < o["t_fault"] < m["t_detect"] for o in per_fault)]
     phases_full = (by_itself or felt or per_fault or [None])[0]
-    unseen = (unseen_signals(phases_full, events, {p: PRESETS[p].sees for p in r.sc.probes.presets})
+    unseen = (unseen_signals(phases_full, events, {p: log_presets()[p].sees for p in r.sc.probes.presets})
               if phases_full else {})
     slo_cfg = r.sc.slo.model_dump()
     slo = slo_verdict(phases_full or {"reasons": {p.name: "no fault was injected" for p in SLO_PHASES}}, slo_cfg)
@@ -206,8 +205,8 @@ def assemble(r: RunRecord) -> RunResult:
         **({"stop_condition": r.stop_fired} if r.stop_fired else {}),
         **(r.job.result_part() if r.job is not None else {}),
         # which signals each log preset could not see: a phase it left unmeasured is explained here
-        **({"presets": {name: {"sees": list(PRESETS[name].sees), "cannot_see": PRESETS[name].cannot_see,
-                               "verbosity": PRESETS[name].verbosity} for name in r.sc.probes.presets}}
+        **({"presets": {name: {"sees": list(p.sees), "cannot_see": p.cannot_see, "verbosity": p.verbosity}
+                        for name, p in ((n, log_presets()[n]) for n in r.sc.probes.presets)}}
            if r.sc.probes.presets else {}),
     })
 

@@ -206,7 +206,7 @@ def test_a_progress_bars_redraws_are_lines_and_the_hf_preset_reads_its_steps():
     bar = ("import sys, time\nfrom tqdm import tqdm\nb = tqdm(total=40, mininterval=0, file=sys.stdout)\n"
            "for _ in range(3):\n    b.update(1); time.sleep(0.05)\nb.update(10)\nsys.stdout.flush(); time.sleep(5)\n"
            "b.close()\nprint('done')\n")
-    from chaoskit.observe.presets import preset_rules
+    from chaoskit.stacks.registry import preset_rules
 
     bus = EventBus()
     probe = LogRegexProbe(bus, preset_rules(["hf"], torchrun=False)[0])

@@ -22,11 +22,10 @@ from chaoskit.cluster.transports.api import ProcInfo, rank_processes
 from chaoskit.core.errors import ScenarioError
 from chaoskit.measure import measure_nvrx_inprocess
 from chaoskit.observe.events import EVENT_KINDS, EventBus
-from chaoskit.observe.presets import PRESETS, preset_rules
-from chaoskit.stacks.registry import stack
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
+from chaoskit.stacks.registry import log_presets, preset_rules, stack
 from tests.conftest import SCENARIOS, need_torch, run_cli
 
 DATA = Path(__file__).parent / "data" / "nvrx-inprocess"
@@ -56,7 +55,7 @@ def test_the_preset_reads_the_wrappers_real_lines():
         ("detect", 1, None), ("detect", 1, "EXCEPTION"), ("inprocess.restart", 1, None),
         ("detect", 0, None), ("detect", 0, "EXCEPTION"), ("inprocess.restart", 0, None)]
     assert "CUDA error: an illegal memory access" in wrapper[0]["error"] and wrapper[1]["ranks"] == 1
-    assert set(PRESETS["nvrx-inprocess"].sees) <= set(EVENT_KINDS)
+    assert set(log_presets()["nvrx-inprocess"].sees) <= set(EVENT_KINDS)
 
 
 def test_a_cuda_error_measured_with_the_in_process_model():

@@ -20,11 +20,10 @@ import pytest
 from chaoskit.core.errors import ScenarioError
 from chaoskit.measure import measure_fault, measure_nvrx
 from chaoskit.observe.events import EVENT_KINDS, EventBus
-from chaoskit.observe.presets import PRESETS, preset_rules
-from chaoskit.stacks.registry import stack
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
+from chaoskit.stacks.registry import log_presets, preset_rules, stack
 
 DATA = Path(__file__).parent / "data" / "nvrx"
 T_FAULT = float((DATA / "fault.txt").read_text().split()[-1])
@@ -52,7 +51,7 @@ def test_the_nvrx_preset_reads_the_rank_monitors_real_lines():
     monitors = [e for e in events if e.get("source") == "nvrx"]
     assert [(e["kind"], e["rank"], e["timeout_s"]) for e in monitors] == [("detect", 0, "5.00"), ("detect", 1, "5.00")]
     assert all(e["who"] == "NVRx rank monitor" and "heartbeat" in e["why"] for e in monitors)
-    assert set(PRESETS["nvrx"].sees) <= set(EVENT_KINDS)
+    assert set(log_presets()["nvrx"].sees) <= set(EVENT_KINDS)
     # ft_launcher's agent reports the worker its monitor killed in torchrun's words
     exits = [e for e in events if e["kind"] == "worker.exit"]
     assert [(e["exitcode"], e["local_rank"]) for e in exits] == [(-9, 0)]

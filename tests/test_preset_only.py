@@ -16,8 +16,8 @@ from pathlib import Path
 
 from chaoskit.measure import measure_fault, slo_verdict, unseen_signals
 from chaoskit.observe.events import EventBus
-from chaoskit.observe.presets import PRESETS, preset_rules
 from chaoskit.observe.probes import LogRegexProbe
+from chaoskit.stacks.registry import log_presets, preset_rules
 
 RECORDING = Path(__file__).parent / "data" / "lightning" / "kill-rank1.jsonl"
 
@@ -41,7 +41,7 @@ def test_what_the_lightning_preset_sees_of_a_real_killed_rank():
     assert kinds == ["worker.exit", "ckpt.load.start", "ckpt.load.end"]
     loads = [e for e in events if e["kind"].startswith("ckpt.load")]
     assert all(e["path"].endswith("/last.ckpt") and "step" not in e for e in loads)
-    assert "a checkpoint named last.ckpt gives no step" in PRESETS["lightning"].cannot_see
+    assert "a checkpoint named last.ckpt gives no step" in log_presets()["lightning"].cannot_see
     assert not [e for e in events if e["kind"] in ("step", "worker.start")]  # no step line, no start line
 
 
@@ -51,7 +51,7 @@ def test_the_phases_the_presets_cannot_measure_say_which_signal_is_missing():
     assert phases["detection_s"] is not None and phases["detected_by"].startswith("torchrun agent on n0: exit code -9")
     assert phases["reallocation_s"] is None and phases["checkpoint_load_s"] is None and phases["recovery_s"] is None
     assert phases["lost_steps"] is None
-    unseen = unseen_signals(phases, events, {p: PRESETS[p].sees for p in ("torchrun", "lightning")})
+    unseen = unseen_signals(phases, events, {p: log_presets()[p].sees for p in ("torchrun", "lightning")})
     assert set(unseen) == {"reallocation", "checkpoint_load", "recovery", "lost_steps"}
     assert unseen["reallocation"].startswith("worker.start:") and unseen["recovery"].startswith("step:")
     assert "presets torchrun, lightning cannot see it" in unseen["recovery"]
@@ -66,6 +66,6 @@ def test_a_signal_some_event_gave_is_not_called_unseen():
               {"ts": 3.0, "kind": "worker.start"}]
     phases = measure_fault(events, 1.5)  # no load, no step after it: nothing after detection is measured
     # worker.start and step came (the SDK, say): only the load end is a signal nothing gave or could see
-    unseen = unseen_signals(phases, events, {"torchrun": PRESETS["torchrun"].sees})
+    unseen = unseen_signals(phases, events, {"torchrun": log_presets()["torchrun"].sees})
     assert set(unseen) == {"checkpoint_load"} and unseen["checkpoint_load"].startswith("ckpt.load.end:")
     assert unseen_signals(phases, events, {}) == {}  # no preset: nothing to explain

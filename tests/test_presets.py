@@ -1,16 +1,16 @@
 """Log presets against lines in the frameworks' own formats (ANSI colours included, as torchtitan prints them).
 
-No framework runs here: each line below is what the named source file prints (see chaoskit/observe/presets.py),
-so a preset is tested for the frameworks that cannot run on this machine's CPU (torchtitan, Megatron) too."""
+No framework runs here: each line below is what the named source file prints (see chaoskit/observe/presets.py, and
+a recovery stack's module for its own preset), so a preset is tested for the frameworks that cannot run on this machine's CPU (torchtitan, Megatron) too."""
 
 from __future__ import annotations
 
 import pytest
 
 from chaoskit.observe.events import EventBus
-from chaoskit.observe.presets import PRESETS, preset_rules
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.observe.rules import LogRule
+from chaoskit.stacks.registry import log_presets, preset_rules
 from tests.conftest import run_cli
 
 RED, GREEN, ORANGE, RESET = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[39m"
@@ -137,7 +137,7 @@ def test_torchrun_preset_gives_ranks_from_tee_prefixes_to_the_scenarios_own_rule
 
 
 def test_every_preset_documents_what_it_sees_cannot_see_and_its_verbosity():
-    for name, preset in PRESETS.items():
+    for name, preset in log_presets().items():
         assert preset.cannot_see and preset.verbosity, name
         assert set(preset.sees) == {r.event for r in preset.rules}, name
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from chaoskit.measure import measure_fault, measure_torchft, slo_verdict
 from chaoskit.observe.events import EVENT_KINDS, EventBus
-from chaoskit.observe.presets import PRESETS, preset_rules
 from chaoskit.observe.probes import LogRegexProbe
+from chaoskit.stacks.registry import log_presets, preset_rules
 
 DATA = Path(__file__).parent / "data" / "torchft"
 FILES = {"survivor-n0.log": "n0", "lighthouse.log": "n0", "restarted-n1.log": "n1"}
@@ -48,7 +48,7 @@ def test_the_torchft_preset_reads_torchfts_real_lines():
     events = _recorded_timeline()
     kinds = {e["kind"] for e in events}
     assert {"step", "detect", "rendezvous.done", "ckpt.load.start", "ckpt.load.end", "worker.exit"} <= kinds
-    assert set(PRESETS["torchft"].sees) <= set(EVENT_KINDS)
+    assert set(log_presets()["torchft"].sees) <= set(EVENT_KINDS)
     heal = [e for e in events if e["kind"] in ("ckpt.load.start", "ckpt.load.end") and e["ts"] > T_FAULT]
     assert [(e["kind"], e["node"], e["step"]) for e in heal] == [("ckpt.load.start", "n1", 368), ("ckpt.load.end", "n1", 368)]
     lighthouse = [e for e in events if e.get("source") == "torchft lighthouse"]

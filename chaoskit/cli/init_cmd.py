@@ -30,9 +30,8 @@ from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env
 from chaoskit.core.errors import ExitCode, ScenarioError
 from chaoskit.core.files import UnsafePath, write_new
 from chaoskit.core.trusted import read_authors_file
-from chaoskit.observe.presets import PRESETS
 from chaoskit.observe.script_lines import Found, scan
-from chaoskit.stacks.registry import framework_stack
+from chaoskit.stacks.registry import framework_stack, log_presets
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 """chaoskit's package data: the starter train.py that init writes beside the scenario."""
@@ -44,7 +43,7 @@ MAX_SCRIPT = 1 << 20
 
 init_app = command_app()
 
-FRAMEWORKS = tuple(PRESETS)
+FRAMEWORKS = tuple(log_presets())
 """``torchrun`` is a plain PyTorch script under torchrun; the others name the framework (and its preset)."""
 CLUSTERS = ("lab", "inventory", "slurm")
 LAUNCHES: dict[str, tuple[str, ...]] = {"lab": ("command",), "inventory": ("attach", "sbatch"), "slurm": ("sbatch",)}
@@ -151,7 +150,7 @@ def render(framework: str, cluster: str, launch: str, script: Script | None = No
     """The scenario's text and the files it names (name -> starter text), for one combination; ``script``: the
     user's own script for ``launch: command`` (else the starter ``train.py`` is one of the files)."""
     stack = framework_stack(framework)  # the recovery stack the framework's job runs under (None: plain torchrun)
-    preset = PRESETS[framework]
+    preset = log_presets()[framework]
     presets = ["torchrun"] if framework == "torchrun" else ["torchrun", framework]
     steps_seen = "step" in preset.sees
     extras: dict[str, str] = {}

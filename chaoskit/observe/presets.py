@@ -4,8 +4,12 @@ For a job that cannot be touched: name its framework and chaoskit reads the fram
 to write. Each pattern below names the framework source file whose line it follows; the lines are matched
 after ANSI colour codes are stripped (:meth:`LogRegexProbe.feed`). A preset sees only what its framework
 prints, and several print their resume lines on rank 0 only: such a line says "the first rank finished
-loading", not the last. :data:`PRESETS` documents, per preset, what it sees, what it cannot see and the
-verbosity the job needs; docs/frameworks.md ("Drill your framework's job") has the same table for people.
+loading", not the last. Each :class:`Preset` documents what it sees, what it cannot see and the verbosity the job
+needs; docs/frameworks.md ("Drill your framework's job") has the same table for people.
+
+The frameworks' presets are here (:data:`FRAMEWORK_PRESETS`); a recovery stack's own (torchft's manager and
+lighthouse, NVRx's rank monitors, ...) are in its module of ``chaoskit/stacks/``, and
+:func:`chaoskit.stacks.registry.log_presets` is every preset by name, as ``probes.presets`` names them.
 
 Presets and the scenario's own ``probes.log`` rules combine: every rule runs on every line.
 """
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 from chaoskit.observe.rules import TORCHRUN_RULES, LogRule
 
-__all__ = ["Preset", "PRESETS", "PRESET_NAMES", "preset_rules", "NO_STEP_SEEN"]
+__all__ = ["Preset", "TORCHRUN", "FRAMEWORK_PRESETS", "rules_of_presets", "NO_STEP_SEEN"]
 
 
 @dataclass(frozen=True)
@@ -153,134 +157,21 @@ ACCELERATE = Preset("accelerate", (
                "by step), and worker starts; the lines are the main process's only (first rank loaded)",
     verbosity="accelerate's logger at INFO (logging.basicConfig(level=logging.INFO), or ACCELERATE_LOG_LEVEL=info)")
 
-# torchft/manager.py _ManagerLogger.prefix: f"[{replica_id}/{group_rank} - step {current_step}] {msg}", where
-# replica_id is the job's id plus a uuid ("train_ddp_1:6de461db-...") and the step the manager's current one
-_TORCHFT = r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<at_step>\d+)\] "
-
-TORCHFT = Preset("torchft", (
-    # torchft/manager.py Manager.allreduce: f"got exception in all reduce -- skipping remaining: {e}"; the same file,
-    # wrap_future: "got exception in future -- skipping remaining"; _ManagedWork.wait: "got exception waiting for
-    # work": a survivor's collective failed (its step will not commit)
-    LogRule.of(_TORCHFT + r"got exception (?:in all reduce|in future|waiting for work)", "detect",
-               {"source": "torchft", "who": "torchft manager", "why": "a collective with a dead replica group failed"}),
-    # torchft's src/lighthouse.rs (compiled into torchft/_torchft*.so; log target torchft::lighthouse), the
-    # lighthouse's own output: "Detected quorum change, bumping quorum_id to N": the quorum's members changed (after a fault: a group stopped heartbeating for heartbeat_timeout_ms)
-    LogRule.of(r"\[torchft::lighthouse\] - Detected quorum change, bumping quorum_id to (?P<quorum_id>\d+)", "detect",
-               {"source": "torchft lighthouse", "who": "torchft lighthouse", "why": "the quorum's members changed"}),
-    # torchft/manager.py Manager._async_quorum: f"reconfiguring for {quorum_id=} {store_prefixed_addr=}"
-    LogRule.of(_TORCHFT + r"reconfiguring for quorum_id=(?P<quorum_id>\d+)", "rendezvous.done", {"source": "torchft"}),
-    # the same function: f"healing required, fetching checkpoint metadata from {recover_src_manager_address=}
-    # {max_step=}": a (re)started group fetches the current state from a peer
-    LogRule.of(_TORCHFT + r"healing required, .*max_step=(?P<step>\d+)", "ckpt.load.start", {"source": "torchft"}),
-    # torchft/manager.py Manager._apply_pending_state_dict: "Loaded state dict." (the prefix's step is the healed one)
-    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] Loaded state dict\.", "ckpt.load.end",
-               {"source": "torchft"}),
-    # torchft/manager.py Manager.should_commit: f"should_commit={should_commit} enough_replicas=..., errored=..."
-    # (the prefix's step is the one being committed, or thrown away)
-    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] should_commit=True", "step", {"source": "torchft"}),
-    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] should_commit=False", "step.discarded",
-               {"source": "torchft"}),
-), sees=("detect", "rendezvous.done", "ckpt.load.start", "ckpt.load.end", "step", "step.discarded"),
-    cannot_see="worker starts (a restarted group is seen when it heals), the members of a quorum (a reconfiguration "
-               "is taken as the one without the dead group: the first after the fault), and the lighthouse's quorum "
-               "changes unless its output is read (workload.recovery: torchft starts it and reads it); measure it "
-               "with workload.recovery: torchft, the torchft recovery model (no restart of the survivors)",
-    verbosity="the torchft.manager logger at INFO (logging.basicConfig(level=logging.INFO)); the lighthouse's "
-              "RUST_LOG default (info)")
-
-# nvidia_resiliency_ext/fault_tolerance/rank_monitor_server.py (0.4.1): each rank's monitor logs through
-# RankMonitorLogger, "[%(asctime)s] [%(levelname)s] [RankMonServer{pid}@{hostname}:{rank}] %(message)s", on stderr
-# (which ft_launcher passes through); tests/data/nvrx/ holds a real recording.
-_RANK_MONITOR = r"\[RankMonServer\d+@[^\]\s]*:(?P<rank>\d+)\] "
-NVRX = Preset("nvrx", (
-    # _is_hb_timeout_elapsed: f"Did not get subsequent heartbeat. Waited {timeout:.2f} seconds."
-    LogRule.of(_RANK_MONITOR + r"Did not get subsequent heartbeat\. Waited (?P<timeout_s>[\d.]+) seconds", "detect",
-               {"source": "nvrx", "who": "NVRx rank monitor", "why": "no heartbeat within the rank heartbeat timeout"}),
-    # the same, before any: f"Did not get initial heartbeat. Waited {timeout:.2f} seconds."
-    LogRule.of(_RANK_MONITOR + r"Did not get initial heartbeat\. Waited (?P<timeout_s>[\d.]+) seconds", "detect",
-               {"source": "nvrx", "who": "NVRx rank monitor", "why": "no first heartbeat within the initial timeout"}),
-    # _is_section_timeout_elapsed: f"Section '{section}' has been open for {elapsed:.2f} seconds. Timeout is ..."
-    LogRule.of(_RANK_MONITOR + r"Section '(?P<section>[^']{1,64})' has been open for [\d.]+ seconds\. Timeout is "
-               r"(?P<timeout_s>[\d.]+) seconds", "detect",
-               {"source": "nvrx", "who": "NVRx rank monitor", "why": "a section stayed open past its timeout"}),
-    # the same: f"Was out of section for {elapsed:.2f} seconds. Timeout is {timeout:.2f} seconds."
-    LogRule.of(_RANK_MONITOR + r"Was out of section for [\d.]+ seconds\. Timeout is (?P<timeout_s>[\d.]+) seconds",
-               "detect", {"source": "nvrx", "who": "NVRx rank monitor", "why": "out of every section past its timeout"}),
-), sees=("detect",),
-    cannot_see="steps, checkpoints and worker starts (ft_launcher prints none; combine with the job's own events "
-               "or its framework's preset); a rank that exits is reported by ft_launcher's torchrun lines "
-               "(the torchrun preset), not by its rank monitor",
-    verbosity="ft_launcher's default (--ft-log-level INFO: the monitors' timeout lines are warnings)",
-    tee_prefixes=False)
-
-# nvidia_resiliency_ext/inprocess/wrap.py (0.4.1): CallWrapper.__call__ logs through utils.log_exc,
-# f"{rank=} {name}: {format_exc(exc)}", where the root logger has a StreamHandler; the reference job's
-# train_inprocess prefixes them "[nvrx-inprocess] LEVEL LOGGER: ". tests/data/nvrx-inprocess/ holds a real recording.
-_WRAPPER = r"\[nvrx-inprocess\] [A-Z]+ nvidia_resiliency_ext\.inprocess\.wrap: rank=(?P<rank>\d+) "
-NVRX_INPROCESS = Preset("nvrx-inprocess", (
-    # fn_ex: the wrapped loop raised in this rank (log.error): the first to know of an exception
-    LogRule.of(_WRAPPER + r"fn_ex: (?P<error>.{1,300})", "detect",
-               {"source": "nvrx-inprocess", "who": "NVRx in-process Wrapper",
-                "why": "the wrapped training loop raised"}),
-    # term_ex: the iteration is over, for every rank, and why (log.warning): RankShouldRestart('Interruption.X on
-    # ranks={...}'); an exception, a soft timeout (no ping), a dead or silent peer
-    # (several at once: "Interruption.EXCEPTION on ranks={0}, Interruption.SOFT_TIMEOUT on ranks={0}")
-    LogRule.of(_WRAPPER + r"term_ex: RankShouldRestart\('(?P<interruptions>Interruption\.(?P<interruption>[A-Z_]{1,40}) "
-               r"on ranks=\{(?P<ranks>[\d, ]{0,200})\}[^']{0,400})'\)", "detect",
-               {"source": "nvrx-inprocess", "who": "NVRx in-process Wrapper",
-                "why": "the Wrapper interrupted the iteration"}),
-    # restart_ex: the rank passed its health check and restarts its loop (log.info)
-    LogRule.of(_WRAPPER + r"restart_ex: ", "inprocess.restart", {"source": "nvrx-inprocess"}),
-), sees=("detect", "inprocess.restart"),
-    cannot_see="steps, checkpoints and the loop's restarts (the Wrapper prints none; the reference job's own "
-               "events give them, restart_count being the Wrapper's iteration); a rank its monitor process killed "
-               "(hard timeout) is torchrun's to report",
-    verbosity="the nvidia_resiliency_ext logger at INFO and a StreamHandler on the root logger (without one the "
-              "Wrapper warns 'logging not initialized, logs are disabled' and prints nothing)")
-
-# lm-resiliency 0.2.0 logs through the logging module (its loggers are lm_resiliency.*): a job with a handler at INFO
-# prints "... INFO lm_resiliency.checkpointing.manager: Loaded exact checkpoint at ...". examples/frameworks/
-# lm-resiliency/README.md holds the lines of a real kill.
-LM_RESILIENCY = Preset("lm-resiliency", (
-    # lm_resiliency/checkpointing/replication.py ChunkedGlooBackend.__init__: logger.info(f"ChunkedGlooBackend: rank
-    # {rank} paired with rank {peer}, chunk_size=...") when a worker's GEMINI starts (after init_process_group, before
-    # its checkpoint is loaded): each rank of a new world
-    LogRule.of(r"lm_resiliency\.checkpointing\.replication: ChunkedGlooBackend: rank (?P<rank>\d+) paired with rank",
-               "worker.start", {"source": "lm-resiliency"}),
-    # lm_resiliency/checkpointing/manager.py load(): logger.info("Loaded exact checkpoint at manager-selected step
-    # %s", agreed_step), after every rank agreed on the step the manager chose: the last rank loaded
-    LogRule.of(r"lm_resiliency\.checkpointing\.manager: Loaded exact checkpoint at manager-selected step (?P<step>\d+)",
-               "ckpt.load.end", {"source": "lm-resiliency"}),
-    # the same function, with no manager's step: f"Loaded checkpoint from memory at step {step}" / f"Loaded checkpoint
-    # from {folder} at step {latest}"
-    LogRule.of(r"lm_resiliency\.checkpointing\.manager: Loaded checkpoint from \S+ at step (?P<step>\d+)",
-               "ckpt.load.end", {"source": "lm-resiliency"}),
-    # lm_resiliency/_feature_wiring.py: logger.warning(f"SCOUT fault at step {step}: sdc={sdc_bitmap},
-    # straggler={straggler_bitmap}"), one place per peer rank of the replay group (the world for DDP), 1 = blamed.
-    # Only a line that blames someone: on CPU it comes every step with all zeros (docs/recovery-stacks.md)
-    LogRule.of(r"lm_resiliency\._feature_wiring: SCOUT fault at step (?P<at_step>\d+): (?=.*\b1\b)sdc=\[(?P<sdc>[01, ]{0,400})\], "
-               r"straggler=\[(?P<straggler>[01, ]{0,400})\]", "detect",
-               {"source": "lm-resiliency", "who": "lm-resiliency SCOUT", "why": "SCOUT localized a fault"}),
-), sees=("worker.start", "ckpt.load.end", "detect"),
-    cannot_see="steps and saves (GEMINI's capture every step logs nothing; the job's own step lines give steps), "
-               "and a worker's start unless GEMINI replicates (its pairing line); a killed worker is torchrun's to "
-               "report (the torchrun preset): SCOUT names no rank for it",
-    verbosity="the lm_resiliency loggers at INFO (logging.basicConfig(level=logging.INFO))")
-
-PRESETS: dict[str, Preset] = {p.name: p for p in (TORCHRUN, HF, LIGHTNING, TORCHTITAN, MEGATRON, DEEPSPEED,
-                                                  ACCELERATE, TORCHFT, NVRX, NVRX_INPROCESS,
-                                                  LM_RESILIENCY)}
-PRESET_NAMES = tuple(PRESETS)
+FRAMEWORK_PRESETS: dict[str, Preset] = {p.name: p for p in (TORCHRUN, HF, LIGHTNING, TORCHTITAN, MEGATRON,
+                                                            DEEPSPEED, ACCELERATE)}
+"""The frameworks' presets; a recovery stack's own are its module's (:attr:`chaoskit.stacks.api.Stack.log_presets`),
+and :func:`chaoskit.stacks.registry.log_presets` gives them all by name."""
 
 
-def preset_rules(names: list[str] | tuple[str, ...], torchrun: bool = True) -> tuple[list[LogRule], bool]:
-    """The rules of the named presets (``torchrun``: the built-in torchrun rule even when not named), and whether
-    torchrun's ``--tee`` prefixes give each line's rank."""
-    rules: list[LogRule] = list(TORCHRUN_RULES) if torchrun or "torchrun" in names else []
-    for name in dict.fromkeys(names):
-        if name != "torchrun":
-            rules.extend(PRESETS[name].rules)
-    return rules, "torchrun" in names
+def rules_of_presets(presets: list[Preset] | tuple[Preset, ...], torchrun: bool = True) -> tuple[list[LogRule], bool]:
+    """The rules of ``presets`` (``torchrun``: the built-in torchrun rule even when its preset is not among them),
+    and whether torchrun's ``--tee`` prefixes give each line's rank."""
+    tee = any(p is TORCHRUN for p in presets)
+    rules: list[LogRule] = list(TORCHRUN_RULES) if torchrun or tee else []
+    for preset in {p.name: p for p in presets}.values():
+        if preset is not TORCHRUN:
+            rules.extend(preset.rules)
+    return rules, tee
 
 
 NO_STEP_SEEN = ("no step event was seen: the job reported none (no SDK, no callback) and no probes.log rule or "

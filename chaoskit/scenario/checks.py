@@ -25,10 +25,9 @@ from chaoskit.core.jobenv import GUARDED, guarded, owned_by
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.coverage import resolve_covers
 from chaoskit.faults.registry import get_fault
-from chaoskit.observe.presets import PRESETS
 from chaoskit.scenario import LoadedScenario
 from chaoskit.scenario.model import ScenarioBase
-from chaoskit.stacks.registry import default_stack, stack_of
+from chaoskit.stacks.registry import default_stack, log_presets, stack_of
 
 __all__ = ["check_scenario", "preview_cluster", "world_size"]
 
@@ -222,7 +221,7 @@ def _no_step_source(loaded: LoadedScenario) -> str | None:
     sees steps, or a launch whose job writes the SDK's events (for ``launch: command``, only a script that imports
     chaoskit: the SDK or a framework callback; torchrun's own lines carry no step)."""
     sc = loaded.model
-    if any(rule.event == "step" for rule in sc.probes.log) or any("step" in PRESETS[p].sees for p in sc.probes.presets):
+    if any(rule.event == "step" for rule in sc.probes.log) or any("step" in log_presets()[p].sees for p in sc.probes.presets):
         return None
     if not LAUNCHES[sc.workload.launch].sdk_events:
         return f"launch: {sc.workload.launch}'s job writes no SDK events and no probes.log rule or preset reads a step"
@@ -347,7 +346,7 @@ def _static_checks(loaded: LoadedScenario, cluster: ClusterHandle) -> None:
         # the nodes start the job from this machine's files (a relative script always is one of them)
         raise loaded.error(f"workload.command: no script {script} (a relative script is taken from the scenario's "
                            "folder); nothing was started", "workload", "command", 0)
-    if sc.workload.launch == "attach" and not sc.probes.log and not any("step" in PRESETS[p].sees for p in sc.probes.presets):
+    if sc.workload.launch == "attach" and not sc.probes.log and not any("step" in log_presets()[p].sees for p in sc.probes.presets):
         raise loaded.error(
             "probes.log: chaoskit sees an attached job only through its log lines; map them to events (at least "
             "`step`) with probes.log, and name the files with probes.log_files", "probes",

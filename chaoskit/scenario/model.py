@@ -21,11 +21,10 @@ from chaoskit.core.models import NAME_RE, Regex, StrictModel, check_each, check_
 from chaoskit.core.sizes import ByteSize
 from chaoskit.core.shell import USER_RE, check_path
 from chaoskit.faults.registry import FAULTS
-from chaoskit.observe.presets import PRESET_NAMES, preset_rules
 from chaoskit.observe.rules import LogRule as ObservedRule
 from chaoskit.core.launches import LAUNCH_FIELDS, LAUNCH_NAMES, LAUNCHES, field_problem
 from chaoskit.core.jobenv import MAX_ENV_VARS, check_env_name, check_env_value
-from chaoskit.stacks.registry import STACKS, default_stack, settings_keys
+from chaoskit.stacks.registry import STACKS, default_stack, log_presets, preset_rules, settings_keys
 
 __all__ = [
     "Workload",
@@ -253,6 +252,8 @@ class LogFile(StrictModel):
 
 
 MAX_QUERY = 4096
+PRESET_NAMES = tuple(log_presets())
+"""``probes.presets``' values: the frameworks' log presets and the recovery stacks' own."""
 
 
 def _check_query(v: str) -> str:

@@ -2,7 +2,7 @@
 
 A stack owns everything that depends on how a job recovers: its settings (a model under one workload key, with
 its defaults), the launches it runs under, the launcher's argv and environment (:class:`StackRun`, one per job),
-the log presets a drill under it reads, its steady-state rule, its measurement model and what its phases mean,
+its log presets and those a drill under it reads, its steady-state rule, its measurement model and what its phases mean,
 its timeouts as the scorecard shows them, and what it needs installed. Code outside ``chaoskit/stacks/`` asks the
 stack (:func:`chaoskit.stacks.registry.stack`), never compares its name.
 
@@ -21,6 +21,7 @@ from chaoskit.core.jobenv import SHARE_STORE_VAR
 from chaoskit.core.launches import LAUNCH_NAMES
 from chaoskit.core.models import StrictModel
 from chaoskit.measure import PHASE_MEANINGS, measure_fault
+from chaoskit.observe.presets import Preset
 
 __all__ = ["Stack", "StackRun", "JobView", "Measure", "CannotRun", "TORCHRUN", "LONG_DETECTION_S", "seconds_text",
            "row_kind", "ranks_to_nodes"]
@@ -114,6 +115,9 @@ class Stack:
     """Each node's agent (what ``--dry-run`` names)."""
     owned_env: ClassVar[tuple[str, ...]] = ()
     """Variables chaoskit sets for the stack, which a scenario may not set or unset."""
+    log_presets: ClassVar[tuple[Preset, ...]] = ()
+    """Its own log presets, defined in its module: the lines it prints, mapped to events (a scenario names them in
+    ``probes.presets``; :func:`chaoskit.stacks.registry.log_presets` lists them beside the frameworks')."""
     presets: ClassVar[tuple[str, ...]] = ()
     """Log presets a drill under it always reads (who noticed a fault says so in the stack's own lines)."""
     every_group_steady: ClassVar[bool] = False

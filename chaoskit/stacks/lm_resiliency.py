@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.core.durations import parse_duration
+from chaoskit.observe.presets import Preset
+from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import CannotRun, Stack, StackRun, row_kind
 
-__all__ = ["LmResiliency", "LmResiliencyRun"]
+__all__ = ["LM_RESILIENCY_PRESET", "LmResiliency", "LmResiliencyRun"]
 
 MACHINE_ID_ENV = "LM_RESILIENCY_MACHINE_ID_PATH"
 """Where lm-resiliency reads a node's identity (default /etc/machine-id, which a lab's nodes share)."""
@@ -30,6 +32,36 @@ SCRIPT = Path("..") / "frameworks" / "lm-resiliency" / "train.py"
 examples/scorecard/); a folder without it gets "cannot run here" in that column."""
 JOIN_TIMEOUT_MS = 120_000
 """How long an agent waits for a world of its generation (lm-resiliency's default: 300 s)."""
+
+
+# lm-resiliency 0.2.0 logs through the logging module (its loggers are lm_resiliency.*): a job with a handler at INFO
+# prints "... INFO lm_resiliency.checkpointing.manager: Loaded exact checkpoint at ...". examples/frameworks/
+# lm-resiliency/README.md holds the lines of a real kill.
+LM_RESILIENCY_PRESET = Preset("lm-resiliency", (
+    # lm_resiliency/checkpointing/replication.py ChunkedGlooBackend.__init__: logger.info(f"ChunkedGlooBackend: rank
+    # {rank} paired with rank {peer}, chunk_size=...") when a worker's GEMINI starts (after init_process_group, before
+    # its checkpoint is loaded): each rank of a new world
+    LogRule.of(r"lm_resiliency\.checkpointing\.replication: ChunkedGlooBackend: rank (?P<rank>\d+) paired with rank",
+               "worker.start", {"source": "lm-resiliency"}),
+    # lm_resiliency/checkpointing/manager.py load(): logger.info("Loaded exact checkpoint at manager-selected step
+    # %s", agreed_step), after every rank agreed on the step the manager chose: the last rank loaded
+    LogRule.of(r"lm_resiliency\.checkpointing\.manager: Loaded exact checkpoint at manager-selected step (?P<step>\d+)",
+               "ckpt.load.end", {"source": "lm-resiliency"}),
+    # the same function, with no manager's step: f"Loaded checkpoint from memory at step {step}" / f"Loaded checkpoint
+    # from {folder} at step {latest}"
+    LogRule.of(r"lm_resiliency\.checkpointing\.manager: Loaded checkpoint from \S+ at step (?P<step>\d+)",
+               "ckpt.load.end", {"source": "lm-resiliency"}),
+    # lm_resiliency/_feature_wiring.py: logger.warning(f"SCOUT fault at step {step}: sdc={sdc_bitmap},
+    # straggler={straggler_bitmap}"), one place per peer rank of the replay group (the world for DDP), 1 = blamed.
+    # Only a line that blames someone: on CPU it comes every step with all zeros (docs/recovery-stacks.md)
+    LogRule.of(r"lm_resiliency\._feature_wiring: SCOUT fault at step (?P<at_step>\d+): (?=.*\b1\b)sdc=\[(?P<sdc>[01, ]{0,400})\], "
+               r"straggler=\[(?P<straggler>[01, ]{0,400})\]", "detect",
+               {"source": "lm-resiliency", "who": "lm-resiliency SCOUT", "why": "SCOUT localized a fault"}),
+), sees=("worker.start", "ckpt.load.end", "detect"),
+    cannot_see="steps and saves (GEMINI's capture every step logs nothing; the job's own step lines give steps), "
+               "and a worker's start unless GEMINI replicates (its pairing line); a killed worker is torchrun's to "
+               "report (the torchrun preset): SCOUT names no rank for it",
+    verbosity="the lm_resiliency loggers at INFO (logging.basicConfig(level=logging.INFO))")
 
 
 class LmResiliencyRun(StackRun):
@@ -73,6 +105,7 @@ class LmResiliencyRun(StackRun):
 
 class LmResiliency(Stack):
     name = "lm-resiliency"
+    log_presets = (LM_RESILIENCY_PRESET,)
     describe = "torchrun with lm-resiliency's rendezvous: the world restarts from GEMINI's in-memory checkpoint"
     launches = ("command",)
     refusal = ("recovery: lm-resiliency is only used with launch: {launches} (the job calls lm-resiliency's "

@@ -27,9 +27,11 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.files import open_folder
 from chaoskit.core.models import StrictModel, check_each
 from chaoskit.measure import PHASE_MEANINGS, measure_nvrx
+from chaoskit.observe.presets import Preset
+from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, Stack, StackRun
 
-__all__ = ["Nvrx", "NvrxRun", "NvrxSettings", "PINNED", "SETTINGS_SINCE", "nvrx_version", "NVRX_LAUNCHER",
+__all__ = ["NVRX_PRESET", "Nvrx", "NvrxRun", "NvrxSettings", "PINNED", "SETTINGS_SINCE", "nvrx_version", "NVRX_LAUNCHER",
            "NVRX_DEFAULT_HEARTBEAT_S"]
 
 PINNED = "0.4.1"
@@ -74,6 +76,32 @@ def _since(name: str, value: Any) -> Any:
         raise ValueError(f"{name} needs NVRx {since} or later, and chaoskit drives NVRx {nvrx_version()} (the installed "
                          f"nvidia-resiliency-ext, else the pinned {PINNED}): docs/recovery-stacks.md")
     return value
+
+
+# nvidia_resiliency_ext/fault_tolerance/rank_monitor_server.py (0.4.1): each rank's monitor logs through
+# RankMonitorLogger, "[%(asctime)s] [%(levelname)s] [RankMonServer{pid}@{hostname}:{rank}] %(message)s", on stderr
+# (which ft_launcher passes through); tests/data/nvrx/ holds a real recording.
+_RANK_MONITOR = r"\[RankMonServer\d+@[^\]\s]*:(?P<rank>\d+)\] "
+NVRX_PRESET = Preset("nvrx", (
+    # _is_hb_timeout_elapsed: f"Did not get subsequent heartbeat. Waited {timeout:.2f} seconds."
+    LogRule.of(_RANK_MONITOR + r"Did not get subsequent heartbeat\. Waited (?P<timeout_s>[\d.]+) seconds", "detect",
+               {"source": "nvrx", "who": "NVRx rank monitor", "why": "no heartbeat within the rank heartbeat timeout"}),
+    # the same, before any: f"Did not get initial heartbeat. Waited {timeout:.2f} seconds."
+    LogRule.of(_RANK_MONITOR + r"Did not get initial heartbeat\. Waited (?P<timeout_s>[\d.]+) seconds", "detect",
+               {"source": "nvrx", "who": "NVRx rank monitor", "why": "no first heartbeat within the initial timeout"}),
+    # _is_section_timeout_elapsed: f"Section '{section}' has been open for {elapsed:.2f} seconds. Timeout is ..."
+    LogRule.of(_RANK_MONITOR + r"Section '(?P<section>[^']{1,64})' has been open for [\d.]+ seconds\. Timeout is "
+               r"(?P<timeout_s>[\d.]+) seconds", "detect",
+               {"source": "nvrx", "who": "NVRx rank monitor", "why": "a section stayed open past its timeout"}),
+    # the same: f"Was out of section for {elapsed:.2f} seconds. Timeout is {timeout:.2f} seconds."
+    LogRule.of(_RANK_MONITOR + r"Was out of section for [\d.]+ seconds\. Timeout is (?P<timeout_s>[\d.]+) seconds",
+               "detect", {"source": "nvrx", "who": "NVRx rank monitor", "why": "out of every section past its timeout"}),
+), sees=("detect",),
+    cannot_see="steps, checkpoints and worker starts (ft_launcher prints none; combine with the job's own events "
+               "or its framework's preset); a rank that exits is reported by ft_launcher's torchrun lines "
+               "(the torchrun preset), not by its rank monitor",
+    verbosity="ft_launcher's default (--ft-log-level INFO: the monitors' timeout lines are warnings)",
+    tee_prefixes=False)
 
 
 class NvrxSettings(StrictModel):
@@ -223,6 +251,7 @@ class NvrxRun(StackRun):
 
 class Nvrx(Stack):
     name = "nvrx"
+    log_presets = (NVRX_PRESET,)
     describe = "NVIDIA's ft_launcher: each rank's monitor restarts a world whose rank stopped heartbeating"
     launches = ("reference", "uninstrumented", "command")
     refusal = "recovery: nvrx starts ft_launcher in place of torchrun (launch: {launches}), not launch: {launch}"

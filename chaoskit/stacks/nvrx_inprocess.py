@@ -18,12 +18,40 @@ from pydantic import Field
 from chaoskit.core.durations import PositiveDuration, parse_duration
 from chaoskit.core.models import StrictModel
 from chaoskit.measure import PHASE_MEANINGS, measure_nvrx_inprocess
+from chaoskit.observe.presets import Preset
+from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, Stack, StackRun
 
-__all__ = ["NvrxInprocess", "NvrxInprocessRun", "NvrxInprocessSettings", "DEPRECATED"]
+__all__ = ["NVRX_INPROCESS_PRESET", "NvrxInprocess", "NvrxInprocessRun", "NvrxInprocessSettings", "DEPRECATED"]
 
 DEPRECATED = ("deprecated upstream: NVRx 0.6 deprecated in-process restart (\"use in-job restart via ft_launcher\"); "
               "measured here on the NVRx the frameworks extra pins")
+
+
+# nvidia_resiliency_ext/inprocess/wrap.py (0.4.1): CallWrapper.__call__ logs through utils.log_exc,
+# f"{rank=} {name}: {format_exc(exc)}", where the root logger has a StreamHandler; the reference job's
+# train_inprocess prefixes them "[nvrx-inprocess] LEVEL LOGGER: ". tests/data/nvrx-inprocess/ holds a real recording.
+_WRAPPER = r"\[nvrx-inprocess\] [A-Z]+ nvidia_resiliency_ext\.inprocess\.wrap: rank=(?P<rank>\d+) "
+NVRX_INPROCESS_PRESET = Preset("nvrx-inprocess", (
+    # fn_ex: the wrapped loop raised in this rank (log.error): the first to know of an exception
+    LogRule.of(_WRAPPER + r"fn_ex: (?P<error>.{1,300})", "detect",
+               {"source": "nvrx-inprocess", "who": "NVRx in-process Wrapper",
+                "why": "the wrapped training loop raised"}),
+    # term_ex: the iteration is over, for every rank, and why (log.warning): RankShouldRestart('Interruption.X on
+    # ranks={...}'); an exception, a soft timeout (no ping), a dead or silent peer
+    # (several at once: "Interruption.EXCEPTION on ranks={0}, Interruption.SOFT_TIMEOUT on ranks={0}")
+    LogRule.of(_WRAPPER + r"term_ex: RankShouldRestart\('(?P<interruptions>Interruption\.(?P<interruption>[A-Z_]{1,40}) "
+               r"on ranks=\{(?P<ranks>[\d, ]{0,200})\}[^']{0,400})'\)", "detect",
+               {"source": "nvrx-inprocess", "who": "NVRx in-process Wrapper",
+                "why": "the Wrapper interrupted the iteration"}),
+    # restart_ex: the rank passed its health check and restarts its loop (log.info)
+    LogRule.of(_WRAPPER + r"restart_ex: ", "inprocess.restart", {"source": "nvrx-inprocess"}),
+), sees=("detect", "inprocess.restart"),
+    cannot_see="steps, checkpoints and the loop's restarts (the Wrapper prints none; the reference job's own "
+               "events give them, restart_count being the Wrapper's iteration); a rank its monitor process killed "
+               "(hard timeout) is torchrun's to report",
+    verbosity="the nvidia_resiliency_ext logger at INFO and a StreamHandler on the root logger (without one the "
+              "Wrapper warns 'logging not initialized, logs are disabled' and prints nothing)")
 
 
 class NvrxInprocessSettings(StrictModel):
@@ -69,6 +97,7 @@ class NvrxInprocessRun(StackRun):
 
 class NvrxInprocess(Stack):
     name = "nvrx-inprocess"
+    log_presets = (NVRX_INPROCESS_PRESET,)
     describe = "NVIDIA's in-process restart (deprecated upstream in NVRx 0.6): the Wrapper reruns every rank's loop in its own process"
     launches = ("reference", "uninstrumented")
     refusal = ("recovery: nvrx-inprocess runs the reference job's loop under NVRx's inprocess.Wrapper "

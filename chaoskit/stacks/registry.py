@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.core.registry import Registry, declared_in_source
+from chaoskit.observe.presets import FRAMEWORK_PRESETS, Preset, rules_of_presets
+from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import Stack
 
 __all__ = ["STACKS", "GROUP", "NAME_RE", "builtin_stacks", "stack", "stack_of", "stack_names", "by_column",
-           "settings_keys", "model_stack", "framework_stack", "default_stack"]
+           "settings_keys", "model_stack", "framework_stack", "default_stack", "log_presets", "preset_rules"]
 
 GROUP = "chaoskit.stacks"
 NAME_RE = r"[a-z][a-z0-9-]*"
@@ -70,6 +72,24 @@ def settings_keys() -> dict[str, Stack]:
     """Each stack's ``workload`` settings key -> the stack."""
     return {s.settings_key: s for s in (stack(n) for n in STACKS.names()) if s.settings_key}
 
+
+def log_presets() -> dict[str, Preset]:
+    """Every log preset by name (what ``probes.presets`` names): the frameworks' (:mod:`chaoskit.observe.presets`),
+    then each stack's own (:attr:`Stack.log_presets`), in registry order."""
+    presets = dict(FRAMEWORK_PRESETS)
+    for name in STACKS.names():
+        for preset in STACKS.get(name).log_presets:
+            if presets.setdefault(preset.name, preset) is not preset:
+                raise RuntimeError(f"log preset {preset.name!r} of recovery stack {name!r} is already another's")
+    return presets
+
+
+def preset_rules(names: list[str] | tuple[str, ...], torchrun: bool = True) -> tuple[list[LogRule], bool]:
+    """The rules of the presets named (``torchrun``: the built-in torchrun rule even when not named), and whether
+    torchrun's ``--tee`` prefixes give each line's rank (``KeyError`` for an unknown name: a validated scenario names
+    known ones)."""
+    presets = log_presets()
+    return rules_of_presets([presets[name] for name in names], torchrun=torchrun)
 
 
 def model_stack(model: str | None) -> Stack:

@@ -12,13 +12,51 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.measure import PHASE_MEANINGS, measure_torchft
+from chaoskit.observe.presets import Preset
+from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import CannotRun, Stack, StackRun, ranks_to_nodes, row_kind
 
-__all__ = ["Torchft", "TorchftRun", "TORCHFT_SCRIPT"]
+__all__ = ["TORCHFT_PRESET", "Torchft", "TorchftRun", "TORCHFT_SCRIPT"]
 
 TORCHFT_SCRIPT = Path("..") / "frameworks" / "torchft_train.py"
 """The scorecard's torchft column's job, relative to the rows' folder (examples/frameworks/torchft_train.py beside
 examples/scorecard/); a folder without it gets "cannot run here" in that column."""
+
+
+# torchft/manager.py _ManagerLogger.prefix: f"[{replica_id}/{group_rank} - step {current_step}] {msg}", where
+# replica_id is the job's id plus a uuid ("train_ddp_1:6de461db-...") and the step the manager's current one
+_TORCHFT = r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<at_step>\d+)\] "
+
+TORCHFT_PRESET = Preset("torchft", (
+    # torchft/manager.py Manager.allreduce: f"got exception in all reduce -- skipping remaining: {e}"; the same file,
+    # wrap_future: "got exception in future -- skipping remaining"; _ManagedWork.wait: "got exception waiting for
+    # work": a survivor's collective failed (its step will not commit)
+    LogRule.of(_TORCHFT + r"got exception (?:in all reduce|in future|waiting for work)", "detect",
+               {"source": "torchft", "who": "torchft manager", "why": "a collective with a dead replica group failed"}),
+    # torchft's src/lighthouse.rs (compiled into torchft/_torchft*.so; log target torchft::lighthouse), the
+    # lighthouse's own output: "Detected quorum change, bumping quorum_id to N": the quorum's members changed (after a fault: a group stopped heartbeating for heartbeat_timeout_ms)
+    LogRule.of(r"\[torchft::lighthouse\] - Detected quorum change, bumping quorum_id to (?P<quorum_id>\d+)", "detect",
+               {"source": "torchft lighthouse", "who": "torchft lighthouse", "why": "the quorum's members changed"}),
+    # torchft/manager.py Manager._async_quorum: f"reconfiguring for {quorum_id=} {store_prefixed_addr=}"
+    LogRule.of(_TORCHFT + r"reconfiguring for quorum_id=(?P<quorum_id>\d+)", "rendezvous.done", {"source": "torchft"}),
+    # the same function: f"healing required, fetching checkpoint metadata from {recover_src_manager_address=}
+    # {max_step=}": a (re)started group fetches the current state from a peer
+    LogRule.of(_TORCHFT + r"healing required, .*max_step=(?P<step>\d+)", "ckpt.load.start", {"source": "torchft"}),
+    # torchft/manager.py Manager._apply_pending_state_dict: "Loaded state dict." (the prefix's step is the healed one)
+    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] Loaded state dict\.", "ckpt.load.end",
+               {"source": "torchft"}),
+    # torchft/manager.py Manager.should_commit: f"should_commit={should_commit} enough_replicas=..., errored=..."
+    # (the prefix's step is the one being committed, or thrown away)
+    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] should_commit=True", "step", {"source": "torchft"}),
+    LogRule.of(r"\[[^\]/]*/(?P<group_rank>\d+) - step (?P<step>\d+)\] should_commit=False", "step.discarded",
+               {"source": "torchft"}),
+), sees=("detect", "rendezvous.done", "ckpt.load.start", "ckpt.load.end", "step", "step.discarded"),
+    cannot_see="worker starts (a restarted group is seen when it heals), the members of a quorum (a reconfiguration "
+               "is taken as the one without the dead group: the first after the fault), and the lighthouse's quorum "
+               "changes unless its output is read (workload.recovery: torchft starts it and reads it); measure it "
+               "with workload.recovery: torchft, the torchft recovery model (no restart of the survivors)",
+    verbosity="the torchft.manager logger at INFO (logging.basicConfig(level=logging.INFO)); the lighthouse's "
+              "RUST_LOG default (info)")
 
 
 class TorchftRun(StackRun):
@@ -61,6 +99,7 @@ class TorchftRun(StackRun):
 
 class Torchft(Stack):
     name = "torchft"
+    log_presets = (TORCHFT_PRESET,)
     describe = "every node one replica group: survivors drop a dead group from the quorum; it heals from a peer"
     launches = ("command",)
     refusal = ("recovery: torchft is only used with launch: {launches} (chaoskit starts each replica group and the "
