@@ -65,12 +65,14 @@ class Stack:
     """Row document, rows' folder -> this stack's scenario document; :class:`CannotRun` when it cannot."""
     unfit: Callable[[ClusterHandle], str | None] = lambda handle: None
     """Why the stack cannot run on the scenario's (previewed) cluster, asked of the cluster itself; ``None``: it can."""
+    missing: Callable[[], str | None] = lambda: None
+    """What this machine lacks to start a job under the stack, with the install line; ``None``: nothing."""
 
 
 def _columns() -> dict[str, Stack]:
     """Every column: each recovery stack's that names one (:func:`chaoskit.stacks.registry.by_column`: plain
     torchrun's first, those that run every row on a cluster of their own, Ray Train's and Slurm's, last)."""
-    return {column: Stack(column, s.describe, s.adapt_row, s.unfit) for column, s in by_column().items()}
+    return {column: Stack(column, s.describe, s.adapt_row, s.unfit, s.missing) for column, s in by_column().items()}
 
 
 STACKS: dict[str, Stack] = _columns()
@@ -130,10 +132,16 @@ def run_scorecard(folder: str | Path, stacks: list[str], *, repeat: int = 1, out
     scen_dir = out / "scenarios"
     scen_dir.mkdir(exist_ok=True)
     planned: list[tuple[str, str, Path | None, str | None]] = []  # stack, fault, file, why not
+    lacking = {stack: why for stack in stacks if (why := columns[stack].missing()) is not None}
+    for stack, why in lacking.items():  # said before the first drill: its column's cells say it again
+        if console is not None:
+            console.print(f"[yellow]note:[/yellow] {escape(f'{stack} column not run: {why}')}")
     for row in rows:
         fault = load_scenario(row).model.name
         for stack in stacks:
             try:
+                if stack in lacking:
+                    raise CannotRun(lacking[stack])
                 doc = adapt_row(row, stack)
                 if repeat > 1:
                     doc["repeat"] = repeat

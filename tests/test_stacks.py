@@ -116,6 +116,26 @@ def test_a_plugin_stack_that_names_a_column_gets_one_in_the_scorecard(tmp_path, 
         adapt_row(row, "toy")
 
 
+def test_a_column_whose_stack_is_not_installed_is_explained_before_any_drill(tmp_path, toy_stack, monkeypatch):
+    """A scorecard column whose stack's package is missing: every cell of it says so with the install line, and no
+    drill is started for it (here none at all: the only column is the toy's)."""
+    from chaoskit.scorecard import run_scorecard
+
+    monkeypatch.setattr(ToyStack, "scorecard_column", "toy", raising=False)
+    monkeypatch.setattr(ToyStack, "requires", "toy_launcher_not_installed", raising=False)
+    monkeypatch.setattr(ToyStack, "install", "pip install toy-launcher", raising=False)
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "train.py").write_text("print(1)\n")
+    (rows / "kill.yaml").write_text("name: kill\ncluster: lab\nworkload: {launch: command, command: [train.py]}\n"
+                                    "faults: [{kind: process.kill, target: {nodes: [n1]}, at: {step: 5}}]\n")
+    card = run_scorecard(rows, ["toy"], out=tmp_path / "card")
+    assert [(c["stack"], c["verdict"], c["why"]) for c in card["cells"]] == [
+        ("toy", "cannot run", "cannot run here: toy_launcher_not_installed is not installed (recovery: toy-retry): "
+                              "pip install toy-launcher")]
+    assert not (tmp_path / "card" / "gameday").exists()
+
+
 def test_the_dry_run_says_what_a_stack_needs_installed(tmp_path, toy_stack, monkeypatch):
     path = _scenario(tmp_path, "command", "toy-retry")
     assert "preflight" not in run_cli("run", path, "--dry-run", "--json").json
