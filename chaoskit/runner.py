@@ -14,7 +14,6 @@ import datetime as _dt
 import json
 import os
 import pwd
-import shutil
 import signal
 import threading
 import time
@@ -24,54 +23,40 @@ from typing import Any, Callable
 
 from rich.markup import escape
 
-from chaoskit.backends.api import ClusterHandle, Probe
+from chaoskit.backends.api import ClusterHandle
 from chaoskit.backends.registry import backend
 from chaoskit.cluster.clock import ClockOffset
-from chaoskit.cluster.inventory import Inventory
 from chaoskit.cluster.selectors import (
     TargetSpec,
     resolve_nodes,
     resolve_processes,
     subset,
 )
-from chaoskit.cluster.transports.api import FileFollower, Transport
-from chaoskit.cluster.transports.local import LocalTransport, read_proc
 from chaoskit.cluster.fanout import fan_out as parallel
+from chaoskit.core import procs
 from chaoskit.core.accounts import nearest_existing, python_paths, unreachable_by
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
-from chaoskit.core.files import RESULT_FILE, copy_regular, make_folder_for, make_run_dir
+from chaoskit.core.files import RESULT_FILE
+from chaoskit.core.jobenv import SCOPE_VAR
 from chaoskit.assembler import RunRecord, assemble
 from chaoskit.core.progress import ProgressFeed, Subscriber, TerminalProgress
 from chaoskit.core.result import RunResult
 from chaoskit.core.patterns import bounded_search, compile_pattern
 from chaoskit.core.secrets import redact_value
-from chaoskit.core.state import private_dir, state_dir
 from chaoskit.coverage import Capabilities, detect_capabilities
-from chaoskit.faults.api import INPROC_CHANNEL_DIR, Fault, Injection, Leases
+from chaoskit.faults.api import Fault, Injection
 from chaoskit.faults.registry import get_fault
-from chaoskit.observe.events import EventBus, make_event
-from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
-from chaoskit.observe.kmsg import KmsgProbe
-from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
-from chaoskit.observe.sdc import SilentWatch
+from chaoskit.observe.events import make_event
 from chaoskit.observe.presets import NO_STEP_SEEN
-from chaoskit.observe.probes import (
-    FileLogProbe,
-    LogRegexProbe,
-    ProcessWatcher,
-    RemoteLogProbe,
-    SdkLogProbe,
-)
-from chaoskit.safety.journal import Journal, argv_digest
-from chaoskit.safety.lease import LeaseManager, default_lease_root
-from chaoskit.safety.lock import ClusterLock
+from chaoskit.probeset import ProbeSet, uses_inproc_channel
 from chaoskit.scenario import LoadedScenario, load_scenario
 from chaoskit.scenario.checks import check_scenario, world_size
+from chaoskit.session import RunContext, Session
 from chaoskit.triggers import Fired, TriggerMissed, TriggerWatch, what_it_waits_for
 from chaoskit.core.launches import LAUNCHES
 from chaoskit.stacks.registry import stack_of
-from chaoskit.workloads.api import Job
-from chaoskit.workloads.launch import checkpoint_dir, job_dir, torch_available
+from chaoskit.workloads.api import Job, JobFolders
+from chaoskit.workloads.launch import torch_available
 from chaoskit.workloads.registry import job_class, make_job
 
 __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
@@ -87,56 +72,6 @@ class RunOutcome:
     result: dict[str, Any]
     run_dir: Path | None
     plan: list[dict[str, Any]] = field(default_factory=list)
-
-
-RUN_DIR_MODE = 0o750
-"""A run folder is its owner's and group's to read (result.json, events, the journal's copy), nobody else's."""
-
-CHECKPOINT_FS_ID = "ckptfs"
-"""The journal's and lease's id for ``workload.checkpoint_fs``: armed like a fault, so ``chaoskit rollback`` unmounts it."""
-
-
-class RunContext:
-    """What a fault may use while it acts (:class:`~chaoskit.faults.api.FaultContext`): the inventory's
-    transports, the journal, leases. A dry run's has neither journal nor leases."""
-
-    def __init__(self, inventory: Inventory, journal: Journal | None = None, leases: Leases | None = None,
-                 bus: EventBus | None = None, checkpoint_dir: str | None = None,
-                 scheduler_jobs: set[str] | None = None) -> None:
-        self.inventory, self.journal, self.leases, self.bus = inventory, journal, leases, bus
-        self.checkpoint_dir = checkpoint_dir
-        self.scheduler_jobs = scheduler_jobs if scheduler_jobs is not None else set()
-        self.inproc_folders: dict[str, str] = {}
-        self._controller: dict[str, Transport] = {}
-        """The in-process channel's folder by node where it is not the node's state folder's (a job that runs as an
-        account of its own has its own, ``RUN.job/inproc``); set as the job starts."""
-
-    def transport(self, node: str) -> Transport:
-        if node not in self.inventory:
-            raise InfraError(f"refusing to touch {node!r}: it is not in the inventory")
-        return self.inventory[node].conn
-
-    def controller(self, node: str) -> Transport:
-        """This machine, acting for ``node``: where a revert that runs on the controller (power, a docker network,
-        Slurm's resume) runs, and its watchdog; refuses a node outside the inventory."""
-        self.transport(node)
-        if node not in self._controller:
-            self._controller[node] = LocalTransport(node)
-        return self._controller[node]
-
-    def arm(self, transport: Transport, fault_id: str, kind: str, revert: list[str], duration: float | None,
-            target: str = "", on: str = "node") -> None:
-        """Journal the fault, then start its watchdog, before it is injected.
-
-        ``on="controller"``: the revert runs on this machine (power, docker network), and so does the watchdog."""
-        self.journal.record("armed", fault_id=fault_id, kind=kind, node=transport.node, target=target, revert=revert,
-                            duration_s=duration, on=on, private={"revert_sha256": argv_digest(revert)})
-        self.leases.arm(transport, fault_id, revert, duration)
-
-
-def _uses_inproc(sc) -> bool:
-    """Whether the run needs the in-process channel: a fault that acts through it, or the SDC probe."""
-    return sc.probes.sdc is not None or any(get_fault(f.kind).uses_inproc_channel for f in sc.faults)
 
 
 def _faults(sc) -> list[Fault]:
@@ -174,16 +109,28 @@ def _scope_preview(sc, cluster: ClusterHandle, job: Job, path: Path) -> dict[str
     local = all(n.conn is not None and n.conn.processes_here for n in cluster.inventory.nodes)
     outside = []
     if regexes and local:
-        procs = [p for p in read_proc() if p.state != "Z" and LocalTransport.SCOPE_ENV not in p.env]
+        lines = _unscoped_cmdlines()
         for what, regex in regexes:
             rx = compile_pattern(regex)
             outside.append({"what": what, "regex": regex,
-                            "outside": sum(1 for p in procs if bounded_search(rx, p.cmdline, what))})
+                            "outside": sum(1 for line in lines if bounded_search(rx, line, what))})
     elif regexes:
         inventory = cluster.details.get("inventory", "INVENTORY")
         text += (f"; a dry run connects to nothing, so the processes matching outside the scope are not counted: "
                  f"chaoskit doctor {inventory} --scenario {path} counts them")
     return {"note": text, "outside": outside}
+
+
+def _unscoped_cmdlines() -> list[str]:
+    """The command line of each live process of this machine that carries no job's scope mark (:data:`SCOPE_VAR`)."""
+    mark = b"\0" + SCOPE_VAR.encode() + b"="
+    lines = []
+    for pid in procs.pids():
+        line, env = procs.cmdline(pid), procs.environ(pid)
+        if line is None or procs.state(pid) in (None, "Z") or (env is not None and mark in b"\0" + env):
+            continue
+        lines.append(line.replace(b"\0", b" ").decode(errors="replace").strip())
+    return lines
 
 
 class _Placeholder:
@@ -239,7 +186,7 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
         result["scope"] = _scope_preview(sc, cluster, job, loaded.path)
         if not torch_available() and LAUNCHES[sc.workload.launch].needs_torch:
             result["preflight"] = ["torch is not installed: pip install 'chaoskit[workload]'"]
-        missing = stack_of(sc.workload).missing()  # the recovery stack's own package (ft_launcher's, torchft's)
+        missing = stack_of(sc.workload).missing()  # the recovery stack's own package (its launcher's, its library's)
         if missing:
             result.setdefault("preflight", []).append(missing)
         return RunOutcome(0, redact_value(result), None, plan)
@@ -298,9 +245,8 @@ class _Run:
         self.verdict: str | None = None
         self.job: Job | None = None
         self.clocks: dict[str, ClockOffset] = {}
-        self.threads: list[Probe] = []
-        self.job_dir: Path | None = None
-        self.job_owner = job_class(self.sc.workload.launch, cluster).runs_as(self.sc.workload, loaded.path.parent)
+        self.job_cls = job_class(self.sc.workload.launch, cluster)
+        self.job_owner = self.job_cls.runs_as(self.sc.workload, loaded.path.parent)
         """The user the job runs as when not chaoskit's: an author's batch script's (chaoskit as root submits it
         as that user), or the lab's account (:mod:`chaoskit.core.accounts`); ``None``: as chaoskit."""
         self.root_job = self._account_for_job()
@@ -314,15 +260,10 @@ class _Run:
         """How many times each recurring fault struck again, by its id."""
         self.missed: str | None = None
         """Why a trigger never fired (the faults after it were not injected), or ``None``."""
-        self._checkpoint_fs: tuple[str, list[str]] | None = None
-        self._job_dir_made = False
-        self.stop_watcher: StopWatcher | None = None
-        self.prometheus_probe: PrometheusProbe | None = None
-        # the probes the job's start makes (None until then, and where they do not apply): the result reads them
-        self.log_probe: LogRegexProbe | None = None
-        self.sdk_probe: SdkLogProbe | None = None
-        self.kmsg_probe: KmsgProbe | None = None
-        self.silent_watch: SilentWatch | None = None
+        self.session = Session(cluster, run_id, self.run_dir, default_dir=self._default_dir,
+                               lease_ttl=self.sc.safety.lease_ttl, folders_for=self._folders, say=self.say,
+                               note=self.notes.append)
+        """The run's hold on its cluster (lock, run folder, journal, leases, marker), opened by :meth:`execute`."""
 
     def _account_for_job(self) -> str | None:
         """Run the job as the cluster's account (``job_account``) unless it cannot run as that account; return why
@@ -332,7 +273,7 @@ class _Run:
         if account is None or self.job_owner is not None:
             return None
         why = None
-        if _uses_inproc(self.sc) and self.cluster.shared_dir is not None:
+        if uses_inproc_channel(self.sc) and self.cluster.shared_dir is not None:
             why = "the in-process channel's folder is root's own (the job's folder is not on the nodes' disk)"
         else:
             script = self.sc.workload.command_script(self.loaded.path.parent) if self.sc.workload.command else None
@@ -357,28 +298,13 @@ class _Run:
 
     def execute(self) -> RunOutcome:
         sc = self.sc
-        try:
-            lock = ClusterLock(state_dir(), self.cluster.id).acquire()
-        except BaseException:
-            self.cluster.teardown()
-            raise
-        try:  # made now, O_EXCL-like: a default name taken gets a random suffix; never a folder others can write
-            self.run_dir = make_run_dir(self.run_dir, RUN_DIR_MODE, default=self._default_dir).resolve()
-        except BaseException:
-            lock.release()
-            self.cluster.teardown()
-            raise
-        self.bus = EventBus(self.run_dir / "events.jsonl")
-        # The journal rollback trusts is in chaoskit's own state; the run folder's is a copy for people.
-        self.journal = Journal(private_dir("runs", self.run_id) / "journal.jsonl", copy=self.run_dir / "journal.jsonl")
-        self.leases = LeaseManager(default_lease_root(), self.run_id, sc.safety.lease_ttl)
-        self.ctx = RunContext(self.inventory, self.journal, self.leases, self.bus, self._checkpoint_dir(),
-                              scheduler_jobs=self.cluster.scheduler_jobs)  # the same set: the job's id joins it at start
+        session = self.session
+        session.open()
+        self.run_dir, self.bus, self.journal, self.leases, self.ctx = (
+            session.run_dir, session.bus, session.journal, session.leases, session.ctx)
+        self.probes = ProbeSet(sc, self.cluster, self.bus)
+        """The probes built from the scenario, started by :meth:`_start`, stopped by :meth:`_teardown`."""
         self.deadline = self.t0 + sc.safety.abort_after
-        self._active_marker = state_dir() / "runs" / f"{self.run_id}.json"
-        self._active_marker.parent.mkdir(parents=True, exist_ok=True)
-        self._active_marker.write_text(json.dumps({"pid": os.getpid(), "run_dir": str(self.run_dir.resolve()), "lab": self.cluster.id,
-                                                    "kind": self.cluster.kind, **self.cluster.details}))
         exit_code = ExitCode.OK
         came: list[int] = []
         restore = install_sigterm()
@@ -414,7 +340,7 @@ class _Run:
             with interrupts_deferred(self.say) as came:
                 self._teardown()
             restore()
-            lock.release()
+            session.release()
         if came and exit_code != ExitCode.INTERRUPTED:  # Ctrl-C while tearing down: the run ended, and stops here
             self.notes.append("interrupted by Ctrl-C or SIGTERM during the teardown, which finished first; the drill's "
                               "measurements stand")
@@ -423,8 +349,7 @@ class _Run:
         (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
         self.say("", "verdict", verdict=result["verdict"], recovery_s=(result.get("phases") or {}).get("recovery_s"))
         self._after_run()
-        self._active_marker.unlink(missing_ok=True)
-        shutil.rmtree(private_dir("runs", self.run_id), ignore_errors=True)  # ended: nothing left for rollback
+        session.end()  # ended: nothing left for rollback
         if self.verdict == "error":
             raise self._error
         if exit_code == ExitCode.OK and result["verdict"] != "pass":
@@ -445,78 +370,22 @@ class _Run:
     def _preflight(self) -> None:
         """Reach every node, measure the clocks of those with their own, and let each fault check its targets,
         before anything starts."""
-        self._watch_stop_conditions()
+        watched = self.probes.watch_stop_conditions()  # stopped in _teardown, after the job and the probes
+        if watched:
+            self.say(f"{watched} stop condition(s) from Prometheus watched", "stop_conditions")
         self.cluster.connect()
         self._sync_clocks()
-        self._mount_checkpoint_fs()
+        self.session.mount_checkpoint_fs(self.sc.workload.checkpoint_fs, self.job_owner,
+                                         ttl=self.sc.safety.abort_after + 120.0)
         for fault in _faults(self.sc):
             if fault.target_type == "node":
                 fault.preflight(self.ctx, resolve_nodes(self.inventory, fault.spec.target))
 
-    def _watch_stop_conditions(self) -> None:
-        """``safety.stop_when``: each query must give a number now (exit 3 otherwise) and must not hold already
-        (exit 4); then a thread evaluates them until the run ends, and :meth:`_check_abort` acts on one that fired."""
-        conditions = self.sc.safety.stop_when
-        if not conditions:
-            return
-        watcher = StopWatcher(self.bus, conditions)
-        unanswered, holding = watcher.preflight()
-        if unanswered:
-            raise InfraError(f"{unanswered[0]}; nothing was injected",
-                             hint="a stop condition's query must return one number: check the URL and the query in Prometheus")
-        if holding:
-            raise SafetyAbort(holding[0])
-        self.stop_watcher = watcher
-        watcher.start()  # stopped in _teardown, after the job and the probes
-        self.say(f"{len(conditions)} stop condition(s) from Prometheus watched", "stop_conditions")
-
-    def _checkpoint_dir(self) -> str | None:
-        """The job's checkpoint folder as its nodes see it (what storage faults act in)."""
-        w = self.sc.workload
-        where = LAUNCHES[w.launch].checkpoints
-        if where == "given":
-            return w.checkpoint_dir
-        if where != "job":  # the launcher's own storage, which no storage fault reaches
-            return None
-        return str(checkpoint_dir(self.cluster, self.run_dir, self.run_id, owned=self.job_owner is not None))
-
-    def _mount_checkpoint_fs(self) -> None:
-        """``workload.checkpoint_fs``: the job's own small file system on its checkpoint folder, its removal
-        armed as a lease (on this machine) first."""
-        size = self.sc.workload.checkpoint_fs
-        fs = self.cluster.checkpoint_fs
-        if size is None or fs is None or self.ctx.checkpoint_dir is None:
-            return
-        folder = Path(self.ctx.checkpoint_dir)
-        owner = self.job_owner
-        if owner is not None:  # the folder is in the job's own, made for its user first (no process of theirs runs yet)
-            self._make_job_dir()
-        revert = fs.unmount_argv(folder)
-        node = self.cluster.job_nodes[0]
-        self.ctx.arm(LocalTransport(node), CHECKPOINT_FS_ID, "workload.checkpoint_fs", revert,
-                     self.sc.safety.abort_after + 120.0, target=str(folder), on="controller")
-        try:
-            fs.mount(folder, size, (owner.uid, owner.gid) if owner is not None else None)
-        except BaseException:
-            LocalTransport(node).run(revert, 30.0)
-            self.leases.release(CHECKPOINT_FS_ID)
-            raise
-        self._checkpoint_fs = (node, revert)
-        self.say(f"the job's checkpoint folder is a file system of its own: {escape(str(folder))} ({size} bytes)", "checkpoint_fs")
-
-    def _unmount_checkpoint_fs(self) -> None:
-        if self._checkpoint_fs is None:
-            return
-        node, revert = self._checkpoint_fs
-        res = LocalTransport(node).run(revert, 30.0)
-        if res.returncode == 0:
-            self.leases.release(CHECKPOINT_FS_ID)
-            self.journal.record("reverted", fault_id=CHECKPOINT_FS_ID, kind="workload.checkpoint_fs", node=node,
-                                verified=True, problem=None)
-        else:  # its watchdog unmounts it once the lease goes stale
-            self.leases.abandon(CHECKPOINT_FS_ID)
-            self.notes.append(f"unmounting the job's checkpoint file system failed: {res.stderr.strip()}")
-        self._checkpoint_fs = None
+    def _folders(self, run_dir: Path) -> JobFolders:
+        """Where the job's files go (:meth:`Job.folders`), once the run folder is made."""
+        sc = self.sc
+        return self.job_cls.folders(self.cluster, sc.workload, run_dir, self.run_id, owned=self.job_owner is not None,
+                                    sdk=bool(sc.probes.sdk), inproc=uses_inproc_channel(sc))
 
     def _sync_clocks(self) -> None:
         """Each remote node's clock offset (several round trips each, the nodes in parallel): the times its
@@ -531,86 +400,22 @@ class _Run:
         if far:
             self.say(f"clocks: {', '.join(far)} against this machine (corrected)", "clocks")
 
-    def _make_job_dir(self) -> Path | None:
-        """The job's own folder, made once (before the job starts, or before its checkpoint file system is mounted
-        in it): for a job of another user made new, its files in it, then given to them. Its SDK events file."""
-        sc, owner = self.sc, self.job_owner
-        events_path = (job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None) / "sdk-events.jsonl"
-                       if sc.probes.sdk and LAUNCHES[sc.workload.launch].sdk_events else None)
-        if self._job_dir_made:
-            return events_path
-        self.job_dir = job_dir(self.cluster, self.run_dir, self.run_id, owned=owner is not None)
-        if owner is not None:
-            dirs = ("checkpoints", "tmp", *((INPROC_CHANNEL_DIR,) if _uses_inproc(sc) else ()))
-            make_folder_for(self.job_dir, owner.uid, owner.gid, dirs=dirs,
-                            files=("sdk-events.jsonl",) if events_path is not None else ())
-        else:
-            self.job_dir.mkdir(parents=True, exist_ok=True)
-        self._job_dir_made = True
-        return events_path
-
     def _start(self) -> None:
-        sc = self.sc
-        rules, tee = sc.probes.log_rules(stack_of(sc.workload).presets)  # the stack's own lines: who noticed
-        self.log_probe = LogRegexProbe(self.bus, rules, tee_prefixes=tee)
-        owner = self.job_owner
-        events_path = self._make_job_dir()
-        if events_path is not None:
-            if owner is None:
-                events_path.touch()
-            self.sdk_probe = SdkLogProbe(self.bus, events_path)
-            self.threads.append(self.sdk_probe)
-        for lf in sc.probes.log_files:
-            conn = self.inventory[lf.node].conn
-            roots = self.inventory.policy.log_roots if self.inventory.policy is not None else None
-            if Path(lf.path).is_absolute() and isinstance(conn, FileFollower):  # on the node, read there by its agent
-                self.threads.append(RemoteLogProbe(self.log_probe, lf.node, conn, lf.path, roots=roots))
-                continue
-            # on this machine, as root: below the job's folder (no link followed), or inside the policy's log_roots;
-            # only a file of the job's user (or chaoskit's), never one only root may read
-            owners = (owner.uid, os.geteuid()) if owner is not None else (os.geteuid(),)
-            self.threads.append(FileLogProbe(self.log_probe, lf.node, Path(lf.path), owners=owners, roots=roots or [])
-                                if Path(lf.path).is_absolute() else
-                                FileLogProbe(self.log_probe, lf.node, Path(lf.path), folder=self.job_dir, owners=owners))
-        if sc.probes.prometheus:  # the site's monitoring as a detection source
-            self.prometheus_probe = PrometheusProbe(self.bus, sc.probes.prometheus)
-            self.threads.append(self.prometheus_probe)
-        watcher = None
-        if sc.probes.process:
-            watcher = ProcessWatcher(self.bus, {n.name: n.conn for n in self.inventory.nodes},
-                                     heartbeat_timeout=sc.probes.heartbeat_timeout)
-            self.threads.append(watcher)
-        self.threads.extend(self.cluster.probes(self.bus))
-        # The nodes' own health: OOM kills in the kernel's log, Xid and ECC errors from NVML; each is None
-        # (not started, silent) where it cannot read anything. The kernel-log probe takes the nodes' workers
-        # from the process watcher where one runs (no second poll of every node).
-        self.kmsg_probe = KmsgProbe.for_nodes(self.bus, self.inventory.nodes,
-                                              workers=watcher.ranks if watcher is not None else None)
-        for health in (self.kmsg_probe, NvmlProbe.for_nodes(self.bus, self.inventory.nodes),
-                       RemoteNvmlProbe.for_nodes(self.bus, self.inventory.nodes)):
-            if health is not None:
-                self.threads.append(health)
-        for t in self.threads:
-            t.start()
-        self.job = make_job(self.cluster, sc.workload, self.run_dir, self.run_id, events_path, self.log_probe.feed,
+        sc, owner = self.sc, self.job_owner
+        folders = self.session.make_job_folder(owner)
+        self.probes.start(folders, owner)
+        self.job = make_job(self.cluster, sc.workload, self.run_dir, self.run_id, folders.sdk_events, self.probes.on_line,
                             base=self.loaded.path.parent)
-        if _uses_inproc(sc):
-            self.silent_watch = SilentWatch(self.bus)
-            self.silent_watch.start()
-            if self.job.bootstraps:  # its processes take chaoskit's bootstrap, and the channel's folder
-                if owner is not None:  # the account's own, which it reaches (root's state folder it does not)
-                    self.ctx.inproc_folders = {n: str(self.job_dir / INPROC_CHANNEL_DIR) for n in self.cluster.agent_nodes}
-                self.job.use_inproc({n: self.ctx.inproc_folders.get(n) or f"{self.inventory[n].conn.state_dir}/{INPROC_CHANNEL_DIR}"
-                                     for n in self.cluster.agent_nodes},
-                                    sdc_every=sc.probes.sdc.every if sc.probes.sdc is not None else None,
-                                    final_checksum=any(get_fault(f.kind).needs_final_checksum for f in sc.faults))
+        self.probes.watch_silent_data()
+        if uses_inproc_channel(sc) and self.job.bootstraps:  # its processes take chaoskit's bootstrap, and the channel's folder
+            self.job.use_inproc({n: self.ctx.inproc_folder(n) for n in self.cluster.agent_nodes},
+                                sdc_every=sc.probes.sdc.every if sc.probes.sdc is not None else None,
+                                final_checksum=any(get_fault(f.kind).needs_final_checksum for f in sc.faults))
         spares = len(self.cluster.agent_nodes) - len(self.cluster.job_nodes)
-        if watcher is not None:
-            self.job.use_watch(watcher)  # a job that looks at the nodes pays only for what their watch streams report
+        if self.probes.process_watcher is not None:  # a job that looks at the nodes pays only for what their watch streams report
+            self.job.use_watch(self.probes.process_watcher)
         if not self.job.started:
-            where = (f"Slurm job {sc.workload.slurm_job}" if sc.workload.slurm_job is not None
-                     else f"the job on {', '.join(self.cluster.job_nodes)}")
-            self.say(f"{self.cluster.kind} [bold]{escape(self.cluster.id)}[/bold]: attaching to {escape(where)} "
+            self.say(f"{self.cluster.kind} [bold]{escape(self.cluster.id)}[/bold]: attaching to {escape(self.job.found_where())} "
                      f"(processes matching '{escape(sc.workload.process or '')}')", "started", attached=True)
         else:
             length = "until its script ends" if self.job.finish_step() is None else f"{sc.workload.steps} steps"
@@ -660,7 +465,7 @@ class _Run:
                 return False
             if not every_group:
                 return True
-            # torchft: the survivors train on while a group starts, so step N says nothing of the others; a fault
+            # a stack whose survivors train on while a group starts: step N says nothing of the others; a fault
             # must find every replica group in the quorum (each has committed a step), not one still importing torch
             stepped = {e.get("node") for e in self.bus.snapshot() if e.get("kind") == "step"}
             return set(self.cluster.job_nodes) <= stepped
@@ -720,8 +525,7 @@ class _Run:
             self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=getattr(t, "pid", None))
         injections = fault.inject(self.ctx, targets)
         for inj in injections:
-            if self.kmsg_probe is not None and inj.oom_cgroup is not None:  # the OOM kills in it are this run's
-                self.kmsg_probe.claim_cgroup(inj.oom_cgroup)
+            self.probes.injected(inj)
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
             self.bus.publish(make_event("fault.injected", inj.t_fault, node=inj.node, fault=inj.fault_id, fault_kind=inj.kind, targets=inj.targets,
                                         source="chaoskit", **inj.mechanism()))
@@ -874,7 +678,7 @@ class _Run:
         return time.time() >= max(ended, default=0.0) + window
 
     def _check_abort(self) -> None:
-        fired = self.stop_watcher.fired if self.stop_watcher is not None else None
+        fired = self.probes.stop_fired
         if fired is not None:
             raise SafetyAbort(f"{fired['message']}; every fault reverted")
         if time.time() > self.deadline:
@@ -913,26 +717,8 @@ class _Run:
         finally:
             if self.job is not None:
                 self.job.stop()
-            self._unmount_checkpoint_fs()
-            for t in self.threads:
-                t.stop()
-            if self.stop_watcher is not None:
-                self.stop_watcher.stop()
-            self.leases.close()
-            self.bus.close()
-            self.journal.close()
-            self._collect_job_dir()
-            self.cluster.teardown()
-
-    def _collect_job_dir(self) -> None:
-        """With a job folder of its own (docker lab's shared one, the job user's ``RUN.job``): keep the SDK's events
-        with the run, drop the checkpoints."""
-        job_dir = self.job_dir
-        if job_dir is None or job_dir == self.run_dir:
-            return
-        # the folder may be the job's user's: read as data (never through a link, never a FIFO), removed by fd
-        copy_regular(job_dir / "sdk-events.jsonl", self.run_dir / "sdk-events.jsonl")
-        shutil.rmtree(job_dir, ignore_errors=True)
+            self.probes.stop()
+            self.session.close()
 
     def _wait(self, predicate, timeout: float, what: str, quiet: bool = False) -> bool:
         """Wait for ``predicate`` while the job runs; abort on the safety deadline."""
@@ -958,24 +744,16 @@ class _Run:
 
     def _result(self) -> RunResult:
         """The run's result (:func:`~chaoskit.assembler.assemble`), once what its probes could not read is noted."""
-        log_probe, kmsg_probe, sdk_probe = self.log_probe, self.kmsg_probe, self.sdk_probe
-        watched = [w.notes() for w in (self.stop_watcher, self.prometheus_probe) if w is not None]
-        kernel_logs = [f"kernel log of {e}" for e in (kmsg_probe.errors if kmsg_probe is not None else [])
-                       if "cannot read the kernel log" in e][:5]  # a node's log chaoskit could not read: say so
-        for problem in ((log_probe.errors if log_probe is not None else []) + kernel_logs
-                        + (sdk_probe.errors if sdk_probe is not None else [])
-                        + [e for t in self.threads if isinstance(t, FileLogProbe) for e in t.errors]
-                        + list(self.job.line_errors if self.job is not None else [])[:5] + [n for notes in watched for n in notes]):
+        for problem in (self.probes.problems() + list(self.job.line_errors if self.job is not None else [])[:5]
+                        + self.probes.watch_notes()):
             if problem not in self.notes:
                 self.notes.append(problem)
-        watch = self.silent_watch
         return assemble(RunRecord(
             sc=self.sc, scenario_file=self.loaded.path, run_dir=self.run_dir, cluster=self.cluster,
             capabilities=self.capabilities, t0=self.t0, t_baseline=self.t_baseline, events=self.bus.snapshot(),
             injections=self.injections, fired=self.fired, recurring=self.recurring, missed=self.missed,
             verdict=self.verdict, notes=self.notes, job=self.job, clocks=self.clocks,
-            stop_fired=self.stop_watcher.fired if self.stop_watcher is not None else None,
-            disagree_at_end=watch.disagree_at_end if watch is not None else None))
+            stop_fired=self.probes.stop_fired, disagree_at_end=self.probes.disagree_at_end))
 
     def measure(self, events: list[dict[str, Any]], t_fault: float, node: str | None = None) -> dict[str, Any]:
         """One fault's recovery as the run watches it (its progress lines), with the scenario's recovery model."""

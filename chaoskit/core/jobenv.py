@@ -17,7 +17,7 @@ import fnmatch
 import re
 
 __all__ = ["ENV_NAME_RE", "MAX_ENV_VARS", "MAX_ENV_VALUE", "OWNED_PREFIX", "GUARDED", "WHY",
-           "SHARE_STORE_VAR", "check_env_name", "check_env_value", "owned_by", "guarded"]
+           "SHARE_STORE_VAR", "SCOPE_VAR", "check_env_name", "check_env_value", "owned_by", "guarded"]
 
 ENV_NAME_RE = r"[A-Za-z_][A-Za-z0-9_]{0,127}"
 """A variable's name: a shell's (letters, digits, ``_``, not a digit first), at most 128 characters."""
@@ -30,6 +30,9 @@ GUARDED = ("LD_*", "PYTHON*")
 """Names (shell-style patterns) a scenario sets or unsets only where the site policy's ``env`` allows them."""
 
 SHARE_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+SCOPE_VAR = "CHAOSKIT_SCOPE"
+"""The job's scope mark: the only processes a fault may act on carry it (the node's agent checks)."""
 
 WHY: dict[str, str] = {
     "PYTHONUNBUFFERED": "every line reaches chaoskit when printed (the timeline's timestamps)",

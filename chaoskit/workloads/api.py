@@ -18,14 +18,74 @@ means is :meth:`Job.finished`.
 from __future__ import annotations
 
 import abc
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from chaoskit.cluster.slurm import SubmitUser
+from chaoskit.core.files import copy_regular, make_folder_for
 from chaoskit.core.launches import LAUNCHES, LaunchSpec
+from chaoskit.faults.api import INPROC_CHANNEL_DIR
 
-__all__ = ["Job"]
+__all__ = ["Job", "JobFolders", "job_folder"]
+
+SDK_EVENTS_FILE = "sdk-events.jsonl"
+
+
+def job_folder(cluster: Any, run_dir: Path, run_id: str, owned: bool = False) -> Path:
+    """Where the job's own files go (checkpoints, the SDK's events): the cluster's shared folder
+    when its nodes are not this machine, else the run directory. ``owned``: the job runs as another user than
+    chaoskit (an author's batch script, submitted as its user; a lab account): then the folder is the job's own,
+    never the run folder, whose files are chaoskit's (beside it on this machine: ``RUN.job``)."""
+    shared = cluster.shared_dir
+    if shared is not None:
+        return Path(shared) / run_id
+    run_dir = Path(run_dir)
+    return run_dir.with_name(run_dir.name + ".job") if owned else run_dir
+
+
+@dataclass(frozen=True)
+class JobFolders:
+    """Where a job keeps its files, as :meth:`Job.folders` says before the job is built: the runner makes them
+    (:meth:`make`), hands them to the faults and probes, and keeps what is worth keeping at the end (:meth:`collect`)."""
+
+    root: Path
+    """The job's own folder (:func:`job_folder`): the run folder, ``RUN.job`` for a job of another user, or one in
+    the cluster's shared folder."""
+    checkpoints: str | None
+    """Its checkpoint folder as its nodes see it (what storage faults act in); ``None``: the launcher's own storage,
+    which no storage fault reaches."""
+    sdk_events: Path | None
+    """Where the SDK's events go (``None``: none are read)."""
+    inproc: Path | None
+    """The in-process channel's folder where it is the job's own (a job of another user that takes chaoskit's
+    bootstrap: that user cannot reach root's state folder); ``None``: the node's state folder's."""
+    owned: bool
+    """The job runs as another user than chaoskit: its folder is made new and given to that user."""
+    subfolders: tuple[str, ...] = ()
+    """Made in a folder given to the job's user (``checkpoints``, ``tmp``, the channel's)."""
+
+    def make(self, owner: Any) -> None:
+        """Make the folder before anything of the job's starts: for a job of ``owner`` (uid, gid) new, its folders
+        and files in it, then given to them; else as chaoskit, with an empty SDK events file."""
+        if owner is not None:
+            make_folder_for(self.root, owner.uid, owner.gid, dirs=self.subfolders,
+                            files=(SDK_EVENTS_FILE,) if self.sdk_events is not None else ())
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.sdk_events is not None:
+            self.sdk_events.touch()
+
+    def collect(self, run_dir: Path) -> None:
+        """With a folder of its own (the docker lab's shared one, the job user's ``RUN.job``): keep the SDK's events
+        with the run, drop the rest (the checkpoints). The folder may be the job's user's: read as data (never
+        through a link, never a FIFO)."""
+        if self.root == run_dir:
+            return
+        copy_regular(self.root / SDK_EVENTS_FILE, run_dir / SDK_EVENTS_FILE)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class Job(abc.ABC):
@@ -55,6 +115,23 @@ class Job(abc.ABC):
         ``None``: as chaoskit. :class:`~chaoskit.core.errors.ScenarioError` where it may not run at all."""
         return None
 
+    @classmethod
+    def folders(cls, cluster: Any, workload: Any, run_dir: Path, run_id: str, *, owned: bool, sdk: bool,
+                inproc: bool) -> JobFolders:
+        """Where this job's files go (:class:`JobFolders`), known before it is built. ``owned``: it runs as another
+        user than chaoskit; ``sdk``: the scenario reads the SDK's events; ``inproc``: the run uses the in-process
+        channel. Where the checkpoints are is its launch's (:attr:`~chaoskit.core.launches.LaunchSpec.checkpoints`)."""
+        run_dir = Path(run_dir).resolve()
+        root = job_folder(cluster, run_dir, run_id, owned)
+        spec = LAUNCHES[workload.launch]
+        checkpoints = (workload.checkpoint_dir if spec.checkpoints == "given"
+                       else str(root / "checkpoints") if spec.checkpoints == "job" else None)
+        return JobFolders(
+            root=root, checkpoints=checkpoints,
+            sdk_events=root / SDK_EVENTS_FILE if sdk and spec.sdk_events else None,
+            inproc=root / INPROC_CHANNEL_DIR if owned and inproc and cls.bootstraps else None,
+            owned=owned, subfolders=("checkpoints", "tmp", *((INPROC_CHANNEL_DIR,) if inproc else ())))
+
     @property
     def launch_spec(self) -> LaunchSpec:
         """What the scenario's ``workload.launch`` is (:data:`~chaoskit.core.launches.LAUNCHES`)."""
@@ -69,6 +146,10 @@ class Job(abc.ABC):
     def plan_part(self) -> dict[str, Any]:
         """The job's own keys in ``--dry-run``'s output beside its commands (``{"submit": ...}``)."""
         return {}
+
+    def found_where(self) -> str:
+        """What the progress line says a job chaoskit does not start (:attr:`started` ``False``) is found in."""
+        return f"the job on {', '.join(self.cluster.job_nodes)}"
 
     def scope_note(self) -> str:
         """What ``--dry-run`` says of the processes a fault may act on."""

@@ -115,6 +115,9 @@ class AttachedJob(Job):
         """Nothing is started on any node."""
         return {}
 
+    def found_where(self) -> str:
+        return f"Slurm job {self.slurm_job}" if self.slurm_job is not None else super().found_where()
+
     def describe(self) -> str:
         """What ``--dry-run`` says instead of commands."""
         if self.slurm_job is not None:

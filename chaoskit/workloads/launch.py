@@ -29,10 +29,10 @@ from chaoskit.core.jobenv import SHARE_STORE_VAR, WHY
 from chaoskit.core.lines import terminal_lines
 from chaoskit.core.trusted import read_authors_file
 from chaoskit.stacks.registry import stack_of
-from chaoskit.workloads.api import Job
+from chaoskit.workloads.api import Job, job_folder
 from chaoskit.workloads.root_cause import RootCause
 
-__all__ = ["TorchrunJob", "free_port", "job_dir", "checkpoint_dir", "torch_available"]
+__all__ = ["TorchrunJob", "free_port", "torch_available"]
 
 
 MAX_SCRIPT_BYTES = 16 << 20
@@ -45,23 +45,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def job_dir(cluster: ClusterHandle, run_dir: Path, run_id: str, owned: bool = False) -> Path:
-    """Where the job's own files go (checkpoints, the SDK's events): the cluster's shared folder
-    when its nodes are not this machine, else the run directory. ``owned``: the job runs as another user than
-    chaoskit (an author's batch script, submitted as its user): then the folder is the job's own, never the run
-    folder, whose files are chaoskit's (beside it on this machine: ``RUN.job``)."""
-    shared = cluster.shared_dir
-    if shared is not None:
-        return Path(shared) / run_id
-    run_dir = Path(run_dir)
-    return run_dir.with_name(run_dir.name + ".job") if owned else run_dir
-
-
-def checkpoint_dir(cluster: ClusterHandle, run_dir: Path, run_id: str, owned: bool = False) -> Path:
-    """The folder the job keeps its checkpoints in (``CHAOSKIT_CKPT_DIR``, ``--checkpoint-dir``)."""
-    return job_dir(cluster, Path(run_dir).resolve(), run_id, owned) / "checkpoints"
 
 
 def _processes(scope) -> list:
@@ -109,8 +92,8 @@ class TorchrunJob(Job):
         self.account = cluster.job_account
         """The unprivileged account the job runs as (its folder is then ``RUN.job``, that account's), or ``None``."""
         owned = self.account is not None
-        self.job_dir = job_dir(cluster, self.run_dir, run_id, owned=owned)
-        self.ckpt_dir = checkpoint_dir(cluster, self.run_dir, run_id, owned=owned)
+        self.job_dir = job_folder(cluster, self.run_dir, run_id, owned=owned)
+        self.ckpt_dir = self.job_dir / "checkpoints"
         self.log_dir = self.run_dir / "logs"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._readers: list[threading.Thread] = []

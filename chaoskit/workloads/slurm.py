@@ -37,8 +37,8 @@ from chaoskit.core.accounts import JOB_GROUP, Account, unreachable_by
 from chaoskit.core.files import copy_regular, torch_cache_env
 from chaoskit.core.trusted import read_authors_file
 from chaoskit.observe.probes import FileLogProbe
-from chaoskit.workloads.api import Job
-from chaoskit.workloads.launch import TorchrunJob, free_port, job_dir
+from chaoskit.workloads.api import Job, job_folder
+from chaoskit.workloads.launch import TorchrunJob, free_port
 
 __all__ = ["SlurmJob", "job_owner", "batch_script_path", "names_job"]
 
@@ -85,7 +85,7 @@ class SlurmJob(Job):
                                          else _submit_user(cluster.job_account))
         """The user an author's batch script, or the generated one, is submitted as (chaoskit runs as root: the
         script's user; the cluster's job account), or ``None``: as chaoskit."""
-        self.job_dir = job_dir(cluster, self.run_dir, run_id, owned=self.owner is not None)
+        self.job_dir = job_folder(cluster, self.run_dir, run_id, owned=self.owner is not None)
         self.ckpt_dir = self.job_dir / "checkpoints"
         self.slurm_dir = self.run_dir / "slurm"
         self.log_dir = self.run_dir / "logs"

@@ -18,6 +18,7 @@ import time
 from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo, proc_env
 from chaoskit.core import procs
 from chaoskit.core.errors import InfraError
+from chaoskit.core.jobenv import SCOPE_VAR
 from chaoskit.nodeside import nodefs
 
 __all__ = ["LocalTransport", "read_proc"]
@@ -28,7 +29,7 @@ class LocalTransport:
 
     name = "local"
 
-    SCOPE_ENV = "CHAOSKIT_SCOPE"
+    SCOPE_ENV = SCOPE_VAR
     has_own_network = False
     has_own_clock = False
     processes_here = True
