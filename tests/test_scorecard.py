@@ -45,6 +45,9 @@ def test_every_stack_adapts_every_row_or_says_why_not():
     assert ray["faults"][0]["target"] == {"nodes": ["n1"], "process": "RayTrainWorker"}
     with pytest.raises(CannotRun, match="no NIC of their own"):
         adapt_row(ROWS / "nic-down.yaml", "ray")
+    # GEMINI pairs each rank with a peer (an odd world is refused at the job's start): the 3-node cascade gets 4
+    assert adapt_row(ROWS / "cascade.yaml", "lm-resiliency")["cluster"]["nodes"] == 4
+    assert adapt_row(ROWS / "kill.yaml", "lm-resiliency")["cluster"]["nodes"] == 2
 
 
 def test_timeouts_behind_a_cell_and_a_warning_for_defaults_that_take_minutes():

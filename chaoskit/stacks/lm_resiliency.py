@@ -133,6 +133,10 @@ class LmResiliency(Stack):
         command = [str(script), "--steps", str(w.get("steps", 100)), "--step-time", f"{step_time:g}",
                    "--collective-timeout", f"{parse_duration(w.get('collective_timeout', 30)):g}"]
         doc["cluster"] = {**doc["cluster"], "kind": row_kind(doc)} if isinstance(doc.get("cluster"), dict) else doc["cluster"]
+        if isinstance(doc["cluster"], dict) and doc["cluster"].get("nodes", 2) * w.get("nproc_per_node", 1) % 2:
+            # GEMINI pairs each rank with a peer: its ChunkedGlooBackend refuses an odd world ("world_size (3) must
+            # be divisible by 2 * replication_jump (2)", lm_resiliency/checkpointing/replication.py), so one node more
+            doc["cluster"] = {**doc["cluster"], "nodes": doc["cluster"].get("nodes", 2) + 1}
         doc["workload"] = {"launch": "command", "recovery": self.name, "command": command,
                            **{k: w[k] for k in ("steps", "nproc_per_node", "max_restarts") if k in w}}
         doc["probes"] = {"presets": ["torchrun", "lm-resiliency"],
