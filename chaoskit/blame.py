@@ -6,8 +6,9 @@ the timeline and judges it, per fault:
 
 ``{"blamed": {"rank", "node", "by", "words", ...}, "truth": {"rank", "node"}, "verdict": "right"|"wrong"|"none"}``
 
-The stack's namings, each from its own words (the line's format is the one its log rule follows,
-:mod:`chaoskit.observe.presets`, :mod:`chaoskit.observe.rules`):
+The stack's namings, each from its own words (the line's format is the one its log rule follows, the stack's
+log preset), read by its stack module's readers (:attr:`chaoskit.stacks.api.Stack.blame_readers`, every registered
+stack's, keyed by the event's kind and source):
 
 - **torchrun's agent** (and ft_launcher's, which is torchrun's): ``failed (exitcode: -9) local_rank: 0 (pid: P)``
   (``worker.exit``) names a worker of its node; the worker's pid gives its rank (the worker's own start, or
@@ -38,7 +39,9 @@ Pure: events and injections in, verdicts out.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Optional, Protocol
+from typing import Any, Iterable, Optional, Protocol
+
+from chaoskit.stacks.registry import STACKS
 
 __all__ = ["VERDICTS", "RootCauseBlock", "truth_of", "stack_namings", "blame", "attach_blame", "blame_line"]
 
@@ -81,9 +84,10 @@ def stack_namings(events: Iterable[Event]) -> list[dict[str, Any]]:
     timeline = sorted(events, key=lambda e: e.get("ts") or 0.0)
     where = _rank_nodes(timeline)
     pids = _pid_ranks(timeline)
+    readers = {key: reader for name in STACKS.names() for key, reader in STACKS.get(name).blame_readers.items()}
     out = []
     for i, e in enumerate(timeline):
-        reader = _READERS.get((e.get("kind"), e.get("source")))
+        reader = readers.get((e.get("kind"), e.get("source")))
         if reader is None or e.get("injected"):
             continue
         naming = reader(e, timeline, i, where, pids)
@@ -153,132 +157,6 @@ def blame_line(b: Optional[dict[str, Any]]) -> Optional[str]:
     if verdict == "wrong" and b.get("note"):
         text += f" [{b['note']}]"
     return text
-
-
-# --- reading each source ---------------------------------------------------------------------------------------
-
-
-def _torchrun_exit(e: Event, timeline: list[Event], i: int, where: dict[int, str],
-                   pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
-    # torch/distributed/elastic/multiprocessing/api.py: "failed (exitcode: -9) local_rank: 0 (pid: 2368) of binary"
-    node, pid, local = e.get("node"), e.get("pid"), e.get("local_rank")
-    words = f"failed (exitcode: {e.get('exitcode')}) local_rank: {local} (pid: {pid})"
-    rank, via = e.get("rank"), None
-    if rank is None and node is not None and isinstance(pid, int) and (node, pid) in pids:
-        rank, via = pids[(node, pid)], f"pid {pid} was rank {pids[(node, pid)]}"
-    party = {"rank": rank, "node": node}
-    if rank is None and local is not None:
-        party["local_rank"] = local
-    return {"by": e.get("who") or "torchrun agent", "words": words, "parties": [party], **({"via": via} if via else {})}
-
-
-_MONITOR_WORDS = {  # nvidia_resiliency_ext/fault_tolerance/rank_monitor_server.py (0.4.1), by the preset's ``why``
-    "no heartbeat within the rank heartbeat timeout": "Did not get subsequent heartbeat. Waited {t:.2f} seconds.",
-    "no first heartbeat within the initial timeout": "Did not get initial heartbeat. Waited {t:.2f} seconds.",
-    "out of every section past its timeout": "Was out of section for ... seconds. Timeout is {t:.2f} seconds.",
-}
-
-
-def _rank_monitor(e: Event, timeline: list[Event], i: int, where: dict[int, str],
-                  pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
-    rank = e.get("rank")
-    try:
-        timeout: Optional[float] = float(e["timeout_s"])  # a capture: "5.00"
-    except (KeyError, TypeError, ValueError):
-        timeout = None
-    if e.get("section"):
-        words = (f"Section '{e['section']}' has been open for ... seconds. Timeout is "
-                 + (f"{timeout:.2f} seconds." if timeout is not None else "... seconds."))
-    else:
-        template = _MONITOR_WORDS.get(str(e.get("why")))
-        words = (template.format(t=timeout) if template and timeout is not None
-                 else str(e.get("why") or "a rank monitor's timeout"))
-    return {"by": e.get("who") or "NVRx rank monitor", "words": f"[RankMonServer:{rank}] {words}",
-            "parties": [{"rank": rank, "node": e.get("node")}] if rank is not None else []}
-
-
-def _wrapper(e: Event, timeline: list[Event], i: int, where: dict[int, str],
-             pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
-    by = e.get("who") or "NVRx in-process Wrapper"
-    if e.get("interruption"):  # term_ex: RankShouldRestart('Interruption.X on ranks={...}')
-        ranks = sorted({int(r) for r in str(e.get("ranks", "")).replace(" ", "").split(",") if r.isdigit()})
-        return {"by": by, "words": f"rank={e.get('rank')} term_ex: RankShouldRestart('{e.get('interruptions')}')",
-                "parties": [{"rank": r, "node": where.get(r)} for r in ranks]}
-    if e.get("error") is not None and e.get("rank") is not None:  # fn_ex: the loop raised in this rank
-        return {"by": by, "words": f"rank={e['rank']} fn_ex: {e['error']}",
-                "parties": [{"rank": e["rank"], "node": e.get("node")}]}
-    return None
-
-
-_TORCHFT_SOURCE = "torchft"
-"""The ``source`` of the ``torchft`` preset's events from torchft's manager."""
-
-
-def _lighthouse(e: Event, timeline: list[Event], i: int, where: dict[int, str],
-                pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
-    # torchft's src/lighthouse.rs: "Detected quorum change, bumping quorum_id to N"; it names no member: the group
-    # that left is one that trained before and whose manager did not log "reconfiguring for quorum_id=N"
-    quorum = e.get("quorum_id")
-    groups = {x.get("node") for x in timeline[:i] if x.get("source") == _TORCHFT_SOURCE and x.get("node") is not None
-              and x.get("kind") in ("step", "rendezvous.done", "step.discarded")}
-    stayed = {x.get("node") for x in timeline if x.get("kind") == "rendezvous.done" and x.get("source") == _TORCHFT_SOURCE
-              and x.get("quorum_id") == quorum}
-    if quorum is None or not stayed:
-        return None  # nobody reconfigured for it yet: which group left is not known
-    left = sorted(g for g in groups - stayed if g is not None)
-    via = (f"quorum {quorum}: {', '.join(sorted(n for n in stayed if n))} reconfigured for it, "
-           f"{', '.join(left) or 'no group'} did not")
-    return {"by": e.get("who") or "torchft lighthouse", "words": f"Detected quorum change, bumping quorum_id to {quorum}",
-            "parties": [{"rank": None, "node": n} for n in left], "via": via}
-
-
-def _slurm(e: Event, timeline: list[Event], i: int, where: dict[int, str],
-           pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
-    if e.get("kind") == "job.node_fail":
-        nodes = [n for n in e.get("nodes") or [] if isinstance(n, str)]
-        words = str(e.get("why") or f"job {e.get('job')} NODE_FAIL")
-    else:
-        nodes = [e["node"]] if isinstance(e.get("node"), str) else []
-        state = e.get("slurm_state") or e.get("state") or e.get("kind")
-        # one poll gives NOT_RESPONDING (no reason kept) and DOWN (with Slurm's Reason) at once: the node's reason
-        reason = e.get("reason") or next((x.get("reason") for x in timeline if x.get("ts") == e.get("ts")
-                                          and x.get("source") == "slurm" and x.get("node") == e.get("node")
-                                          and x.get("reason")), None)
-        words = f"NodeName={e.get('node')} State={state}" + (f" Reason={reason}" if reason else "")
-    return {"by": e.get("who") or "slurmctld", "words": words, "parties": [{"rank": None, "node": n} for n in nodes]}
-
-
-def _ray(e: Event, timeline: list[Event], i: int, where: dict[int, str],
-         pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
-    words = "node DEAD" + (f": {e['reason']}" if e.get("reason") else "")
-    return {"by": "Ray GCS", "words": words, "parties": [{"rank": None, "node": e.get("node")}]}
-
-
-def _scout(e: Event, timeline: list[Event], i: int, where: dict[int, str],
-           pids: dict[tuple[str, int], int]) -> Optional[dict[str, Any]]:
-    # lm_resiliency/_feature_wiring.py (0.2.0): f"SCOUT fault at step {step}: sdc={sdc_bitmap}, straggler=
-    # {straggler_bitmap}"; the bitmaps follow the replay group's peer ranks, the world's under DDP
-    def ones(bits: Any) -> list[int]:
-        return [i for i, b in enumerate(str(bits or "").replace(" ", "").split(",")) if b == "1"]
-
-    ranks = sorted(set(ones(e.get("sdc")) + ones(e.get("straggler"))))
-    words = f"SCOUT fault at step {e.get('at_step')}: sdc=[{e.get('sdc')}], straggler=[{e.get('straggler')}]"
-    return {"by": e.get("who") or "lm-resiliency SCOUT", "words": words,
-            "parties": [{"rank": r, "node": where.get(r)} for r in ranks]}
-
-
-_READERS: dict[tuple[Any, Any], Callable[..., Optional[dict[str, Any]]]] = {
-    ("worker.exit", "torchrun"): _torchrun_exit,
-    ("detect", "nvrx"): _rank_monitor,
-    ("detect", "nvrx-inprocess"): _wrapper,
-    ("detect", "torchft lighthouse"): _lighthouse,
-    ("node.drain", "slurm"): _slurm,
-    ("node.down", "slurm"): _slurm,
-    ("job.node_fail", "slurm"): _slurm,
-    ("detect", "ray"): _ray,
-    ("detect", "lm-resiliency"): _scout,
-}
-"""(event kind, source) -> the reader of a stack's naming in it."""
 
 
 def _root_cause_naming(rc: RootCauseBlock, where: dict[int, str]) -> Optional[dict[str, Any]]:

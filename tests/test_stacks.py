@@ -116,6 +116,20 @@ def test_a_plugin_stack_that_names_a_column_gets_one_in_the_scorecard(tmp_path, 
         adapt_row(row, "toy")
 
 
+def test_a_plugin_stack_reads_its_own_naming_for_blame(toy_stack, monkeypatch):
+    """What a stack named as the failed rank is read by the stack's own reader: blame asks the registry, never a name."""
+    from chaoskit.blame import blame
+
+    def retried(e, timeline, i, where, pids):
+        return {"by": "toy launcher", "words": e["line"], "parties": [{"rank": e["rank"], "node": e.get("node")}]}
+
+    monkeypatch.setattr(ToyStack, "blame_readers", {("detect", "toy"): retried}, raising=False)
+    events = [{"ts": 1.0, "kind": "fault.injected", "node": "n1", "targets": ["n1/rank1"]},
+              {"ts": 1.5, "kind": "detect", "source": "toy", "rank": 1, "node": "n1", "line": "rank 1 is gone, retry 1"}]
+    [verdict] = blame(events, [{"t_fault": 1.0, "node": "n1", "targets": ["n1/rank1"]}])
+    assert verdict["verdict"] == "right" and verdict["blamed"]["by"] == "toy launcher", verdict
+
+
 def test_a_column_whose_stack_is_not_installed_is_explained_before_any_drill(tmp_path, toy_stack, monkeypatch):
     """A scorecard column whose stack's package is missing: every cell of it says so with the install line, and no
     drill is started for it (here none at all: the only column is the toy's)."""

@@ -23,7 +23,7 @@ from chaoskit.core.models import StrictModel
 from chaoskit.measure import PHASE_MEANINGS, measure_fault
 from chaoskit.observe.presets import Preset
 
-__all__ = ["Stack", "StackRun", "JobView", "Measure", "CannotRun", "TORCHRUN", "LONG_DETECTION_S", "seconds_text",
+__all__ = ["Stack", "StackRun", "JobView", "Measure", "BlameReader", "CannotRun", "TORCHRUN", "LONG_DETECTION_S", "seconds_text",
            "row_kind", "ranks_to_nodes"]
 
 TORCHRUN = ["-m", "torch.distributed.run"]
@@ -31,6 +31,10 @@ TORCHRUN = ["-m", "torch.distributed.run"]
 LONG_DETECTION_S = 120.0
 """A timeout at or above this makes a hang (or a dead node) take minutes to notice: the scorecard warns."""
 
+BlameReader = Callable[[dict[str, Any], list[dict[str, Any]], int, dict[int, str], dict[tuple[str, int], int]],
+                       "dict[str, Any] | None"]
+"""``(event, timeline, its index there, rank -> node, (node, pid) -> rank) -> {"by", "words", "parties": [{"rank",
+"node"}], "via"?}`` or ``None``: the failed rank or node a stack named in one of its events (:mod:`chaoskit.blame`)."""
 Measure = Callable[..., dict[str, Any]]
 """``(events, t_fault, t_fault_uncertainty=0.0, *, node=None, fault_step=None) -> phases`` (:mod:`chaoskit.measure`)."""
 
@@ -120,6 +124,9 @@ class Stack:
     ``probes.presets``; :func:`chaoskit.stacks.registry.log_presets` lists them beside the frameworks')."""
     presets: ClassVar[tuple[str, ...]] = ()
     """Log presets a drill under it always reads (who noticed a fault says so in the stack's own lines)."""
+    blame_readers: ClassVar[dict[tuple[str, str], BlameReader]] = {}
+    """(event kind, event source) -> how its naming of the failed rank or node is read from such an event: its own
+    words, for blame (:mod:`chaoskit.blame` reads every registered stack's, whatever the drill's stack)."""
     every_group_steady: ClassVar[bool] = False
     """Steady state needs every node's group stepping (each node is a world of its own), not the job's step."""
     phase_meanings: ClassVar[dict[str, str]] = PHASE_MEANINGS["restart"]

@@ -103,9 +103,23 @@ class LmResiliencyRun(StackRun):
         return []
 
 
+def _scout(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[int, str],
+           pids: dict[tuple[str, int], int]) -> dict[str, Any] | None:
+    # lm_resiliency/_feature_wiring.py (0.2.0): f"SCOUT fault at step {step}: sdc={sdc_bitmap}, straggler=
+    # {straggler_bitmap}"; the bitmaps follow the replay group's peer ranks, the world's under DDP
+    def ones(bits: Any) -> list[int]:
+        return [i for i, b in enumerate(str(bits or "").replace(" ", "").split(",")) if b == "1"]
+
+    ranks = sorted(set(ones(e.get("sdc")) + ones(e.get("straggler"))))
+    words = f"SCOUT fault at step {e.get('at_step')}: sdc=[{e.get('sdc')}], straggler=[{e.get('straggler')}]"
+    return {"by": e.get("who") or "lm-resiliency SCOUT", "words": words,
+            "parties": [{"rank": r, "node": where.get(r)} for r in ranks]}
+
+
 class LmResiliency(Stack):
     name = "lm-resiliency"
     log_presets = (LM_RESILIENCY_PRESET,)
+    blame_readers = {("detect", "lm-resiliency"): _scout}
     describe = "torchrun with lm-resiliency's rendezvous: the world restarts from GEMINI's in-memory checkpoint"
     launches = ("command",)
     refusal = ("recovery: lm-resiliency is only used with launch: {launches} (the job calls lm-resiliency's "

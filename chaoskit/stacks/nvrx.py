@@ -249,9 +249,35 @@ class NvrxRun(StackRun):
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 
 
+_MONITOR_WORDS = {  # nvidia_resiliency_ext/fault_tolerance/rank_monitor_server.py (0.4.1), by the preset's ``why``
+    "no heartbeat within the rank heartbeat timeout": "Did not get subsequent heartbeat. Waited {t:.2f} seconds.",
+    "no first heartbeat within the initial timeout": "Did not get initial heartbeat. Waited {t:.2f} seconds.",
+    "out of every section past its timeout": "Was out of section for ... seconds. Timeout is {t:.2f} seconds.",
+}
+
+
+def _rank_monitor(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[int, str],
+                  pids: dict[tuple[str, int], int]) -> dict[str, Any] | None:
+    rank = e.get("rank")
+    try:
+        timeout: float | None = float(e["timeout_s"])  # a capture: "5.00"
+    except (KeyError, TypeError, ValueError):
+        timeout = None
+    if e.get("section"):
+        words = (f"Section '{e['section']}' has been open for ... seconds. Timeout is "
+                 + (f"{timeout:.2f} seconds." if timeout is not None else "... seconds."))
+    else:
+        template = _MONITOR_WORDS.get(str(e.get("why")))
+        words = (template.format(t=timeout) if template and timeout is not None
+                 else str(e.get("why") or "a rank monitor's timeout"))
+    return {"by": e.get("who") or "NVRx rank monitor", "words": f"[RankMonServer:{rank}] {words}",
+            "parties": [{"rank": rank, "node": e.get("node")}] if rank is not None else []}
+
+
 class Nvrx(Stack):
     name = "nvrx"
     log_presets = (NVRX_PRESET,)
+    blame_readers = {("detect", "nvrx"): _rank_monitor}
     describe = "NVIDIA's ft_launcher: each rank's monitor restarts a world whose rank stopped heartbeating"
     launches = ("reference", "uninstrumented", "command")
     refusal = "recovery: nvrx starts ft_launcher in place of torchrun (launch: {launches}), not launch: {launch}"

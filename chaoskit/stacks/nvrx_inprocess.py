@@ -95,9 +95,23 @@ class NvrxInprocessRun(StackRun):
         return {"CHAOSKIT_NVRX_STORE_PORT": str(self.store_port)}
 
 
+def _wrapper(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[int, str],
+             pids: dict[tuple[str, int], int]) -> dict[str, Any] | None:
+    by = e.get("who") or "NVRx in-process Wrapper"
+    if e.get("interruption"):  # term_ex: RankShouldRestart('Interruption.X on ranks={...}')
+        ranks = sorted({int(r) for r in str(e.get("ranks", "")).replace(" ", "").split(",") if r.isdigit()})
+        return {"by": by, "words": f"rank={e.get('rank')} term_ex: RankShouldRestart('{e.get('interruptions')}')",
+                "parties": [{"rank": r, "node": where.get(r)} for r in ranks]}
+    if e.get("error") is not None and e.get("rank") is not None:  # fn_ex: the loop raised in this rank
+        return {"by": by, "words": f"rank={e['rank']} fn_ex: {e['error']}",
+                "parties": [{"rank": e["rank"], "node": e.get("node")}]}
+    return None
+
+
 class NvrxInprocess(Stack):
     name = "nvrx-inprocess"
     log_presets = (NVRX_INPROCESS_PRESET,)
+    blame_readers = {("detect", "nvrx-inprocess"): _wrapper}
     describe = "NVIDIA's in-process restart (deprecated upstream in NVRx 0.6): the Wrapper reruns every rank's loop in its own process"
     launches = ("reference", "uninstrumented")
     refusal = ("recovery: nvrx-inprocess runs the reference job's loop under NVRx's inprocess.Wrapper "

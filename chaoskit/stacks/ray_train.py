@@ -20,8 +20,15 @@ RAY_HEALTH_CHECK = "1s x 3 failures (the Ray lab's RAY_health_check_*; Ray's def
 """How soon Ray's GCS marks a silent node dead, as the Ray lab sets it (chaoskit/lab/ray.py)."""
 
 
+def _ray(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[int, str],
+         pids: dict[tuple[str, int], int]) -> dict[str, Any] | None:
+    words = "node DEAD" + (f": {e['reason']}" if e.get("reason") else "")
+    return {"by": "Ray GCS", "words": words, "parties": [{"rank": None, "node": e.get("node")}]}
+
+
 class RayTrain(Stack):
     name = "ray-train"
+    blame_readers = {("detect", "ray"): _ray}
     describe = ("Ray Train's own restart: its controller restarts the worker group (actors placed again) from the "
                 "last reported checkpoint, FailureConfig(max_failures=max_restarts) times")
     launches = ("ray-train",)

@@ -21,8 +21,25 @@ from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, Stack
 __all__ = ["SlurmRequeue"]
 
 
+def _slurm(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[int, str],
+           pids: dict[tuple[str, int], int]) -> dict[str, Any] | None:
+    if e.get("kind") == "job.node_fail":
+        nodes = [n for n in e.get("nodes") or [] if isinstance(n, str)]
+        words = str(e.get("why") or f"job {e.get('job')} NODE_FAIL")
+    else:
+        nodes = [e["node"]] if isinstance(e.get("node"), str) else []
+        state = e.get("slurm_state") or e.get("state") or e.get("kind")
+        # one poll gives NOT_RESPONDING (no reason kept) and DOWN (with Slurm's Reason) at once: the node's reason
+        reason = e.get("reason") or next((x.get("reason") for x in timeline if x.get("ts") == e.get("ts")
+                                          and x.get("source") == "slurm" and x.get("node") == e.get("node")
+                                          and x.get("reason")), None)
+        words = f"NodeName={e.get('node')} State={state}" + (f" Reason={reason}" if reason else "")
+    return {"by": e.get("who") or "slurmctld", "words": words, "parties": [{"rank": None, "node": n} for n in nodes]}
+
+
 class SlurmRequeue(Stack):
     name = "slurm-requeue"
+    blame_readers = {("node.drain", "slurm"): _slurm, ("node.down", "slurm"): _slurm, ("job.node_fail", "slurm"): _slurm}
     describe = ("Slurm's requeue of a batch job: torchrun inside the allocation; a lost node is DOWN after "
                 "SlurmdTimeout, then the job is requeued, allocated again and resumed from its checkpoint")
     launches = ("reference", "uninstrumented", "sbatch")

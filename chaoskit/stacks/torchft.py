@@ -97,9 +97,32 @@ class TorchftRun(StackRun):
         return [self.lighthouse]
 
 
+_SOURCE = "torchft"
+"""The ``source`` of the ``torchft`` preset's events from torchft's manager."""
+
+
+def _lighthouse(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[int, str],
+                pids: dict[tuple[str, int], int]) -> dict[str, Any] | None:
+    # torchft's src/lighthouse.rs: "Detected quorum change, bumping quorum_id to N"; it names no member: the group
+    # that left is one that trained before and whose manager did not log "reconfiguring for quorum_id=N"
+    quorum = e.get("quorum_id")
+    groups = {x.get("node") for x in timeline[:i] if x.get("source") == _SOURCE and x.get("node") is not None
+              and x.get("kind") in ("step", "rendezvous.done", "step.discarded")}
+    stayed = {x.get("node") for x in timeline if x.get("kind") == "rendezvous.done" and x.get("source") == _SOURCE
+              and x.get("quorum_id") == quorum}
+    if quorum is None or not stayed:
+        return None  # nobody reconfigured for it yet: which group left is not known
+    left = sorted(g for g in groups - stayed if g is not None)
+    via = (f"quorum {quorum}: {', '.join(sorted(n for n in stayed if n))} reconfigured for it, "
+           f"{', '.join(left) or 'no group'} did not")
+    return {"by": e.get("who") or "torchft lighthouse", "words": f"Detected quorum change, bumping quorum_id to {quorum}",
+            "parties": [{"rank": None, "node": n} for n in left], "via": via}
+
+
 class Torchft(Stack):
     name = "torchft"
     log_presets = (TORCHFT_PRESET,)
+    blame_readers = {("detect", "torchft lighthouse"): _lighthouse}
     describe = "every node one replica group: survivors drop a dead group from the quorum; it heals from a peer"
     launches = ("command",)
     refusal = ("recovery: torchft is only used with launch: {launches} (chaoskit starts each replica group and the "
