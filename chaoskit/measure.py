@@ -18,12 +18,10 @@ Each instant has its finder, which returns the event it is read from or its "not
 :func:`find_lost_work` for the steps lost); :func:`measure_fault` puts them together.
 
 That is the ``restart`` recovery model (:func:`measure_fault`). A job that recovers without a restart is
-measured on its own terms: its recovery stack (``workload.recovery``, :mod:`chaoskit.stacks`) names the function
-here that measures it, and ``result.json`` says which (``recovery_model``). ``torchft`` (:func:`measure_torchft`): survivors
-drop a dead replica group from the quorum and carry on; its restarted group heals from a peer. ``nvrx``
-(:func:`measure_nvrx`): NVIDIA's ft_launcher, whose rank monitors notice a rank that stopped sending heartbeats.
-``nvrx-inprocess`` (:func:`measure_nvrx_inprocess`): NVRx's in-process restart, which reruns the loop in the same
-processes.
+measured on its own terms, by its recovery stack's own model in its module (``workload.recovery``,
+:meth:`chaoskit.stacks.api.Stack.measure`: torchft's, NVRx's, NVRx in-process's), from the public pieces here
+(the finders, :func:`span`, :func:`time_error`, :func:`phase_uncertainty`, :func:`who_noticed`,
+:func:`detection_sources`); ``result.json`` says which model measured it (``recovery_model``).
 """
 
 from __future__ import annotations
@@ -33,9 +31,9 @@ from typing import Any, Iterable
 
 from chaoskit.core.phases import PHASE_TABLE, SLO_PHASES
 
-__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "PHASE_MEANINGS", "detection_sources", "measure_fault",
+__all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "RESTART_MEANINGS", "detection_sources", "measure_fault",
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
-           "find_checkpoint_load", "find_reallocation", "find_lost_work", "measure_nvrx", "measure_nvrx_inprocess", "measure_torchft",
+           "find_checkpoint_load", "find_reallocation", "find_lost_work", "span", "time_error", "phase_uncertainty", "who_noticed",
            "measure_slowdown", "measure_checkpoint_io", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
            "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident", "false_restart", "RESTART_SIGNS", "node_returns"]
 
@@ -274,23 +272,23 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         reasons["lost_steps"] = lost.reason
 
     t_detect, t_realloc, t_loaded, t_resumed = detect.ts, realloc.ts, loaded.ts, resumed.ts
-    detection = _span(t_fault, t_detect)
-    reallocation = _span(t_detect, t_realloc)
-    checkpoint_load = _span(t_realloc, t_loaded)
-    recovery = _span(t_fault, t_resumed)
+    detection = span(t_fault, t_detect)
+    reallocation = span(t_detect, t_realloc)
+    checkpoint_load = span(t_realloc, t_loaded)
+    recovery = span(t_fault, t_resumed)
     return {
         "model": "restart",
         "detection_s": detection,
         "reallocation_s": reallocation,
         "checkpoint_load_s": checkpoint_load,
-        "startup_s": _span(t_realloc, realloc.ready),
+        "startup_s": span(t_realloc, realloc.ready),
         "recovery_s": recovery,
         "lost_steps": lost.steps,
         "last_step_before": lost.last_step_before,
         "restored_step": loaded.restored_step,
         "restored_from": loaded.restored_from,
         "reallocation_from": _read_from(realloc.event),
-        "detected_by": _who(detect.event),
+        "detected_by": who_noticed(detect.event),
         "detections": detection_sources(timeline, t_fault),
         "t_fault": t_fault,
         "t_detect": t_detect,
@@ -299,10 +297,10 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "t_resumed": t_resumed,
         "reasons": reasons,
         "uncertainty_s": {
-            "detection": _uncertainty(detection, t_fault_uncertainty, _error(detect.event)),
-            "reallocation": _uncertainty(reallocation, _error(detect.event), _error(realloc.event)),
-            "checkpoint_load": _uncertainty(checkpoint_load, _error(realloc.event), _error(loaded.event)),
-            "recovery": _uncertainty(recovery, t_fault_uncertainty, _error(resumed.event)),
+            "detection": phase_uncertainty(detection, t_fault_uncertainty, time_error(detect.event)),
+            "reallocation": phase_uncertainty(reallocation, time_error(detect.event), time_error(realloc.event)),
+            "checkpoint_load": phase_uncertainty(checkpoint_load, time_error(realloc.event), time_error(loaded.event)),
+            "recovery": phase_uncertainty(recovery, t_fault_uncertainty, time_error(resumed.event)),
         },
     }
 
@@ -330,11 +328,12 @@ def _read_from(e: Event | None) -> str | None:
     return LOG_LINE
 
 
-def phase_spans(phases: dict[str, Any]) -> dict[str, str]:
-    """What each phase of ``phases`` spans, for the reports' "what it spans" column: the model's
-    (:data:`PHASE_MEANINGS`), saying where a phase was read from a line that changes what it holds (a new world's
-    start from the job's log line includes the workers' start-up)."""
-    out = dict(PHASE_MEANINGS.get(phases.get("model") or "restart", PHASE_MEANINGS["restart"]))
+def phase_spans(phases: dict[str, Any], meanings: dict[str, str] | None = None) -> dict[str, str]:
+    """What each phase of ``phases`` spans, for the reports' "what it spans" column: the model's ``meanings`` (its
+    stack's :attr:`chaoskit.stacks.api.Stack.phase_meanings`; the restart model's, :data:`RESTART_MEANINGS`, by
+    default), saying where a phase was read from a line that changes what it holds (a new world's start from the
+    job's log line includes the workers' start-up)."""
+    out = dict(RESTART_MEANINGS if meanings is None else meanings)
     if phases.get("reallocation_from") == LOG_LINE:
         out["reallocation"] += (" (from the job's own log line: includes the new workers' start-up, Python and its "
                                 "imports, up to that line)")
@@ -369,264 +368,31 @@ def baseline_restarts(events: Iterable[Event], until: float, *, found: bool = Fa
     first = min(exits[:1] + restarted[:1], key=lambda e: e["ts"], default=None)
     if first is None:
         return count, None
-    what = (_who(first) if first["kind"] == "worker.exit"
+    what = (who_noticed(first) if first["kind"] == "worker.exit"
             else f"workers started again on {first.get('node', '?')} (restart {first['restart_count']})")
     return count, f"{what}, {until - first['ts']:.1f}s before the first fault"
 
 
-def _span(a: Event | float | None, b: Event | float | None) -> float | None:
+def span(a: Event | float | None, b: Event | float | None) -> float | None:
     """``b - a`` in seconds (each an instant or the event it is read from), ``None`` when either is missing."""
     ta = a["ts"] if isinstance(a, dict) else a
     tb = b["ts"] if isinstance(b, dict) else b
     return round(tb - ta, 4) if ta is not None and tb is not None else None
 
 
-def _error(e: Event | None) -> float:
+def time_error(e: Event | None) -> float:
     """How far an event's time may be off (read on another node, corrected by its measured offset)."""
     return float(e.get("ts_uncertainty") or 0.0) if e is not None else 0.0
 
 
-def _uncertainty(value: float | None, a: float, b: float) -> float | None:
+def phase_uncertainty(value: float | None, a: float, b: float) -> float | None:
     """A phase's uncertainty: its two ends' together; ``None`` for a phase not measured."""
     return None if value is None else round(a + b, 6)
 
 
-TORCHFT_SOURCE = "torchft"
-"""The ``source`` of the ``torchft`` preset's events from torchft's manager (the lighthouse's is its own)."""
-TORCHFT_DETECT_SOURCES = frozenset({TORCHFT_SOURCE, "torchft lighthouse"})
-"""Who notices a dead replica group in the torchft model: a survivor's failed collective (torchft's manager)
-or the lighthouse dropping the group from the quorum once it stopped heartbeating."""
-
-
-def measure_torchft(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                    node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
-    """Measure a torchft job's recovery from a fault to the replica group on ``node`` (docs/architecture.md,
-    "Recovery models"): no restart of the world, so the phases are torchft's own.
-
-    - detection: ``t_fault`` to the first sign torchft noticed: a survivor's collective error (``detect`` from
-      torchft's manager: "got exception in all reduce") or the lighthouse changing the quorum (the group's
-      heartbeat stopped), whichever came first;
-    - reallocation: to the first survivor reconfigured for a new quorum after the fault (``rendezvous.done``:
-      "reconfiguring for quorum_id=N"); 0 when the lighthouse's new quorum was the detection and the survivor took
-      it at once (torchft has no reallocation apart from the quorum);
-    - checkpoint load: the restarted group's heal from a peer, ``healing required`` (``ckpt.load.start``) to
-      ``Loaded state dict.`` (``ckpt.load.end``), both on ``node``;
-    - recovery: ``t_fault`` to the healed group's first committed step (the job at full strength again);
-    - lost work: the steps the survivors discarded (``step.discarded``: ``should_commit=False``) plus the healed
-      group's catch-up: the steps it did not take part in, from the one after its last committed step before the
-      fault to the one before the step it healed to (``max_step``, the peers' next step to run, which the group
-      runs itself): ``restored_step - 1 - last committed``.
-
-    The keys are :func:`measure_fault`'s, plus ``discarded_steps``, ``catch_up_steps`` and ``healed_group``.
-    """
-    timeline = sorted(events, key=lambda e: e["ts"])
-    after = [e for e in timeline if e["ts"] > t_fault]
-    reasons: dict[str, str] = {}
-
-    def survivor(e: Event) -> bool:
-        return node is None or e.get("node") != node or e.get("source") == "torchft lighthouse"
-
-    steps_before_fault = [e for e in steps_before(timeline, t_fault, fault_step)
-                          if e.get("kind") == "step" and isinstance(e.get("step"), int)]
-    last_step_before = max((e["step"] for e in steps_before_fault), default=None)
-    group_before = max((e["step"] for e in steps_before_fault if node is None or e.get("node") == node), default=None)
-
-    detect = next((e for e in after if e.get("kind") in DETECT_KINDS and e.get("source") in TORCHFT_DETECT_SOURCES
-                   and survivor(e)), None)
-    if detect is None:
-        reasons["detection"] = ("not observed: no survivor's collective error and no quorum change after the fault "
-                                "(the torchft preset and the torchft.manager logger at INFO are needed)")
-    t_detect = detect["ts"] if detect else None
-    realloc = None
-    if t_detect is not None:
-        # the first survivor reconfigured after the fault; it may be read a moment before the lighthouse's line that
-        # caused it (two pipes, two readers): then the two are one instant, and reallocation is 0
-        realloc = next((e for e in after if e.get("kind") == "rendezvous.done" and e.get("source") == TORCHFT_SOURCE
-                        and survivor(e)), None)
-        if realloc is None:
-            reasons["reallocation"] = "not observed: no survivor reconfigured for a new quorum after the detection"
-    else:
-        reasons["reallocation"] = "not measurable: detection was not observed"
-
-    mine = [e for e in after if node is None or e.get("node") == node]
-    heal = next((e for e in mine if e.get("kind") == "ckpt.load.start" and e.get("source") == TORCHFT_SOURCE), None)
-    healed = next((e for e in mine if heal is not None and e.get("kind") == "ckpt.load.end"
-                   and e.get("source") == TORCHFT_SOURCE and e["ts"] >= heal["ts"]), None)
-    if heal is None:
-        reasons["checkpoint_load"] = (f"not observed: the group on {node or '?'} never healed from a peer after the "
-                                      "fault (no 'healing required' line: did its torchrun restart it?)")
-    elif healed is None:
-        reasons["checkpoint_load"] = f"not observed: the group on {node or '?'} began healing but never loaded the state dict"
-    resumed = next((e for e in mine if healed is not None and e.get("kind") == "step" and e["ts"] >= healed["ts"]), None)
-    if resumed is None:
-        reasons["recovery"] = f"not observed: the group on {node or '?'} did not commit a step after healing"
-
-    restored_step = healed.get("step") if healed is not None and isinstance(healed.get("step"), int) else None
-    if restored_step is None and heal is not None and isinstance(heal.get("step"), int):
-        restored_step = heal["step"]  # "healing required ... max_step=N": the step it fetches
-    end = resumed["ts"] if resumed is not None else float("inf")
-    discarded = sorted({e.get("step") for e in after if e.get("kind") == "step.discarded" and survivor(e)
-                        and e["ts"] <= end and isinstance(e.get("step"), int)})
-    # restored_step is the next step to run (torchft's max_step), group_before the last one the group committed
-    catch_up = (max(0, restored_step - 1 - group_before) if restored_step is not None and group_before is not None
-                else None)
-    lost = len(discarded) + catch_up if catch_up is not None and resumed is not None else None
-    if lost is None:
-        reasons["lost_steps"] = ("not observed: " + ("the healed group did not commit a step" if resumed is None else
-                                 f"no step of the group on {node or '?'} before the fault" if group_before is None else
-                                 "no step the group healed to"))
-
-    detection, reallocation = _span(t_fault, detect), _span(detect, realloc)
-    if reallocation is not None and reallocation < 0:
-        reallocation = 0.0
-    checkpoint_load, recovery = _span(heal, healed), _span(t_fault, resumed)
-    return {
-        "model": "torchft",
-        "detection_s": detection,
-        "reallocation_s": reallocation,
-        "checkpoint_load_s": checkpoint_load,
-        "startup_s": None,
-        "recovery_s": recovery,
-        "lost_steps": lost,
-        "discarded_steps": discarded,
-        "catch_up_steps": catch_up,
-        "healed_group": node,
-        "last_step_before": last_step_before,
-        "restored_step": restored_step,
-        "detected_by": _who(detect),
-        "detections": detection_sources(timeline, t_fault),
-        "t_fault": t_fault,
-        "t_detect": t_detect,
-        "t_realloc": realloc["ts"] if realloc else None,
-        "t_loaded": healed["ts"] if healed else None,
-        "t_resumed": resumed["ts"] if resumed else None,
-        "reasons": reasons,
-        "uncertainty_s": {
-            "detection": _uncertainty(detection, t_fault_uncertainty, _error(detect)),
-            "reallocation": _uncertainty(reallocation, _error(detect), _error(realloc)),
-            "checkpoint_load": _uncertainty(checkpoint_load, _error(heal), _error(healed)),
-            "recovery": _uncertainty(recovery, t_fault_uncertainty, _error(resumed)),
-        },
-    }
-
-
-NVRX_SOURCE = "nvrx"
-"""The ``source`` of the ``nvrx`` preset's events: a rank monitor's heartbeat or section timeout."""
-
-
-def measure_nvrx(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                 node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
-    """Measure a job under NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext) recovering from one fault
-    (docs/architecture.md, "Recovery models"). ft_launcher restarts the world as torchrun does, so the phases
-    after detection are the restart model's; what it adds is who notices:
-
-    - detection: ``t_fault`` to the first of a rank monitor's timeout line (``detect`` from the ``nvrx`` preset:
-      "Did not get subsequent heartbeat", a section open past its timeout) and the worker's own failure (the
-      launcher's agent seeing it exit, a surviving rank's collective error), whichever came first;
-    - reallocation: to every worker of the restarted world started (ft_launcher's in-job restart, or a new
-      rendezvous round with a spare);
-    - checkpoint load, recovery, lost work: as :func:`measure_fault`.
-
-    The keys are :func:`measure_fault`'s, plus ``rank_monitor``: the rank monitors' first timeout after the fault
-    (``{ts, latency_s, rank, why, timeout_s}``), ``None`` when no monitor noticed (a rank that died is the launcher's
-    to see, not its monitor's)."""
-    timeline = sorted(events, key=lambda e: e["ts"])
-    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
-    phases["model"] = "nvrx"
-    monitor = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
-                    and e.get("source") == NVRX_SOURCE), None)
-    phases["rank_monitor"] = None if monitor is None else {
-        "ts": monitor["ts"], "latency_s": round(monitor["ts"] - t_fault, 4), "rank": monitor.get("rank"),
-        "why": monitor.get("why"), "timeout_s": _number(monitor.get("timeout_s")),
-        **({"section": monitor["section"]} if monitor.get("section") else {})}
-    if phases["detection_s"] is None:
-        phases["reasons"]["detection"] = ("not observed: no rank monitor timeout (the nvrx preset's 'Did not get "
-                                          "subsequent heartbeat' / section lines) and no worker failure after the fault")
-    return phases
-
-
-NVRX_INPROCESS_SOURCE = "nvrx-inprocess"
-"""The ``source`` of the ``nvrx-inprocess`` preset's events: the in-process Wrapper's own lines."""
-
-
-def measure_nvrx_inprocess(events: Iterable[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
-                           node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
-    """Measure a job under NVRx's in-process restart (``nvidia_resiliency_ext.inprocess.Wrapper``) recovering from
-    one fault (docs/architecture.md, "Recovery models"). The Wrapper reruns the training loop in the same
-    processes, so the phases are the restart model's with the loop's restart in place of new workers:
-
-    - detection: ``t_fault`` to the first of the Wrapper's lines (``detect`` from the ``nvrx-inprocess`` preset:
-      the loop raised in a rank, or the iteration was interrupted: a soft timeout, a dead peer) and any other
-      failure seen (a peer's collective error), whichever came first;
-    - reallocation: to every rank's loop started again (``worker.start`` with the Wrapper's iteration as its
-      ``restart_count``);
-    - checkpoint load, recovery, lost work: as :func:`measure_fault`.
-
-    The keys are :func:`measure_fault`'s, plus ``wrapper``: the Wrapper's first interruption after the fault
-    (``{ts, latency_s, rank, interruption, ranks, interruptions}``: the first, the ranks it names, all of them as
-    the Wrapper wrote them; ``None`` when it logged none), and ``in_process``: whether every
-    rank's restarted loop ran in a process that was already a worker before the fault (``True``: no process was
-    replaced; ``False``: torchrun had to restart some; ``None``: no restart seen, or starts without pids), and
-    ``world_size``: ``{before, after}`` the restart (the Wrapper goes on without ranks it finds unresponsive: a
-    dead node's; ``None`` where the starts do not say)."""
-    timeline = sorted(events, key=lambda e: e["ts"])
-    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
-    phases["model"] = "nvrx-inprocess"
-    stop = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
-                 and e.get("source") == NVRX_INPROCESS_SOURCE and e.get("interruption")), None)
-    phases["wrapper"] = None if stop is None else {
-        "ts": stop["ts"], "latency_s": round(stop["ts"] - t_fault, 4), "rank": stop.get("rank"),
-        "interruption": stop.get("interruption"), "ranks": _rank_list(stop.get("ranks")),
-        "interruptions": stop.get("interruptions")}
-    before = {e.get("pid") for e in timeline if e["ts"] <= t_fault and e.get("kind") == "worker.start"}
-    t_realloc = phases.get("t_realloc")
-    restarted = [e for e in timeline if e.get("kind") == "worker.start" and t_realloc is not None
-                 and t_fault < e["ts"] <= t_realloc]
-    pids = [e.get("pid") for e in restarted]
-    phases["in_process"] = (None if not restarted or None in pids or None in before
-                            else all(pid in before for pid in pids))
-    worlds = [e["world_size"] for e in timeline if e["ts"] <= t_fault and e.get("kind") == "worker.start"
-              and isinstance(e.get("world_size"), int)]
-    after = [e["world_size"] for e in restarted if isinstance(e.get("world_size"), int)]
-    phases["world_size"] = {"before": max(worlds), "after": min(after)} if worlds and after else None
-    if phases["detection_s"] is None:
-        phases["reasons"]["detection"] = ("not observed: no line of the in-process Wrapper (the nvrx-inprocess "
-                                          "preset's fn_ex / term_ex) and no worker failure after the fault")
-    return phases
-
-
-def _rank_list(v: Any) -> list[int]:
-    """``"0, 1"`` (or ``1``: a log rule reads a lone number as one) as ``[0, 1]``."""
-    return sorted({int(r) for r in str(v).replace(" ", "").split(",") if r.isdigit()}) if v is not None else []
-
-
-def _number(v: Any) -> float | None:
-    try:
-        return float(v) if v is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-PHASE_MEANINGS = {
-    "restart": {p.name: p.meaning for p in PHASE_TABLE if p.slo},  # the table's own words (core/phases.Phase.meaning)
-    "torchft": {"detection": "fault -> a survivor's collective failed or the lighthouse changed the quorum",
-                "reallocation": "noticed -> a survivor reconfigured for the quorum without the dead group",
-                "checkpoint_load": "the restarted group's heal from a peer ('healing required' -> 'Loaded state dict.')",
-                "recovery": "fault -> the healed group's first committed step",
-                "lost_steps": "steps the survivors discarded (should_commit=False) + the healed group's catch-up"},
-    "nvrx": {"detection": "fault -> a rank monitor's heartbeat/section timeout or the worker's failure",
-             "reallocation": "noticed -> ft_launcher's restarted world started",
-             "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
-             "lost_steps": "the last step before the fault - the step restored"},
-    "nvrx-inprocess": {"detection": "fault -> the in-process Wrapper's first line (a rank raised, or the iteration "
-                                    "was interrupted) or another failure",
-                       "reallocation": "noticed -> every rank's loop started again in its process",
-                       "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
-                       "lost_steps": "the last step before the fault - the step restored"},
-}
-"""What each phase spans under each recovery model (the reports' "what it spans" column); each stack points to its
-own (:attr:`chaoskit.stacks.api.Stack.phase_meanings`)."""
-
+RESTART_MEANINGS = {p.name: p.meaning for p in PHASE_TABLE if p.slo}
+"""What each phase spans under the restart model (:func:`measure_fault`): the table's own words
+(core/phases.Phase.meaning). A stack with a model of its own says its own (:attr:`chaoskit.stacks.api.Stack.phase_meanings`)."""
 
 PHASE_SIGNALS = {"detection": ("worker.exit", "detect"), "reallocation": ("worker.start",),
                  "checkpoint_load": ("worker.start", "ckpt.load.end"), "recovery": ("step",)}
@@ -667,11 +433,11 @@ def detection_sources(events: Iterable[Event], t_fault: float) -> list[dict[str,
         first.setdefault(str(e.get("who") or e.get("source") or "sdk"), e)
     ordered = sorted(first.items(), key=lambda item: item[1]["ts"])
     t0 = ordered[0][1]["ts"] if ordered else None
-    return [{"source": name, "kind": e["kind"], "node": e.get("node"), "detail": _who(e),
+    return [{"source": name, "kind": e["kind"], "node": e.get("node"), "detail": who_noticed(e),
              "latency_s": round(e["ts"] - t_fault, 4), "behind_s": round(e["ts"] - t0, 4)} for name, e in ordered]
 
 
-def _who(e: Event | None) -> str | None:
+def who_noticed(e: Event | None) -> str | None:
     if e is None:
         return None
     where = f"{e.get('node', '?')}" + (f"/rank{e['rank']}" if e.get("rank") is not None else "")

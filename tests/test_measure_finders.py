@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from typing import Any, Iterable
 
 import pytest
 
-from chaoskit import measure
-from chaoskit.stacks.registry import STACKS, stack
 from chaoskit.measure import (
     DETECT_KINDS,
     INJECTED_LINE_SLACK_S,
-    TORCHFT_DETECT_SOURCES,
     _rank_key,
-    _who,
     detection_sources,
     find_checkpoint_load,
     find_detection,
@@ -30,6 +27,9 @@ from chaoskit.measure import (
     find_reallocation,
     find_resume,
 )
+from chaoskit.measure import who_noticed as _who
+from chaoskit.stacks.registry import STACKS, stack
+from chaoskit.stacks.torchft import TORCHFT_DETECT_SOURCES
 
 Event = dict[str, Any]
 
@@ -326,12 +326,14 @@ def _old(model: str):
         return old_measure_torchft
 
     def reference(events, t_fault, t_fault_uncertainty=0.0, node=None):
-        saved = measure.measure_fault
-        measure.measure_fault = old_measure_fault
+        # the module of the stack's measure (its own, or the base's) calls measure_fault by that name
+        module = sys.modules[type(stack(model)).measure.__module__]
+        saved = module.measure_fault
+        module.measure_fault = old_measure_fault
         try:
             return stack(model).measure(events, t_fault, t_fault_uncertainty, node=node)
         finally:
-            measure.measure_fault = saved
+            module.measure_fault = saved
     return reference
 
 

@@ -20,11 +20,11 @@ import pytest
 
 from chaoskit.cluster.transports.api import ProcInfo, rank_processes
 from chaoskit.core.errors import ScenarioError
-from chaoskit.measure import measure_nvrx_inprocess
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
+from chaoskit.stacks.nvrx_inprocess import measure_nvrx_inprocess
 from chaoskit.stacks.registry import log_presets, preset_rules, stack
 from tests.conftest import SCENARIOS, need_torch, run_cli
 

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from chaoskit.core.errors import ScenarioError
-from chaoskit.measure import measure_fault, measure_nvrx
+from chaoskit.measure import measure_fault
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
+from chaoskit.stacks.nvrx import measure_nvrx
 from chaoskit.stacks.registry import log_presets, preset_rules, stack
 
 DATA = Path(__file__).parent / "data" / "nvrx"

@@ -15,10 +15,11 @@ import re
 import time
 from pathlib import Path
 
-from chaoskit.measure import measure_fault, measure_torchft, slo_verdict
+from chaoskit.measure import measure_fault, slo_verdict
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.stacks.registry import log_presets, preset_rules
+from chaoskit.stacks.torchft import measure_torchft
 
 DATA = Path(__file__).parent / "data" / "torchft"
 FILES = {"survivor-n0.log": "n0", "lighthouse.log": "n0", "restarted-n1.log": "n1"}

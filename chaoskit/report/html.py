@@ -465,7 +465,7 @@ def _phase_rows(phases: dict[str, Any], slo: dict[str, Any]) -> list[dict[str, A
     reasons = phases.get("reasons") or {}
     uncertainty = phases.get("uncertainty_s") or {}
     model = phases.get("model") or Stack.name
-    meanings = phase_spans({"model": model, "reallocation_from": phases.get("reallocation_from")})
+    meanings = phase_spans({"reallocation_from": phases.get("reallocation_from")}, model_stack(model).phase_meanings)
     rows = []
     for p in SLO_PHASES:
         entry = slo.get(p.name)

@@ -55,7 +55,7 @@ def render_result(console, result: RunResult | dict[str, Any]) -> None:
     if rode is not None and rode.passed and phases.detection_s is None:  # a disturbance ridden through: no phases
         console.print(f"[green]rode through[/green] {result.scenario}'s disturbance: no worker exit, restart, new "
                       "rendezvous or detection by the stack (expect.restart: false)")
-    spans = phase_spans({"model": model, "reallocation_from": phases.reallocation_from})
+    spans = phase_spans({"reallocation_from": phases.reallocation_from}, model_stack(model).phase_meanings)
     for p in SLO_PHASES:
         entry = slo.get(p.name)
         limit = f"<= {entry.limit_s:g}s" if entry else "-"

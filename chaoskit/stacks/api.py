@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar, Protocol
 from chaoskit.core.jobenv import SHARE_STORE_VAR
 from chaoskit.core.launches import LAUNCH_NAMES
 from chaoskit.core.models import StrictModel
-from chaoskit.measure import PHASE_MEANINGS, measure_fault
+from chaoskit.measure import RESTART_MEANINGS, measure_fault
 from chaoskit.observe.presets import Preset
 
 __all__ = ["Stack", "StackRun", "JobView", "Measure", "BlameReader", "CannotRun", "TORCHRUN", "LONG_DETECTION_S", "seconds_text",
@@ -129,7 +129,7 @@ class Stack:
     words, for blame (:mod:`chaoskit.blame` reads every registered stack's, whatever the drill's stack)."""
     every_group_steady: ClassVar[bool] = False
     """Steady state needs every node's group stepping (each node is a world of its own), not the job's step."""
-    phase_meanings: ClassVar[dict[str, str]] = PHASE_MEANINGS["restart"]
+    phase_meanings: ClassVar[dict[str, str]] = RESTART_MEANINGS
     """What each phase spans under its measurement model (the reports' "what it spans" column)."""
     reallocation_label: ClassVar[str] = "new world started"
     """What the run says when the reallocation phase ends."""

@@ -1,6 +1,6 @@
 """``recovery: nvrx``: NVIDIA Resiliency Extension's ``ft_launcher`` (``nvidia-resiliency-ext``) in place of
 torchrun, one rank monitor per worker, which end and restart the workers when a rank's heartbeat or section stops
-coming (:func:`chaoskit.measure.measure_nvrx`).
+coming (:func:`measure_nvrx`).
 
 The NVRx it drives: the installed ``nvidia-resiliency-ext`` (``importlib.metadata``), else :data:`PINNED`.
 :data:`SETTINGS_SINCE` says which NVRx brought each setting; one the NVRx in use lacks is refused at its line.
@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -26,13 +26,13 @@ from chaoskit.core.durations import PositiveDuration
 from chaoskit.core.errors import InfraError
 from chaoskit.core.files import open_folder
 from chaoskit.core.models import StrictModel, check_each
-from chaoskit.measure import PHASE_MEANINGS, measure_nvrx
+from chaoskit.measure import measure_fault
 from chaoskit.observe.presets import Preset
 from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, Stack, StackRun
 
-__all__ = ["NVRX_PRESET", "Nvrx", "NvrxRun", "NvrxSettings", "PINNED", "SETTINGS_SINCE", "nvrx_version", "NVRX_LAUNCHER",
-           "NVRX_DEFAULT_HEARTBEAT_S"]
+__all__ = ["measure_nvrx", "NVRX_SOURCE", "NVRX_PRESET", "Nvrx", "NvrxRun", "NvrxSettings", "PINNED",
+           "SETTINGS_SINCE", "nvrx_version", "NVRX_LAUNCHER", "NVRX_DEFAULT_HEARTBEAT_S"]
 
 PINNED = "0.4.1"
 """The NVRx the ``frameworks`` extra pins (the newest the package registry here serves)."""
@@ -274,6 +274,48 @@ def _rank_monitor(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, whe
             "parties": [{"rank": rank, "node": e.get("node")}] if rank is not None else []}
 
 
+NVRX_SOURCE = "nvrx"
+"""The ``source`` of the ``nvrx`` preset's events: a rank monitor's heartbeat or section timeout."""
+
+
+def measure_nvrx(events: Iterable[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
+                 node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
+    """Measure a job under NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext) recovering from one fault
+    (docs/architecture.md, "Recovery models"). ft_launcher restarts the world as torchrun does, so the phases
+    after detection are the restart model's; what it adds is who notices:
+
+    - detection: ``t_fault`` to the first of a rank monitor's timeout line (``detect`` from the ``nvrx`` preset:
+      "Did not get subsequent heartbeat", a section open past its timeout) and the worker's own failure (the
+      launcher's agent seeing it exit, a surviving rank's collective error), whichever came first;
+    - reallocation: to every worker of the restarted world started (ft_launcher's in-job restart, or a new
+      rendezvous round with a spare);
+    - checkpoint load, recovery, lost work: as :func:`measure_fault`.
+
+    The keys are :func:`measure_fault`'s, plus ``rank_monitor``: the rank monitors' first timeout after the fault
+    (``{ts, latency_s, rank, why, timeout_s}``), ``None`` when no monitor noticed (a rank that died is the launcher's
+    to see, not its monitor's)."""
+    timeline = sorted(events, key=lambda e: e["ts"])
+    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
+    phases["model"] = "nvrx"
+    monitor = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
+                    and e.get("source") == NVRX_SOURCE), None)
+    phases["rank_monitor"] = None if monitor is None else {
+        "ts": monitor["ts"], "latency_s": round(monitor["ts"] - t_fault, 4), "rank": monitor.get("rank"),
+        "why": monitor.get("why"), "timeout_s": _number(monitor.get("timeout_s")),
+        **({"section": monitor["section"]} if monitor.get("section") else {})}
+    if phases["detection_s"] is None:
+        phases["reasons"]["detection"] = ("not observed: no rank monitor timeout (the nvrx preset's 'Did not get "
+                                          "subsequent heartbeat' / section lines) and no worker failure after the fault")
+    return phases
+
+
+def _number(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 class Nvrx(Stack):
     name = "nvrx"
     log_presets = (NVRX_PRESET,)
@@ -287,7 +329,10 @@ class Nvrx(Stack):
     agent = "ft_launcher"
     owned_env = ("TMPDIR",)
     presets = ("nvrx",)  # ft_launcher's rank monitors say who noticed
-    phase_meanings = PHASE_MEANINGS["nvrx"]
+    phase_meanings = {"detection": "fault -> a rank monitor's heartbeat/section timeout or the worker's failure",
+                      "reallocation": "noticed -> ft_launcher's restarted world started",
+                      "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
+                      "lost_steps": "the last step before the fault - the step restored"}
     result_keys = ("rank_monitor",)
     extra = "frameworks"
     requires = "nvidia_resiliency_ext"

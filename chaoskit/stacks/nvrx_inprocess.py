@@ -1,6 +1,6 @@
 """``recovery: nvrx-inprocess``: the reference job's training loop runs under NVRx's in-process restart
 (``nvidia_resiliency_ext.inprocess.Wrapper``), which reruns it in the same processes from the newest checkpoint when
-a rank raises, stops making progress or dies (:func:`chaoskit.measure.measure_nvrx_inprocess`). The agents are
+a rank raises, stops making progress or dies (:func:`measure_nvrx_inprocess`). The agents are
 torchrun's.
 
 NVRx deprecated in-process restart in 0.6 ("use in-job restart via ft_launcher"): this stack measures the NVRx the
@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from pydantic import Field
 
 from chaoskit.core.durations import PositiveDuration, parse_duration
 from chaoskit.core.models import StrictModel
-from chaoskit.measure import PHASE_MEANINGS, measure_nvrx_inprocess
+from chaoskit.measure import measure_fault
 from chaoskit.observe.presets import Preset
 from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import LONG_DETECTION_S, CannotRun, Stack, StackRun
 
-__all__ = ["NVRX_INPROCESS_PRESET", "NvrxInprocess", "NvrxInprocessRun", "NvrxInprocessSettings", "DEPRECATED"]
+__all__ = ["measure_nvrx_inprocess", "NVRX_INPROCESS_SOURCE", "NVRX_INPROCESS_PRESET", "NvrxInprocess",
+           "NvrxInprocessRun", "NvrxInprocessSettings", "DEPRECATED"]
 
 DEPRECATED = ("deprecated upstream: NVRx 0.6 deprecated in-process restart (\"use in-job restart via ft_launcher\"); "
               "measured here on the NVRx the frameworks extra pins")
@@ -108,6 +109,61 @@ def _wrapper(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: d
     return None
 
 
+NVRX_INPROCESS_SOURCE = "nvrx-inprocess"
+"""The ``source`` of the ``nvrx-inprocess`` preset's events: the in-process Wrapper's own lines."""
+
+
+def measure_nvrx_inprocess(events: Iterable[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
+                           node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
+    """Measure a job under NVRx's in-process restart (``nvidia_resiliency_ext.inprocess.Wrapper``) recovering from
+    one fault (docs/architecture.md, "Recovery models"). The Wrapper reruns the training loop in the same
+    processes, so the phases are the restart model's with the loop's restart in place of new workers:
+
+    - detection: ``t_fault`` to the first of the Wrapper's lines (``detect`` from the ``nvrx-inprocess`` preset:
+      the loop raised in a rank, or the iteration was interrupted: a soft timeout, a dead peer) and any other
+      failure seen (a peer's collective error), whichever came first;
+    - reallocation: to every rank's loop started again (``worker.start`` with the Wrapper's iteration as its
+      ``restart_count``);
+    - checkpoint load, recovery, lost work: as :func:`measure_fault`.
+
+    The keys are :func:`measure_fault`'s, plus ``wrapper``: the Wrapper's first interruption after the fault
+    (``{ts, latency_s, rank, interruption, ranks, interruptions}``: the first, the ranks it names, all of them as
+    the Wrapper wrote them; ``None`` when it logged none), and ``in_process``: whether every
+    rank's restarted loop ran in a process that was already a worker before the fault (``True``: no process was
+    replaced; ``False``: torchrun had to restart some; ``None``: no restart seen, or starts without pids), and
+    ``world_size``: ``{before, after}`` the restart (the Wrapper goes on without ranks it finds unresponsive: a
+    dead node's; ``None`` where the starts do not say)."""
+    timeline = sorted(events, key=lambda e: e["ts"])
+    phases = measure_fault(timeline, t_fault, t_fault_uncertainty, node=node, fault_step=fault_step)
+    phases["model"] = "nvrx-inprocess"
+    stop = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") == "detect"
+                 and e.get("source") == NVRX_INPROCESS_SOURCE and e.get("interruption")), None)
+    phases["wrapper"] = None if stop is None else {
+        "ts": stop["ts"], "latency_s": round(stop["ts"] - t_fault, 4), "rank": stop.get("rank"),
+        "interruption": stop.get("interruption"), "ranks": _rank_list(stop.get("ranks")),
+        "interruptions": stop.get("interruptions")}
+    before = {e.get("pid") for e in timeline if e["ts"] <= t_fault and e.get("kind") == "worker.start"}
+    t_realloc = phases.get("t_realloc")
+    restarted = [e for e in timeline if e.get("kind") == "worker.start" and t_realloc is not None
+                 and t_fault < e["ts"] <= t_realloc]
+    pids = [e.get("pid") for e in restarted]
+    phases["in_process"] = (None if not restarted or None in pids or None in before
+                            else all(pid in before for pid in pids))
+    worlds = [e["world_size"] for e in timeline if e["ts"] <= t_fault and e.get("kind") == "worker.start"
+              and isinstance(e.get("world_size"), int)]
+    after = [e["world_size"] for e in restarted if isinstance(e.get("world_size"), int)]
+    phases["world_size"] = {"before": max(worlds), "after": min(after)} if worlds and after else None
+    if phases["detection_s"] is None:
+        phases["reasons"]["detection"] = ("not observed: no line of the in-process Wrapper (the nvrx-inprocess "
+                                          "preset's fn_ex / term_ex) and no worker failure after the fault")
+    return phases
+
+
+def _rank_list(v: Any) -> list[int]:
+    """``"0, 1"`` (or ``1``: a log rule reads a lone number as one) as ``[0, 1]``."""
+    return sorted({int(r) for r in str(v).replace(" ", "").split(",") if r.isdigit()}) if v is not None else []
+
+
 class NvrxInprocess(Stack):
     name = "nvrx-inprocess"
     log_presets = (NVRX_INPROCESS_PRESET,)
@@ -122,7 +178,11 @@ class NvrxInprocess(Stack):
     settings_doc = ("recovery: nvrx-inprocess only: the Wrapper's timeouts (default: 5 s soft, 60 s hard, 5 s "
                     "heartbeat). NVRx deprecated in-process restart in 0.6.")
     presets = ("nvrx-inprocess",)  # the Wrapper's own lines
-    phase_meanings = PHASE_MEANINGS["nvrx-inprocess"]
+    phase_meanings = {"detection": "fault -> the in-process Wrapper's first line (a rank raised, or the iteration "
+                                   "was interrupted) or another failure",
+                      "reallocation": "noticed -> every rank's loop started again in its process",
+                      "checkpoint_load": "started -> last rank loaded", "recovery": "fault -> first step after load",
+                      "lost_steps": "the last step before the fault - the step restored"}
     reallocation_label = "every rank's loop started again"
     result_keys = ("wrapper", "in_process")
     extra = "frameworks"

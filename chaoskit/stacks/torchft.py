@@ -1,7 +1,7 @@
 """``recovery: torchft``: every node is one torchft replica group with a torchrun world of its own; chaoskit starts
 torchft's lighthouse beside the first node's agent and gives each group ``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS``
 and ``TORCHFT_LIGHTHOUSE``. Survivors drop a dead group from the quorum and carry on; the restarted group heals
-from a peer (:func:`chaoskit.measure.measure_torchft`)."""
+from a peer (:func:`measure_torchft`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from chaoskit.measure import PHASE_MEANINGS, measure_torchft
+from chaoskit.measure import (DETECT_KINDS, detection_sources, phase_uncertainty, span, steps_before, time_error,
+                              who_noticed)
 from chaoskit.observe.presets import Preset
 from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import CannotRun, Stack, StackRun, ranks_to_nodes, row_kind
 
-__all__ = ["TORCHFT_PRESET", "Torchft", "TorchftRun", "TORCHFT_SCRIPT"]
+__all__ = ["measure_torchft", "TORCHFT_SOURCE", "TORCHFT_DETECT_SOURCES", "TORCHFT_PRESET", "Torchft", "TorchftRun",
+           "TORCHFT_SCRIPT"]
 
 TORCHFT_SCRIPT = Path("..") / "frameworks" / "torchft_train.py"
 """The scorecard's torchft column's job, relative to the rows' folder (examples/frameworks/torchft_train.py beside
@@ -119,6 +121,125 @@ def _lighthouse(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where
             "parties": [{"rank": None, "node": n} for n in left], "via": via}
 
 
+TORCHFT_SOURCE = "torchft"
+"""The ``source`` of the ``torchft`` preset's events from torchft's manager (the lighthouse's is its own)."""
+TORCHFT_DETECT_SOURCES = frozenset({TORCHFT_SOURCE, "torchft lighthouse"})
+"""Who notices a dead replica group in the torchft model: a survivor's failed collective (torchft's manager)
+or the lighthouse dropping the group from the quorum once it stopped heartbeating."""
+
+
+def measure_torchft(events: Iterable[dict[str, Any]], t_fault: float, t_fault_uncertainty: float = 0.0,
+                    node: str | None = None, fault_step: int | None = None) -> dict[str, Any]:
+    """Measure a torchft job's recovery from a fault to the replica group on ``node`` (docs/architecture.md,
+    "Recovery models"): no restart of the world, so the phases are torchft's own.
+
+    - detection: ``t_fault`` to the first sign torchft noticed: a survivor's collective error (``detect`` from
+      torchft's manager: "got exception in all reduce") or the lighthouse changing the quorum (the group's
+      heartbeat stopped), whichever came first;
+    - reallocation: to the first survivor reconfigured for a new quorum after the fault (``rendezvous.done``:
+      "reconfiguring for quorum_id=N"); 0 when the lighthouse's new quorum was the detection and the survivor took
+      it at once (torchft has no reallocation apart from the quorum);
+    - checkpoint load: the restarted group's heal from a peer, ``healing required`` (``ckpt.load.start``) to
+      ``Loaded state dict.`` (``ckpt.load.end``), both on ``node``;
+    - recovery: ``t_fault`` to the healed group's first committed step (the job at full strength again);
+    - lost work: the steps the survivors discarded (``step.discarded``: ``should_commit=False``) plus the healed
+      group's catch-up: the steps it did not take part in, from the one after its last committed step before the
+      fault to the one before the step it healed to (``max_step``, the peers' next step to run, which the group
+      runs itself): ``restored_step - 1 - last committed``.
+
+    The keys are :func:`measure_fault`'s, plus ``discarded_steps``, ``catch_up_steps`` and ``healed_group``.
+    """
+    timeline = sorted(events, key=lambda e: e["ts"])
+    after = [e for e in timeline if e["ts"] > t_fault]
+    reasons: dict[str, str] = {}
+
+    def survivor(e: dict[str, Any]) -> bool:
+        return node is None or e.get("node") != node or e.get("source") == "torchft lighthouse"
+
+    steps_before_fault = [e for e in steps_before(timeline, t_fault, fault_step)
+                          if e.get("kind") == "step" and isinstance(e.get("step"), int)]
+    last_step_before = max((e["step"] for e in steps_before_fault), default=None)
+    group_before = max((e["step"] for e in steps_before_fault if node is None or e.get("node") == node), default=None)
+
+    detect = next((e for e in after if e.get("kind") in DETECT_KINDS and e.get("source") in TORCHFT_DETECT_SOURCES
+                   and survivor(e)), None)
+    if detect is None:
+        reasons["detection"] = ("not observed: no survivor's collective error and no quorum change after the fault "
+                                "(the torchft preset and the torchft.manager logger at INFO are needed)")
+    t_detect = detect["ts"] if detect else None
+    realloc = None
+    if t_detect is not None:
+        # the first survivor reconfigured after the fault; it may be read a moment before the lighthouse's line that
+        # caused it (two pipes, two readers): then the two are one instant, and reallocation is 0
+        realloc = next((e for e in after if e.get("kind") == "rendezvous.done" and e.get("source") == TORCHFT_SOURCE
+                        and survivor(e)), None)
+        if realloc is None:
+            reasons["reallocation"] = "not observed: no survivor reconfigured for a new quorum after the detection"
+    else:
+        reasons["reallocation"] = "not measurable: detection was not observed"
+
+    mine = [e for e in after if node is None or e.get("node") == node]
+    heal = next((e for e in mine if e.get("kind") == "ckpt.load.start" and e.get("source") == TORCHFT_SOURCE), None)
+    healed = next((e for e in mine if heal is not None and e.get("kind") == "ckpt.load.end"
+                   and e.get("source") == TORCHFT_SOURCE and e["ts"] >= heal["ts"]), None)
+    if heal is None:
+        reasons["checkpoint_load"] = (f"not observed: the group on {node or '?'} never healed from a peer after the "
+                                      "fault (no 'healing required' line: did its torchrun restart it?)")
+    elif healed is None:
+        reasons["checkpoint_load"] = f"not observed: the group on {node or '?'} began healing but never loaded the state dict"
+    resumed = next((e for e in mine if healed is not None and e.get("kind") == "step" and e["ts"] >= healed["ts"]), None)
+    if resumed is None:
+        reasons["recovery"] = f"not observed: the group on {node or '?'} did not commit a step after healing"
+
+    restored_step = healed.get("step") if healed is not None and isinstance(healed.get("step"), int) else None
+    if restored_step is None and heal is not None and isinstance(heal.get("step"), int):
+        restored_step = heal["step"]  # "healing required ... max_step=N": the step it fetches
+    end = resumed["ts"] if resumed is not None else float("inf")
+    discarded = sorted({e.get("step") for e in after if e.get("kind") == "step.discarded" and survivor(e)
+                        and e["ts"] <= end and isinstance(e.get("step"), int)})
+    # restored_step is the next step to run (torchft's max_step), group_before the last one the group committed
+    catch_up = (max(0, restored_step - 1 - group_before) if restored_step is not None and group_before is not None
+                else None)
+    lost = len(discarded) + catch_up if catch_up is not None and resumed is not None else None
+    if lost is None:
+        reasons["lost_steps"] = ("not observed: " + ("the healed group did not commit a step" if resumed is None else
+                                 f"no step of the group on {node or '?'} before the fault" if group_before is None else
+                                 "no step the group healed to"))
+
+    detection, reallocation = span(t_fault, detect), span(detect, realloc)
+    if reallocation is not None and reallocation < 0:
+        reallocation = 0.0
+    checkpoint_load, recovery = span(heal, healed), span(t_fault, resumed)
+    return {
+        "model": "torchft",
+        "detection_s": detection,
+        "reallocation_s": reallocation,
+        "checkpoint_load_s": checkpoint_load,
+        "startup_s": None,
+        "recovery_s": recovery,
+        "lost_steps": lost,
+        "discarded_steps": discarded,
+        "catch_up_steps": catch_up,
+        "healed_group": node,
+        "last_step_before": last_step_before,
+        "restored_step": restored_step,
+        "detected_by": who_noticed(detect),
+        "detections": detection_sources(timeline, t_fault),
+        "t_fault": t_fault,
+        "t_detect": t_detect,
+        "t_realloc": realloc["ts"] if realloc else None,
+        "t_loaded": healed["ts"] if healed else None,
+        "t_resumed": resumed["ts"] if resumed else None,
+        "reasons": reasons,
+        "uncertainty_s": {
+            "detection": phase_uncertainty(detection, t_fault_uncertainty, time_error(detect)),
+            "reallocation": phase_uncertainty(reallocation, time_error(detect), time_error(realloc)),
+            "checkpoint_load": phase_uncertainty(checkpoint_load, time_error(heal), time_error(healed)),
+            "recovery": phase_uncertainty(recovery, t_fault_uncertainty, time_error(resumed)),
+        },
+    }
+
+
 class Torchft(Stack):
     name = "torchft"
     log_presets = (TORCHFT_PRESET,)
@@ -129,7 +250,11 @@ class Torchft(Stack):
                "lighthouse), not launch: {launch}")
     owned_env = ("REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE")
     every_group_steady = True
-    phase_meanings = PHASE_MEANINGS["torchft"]
+    phase_meanings = {"detection": "fault -> a survivor's collective failed or the lighthouse changed the quorum",
+                      "reallocation": "noticed -> a survivor reconfigured for the quorum without the dead group",
+                      "checkpoint_load": "the restarted group's heal from a peer ('healing required' -> 'Loaded state dict.')",
+                      "recovery": "fault -> the healed group's first committed step",
+                      "lost_steps": "steps the survivors discarded (should_commit=False) + the healed group's catch-up"}
     result_keys = ("discarded_steps", "catch_up_steps", "healed_group")
     extra = "frameworks"
     requires = "torchft"
