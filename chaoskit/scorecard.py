@@ -197,8 +197,11 @@ def cells_from_gameday(planned: list[tuple[str, str, Path | None, str | None]], 
             continue
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         record = records.get(doc["name"])
-        if record is None:
+        if record is None or record.get("status") is None:  # an interrupted game day keeps the drills it never ran
             cells.append(_blank(stack, fault, "error", "not run: the game day ended before it"))
+            continue
+        if record.get("status") == "interrupted":
+            cells.append(_blank(stack, fault, "error", "interrupted by Ctrl-C or SIGTERM during the drill"))
             continue
         cells.append(_cell(stack, fault, doc, record, gameday_dir / record["dir"]))
     return cells

@@ -128,6 +128,23 @@ def test_on_a_plain_install_what_is_missing_is_named_before_any_drill(tmp_path, 
     assert notes == ["metrics.prom not written: it needs prometheus_client (pip install 'chaoskit[prometheus]')"]
 
 
+def test_an_interrupted_scorecard_says_which_drills_did_not_run(tmp_path):
+    """SIGTERM during the game day: the drill it stopped and those after it are errors that say so, not "not
+    detected: the fault was not injected" (as an interrupted full scorecard showed its 50 unrun cells)."""
+    scens = []
+    for name in ("kill--torchrun", "kill--nvrx"):
+        scens.append(tmp_path / f"{name}.yaml")
+        scens[-1].write_text(yaml.safe_dump({"name": name, "workload": {}}))
+    (tmp_path / "gameday").mkdir()
+    (tmp_path / "gameday" / "gameday.json").write_text(json.dumps({"interrupted": True, "scenarios": [
+        {"scenario": "kill--torchrun", "dir": "01-kill--torchrun", "status": "interrupted", "verdict": None},
+        {"scenario": "kill--nvrx", "dir": "02-kill--nvrx", "status": None, "verdict": None}]}))
+    cells = cells_from_gameday([("torchrun", "kill", scens[0], None), ("nvrx", "kill", scens[1], None)],
+                               tmp_path / "gameday")
+    assert [(c["verdict"], c["why"]) for c in cells] == [
+        ("error", "interrupted by Ctrl-C or SIGTERM during the drill"), ("error", "not run: the game day ended before it")]
+
+
 def test_unknown_stack_is_bad_input(tmp_path):
     r = run_cli("scorecard", ROWS, "--stacks", "torchrun,kubeflow", "--out", tmp_path / "sc")
     assert r.code == 2 and "unknown stack kubeflow" in r.stderr
