@@ -3,6 +3,7 @@ is made by the class its ``transport:`` names, and SSH and docker are siblings o
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
@@ -50,6 +51,25 @@ def test_an_unknown_transport_is_an_error_naming_the_known_ones():
     assert not takes_ssh("shh")
 
 
+def test_an_inventory_node_names_a_transport_of_the_registry_that_makes_nodes(tmp_path: Path):
+    """The transports a node may name come from the registry (``inventory_node = True`` in the class, read from
+    the source): the inventory's schema lists them, and a typo or a lab's transport is refused at its line with
+    the ones it may name."""
+    from chaoskit.cli.env import CliEnv
+    from chaoskit.cli.main import main
+    from chaoskit.cluster.inventory_spec import NodeSpec
+    from chaoskit.cluster.transports.registry import inventory_transports
+
+    assert inventory_transports() == ["ray", "ssh"]
+    assert NodeSpec.model_json_schema()["properties"]["transport"]["enum"] == ["ray", "ssh"]
+    for name, said in (("shh", "unknown transport 'shh' (did you mean 'ssh'?)"), ("docker", "unknown transport 'docker'")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: x\nssh: {{user: root}}\nnodes:\n  - {{name: a, address: 10.0.0.1, transport: {name}}}\n")
+        err = io.StringIO()
+        assert main(["validate", str(path)], CliEnv(stdout=io.StringIO(), stderr=err)) == 2
+        assert err.getvalue() == (f"{path}:4:45: nodes.0.transport: {said}: an inventory's node is reached by ray or ssh\n")
+
+
 class ToyTransport:
     """A transport a plugin adds: its node is made by its own ``from_inventory``."""
 
@@ -71,10 +91,9 @@ def toy_transport():
 
 
 def test_an_inventory_node_is_made_by_the_class_its_transport_names(tmp_path: Path, toy_transport):
-    """build_inventory asks the registry for each node's class: a registered plugin's class makes its node.
-
-    The file's format lists only ssh and ray today, so the node's spec is switched to the plugin after the file
-    was validated (model_copy: the one step here that is not what a user's file does)."""
+    """build_inventory asks the registry for each node's class: a registered plugin's class makes its node, and
+    the file names it as it names ssh (the transports a node may name are the registry's, not a list of the
+    format's)."""
     from chaoskit.cluster.inventory_file import build_inventory, load_inventory_file
 
     path = tmp_path / "inventory.yaml"
@@ -83,11 +102,9 @@ def test_an_inventory_node_is_made_by_the_class_its_transport_names(tmp_path: Pa
         ssh: {user: root, known_hosts: ./known_hosts}
         nodes:
           - {name: a, address: 10.0.0.1, labels: {rack: r1}}
-          - {name: b, address: 10.0.0.2, labels: {rack: r2}}
+          - {name: b, address: 10.0.0.2, labels: {rack: r2}, transport: toy}
         """))
-    loaded = load_inventory_file(path)
-    loaded.model.nodes[1] = loaded.model.nodes[1].model_copy(update={"transport": "toy"})
-    inv = build_inventory(loaded)
+    inv = build_inventory(load_inventory_file(path))
     a, b = inv["a"], inv["b"]
     assert type(a.conn).name == "ssh" and a.ssh is not None and a.conn.known_hosts == str(tmp_path / "known_hosts")
     assert isinstance(b.conn, ToyTransport) and b.conn.address == "10.0.0.2" and b.ssh is None

@@ -67,6 +67,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from chaoskit.cluster.inventory import InterfaceSpec, PowerCommands, SshSettings
 from chaoskit.cluster.policy import SitePolicy, load_policy_file, narrowest, site_policy, with_origin
 from chaoskit.cluster.ssh_paths import config_problems, inside, ssh_roots
+from chaoskit.cluster.transports.registry import inventory_transports
 from chaoskit.cluster.xid import normalize_pci
 from chaoskit.core.errors import ScenarioError, SourcePos, did_you_mean
 from chaoskit.core.trusted import untrusted_program
@@ -88,9 +89,9 @@ class NodeSpec(StrictModel):
 
     name: str = Field(..., pattern=NAME_RE, description="Unique node name, used by selectors.")
     address: str = Field(..., description="Where the controller reaches it (IP or host name).")
-    transport: Literal["ssh", "ray"] = Field(
-        "ssh", description="How chaoskit reaches it: ssh, or ray (a ChaosAgent actor; needs ray: at the top level)."
-    )
+    transport: str = Field("ssh", json_schema_extra=lambda schema: schema.update(enum=inventory_transports()), description=(
+        "How chaoskit reaches it: one of the transports that make an inventory's node (chaoskit.cluster.transports: "
+        "ssh, or ray, a ChaosAgent actor, which needs ray: at the top level)."))
     ssh: SshSettings | None = Field(None, description="Overrides of the top-level ssh settings.")
     labels: dict[str, str] = Field(default_factory=dict, description="Selector labels, e.g. {rack: r1, role: worker}.")
     interfaces: dict[str, InterfaceSpec] = Field(default_factory=dict, description="NICs by role: data, mgmt, ...")
@@ -113,6 +114,15 @@ class NodeSpec(StrictModel):
     @classmethod
     def _address(cls, v: str) -> str:
         return check_address(v)
+
+    @field_validator("transport")
+    @classmethod
+    def _transport(cls, v: str) -> str:
+        known = inventory_transports()
+        if v not in known:
+            raise ValueError(f"unknown transport {v!r}{did_you_mean(v, known)}: an inventory's node is reached by "
+                             f"{' or '.join(known)}")
+        return v
 
     @field_validator("labels", mode="before")
     @classmethod

@@ -291,6 +291,7 @@ class RayTransport:
     """A node reached through its ChaosAgent actor (see the module docstring)."""
 
     name = "ray"
+    inventory_node = True  # an inventory node may say transport: ray, made by from_inventory
 
     has_own_network = False  # the lab's Ray nodes are process scopes on one host
     has_own_clock = False

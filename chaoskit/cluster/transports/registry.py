@@ -7,7 +7,9 @@ listing the names imports no transport (and so no paramiko or docker SDK), and a
 module. What an inventory file's node with ``transport: NAME`` becomes is the class's
 ``from_inventory(site, index, spec)`` (:class:`~chaoskit.cluster.transports.api.InventorySite` in,
 :class:`~chaoskit.cluster.transports.api.ListedNode` out); a class body that says ``ssh_settings = True`` keeps
-the node's SSH settings, which :func:`takes_ssh` reads from the source without importing it. A plugin from
+the node's SSH settings, which :func:`takes_ssh` reads from the source without importing it, and one that says
+``inventory_node = True`` may be named by an inventory file's node (:func:`inventory_transports`, what the
+inventory model validates ``transport:`` against and lists in its schema). A plugin from
 another package declares ``[project.entry-points."chaoskit.transports"] mine = "pkg.module:MyTransport"``; a
 test or an embedding program may call ``TRANSPORTS.register("mine", MyTransport)`` instead.
 """
@@ -19,7 +21,8 @@ from pathlib import Path
 from chaoskit.core.errors import ScenarioError, did_you_mean
 from chaoskit.core.registry import Registry, declared_in_source
 
-__all__ = ["TRANSPORTS", "GROUP", "NAME_RE", "builtin_transports", "takes_ssh", "transport_class", "transport_names"]
+__all__ = ["TRANSPORTS", "GROUP", "NAME_RE", "builtin_transports", "inventory_transports", "takes_ssh", "transport_class",
+           "transport_names"]
 
 GROUP = "chaoskit.transports"
 NAME_RE = r"[a-z][a-z0-9_-]*"
@@ -34,7 +37,7 @@ def builtin_transports(folder: Path = Path(__file__).parent,
 
 def _declared(folder: Path = Path(__file__).parent,
               package: str = "chaoskit.cluster.transports") -> dict[str, tuple[str, dict[str, str]]]:
-    return declared_in_source(folder, package, "name", NAME_RE, ("ssh_settings",))
+    return declared_in_source(folder, package, "name", NAME_RE, ("ssh_settings", "inventory_node"))
 
 
 def _check(name: str, cls: type) -> None:
@@ -64,3 +67,13 @@ def takes_ssh(name: str) -> bool:
     if name in found:
         return found[name][1].get("ssh_settings") == "True"
     return name in TRANSPORTS and bool(getattr(TRANSPORTS.get(name), "ssh_settings", False))
+
+
+def inventory_transports() -> list[str]:
+    """The transports an inventory file's node may name (``transport: NAME``), sorted: a built-in whose class body
+    says ``inventory_node = True`` (read from its source, nothing imported), a plugin whose class makes a node
+    (``from_inventory``)."""
+    found = _declared()
+    return [name for name in TRANSPORTS.names()
+            if (found[name][1].get("inventory_node") == "True" if name in found
+                else callable(getattr(TRANSPORTS.get(name), "from_inventory", None)))]

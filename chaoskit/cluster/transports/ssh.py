@@ -122,6 +122,7 @@ class SSHTransport(AgentTransport):
 
     name = "ssh"
     ssh_settings = True
+    inventory_node = True  # an inventory node may say transport: ssh, made by from_inventory
 
     def __init__(
         self,
