@@ -164,3 +164,13 @@ faults:
     assert res.code == 2
     line = [l for l in res.stderr.splitlines() if l.strip()]
     assert len(line) == 1 and line[0].startswith(f"{bad}:5:17: probes.presets.1: ") and "'megatron'" in line[0], res.stderr
+
+
+def test_the_ray_train_preset_reads_the_raylets_dead_worker_line():
+    """The line a Ray Train drill's driver printed as the raylet found a Train worker SIGKILLed (the scorecard's
+    cascade row on the ray column), colours included."""
+    line = ("\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an unexpected system error. "
+            "To troubleshoot the problem, check the logs for the dead worker. Lease ID: 0a00000000709e37 Worker ID: "
+            "a72f828e07ee380c")
+    [event] = _events(["ray-train"], [line])
+    assert (event["kind"], event["source"], event["who"]) == ("detect", "raylet", "Ray raylet")

@@ -30,8 +30,9 @@ from chaoskit.cli.env import EXIT_CODES_HELP, command_app, current_env
 from chaoskit.core.errors import ExitCode, ScenarioError
 from chaoskit.core.files import UnsafePath, write_new
 from chaoskit.core.trusted import read_authors_file
+from chaoskit.observe.presets import FRAMEWORK_PRESETS
 from chaoskit.observe.script_lines import Found, scan
-from chaoskit.stacks.registry import framework_stack, log_presets
+from chaoskit.stacks.registry import framework_stack, log_presets, stack, stack_names
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 """chaoskit's package data: the starter train.py that init writes beside the scenario."""
@@ -43,12 +44,16 @@ MAX_SCRIPT = 1 << 20
 
 init_app = command_app()
 
-FRAMEWORKS = tuple(log_presets())
-"""``torchrun`` is a plain PyTorch script under torchrun; the others name the framework (and its preset)."""
 CLUSTERS = ("lab", "inventory", "slurm")
 LAUNCHES: dict[str, tuple[str, ...]] = {"lab": ("command",), "inventory": ("attach", "sbatch"), "slurm": ("sbatch",)}
 """What each cluster can run: the lab starts your script; your own nodes are attached to, or their Slurm
 submits your batch script; the Slurm lab submits it."""
+_TORCHRUN_JOBS = {"reference", "uninstrumented", *(launch for launches in LAUNCHES.values() for launch in launches)}
+"""The launches of a job under torchrun, as a starter writes one (or as the job a stack's starter wraps)."""
+FRAMEWORKS = (*FRAMEWORK_PRESETS, *(p.name for s in map(stack, stack_names()) if _TORCHRUN_JOBS & set(s.launches)
+                                    for p in s.log_presets))
+"""``torchrun`` is a plain PyTorch script under torchrun; the others name the framework (and its preset): the
+frameworks' presets, and those of the recovery stacks that run a torchrun job (Ray Train's runs none)."""
 
 CALLBACKS = {
     "hf": "from chaoskit.integrations.hf import ChaoskitCallback; Trainer(..., callbacks=[ChaoskitCallback()])",

@@ -12,12 +12,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from chaoskit.observe.presets import Preset
+from chaoskit.observe.rules import LogRule
 from chaoskit.stacks.api import CannotRun, Stack, ranks_to_nodes
 
-__all__ = ["RayTrain", "RAY_HEALTH_CHECK"]
+__all__ = ["RAY_TRAIN_PRESET", "RayTrain", "RAY_HEALTH_CHECK"]
 
 RAY_HEALTH_CHECK = "1s x 3 failures (the Ray lab's RAY_health_check_*; Ray's default 3s x 5)"
 """How soon Ray's GCS marks a silent node dead, as the Ray lab sets it (chaoskit/lab/ray.py)."""
+
+
+RAY_TRAIN_PRESET = Preset("ray-train", (
+    # the raylet (src/ray/raylet/node_manager.cc, in the raylet binary of ray 2.60), streamed to the driver with the
+    # "(raylet)" prefix: "A worker died or was killed while executing a task by an unexpected system error. To
+    # troubleshoot the problem, check the logs for the dead worker. Lease ID: ... Worker ID: ...": a Train worker's
+    # process is gone (before the surviving workers' collectives fail, or when none is in one)
+    LogRule.of(r"\(raylet\).*A worker died or was killed while executing a task by an unexpected system error",
+               "detect", {"source": "raylet", "who": "Ray raylet", "why": "a worker died or was killed"}),
+), sees=("detect",),
+    cannot_see="which worker died (its line names a Worker ID, no rank), steps, checkpoints and worker starts "
+               "(the Ray Train job's own events give them)",
+    verbosity="Ray's default (log_to_driver=True: the raylets' lines reach the driver's output)")
 
 
 def _ray(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[int, str],
@@ -28,6 +43,8 @@ def _ray(e: dict[str, Any], timeline: list[dict[str, Any]], i: int, where: dict[
 
 class RayTrain(Stack):
     name = "ray-train"
+    log_presets = (RAY_TRAIN_PRESET,)
+    presets = ("ray-train",)  # the raylet says a worker died
     blame_readers = {("detect", "ray"): _ray}
     describe = ("Ray Train's own restart: its controller restarts the worker group (actors placed again) from the "
                 "last reported checkpoint, FailureConfig(max_failures=max_restarts) times")
