@@ -1,6 +1,8 @@
 """The pipeline of one scenario: load, resolve, preflight, baseline, arm, inject,
 observe, revert, measure, report. Each stage is a plain function or method on
-plain data; :func:`run_scenario` strings them together.
+plain data; :func:`run_scenario` strings them together. What the run holds (lock, folders, journal, leases,
+marker) is its :class:`~chaoskit.session.Session`'s, its probes a :class:`~chaoskit.probeset.ProbeSet`, its
+result the assembler's: the runner keeps the order of the stages.
 
 Errors before anything starts (bad scenario, missing tool) raise. Once the job
 runs, every exit path reverts what was injected, stops the job and writes
@@ -714,11 +716,15 @@ class _Run:
     def _teardown(self) -> None:
         try:
             self._revert_due(force=True)
-        finally:
-            if self.job is not None:
-                self.job.stop()
-            self.probes.stop()
-            self.session.close()
+        finally:  # each step whatever the one before raised: the session lets the cluster go last
+            try:
+                if self.job is not None:
+                    self.job.stop()
+            finally:
+                try:
+                    self.probes.stop()
+                finally:
+                    self.session.close()
 
     def _wait(self, predicate, timeout: float, what: str, quiet: bool = False) -> bool:
         """Wait for ``predicate`` while the job runs; abort on the safety deadline."""

@@ -92,7 +92,7 @@ class NodeView(Protocol):
 
 
 class FaultContext(Protocol):
-    """What a fault may use while it acts (the runner's ``RunContext``; a dry run's has no journal or leases)."""
+    """What a fault may use while it acts (the session's ``RunContext``, :mod:`chaoskit.session`; a dry run's has no journal or leases)."""
 
     inventory: Inventory
     leases: Leases | None

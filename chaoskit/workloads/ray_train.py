@@ -35,7 +35,7 @@ from chaoskit.core.errors import InfraError
 from chaoskit.core.files import torch_cache_env
 from chaoskit.core.lines import bounded_lines
 from chaoskit.sdk import probe
-from chaoskit.workloads.api import Job
+from chaoskit.workloads.api import Job, job_folder
 
 __all__ = ["RayTrainJob", "train_loop", "DRIVER_SCOPE"]
 
@@ -166,9 +166,9 @@ class RayTrainJob(Job):
         self.events_path, self.on_line = events_path, on_line
         self.account = cluster.job_account
         """The account the driver runs as (the lab's nodes'), or ``None``: as chaoskit."""
-        # The runner's job folder (launch.job_dir, which this sibling may not import): the account's own beside the
-        # run folder, whose files are chaoskit's; else the run folder. The Ray lab has no shared folder.
-        self.job_dir = self.run_dir.with_name(self.run_dir.name + ".job") if self.account is not None else self.run_dir
+        # The job's folder (Job.folders): the account's own beside the run folder, whose files are chaoskit's; else
+        # the run folder. The Ray lab has no shared folder.
+        self.job_dir = job_folder(cluster, self.run_dir, run_id, owned=self.account is not None)
         self.log_dir = self.run_dir / "logs"
         self.driver: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
