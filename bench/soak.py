@@ -76,8 +76,8 @@ case = json.loads(sys.argv[1])
 run_id = case["run_id"]
 if case.get("agent_idle_s"):  # mgmt-cut-kill: the agents' own idle limit, shorter than chaoskit's 60 s
     import functools
-    import chaoskit.cluster.transports.ssh as ssh
-    ssh.agent_program = functools.partial(ssh.agent_program, idle_exit_s=case["agent_idle_s"])
+    import chaoskit.cluster.transports.agent_transport as agent_transport  # where the ssh transport's agent is made
+    agent_transport.agent_program = functools.partial(agent_transport.agent_program, idle_exit_s=case["agent_idle_s"])
 if case["lab"] == "process":
     lab = ProcessLab(case["process_lab"], 2)
     inventory, details = lab.inventory(), {"kind": "process", "lab": lab.lab_id, "ephemeral": False}
@@ -650,8 +650,14 @@ def lanes(chosen: list[Case], args: argparse.Namespace) -> int:
         print(f"lane {lab}: {share[lab]} deaths over {len(mine)} case(s), log {work / (lab + '.log')}", file=sys.stderr)
     outcomes: list[Outcome] = []
     failed = []
+    started, ended = time.time(), {}
+    while len(ended) < len(children):  # each lane's time, so that a run shows which lane is the longest
+        for lab, (proc, _, _) in children.items():
+            if lab not in ended and proc.poll() is not None:
+                ended[lab] = time.time()
+                print(f"lane {lab}: ended in {ended[lab] - started:.1f}s (exit {proc.returncode})", file=sys.stderr)
+        time.sleep(0.2)
     for lab, (proc, out, log) in children.items():
-        proc.wait()
         log.close()
         try:
             outcomes += [Outcome(**o) for o in json.loads(out.read_text())]
