@@ -55,6 +55,19 @@ def run_cli(*args: str) -> CliResult:
     return CliResult(code, out.getvalue(), err.getvalue())
 
 
+def short_form(scenario: Path, folder: Path, *edits: tuple[str, str]) -> Path:
+    """A shipped scenario in a short form (fewer steps, an earlier fault; issue 52), written in ``folder`` under its
+    own name: each ``(old, new)`` replaces text that occurs exactly once in it, so that a shipped file that changes
+    fails here rather than being drilled in its long form unnoticed."""
+    text = scenario.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, f"{scenario.name}: {old!r} occurs {text.count(old)} times"
+        text = text.replace(old, new)
+    path = Path(folder) / scenario.name
+    path.write_text(text)
+    return path
+
+
 def need(condition: bool, what: str) -> None:
     """Skip outside CI when ``condition`` is false; fail in CI (a skip there hides a missing install)."""
     if condition:

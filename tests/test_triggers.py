@@ -18,7 +18,7 @@ import pytest
 from chaoskit.faults.api import Trigger
 from chaoskit.measure import incident
 from chaoskit.triggers import TriggerWatch
-from tests.conftest import ROOT, need_torch, run_cli
+from tests.conftest import ROOT, need_torch, run_cli, short_form
 from tests.test_drills import lab_processes
 
 IDS = {"f0": "f0", "first": "f0", "f1": "f1"}
@@ -213,7 +213,12 @@ def test_a_rank_killed_while_the_agents_regroup_after_a_first_kill(tmp_path):
     once and finishes."""
     need_torch()
     out = tmp_path / "run"
-    res = run_cli("run", ROOT / "scenarios" / "cascade-kill-during-rendezvous.yaml", "--out", out, "--json")
+    # the shipped cascade in a short form (issue 52): the first kill at step 35, 10 steps after the checkpoint of
+    # step 25 as the shipped step 60 is after step 50's, and 100 steps, not 200; the second kill strikes the agents'
+    # regrouping after it whatever the step
+    scenario = short_form(ROOT / "scenarios" / "cascade-kill-during-rendezvous.yaml", tmp_path,
+                          ("steps: 200", "steps: 100"), ("at: {step: 60}", "at: {step: 35}"))
+    res = run_cli("run", scenario, "--out", out, "--json")
     assert res.code == 0, res.with_logs(out)
     r = res.json
     assert r["verdict"] == "pass" and r["checks"]["triggered"] == {"pass": True}, res.with_logs(out)
@@ -232,7 +237,7 @@ def test_a_rank_killed_while_the_agents_regroup_after_a_first_kill(tmp_path):
     assert {e["fault"] for e in events if e["kind"] == "fault.injected"} == {"f0", "f1"}
     restarts = {e.get("restart_count") for e in events if e["kind"] == "worker.start"}
     assert restarts == {0, 1}, restarts  # the agents regrouped once, around both losses
-    assert r["final_step"] == 200 and lab_processes(r) == []
+    assert r["final_step"] == 100 and lab_processes(r) == []
 
 
 NEVER = """name: never-fires
