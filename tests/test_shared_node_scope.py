@@ -7,7 +7,7 @@ local user (``ckhostile3``, made with ``useradd`` and removed at the end) runs a
 same namespace: the same script name on its command line, ``RANK=1``, a run id of its own. chaoskit
 must: list no environment key it does not read; never choose the decoy (another uid, one node of
 two, no torchrun agent), not even while our workers are being replaced and the decoy is the only
-match on the nodes (issue 31: 20 attaches at random points of our job's restarts); stop with exit 3,
+match on the nodes (issue 31: 10 attaches at random points of our job's restarts); stop with exit 3,
 saying what it saw, when only the decoy is named; pick ours by ``workload.run_id`` or
 ``workload.user``; refuse, in the node's agent, to signal the decoy or a pid whose start time
 changed; and kill rank 1 of ours only (one injection, the decoy alive afterwards).
@@ -198,10 +198,12 @@ def _kill_our_workers(shared: Shared) -> list[int]:
     return killed
 
 
-def test_twenty_attaches_during_our_restarts_never_choose_the_other_users_lookalike(shared):
+def test_ten_attaches_during_our_restarts_never_choose_the_other_users_lookalike(shared):
     """Issue 31's race: attach while our workers are being replaced, when the decoy is the only process on the nodes
     that matches. Each attach (no run_id, no user: only ``process``) either chooses our job or nothing; it never
-    chooses the decoy, and the rank-1 target it would kill is ours. (Before the fix the first look chose the decoy.)"""
+    chooses the decoy, and the rank-1 target it would kill is ours. (Before the fix the first look chose the decoy,
+    so any attach right after a kill catches it: five such, each followed by one between restarts; twenty found the
+    same in twice the time, issue 52.)"""
     import random
 
     from chaoskit.cluster.selectors import TargetSpec, resolve_processes
@@ -212,7 +214,7 @@ def test_twenty_attaches_during_our_restarts_never_choose_the_other_users_lookal
     cluster = _cluster(shared.site)
     outcomes = []
     try:
-        for i in range(20):
+        for i in range(10):
             if i % 2 == 0:
                 _kill_our_workers(shared)
             time.sleep(rng.uniform(0, 0.6))
@@ -233,7 +235,7 @@ def test_twenty_attaches_during_our_restarts_never_choose_the_other_users_lookal
         cluster.teardown()
     assert shared.decoy_alive()
     print("attach outcomes:", outcomes)
-    assert outcomes.count("ours") >= 5, outcomes  # between restarts ours is found
+    assert outcomes.count("ours") >= 3, outcomes  # between restarts ours is found
     before = shared.job.steps()
     assert wait_until(lambda: shared.job.steps() > before + 3, 120, interval=0.5), "our job did not train on"
 
