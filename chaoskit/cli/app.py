@@ -13,8 +13,10 @@ infrastructure failed; 4 aborted by a safety limit; 70 a chaoskit bug; 130 inter
 
 from __future__ import annotations
 
+import gc
 import importlib
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import typer
 import typer.main
@@ -66,7 +68,8 @@ class LazyCommands(TyperGroup):
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module, _, attr = COMMANDS[cmd_name][0].partition(":")
-            command = typer.main.get_command(getattr(importlib.import_module(module), attr))
+            with _loading(for_good=current_env().owns_process):
+                command = typer.main.get_command(getattr(importlib.import_module(module), attr))
             command.name = cmd_name
             self.commands[cmd_name] = command
         return self.commands.get(cmd_name)
@@ -75,6 +78,23 @@ class LazyCommands(TyperGroup):
         rows = [(name, short) for name, (_, short) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+@contextmanager
+def _loading(for_good: bool) -> Iterator[None]:
+    """The garbage collector waits while a command's modules load: they build classes and models that live as long
+    as the process (most of what ``chaoskit validate`` takes), nothing a collection could free. In the ``chaoskit``
+    process itself (``for_good``) what is loaded by then is frozen (:func:`gc.freeze`), so no later collection,
+    the one at exit included, walks it again: about 5% of ``chaoskit validate``'s instructions (bench/README.md)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if for_good:
+            gc.freeze()
+        if collecting:
+            gc.enable()
 
 
 app = typer.Typer(

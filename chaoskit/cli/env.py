@@ -17,6 +17,9 @@ class CliEnv:
     stdout: IO[str] = field(default_factory=lambda: sys.stdout)
     stderr: IO[str] = field(default_factory=lambda: sys.stderr)
     debug: bool = False
+    owns_process: bool = False
+    """The ``chaoskit`` command itself, whose process ends with the command (not a test or a program calling
+    :func:`~chaoskit.cli.main.main`): what it loads may be kept out of the garbage collector's sight for good."""
 
     def console(self, err: bool = False):
         from rich.console import Console

@@ -28,12 +28,11 @@ def main(argv: Sequence[str] | None = None, env: CliEnv | None = None) -> int:
     _EXIT = tuple({typer.Exit, *(getattr(m, "Exit") for m in (click.exceptions, typer.exceptions) if hasattr(m, "Exit"))})
     _ABORT = tuple({typer.Abort, *(getattr(m, "Abort") for m in (click.exceptions, typer.exceptions) if hasattr(m, "Abort"))})
 
-    injected = env is not None
-    env = set_env(env or CliEnv())
+    standalone = argv is None and env is None
+    env = set_env(env or CliEnv(owns_process=standalone))
     args = list(sys.argv[1:] if argv is None else argv)
     env.debug = "--debug" in args or os.environ.get("CHAOSKIT_DEBUG") == "1"
     command = typer.main.get_command(app)
-    standalone = argv is None and not injected
     try:
         old_out, old_err = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = env.stdout, env.stderr
