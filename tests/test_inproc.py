@@ -42,6 +42,12 @@ for step in range(1, int(sys.argv[1]) + 1):
     probe.step(step, loss=loss.item())
     time.sleep(float(sys.argv[2]))
 print("final", repr(loss.item()), flush=True)
+# torch's interpreter teardown takes seconds on a loaded machine (5 s of import torch's 7 at a load of 30) that no test
+# here is about (issue 52): the exit handlers (the SDK's final checksum) run, then the process ends without it
+import atexit, os
+atexit._run_exitfuncs()
+sys.stderr.flush()
+os._exit(0)
 '''
 
 
