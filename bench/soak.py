@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -487,10 +488,31 @@ class Drill:
     residue: list[str] = field(default_factory=list)
 
 
-def soak_drills(soak: Soak, n: int, kill_share: float) -> list[Drill]:
+def short_scenario(name: str, steps: int, folder: Path) -> Path:
+    """The shipped scenario ``name`` with its job cut to ``steps`` steps, or to 40 steps past its last fault's end
+    (its step, and its duration in steps of the job's step time) where that is later, and never longer than shipped:
+    the drill's fault and its recovery are the shipped ones, the steps it trains on after them fewer."""
+    from chaoskit.scenario import load_scenario
+
+    path = ROOT / "scenarios" / f"{name}.yaml"
+    model = load_scenario(path).model
+    work = model.workload
+    ends = [(f.at.step or 0) + (getattr(f, "duration", None) or 0.0) / work.step_time for f in model.faults]
+    want = min(work.steps, max(steps, math.ceil(max(ends, default=0.0)) + 40))
+    text = path.read_text()
+    line = f"\n  steps: {work.steps}\n"
+    if text.count(line) != 1:
+        raise SystemExit(f"{path}: cannot shorten: its workload.steps line ({line.strip()!r}) is not found once")
+    short = folder / f"{name}.yaml"
+    short.write_text(text.replace(line, f"\n  steps: {want}\n"))
+    return short
+
+
+def soak_drills(soak: Soak, n: int, kill_share: float, steps: int = 0) -> list[Drill]:
     """``n`` drills of the shipped process-lab scenarios (drawn with the seed) as game days in one controller
     process each; the controller is SIGKILLed in ``kill_share`` of the drills (those with a lasting fault), after
-    which ``chaoskit rollback`` runs, the audit must come back clean, and a new game day runs the rest."""
+    which ``chaoskit rollback`` runs, the audit must come back clean, and a new game day runs the rest. With
+    ``steps``, each scenario's job is cut to that many steps (:func:`short_scenario`)."""
     from chaoskit.audit import audit
 
     rng = soak.rng
@@ -499,10 +521,16 @@ def soak_drills(soak: Soak, n: int, kill_share: float) -> list[Drill]:
     kills = set(rng.sample(lasting, min(len(lasting), max(1, round(n * kill_share))))) if kill_share > 0 else set()
     drills = [Drill(i, name) for i, name in enumerate(names)]
     env = dict(os.environ, CHAOSKIT_STATE_DIR=str(soak.state))
+    shipped = ROOT / "scenarios"
+    if steps:
+        shipped = soak.work / "scenarios"
+        shipped.mkdir(exist_ok=True)
+        for name in set(names):
+            short_scenario(name, steps, shipped)
     start, controller = 0, 0
     while start < n:
         out = soak.work / f"gameday-{controller}"
-        files = [str(ROOT / "scenarios" / f"{name}.yaml") for name in names[start:]]
+        files = [str(shipped / f"{name}.yaml") for name in names[start:]]
         proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "gameday", *files, "--out", str(out)], cwd=ROOT,
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         done = 0
@@ -691,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--lanes: at most this many cases per lane, a lab's cases split over several lanes")
     ap.add_argument("--soak", type=int, default=0, help="instead of deaths: N drills of the shipped scenarios as game days")
     ap.add_argument("--kill-share", type=float, default=0.1, help="--soak: share of drills whose controller is killed")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="--soak: cut each scenario's job to this many steps (at least 40 past its last fault's end; "
+                         "0: as shipped)")
     ap.add_argument("--fd-bound", type=float, default=0.5, help="--soak: most open fds the controller may gain per drill")
     ap.add_argument("--thread-bound", type=float, default=0.5, help="--soak: most threads it may gain per drill")
     ap.add_argument("--rss-bound-mib", type=float, default=4.0, help="--soak: most RSS (MiB) it may gain per drill")
@@ -701,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(args)
     if args.soak:
         try:
-            drills = soak_drills(soak, args.soak, args.kill_share)
+            drills = soak_drills(soak, args.soak, args.kill_share, args.steps)
             if args.json:
                 args.json.write_text(json.dumps([d.__dict__ for d in drills], indent=2))
             return soak_report(soak, drills, args)  # before down(): it reads the drills' result.json in soak.work
