@@ -5,8 +5,8 @@ lightning 2.6.6 running examples/frameworks/lightning_train.py unchanged (--no-c
 workers, rank 1 SIGKILLed after the step-20 checkpoint; each line with the moment it arrived, read as chaoskit's
 job reader reads a job (tests/data/lightning/record.py says how). Lightning prints no step line and no worker
 start, and its restore line names last.ckpt: what the torchrun + lightning presets can and cannot measure of that
-drill is what result.json says (``phases.unseen``, ``presets``). The HF job is measured both ways end to end in
-tests/test_framework_drills.py.
+drill is what result.json says (``phases.unseen``, ``presets``). The HF job is measured with its callback end to end,
+and by the presets alone from its recorded drill, in tests/test_framework_drills.py.
 """
 
 from __future__ import annotations
