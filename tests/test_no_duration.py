@@ -181,12 +181,12 @@ name: hang-for-good
 cluster: {kind: process, nodes: 2}
 workload:
   launch: reference
-  steps: 160
+  steps: 130
   step_time: 50ms
   checkpoint_every: 25
   collective_timeout: 10s
 faults:
-  - {kind: inproc.hang, target: {ranks: [1]}, at: {step: 60}}
+  - {kind: inproc.hang, target: {ranks: [1]}, at: {step: 30}}
 slo:
   detection: 12.5s
   recovery: 90s
@@ -196,8 +196,11 @@ safety: {abort_after: 4m, lease_ttl: 15s}
 
 @pytest.mark.slow
 def test_inproc_hang_without_a_duration_on_the_process_lab_passes_and_leaves_nothing(tmp_path):
-    """As a new user tries it: rank 1 held for good at step 60. Its peer's all-reduce times out, torchrun restarts
-    the world, the job trains to its end; the fault is reverted once the job ended, verified, its lease released."""
+    """As a new user tries it: rank 1 held for good at step 30. Its peer's all-reduce times out, torchrun restarts
+    the world, the job trains to its end; the fault is reverted once the job ended, verified, its lease released.
+    (The hang at step 30, after the checkpoint of step 25, not at 60 of 160: issue 52. The 100 steps after the
+    hang's step are kept: the order must reach rank 1 while the job still runs, and at 60 steps the job ended
+    before it did on a loaded machine.)"""
     from chaoskit.safety.lease import default_lease_root
     from tests.test_drills import lab_processes
 
@@ -209,7 +212,7 @@ def test_inproc_hang_without_a_duration_on_the_process_lab_passes_and_leaves_not
     assert res.code == 0, res.with_logs(out)
     r = res.json
     assert r["verdict"] == "pass", res.with_logs(out)
-    assert r["faults"][0]["kind"] == "inproc.hang" and r["final_step"] == 160
+    assert r["faults"][0]["kind"] == "inproc.hang" and r["final_step"] == 130
     assert r["phases"]["detection_s"] is not None and r["phases"]["recovery_s"] is not None
     journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     [armed] = [e for e in journal if e["action"] == "armed"]
