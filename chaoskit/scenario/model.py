@@ -447,11 +447,13 @@ class ScenarioBase(StrictModel):
     cluster: ClusterSpec
     """The cluster's spec: always one backend's ``Spec`` once validated (``lab`` becomes the process lab's)."""
     workload: WorkloadBase = Field(default_factory=Workload)
-    probes: Probes = Field(default_factory=Probes)
-    slo: SLO = Field(default_factory=SLO)
-    safety: Safety = Field(default_factory=Safety)
-    steady_state: SteadyState = Field(default_factory=SteadyState)
-    expect: Expect = Field(default_factory=Expect, description=(
+    # A section the file leaves out is its model's defaults, which need no validation: model_construct, not the
+    # model's own validator, which pydantic would build for it alone (its schema is already the scenario's).
+    probes: Probes = Field(default_factory=Probes.model_construct)
+    slo: SLO = Field(default_factory=SLO.model_construct)
+    safety: Safety = Field(default_factory=Safety.model_construct)
+    steady_state: SteadyState = Field(default_factory=SteadyState.model_construct)
+    expect: Expect = Field(default_factory=Expect.model_construct, description=(
         "What the drill expects of the job: recovery from its faults (the default), or `{restart: false}`: "
         "disturbances it must ride through without a restart."))
     covers: list[str] | None = Field(None, description="Catalog classes this scenario exercises (defaults from its faults).")
