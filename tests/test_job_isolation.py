@@ -30,7 +30,7 @@ from chaoskit.cluster.transports.local import read_proc
 from chaoskit.core.accounts import LAB_ACCOUNT, lab_account, python_paths, unreachable_by
 from chaoskit.core.errors import InfraError
 from chaoskit.lab.process import ProcessLab
-from tests.conftest import SCENARIOS, need, need_root_tool, need_torch, run_cli, wait_until
+from tests.conftest import SCENARIOS, need, need_root_tool, need_torch, run_cli, short_form, wait_until
 
 NOBODY = 65534
 
@@ -68,15 +68,11 @@ def _job_agents(run_id_hint: str) -> list:
 
 
 def _short_kill_rank(folder: Path) -> Path:
-    """kill-rank in a short form, written in ``folder``: rank 1 SIGKILLed at step 30 (after the checkpoint of step
-    25) of 80, not at 60 of 200 (issue 52). Whom the job runs as and where it listens do not depend on its length;
-    kill-rank's own length is drilled by tests/test_drills.py."""
-    text = (SCENARIOS / "kill-rank.yaml").read_text()
-    short = text.replace("steps: 200", "steps: 80", 1).replace("at: {step: 60}", "at: {step: 30}", 1)
-    assert "steps: 80" in short and "at: {step: 30}" in short
-    path = folder / "kill-rank.yaml"
-    path.write_text(short)
-    return path
+    """kill-rank in a short form, written in ``folder``: rank 1 of two SIGKILLed at step 30 (after the checkpoint of
+    step 25) of 50, not of three at 60 of 200 (issue 52). Whom the job runs as and where it listens depend neither on
+    its length nor on a third node; kill-rank's own length is drilled by tests/test_drills.py."""
+    return short_form(SCENARIOS / "kill-rank.yaml", folder, ("steps: 200", "steps: 50"), ("at: {step: 60}", "at: {step: 30}"),
+                      ("cluster: lab ", "cluster: {kind: process, nodes: 2} "))
 
 
 @pytest.fixture
