@@ -26,7 +26,7 @@ from chaoskit.observe.rules import LogRule
 from chaoskit.scenario import load_scenario
 from chaoskit.stacks.nvrx_inprocess import measure_nvrx_inprocess
 from chaoskit.stacks.registry import log_presets, preset_rules, stack
-from tests.conftest import SCENARIOS, need_torch, run_cli
+from tests.conftest import SCENARIOS, need_torch, run_cli, short_form
 
 DATA = Path(__file__).parent / "data" / "nvrx-inprocess"
 JOB_RULES = [  # the uninstrumented job's own prints (scenarios/kill-uninstrumented.yaml's rules)
@@ -154,7 +154,12 @@ def test_a_ranks_helpers_are_not_the_rank():
 @pytest.mark.slow
 def test_live_cuda_error_restarts_every_rank_in_its_process(tmp_path):
     need_torch()
-    res = run_cli("run", SCENARIOS / "nvrx-inprocess-cuda-error.yaml", "--out", tmp_path, "--json")
+    # the shipped drill in a short form (issue 52): the CUDA error at step 30 (after the checkpoint of step 25) of
+    # 80, not at 60 of 160; the Wrapper's catch, the collective timeout that frees rank 0 and the rerun of both loops
+    # in their processes are the same at any step
+    scenario = short_form(SCENARIOS / "nvrx-inprocess-cuda-error.yaml", tmp_path, ("steps: 160", "steps: 80"),
+                          ("at: {step: 60}", "at: {step: 30}"))
+    res = run_cli("run", scenario, "--out", tmp_path / "run", "--json")
     assert res.code == 0, res.stderr[-3000:]
     r = json.loads(res.stdout)
     p = r["phases"]
@@ -162,7 +167,7 @@ def test_live_cuda_error_restarts_every_rank_in_its_process(tmp_path):
     assert p["detected_by"].startswith("NVRx in-process Wrapper on n1/rank1") and p["detection_s"] < 1.0
     # rank 0 is freed by its 5 s collective timeout (gloo cannot abort), then both loops run again
     assert 4.5 < p["reallocation_s"] < 9.0 and p["lost_steps"] <= 25
-    timeline = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    timeline = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     starts = [e for e in timeline if e["kind"] == "worker.start" and e.get("rank") == 1]
     assert [s.get("iteration") for s in starts] == [0, 1] and len({s["pid"] for s in starts}) == 1
     assert [s["restart_count"] for s in starts] == [0, 0] and p["world_size"] == {"before": 2, "after": 2}
