@@ -235,7 +235,10 @@ class NetnsLab:
             })
         return {
             "name": self.lab_id,
-            "ssh": {"user": "root", "port": SSH_PORT, "key": self.key_path.name, "known_hosts": self.known_hosts_path.name},
+            # the nodes share this machine's file system: the agent and every helper run with the controller's
+            # Python and what it has (mfusepy for storage.slow/storage.error: the system python3 has no FUSE binding)
+            "ssh": {"user": "root", "port": SSH_PORT, "key": self.key_path.name, "known_hosts": self.known_hosts_path.name,
+                    "python": sys.executable},
             "nodes": nodes,
         }
 
