@@ -48,6 +48,9 @@ def test_every_stack_adapts_every_row_or_says_why_not():
     # GEMINI pairs each rank with a peer (an odd world is refused at the job's start): the 3-node cascade gets 4
     assert adapt_row(ROWS / "cascade.yaml", "lm-resiliency")["cluster"]["nodes"] == 4
     assert adapt_row(ROWS / "kill.yaml", "lm-resiliency")["cluster"]["nodes"] == 2
+    # the job's collective timeout is the row's (train.py --collective-timeout), and its cell says so
+    hang = adapt_row(ROWS / "hang.yaml", "lm-resiliency")
+    assert "10" in hang["workload"]["command"] and stack_timeouts("lm-resiliency", hang, {})[0]["collective timeout"] == "10s"
 
 
 def test_timeouts_behind_a_cell_and_a_warning_for_defaults_that_take_minutes():

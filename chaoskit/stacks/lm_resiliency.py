@@ -152,7 +152,8 @@ class LmResiliency(Stack):
             # be divisible by 2 * replication_jump (2)", lm_resiliency/checkpointing/replication.py), so one node more
             doc["cluster"] = {**doc["cluster"], "nodes": doc["cluster"].get("nodes", 2) + 1}
         doc["workload"] = {"launch": "command", "recovery": self.name, "command": command,
-                           **{k: w[k] for k in ("steps", "nproc_per_node", "max_restarts") if k in w}}
+                           **{k: w[k] for k in ("steps", "nproc_per_node", "max_restarts", "collective_timeout")
+                              if k in w}}  # the row's collective timeout, as the job runs it (its timeouts say so)
         doc["probes"] = {"presets": ["torchrun", "lm-resiliency"],
                          "log": [{"match": r"step (?P<step>\d+) rank 0 ", "event": "step"}]}
         return doc
