@@ -6,10 +6,9 @@ Events go to ``$CHAOSKIT_EVENTS`` (see :mod:`chaoskit.sdk.probe`).
 
 from __future__ import annotations
 
-import sys
 
 from chaoskit.sdk import probe
-from chaoskit.workloads.plain_train import Hooks, error_line, parse_args, train, train_inprocess
+from chaoskit.workloads.plain_train import Hooks, error_line, leave, parse_args, train, train_inprocess
 
 
 HEARTBEAT_S = 1.0
@@ -65,4 +64,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -25,12 +25,14 @@ rank abandon its process group and run the loop again, in the same process, from
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import glob
 import os
 import sys
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 KEEP = 3
 """Checkpoints kept: the newest, and two to fall back to when it cannot be loaded."""
@@ -387,5 +389,22 @@ def main(argv: list[str] | None = None) -> int:
     return (train_inprocess if args.nvrx_inprocess else train)(args, Hooks())
 
 
+def leave(code: int) -> NoReturn:
+    """End a worker whose training returned, as the interpreter would, less torch's own teardown: threads that are
+    not daemons are waited for, the exit handlers run (the SDK's last checksum, logging, multiprocessing's
+    children), the streams are flushed, then the process exits with ``code``. The teardown skipped frees torch's
+    modules one by one: 0.4 s of CPU a worker here, seconds on a loaded node, at the end of every job."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what the interpreter runs at exit, in the same order (CPython's own function)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can reach it
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
