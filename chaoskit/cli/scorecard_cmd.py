@@ -15,7 +15,8 @@ __all__ = ["scorecard_app"]
 
 _EXIT = ("Exit codes: 0 every cell is measured or explained (a stack that did not notice, or a pair that cannot run "
          "here, is a cell too); 1 a cell is an error (a drill that failed to run for a reason that is no fault of the "
-         "pair); 2 bad input; 130 interrupted.")
+         "pair); 2 bad input; 3 PyTorch, which every drill needs, is not installed (said before any drill); 130 "
+         "interrupted.")
 
 
 def scorecard_cmd(
