@@ -149,6 +149,31 @@ def test_the_slurm_probe_reports_a_drain_with_its_reason_and_marks_chaoskits_own
     assert probe._nodes({"n1": {"State": "ALLOCATED+DRAIN"}, "n2": {"State": "IDLE+DRAIN"}}, 3.0) == []
 
 
+def recorded_node_states(name: str) -> list[dict[str, str]]:
+    """The ``scontrol -o show node`` lines of a recording in tests/data/slurm-resume (made on the Slurm lab: see
+    the file's head), parsed as the probe reads them."""
+    text = (ROOT / "tests" / "data" / "slurm-resume" / name).read_text()
+    return [parse_show(line) for line in text.splitlines() if line.startswith("NodeName=")]
+
+
+def test_the_slurm_probe_takes_a_resumed_nodes_not_responding_for_no_failure_and_a_dead_slurmd_for_one():
+    """Slurm 22.05 marks a node it resumes NOT_RESPONDING (BootTime cleared) until its slurmd registers again, ~1 s
+    in the lab: chaoskit's own revert of slurm.drain did that, and the probe reported node.down 0.01 s after
+    fault.reverted. A slurmd that is gone (the lab's power off) still gives NOT_RESPONDING, then DOWN."""
+    from chaoskit.observe.events import EventBus
+    from chaoskit.observe.slurm import SlurmProbe
+
+    def replay(name: str) -> list[tuple[str, str]]:
+        probe = SlurmProbe(EventBus(), SlurmAccess())
+        return [(e["kind"], e["state"]) for i, fields in enumerate(recorded_node_states(name))
+                for e in probe._nodes({"n0": fields}, float(i))]
+
+    states = [f["State"] for f in recorded_node_states("drain-resume.txt")]
+    assert states == ["ALLOCATED", "ALLOCATED+DRAIN", "ALLOCATED+NOT_RESPONDING", "ALLOCATED"]  # the recording
+    assert replay("drain-resume.txt") == [("node.drain", "ALLOCATED+DRAIN")]
+    assert replay("slurmd-killed.txt") == [("node.down", "NOT_RESPONDING"), ("node.down", "DOWN")]
+
+
 def test_a_requeue_that_lands_while_squeue_runs_is_stamped_after_it_not_before():
     """The Slurm probe's poll began, then chaoskit requeued the job (its fault's time), then squeue answered
     with the requeue in it: the event may not precede the fault, or the drill sees no detection. Slurm's answers

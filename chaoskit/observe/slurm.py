@@ -8,7 +8,8 @@ a change as one event, stamped with the time of the poll that saw it:
 - ``node.drain`` (a detection): the node was drained, with its reason (a site's health check that found a failed
   GPU; chaoskit's own ``slurm.drain`` is marked ``injected``);
 - ``node.down`` (a detection): a node's slurmd stopped answering (``state: NOT_RESPONDING``,
-  after a missed ping) and then the node is DOWN (``state: DOWN``, after ``SlurmdTimeout``);
+  after a missed ping) and then the node is DOWN (``state: DOWN``, after ``SlurmdTimeout``); the NOT_RESPONDING
+  a resume sets while slurmctld waits for the node to register again (its ``BootTime`` cleared) is none;
 - ``job.node_fail``: a job lost a node (seen as ``NODE_FAIL``, or inferred when a job is
   requeued while a node it ran on is DOWN: the state lasts less than a poll);
 - ``job.requeued`` with ``restart_count``; ``job.pending`` with Slurm's ``reason``
@@ -72,7 +73,8 @@ class SlurmProbe(threading.Thread):
             if not before:  # a first sighting sets the state: a node DOWN before the run is no detection
                 continue
             reason = fields.get("Reason") or None
-            if "NOT_RESPONDING" in flags and "NOT_RESPONDING" not in before and "DOWN" not in before:
+            if ("NOT_RESPONDING" in flags and "NOT_RESPONDING" not in before and "DOWN" not in before
+                    and not _registration_asked(fields)):
                 out.append(make_event("node.down", ts, node=name, state="NOT_RESPONDING", who="slurmctld",
                                       why="slurmd not responding", source="slurm", slurm_state=fields.get("State")))
             if "DRAIN" in flags and "DRAIN" not in before:
@@ -131,6 +133,15 @@ class SlurmProbe(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
         self.join(timeout=5)
+
+
+def _registration_asked(fields: dict[str, str]) -> bool:
+    """Whether slurmctld itself marked the node NOT_RESPONDING to have its slurmd register again: a resume
+    (``scontrol update state=resume``, chaoskit's revert of ``slurm.drain`` among others) does so in Slurm 22.05
+    (``_require_node_reg`` in ``node_mgr.c``: NOT_RESPONDING, ``BootTime`` cleared, a ping at once) and the flag goes
+    with the node's answer, about 1 s later in the lab. A slurmd that really stopped answering keeps its ``BootTime``;
+    one that does not answer the resume's ping is DOWN after ``SlurmdTimeout``, and that is still reported."""
+    return fields.get("BootTime") == "None"
 
 
 def _int(value: str | None) -> int:
