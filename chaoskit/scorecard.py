@@ -13,13 +13,14 @@ one cell per (stack, fault):
 ``{stack, fault, detection_s, recovery_s, lost_steps, verdict, why, timeouts, warnings, dir}`` and, repeated,
 ``p50``/``p95`` per phase. ``verdict`` is ``pass``/``fail`` (the row's SLOs), ``rode through``/``false restart``
 (a row with ``expect: {restart: false}``: a disturbance the stack should ride through), ``not detected`` ("not detected
-within X": the stack never noticed while the run watched), ``cannot run`` ("cannot run here: why") or ``error``;
-no cell is blank. ``timeouts`` are the stack's settings behind the numbers as the drill ran them: the collective
-timeout, and the recovery stack's own (:meth:`chaoskit.stacks.api.Stack.timeouts`, read from the validated
-workload: NVRx's heartbeat timeout, torchft's timeouts, Ray's health check; from the drill's result: Slurm's
-SlurmdTimeout, :meth:`chaoskit.stacks.api.Stack.ran_timeouts`); ``warnings`` the ones that make
-detection take minutes. A column whose stack says so carries a note (``stack_notes``: nvrx-inprocess is
-deprecated upstream).
+within X": the stack never noticed while the run watched), ``cannot run`` ("cannot run here: why", decided before
+any drill) or ``error`` (a drill that came to no verdict: "failed before its fault: " and the drill's error line
+where it was started and its job failed at the start; interrupted; not run); no cell is blank. ``timeouts`` are
+the stack's settings behind the numbers as the drill ran them: the collective timeout, and the recovery stack's own
+(:meth:`chaoskit.stacks.api.Stack.timeouts`, read from the validated workload: NVRx's heartbeat timeout, torchft's
+timeouts, Ray's health check; from the drill's result: Slurm's SlurmdTimeout,
+:meth:`chaoskit.stacks.api.Stack.ran_timeouts`); ``warnings`` the ones that make detection take minutes. A column
+whose stack says so carries a note (``stack_notes``: nvrx-inprocess is deprecated upstream).
 
 It writes ``scorecard.json``, ``index.html`` (:mod:`chaoskit.report.scorecard`) and ``metrics.prom``
 (OpenMetrics with a ``stack`` label).
@@ -232,10 +233,12 @@ def _cell(stack: str, fault: str, doc: dict[str, Any], record: dict[str, Any], r
             cell.setdefault("p50", {})[key] = d.get("p50")
             cell.setdefault("p95", {})[key] = d.get("p95")
         cell["samples"] = result.get("completed")
-    error = record.get("error") or {}
     if record.get("status") == "error" and not result.get("faults") and not result.get("samples"):
-        message = error.get("message") or "the drill did not run"
-        return {**cell, "verdict": "cannot run", "why": f"cannot run here: {message}"}
+        # Started, and ended in an error before its first fault (the job failed at its start, the lab did not come
+        # up): the drill's error, with its own line. "cannot run" is the plan's, decided before any drill.
+        message = ((record.get("error") or {}).get("message") or next(iter(result.get("notes") or []), None)
+                   or "no error recorded")
+        return {**cell, "verdict": "error", "why": f"failed before its fault: {message}"}
     if (doc.get("expect") or {}).get("restart") is False:
         return _disturbance_cell(cell, samples, doc)
     if cell["detection_s"] is None:

@@ -110,6 +110,34 @@ def test_a_pair_that_cannot_run_and_a_drill_that_never_noticed_are_cells_not_bla
     assert "chaoskit_scorecard_detection_seconds{" not in text  # not measured: no sample, never zero
 
 
+def test_a_drill_that_failed_before_its_fault_is_an_error_cell_with_its_own_line(monkeypatch):
+    """The full scorecard's cascade x lm-resiliency drill (tests/data/scorecard-error-before-fault): GEMINI refused the
+    odd world at the job's start, every agent exited 1, no fault injected. It showed as "cannot run", which is the
+    plan's word for a pair that cannot run here; a drill that was started and failed is an error: exit 1, the run's
+    own error line in the cell. The CLI's table is fed the card read from the recording (the adapter now gives that
+    row an even world, so the drill cannot fail so again here): what is replaced is the drill, not the reading."""
+    from chaoskit.cli import scorecard_cmd
+
+    rec = ROOT / "tests" / "data" / "scorecard-error-before-fault"
+    [cell] = cells_from_gameday([("lm-resiliency", "cascade", rec / "scenarios" / "cascade--lm-resiliency.yaml", None)],
+                                rec / "gameday")
+    assert cell["verdict"] == "error", cell
+    assert cell["why"].startswith("failed before its fault: the training job ended before steady state (agent exit "
+                                  "codes {'n0': 1, 'n1': 1, 'n2': 1}): FileNotFoundError"), cell["why"]
+    assert "cannot run" not in cell["why"] and cell["dir"].endswith("02-cascade--lm-resiliency")
+    assert cell["timeouts"]["collective timeout"] == "30s (chaoskit's default; torch's own is 30 min, NCCL's watchdog 10 min)"
+    card = {"stacks": ["lm-resiliency"], "faults": ["cascade"], "cells": [cell], "duration_s": 1}
+    page = render_scorecard_html(card)
+    assert '<div class="verdict">ERROR</div>' in page and "failed before its fault: the training job ended" in page
+    assert "CANNOT RUN" not in page and "1 error" in page
+    assert 'chaoskit_scorecard_cell{fault="cascade",stack="lm-resiliency",verdict="error"} 1.0' in scorecard_metrics(card).decode()
+    monkeypatch.setattr(scorecard_cmd, "run_scorecard", lambda *args, **kwargs: card)
+    r = run_cli("scorecard", ROWS, "--stacks", "lm-resiliency")
+    assert r.code == 1, r
+    assert "cascade x lm-resiliency error         detect - recover - lost -  failed before its fault:" in r.stdout, r.stdout
+    assert "cannot run" not in r.stdout
+
+
 def test_on_a_plain_install_what_is_missing_is_named_before_any_drill(tmp_path, monkeypatch):
     """Issue 50: on a plain install (no extras) the scorecard ran every drill, then died writing metrics.prom
     (ModuleNotFoundError: prometheus_client). Uninstalling packages under the suite is not possible, so what is
