@@ -181,6 +181,9 @@ class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
+        self.controllers: set[int] = set()
+        """The pids of the controllers this soak started: an agent whose gone controller is not one of them is another
+        lane's (it ends itself, or that lane's rollback ends it), not this lane's residue."""
         self.work = Path(tempfile.mkdtemp(prefix="chaoskit-soak-"))
         self.state = self.work / "state"
         self.state.mkdir(mode=0o700)
@@ -265,6 +268,7 @@ class Soak:
             env["CHAOSKIT_STATE_DIR"] = str(self.fill_state())
         proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, json.dumps(spec)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        self.controllers.add(proc.pid)
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
         reader.start()
@@ -375,7 +379,7 @@ class Soak:
             result = audit(target, checkpoint_dirs=dirs, slurm_conf=conf)
             # a dead run's journal records are bookkeeping ('chaoskit rollback' clears them below), not residue
             mine = [f"{x.node}: {x.kind}: {x.what}" for x in result.leftovers
-                    if x.kind != "journal" and _ours(x.what, self.work)]
+                    if x.kind != "journal" and _ours(x.what, self.work, self.controllers)]
             mine += [f"{n}: unreadable: {why}" for n, why in result.unreadable.items()]
             if not mine:
                 clean_at = time.time()
@@ -391,17 +395,22 @@ class Soak:
         if mine:
             out.rollback = [f"{f.get('kind')} on {f.get('node')}: {'ok' if f.get('ok') else f.get('problem')}"
                             for f in fixed.fixed if f.get("kind")]
-        left = [x.what for x in fixed.leftovers if _ours(x.what, self.work)]
+        left = [x.what for x in fixed.leftovers if _ours(x.what, self.work, self.controllers)]
         if left:
             out.note += " still left after rollback: " + "; ".join(left)[:300]
         return out
 
 
-def _ours(what: str, work: Path | None = None) -> bool:
+def _ours(what: str, work: Path | None = None, controllers: set[int] | None = None) -> bool:
     """A leftover line that is not another session's in-process order (this machine's /run/chaoskit is shared), nor,
-    given this soak's ``work`` folder, another lane's FUSE mount or daemon: a node's audit reads every mount table
-    and process of the machine, and a lane beside this one may be in the middle of its own storage fault."""
+    given this soak's ``work`` folder, another lane's FUSE mount or daemon, nor, given the pids of the controllers
+    this soak started, an agent of another lane's dead controller: a node's audit reads every mount table and
+    process of the machine, and a lane beside this one may be in the middle of its own storage fault, or its
+    controller just killed (a process lane's audit then sees a netns lane's agent before that lane settles)."""
     if "inproc/" in what:
+        return False
+    agent = re.search(r"its controller \(pid (\d+) on ", what)
+    if agent is not None and controllers is not None and int(agent.group(1)) not in controllers:
         return False
     if work is None:
         return True
