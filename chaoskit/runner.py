@@ -67,6 +67,9 @@ __all__ = ["RunContext", "RunOutcome", "run_scenario", "plan_scenario"]
 Gate = Callable[[list[dict[str, Any]], list[float]], "str | None"]
 """``gate(events since the last fault, fault times so far)``: why the next fault must wait, or ``None``."""
 
+TARGET_POLL_S = 0.2
+"""How often an event-triggered fault whose process target matches nothing yet looks again (within its window)."""
+
 
 @dataclass
 class RunOutcome:
@@ -494,8 +497,9 @@ class _Run:
 
     def _inject(self, fault: Fault) -> None:
         spec = fault.spec
+        until = None
         if spec.at.waits_for_event:
-            self._await_event(fault)  # a cascade strikes during a recovery: the game day's gate never holds it
+            until = self._await_event(fault)  # a cascade strikes during a recovery: the game day's gate never holds it
         elif spec.at.step is not None:
             ok = self._wait(lambda: (self.bus.last_step or 0) >= spec.at.step, self.deadline - time.time(), what=f"step {spec.at.step}")
             if not ok:
@@ -504,17 +508,30 @@ class _Run:
             self._wait(lambda: False, max(0.0, self.t_baseline + spec.at.after - time.time()), what="trigger", quiet=True)
         if self.gate is not None and not spec.at.waits_for_event:
             self._hold(fault)
-        self._strike(fault, spec.target)
+        self._strike(fault, spec.target, until)
 
-    def _strike(self, fault: Fault, target: TargetSpec) -> None:
-        """Resolve ``target`` now and inject ``fault`` there: journaled, on the timeline, verified."""
+    def _strike(self, fault: Fault, target: TargetSpec, until: float | None = None) -> None:
+        """Resolve ``target`` now and inject ``fault`` there: journaled, on the timeline, verified. With ``until`` (an
+        event trigger's window) a process target that matches nothing yet is looked for again until then: a
+        trigger fired in a recovery may find the job's workers between worlds (the agents stopped the old ones and
+        have not started the new), and the fault strikes the first that matches."""
         i = int(fault.fault_id[1:].split(".")[0])
         if fault.target_type == "node":
             targets = resolve_nodes(self.inventory, target)
         else:  # every node asked at once, each with its own deadline: a silent one delays (and staleness) nobody
-            targets = resolve_processes(self.inventory, target, on_silent=lambda node, why: self._note(
-                f"faults.{i}.target: node {node} did not answer while the target was resolved ({why}); "
-                "its processes were not candidates"))
+            def resolve() -> list:
+                return resolve_processes(self.inventory, target, on_silent=lambda node, why: self._note(
+                    f"faults.{i}.target: node {node} did not answer while the target was resolved ({why}); "
+                    "its processes were not candidates"))
+            t0, targets = time.time(), resolve()
+            while not targets and until is not None and time.time() < until and (self.job is None or self.job.running()):
+                self._check_abort()
+                self._revert_due()
+                time.sleep(TARGET_POLL_S)
+                targets = resolve()
+            if targets and time.time() - t0 > TARGET_POLL_S:
+                self._note(f"faults.{i}: no process matched {target.describe()} when its trigger fired (the job's "
+                           f"workers were between worlds); it struck the first that did, {time.time() - t0:.1f}s later")
         if not targets:
             raise InfraError(f"faults.{i}.target: no process matches {target.describe()} now")
         nodes = {t.node for t in targets}
@@ -575,9 +592,10 @@ class _Run:
             except InfraError as exc:  # the worker was gone again before the strike: the next start is the next return
                 self._note(f"{fault.kind}'s return {n} to {start['node']}: {exc}")
 
-    def _await_event(self, fault: Fault) -> None:
+    def _await_event(self, fault: Fault) -> float:
         """Wait for a fault's event trigger (:mod:`chaoskit.triggers`), then its ``after``; raise
-        :class:`TriggerMissed` when the event does not come within its ``within`` or before the job ends."""
+        :class:`TriggerMissed` when the event does not come within its ``within`` or before the job ends. Returns
+        the end of that window (the fault's target may still be looked for until then)."""
         at = fault.spec.at
         i = int(fault.fault_id[1:])
         ids = {name: f"f{j}" for name, j in self.sc.fault_names().items()}
@@ -600,6 +618,7 @@ class _Run:
         self.fired[fault.fault_id] = Fired(watch.fired, time.time() - t0)
         if at.after:
             self._wait(lambda: False, max(0.0, watch.fired["ts"] + at.after - time.time()), what="trigger", quiet=True)
+        return end
 
     def _note(self, message: str) -> None:
         """A note for result.json, once (resolution may run from several threads)."""
