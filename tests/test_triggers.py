@@ -236,7 +236,11 @@ def test_a_rank_killed_while_the_agents_regroup_after_a_first_kill(tmp_path):
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert {e["fault"] for e in events if e["kind"] == "fault.injected"} == {"f0", "f1"}
     restarts = {e.get("restart_count") for e in events if e["kind"] == "worker.start"}
-    assert restarts == {0, 1}, restarts  # the agents regrouped once, around both losses
+    # the agents regrouped once, around both losses; or, where the trigger found rank 2 between worlds (the agents
+    # had stopped the old workers and not yet started the new: a race of the two nodes), the kill struck the new
+    # world's rank 2 as it started, the run says so, and the agents regrouped once more
+    between = [n for n in r["notes"] if "between worlds" in n]
+    assert restarts == ({0, 1, 2} if between else {0, 1}), (restarts, r["notes"])
     assert r["final_step"] == 100 and lab_processes(r) == []
 
 
