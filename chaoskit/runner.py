@@ -37,7 +37,7 @@ from chaoskit.cluster.selectors import (
 from chaoskit.cluster.fanout import fan_out as parallel
 from chaoskit.core import procs
 from chaoskit.core.accounts import nearest_existing, python_paths, unreachable_by
-from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError
+from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError, TargetGone
 from chaoskit.core.files import RESULT_FILE
 from chaoskit.core.jobenv import SCOPE_VAR
 from chaoskit.assembler import RunRecord, assemble
@@ -516,33 +516,31 @@ class _Run:
         trigger fired in a recovery may find the job's workers between worlds (the agents stopped the old ones and
         have not started the new), and the fault strikes the first that matches."""
         i = int(fault.fault_id[1:].split(".")[0])
-        if fault.target_type == "node":
-            targets = resolve_nodes(self.inventory, target)
-        else:  # every node asked at once, each with its own deadline: a silent one delays (and staleness) nobody
-            def resolve() -> list:
-                return resolve_processes(self.inventory, target, on_silent=lambda node, why: self._note(
-                    f"faults.{i}.target: node {node} did not answer while the target was resolved ({why}); "
-                    "its processes were not candidates"))
-            t0, targets = time.time(), resolve()
-            while not targets and until is not None and time.time() < until and (self.job is None or self.job.running()):
+        t0, again = time.time(), False
+        while True:
+            targets, waited = self._resolve_target(fault, target, i, until)
+            again = again or waited
+            nodes = {t.node for t in targets}
+            if len(nodes) > self.sc.safety.max_nodes:
+                raise self.loaded.error(
+                    f"faults.{i}.target matches processes on {len(nodes)} nodes but safety.max_nodes is {self.sc.safety.max_nodes}",
+                    "faults", i, "target",
+                )
+            for t in targets:
+                self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=getattr(t, "pid", None))
+            try:
+                injections = fault.inject(self.ctx, targets)
+                break
+            except TargetGone as exc:  # resolved, then gone before the strike (the agents stopping the old world)
+                if until is None or time.time() >= until or len(targets) > 1:
+                    raise
+                self._note(f"faults.{i}: {exc}; its target is looked for again")
+                again = True
                 self._check_abort()
-                self._revert_due()
                 time.sleep(TARGET_POLL_S)
-                targets = resolve()
-            if targets and time.time() - t0 > TARGET_POLL_S:
-                self._note(f"faults.{i}: no process matched {target.describe()} when its trigger fired (the job's "
-                           f"workers were between worlds); it struck the first that did, {time.time() - t0:.1f}s later")
-        if not targets:
-            raise InfraError(f"faults.{i}.target: no process matches {target.describe()} now")
-        nodes = {t.node for t in targets}
-        if len(nodes) > self.sc.safety.max_nodes:
-            raise self.loaded.error(
-                f"faults.{i}.target matches processes on {len(nodes)} nodes but safety.max_nodes is {self.sc.safety.max_nodes}",
-                "faults", i, "target",
-            )
-        for t in targets:
-            self.journal.record("inject", fault_id=fault.fault_id, kind=fault.kind, node=t.node, target=t.label(), pid=getattr(t, "pid", None))
-        injections = fault.inject(self.ctx, targets)
+        if again:
+            self._note(f"faults.{i}: no process matched {target.describe()} when its trigger fired (the job's "
+                       f"workers were between worlds); it struck the first that did, {time.time() - t0:.1f}s later")
         for inj in injections:
             self.probes.injected(inj)
             self.journal.record("injected", fault_id=inj.fault_id, kind=inj.kind, node=inj.node, targets=inj.targets, t_fault=inj.t_fault)
@@ -560,6 +558,27 @@ class _Run:
                 self.notes.append(f"{fault.kind} on {inj.node}: {problem}")
             if inj.detail.get("note"):  # what chaoskit set aside of the fault's own word (an in-process time)
                 self._note(f"{fault.kind} on {inj.node}: {inj.detail['note']}")
+
+    def _resolve_target(self, fault: Fault, target: TargetSpec, i: int, until: float | None) -> tuple[list, bool]:
+        """``target``'s nodes or processes now, and whether they were looked for more than once: with ``until``, a
+        process target that matches nothing is looked for again until then. Raises when nothing matches."""
+        waited = False
+        if fault.target_type == "node":
+            targets = resolve_nodes(self.inventory, target)
+        else:  # every node asked at once, each with its own deadline: a silent one delays (and staleness) nobody
+            def resolve() -> list:
+                return resolve_processes(self.inventory, target, on_silent=lambda node, why: self._note(
+                    f"faults.{i}.target: node {node} did not answer while the target was resolved ({why}); "
+                    "its processes were not candidates"))
+            targets = resolve()
+            while not targets and until is not None and time.time() < until and (self.job is None or self.job.running()):
+                self._check_abort()
+                self._revert_due()
+                time.sleep(TARGET_POLL_S)
+                targets, waited = resolve(), True
+        if not targets:
+            raise InfraError(f"faults.{i}.target: no process matches {target.describe()} now")
+        return targets, waited
 
     def _recur_due(self) -> None:
         """A node that keeps failing (a fault's ``recur``): once a worker of the job starts again on a node the fault

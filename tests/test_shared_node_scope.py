@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.core.errors import InfraError
+from chaoskit.core.errors import InfraError, TargetGone
 from tests.conftest import need_torch, run_cli, wait_until, lab_fixture
 
 pytest_plugins = ["tests.netns_fixtures"]
@@ -402,6 +402,10 @@ def test_a_late_sigcont_never_reaches_a_process_that_reused_the_pid(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+    # the process gone (reaped): not a refusal of a stranger but a target that is no more, which a trigger's
+    # window looks for again (TargetGone)
+    with pytest.raises(TargetGone, match="exited before it was signalled"):
+        node.signal(proc.pid, signal.SIGKILL, start)
 
 
 def test_the_hang_revert_armed_on_a_node_carries_the_start_time():

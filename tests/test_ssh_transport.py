@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from chaoskit.core.errors import InfraError
+from chaoskit.core.errors import InfraError, TargetGone
 
 pytest_plugins = ["tests.netns_fixtures"]
 
@@ -192,6 +192,22 @@ def test_processes_are_scoped_to_the_node_and_signals_outside_are_refused(netns_
     assert t0.state(pid) in ("S", "R")
     t0.signal(pid, signal.SIGKILL)
     assert wait_until(lambda: not t0.in_scope(pid), 3)
+
+
+def test_a_process_gone_before_its_signal_is_told_apart_from_one_out_of_scope(netns_lab, lab_inventory):
+    """The agent says a selected process exited before its signal (the runner then looks for the target again
+    within a trigger's window: the agents stopping the old world's workers in a recovery); a process outside the
+    scope stays a plain refusal."""
+    t0 = lab_inventory["n0"].conn
+    pid = t0.spawn_detached(["sleep", "30"])
+    start = next(p.start_time for p in t0.processes() if p.pid == pid)
+    t0.signal(pid, signal.SIGKILL, start)
+    assert wait_until(lambda: t0.state(pid) in (None, "Z"), 3)
+    with pytest.raises(TargetGone, match="exited before it was signalled"):
+        t0.signal(pid, signal.SIGTERM, start)
+    with pytest.raises(InfraError, match="refusing to signal pid") as refused:
+        t0.signal(os.getpid(), signal.SIGTERM)
+    assert not isinstance(refused.value, TargetGone)
 
 
 def test_a_fan_out_to_nodes_not_connected_yet_connects_them_in_parallel(netns_lab):

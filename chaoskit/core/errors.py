@@ -108,6 +108,12 @@ class InfraError(ChaoskitError):
     exit_code = ExitCode.INFRA
 
 
+class TargetGone(InfraError):
+    """The selected process exited (or its pid now names another) before the fault reached it: nothing was done
+    to it. A fault struck in a recovery may meet this (the agents stop the old world's workers); the runner
+    looks for its target again within the trigger's window."""
+
+
 class OutcomeUnknown(InfraError):
     """The connection to a node dropped while a command ran: it may or may not have taken effect."""
 

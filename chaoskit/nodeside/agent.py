@@ -76,7 +76,12 @@ BOOT = (
 
 
 class OpError(Exception):
-    pass
+    """An op's refusal or failure, answered ``ok: false``; ``gone``: the process it named is no more (it exited, or
+    its pid names another now), so nothing was done to it."""
+
+    def __init__(self, message, gone=False):
+        Exception.__init__(self, message)
+        self.gone = gone
 
 
 _SKEW = [0.0]
@@ -433,11 +438,13 @@ def op_signal(req):
     fd = _pidfd(pid) if pid > 1 else None
     try:
         info = _proc(pid)
-        if pid <= 1 or info is None or info["state"] == "Z":
+        if pid <= 1:
             raise OpError("pid %d is not a live process of this node" % pid)
+        if info is None or info["state"] == "Z":
+            raise OpError("pid %d exited before it was signalled; not signalled" % pid, gone=True)
         if start is not None and info["start"] != int(start):
             raise OpError("pid %d is not the process that was selected: its start time changed from %s to %s "
-                          "(the pid was reused); not signalled" % (pid, start, info["start"]))
+                          "(the pid was reused); not signalled" % (pid, start, info["start"]), gone=True)
         if not _in_node(info, scope):
             raise OpError("pid %d is not a process of this node" % pid)
         if not _in_scope(info, scope):
@@ -1160,6 +1167,8 @@ def main():
             out["id"], out["ok"] = rid, True
         except (OpError, StateDirError) as exc:
             out = {"id": rid, "ok": False, "error": str(exc)}
+            if getattr(exc, "gone", False):
+                out["gone"] = True
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer, never a dead agent
             out = {"id": rid, "ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
         try:

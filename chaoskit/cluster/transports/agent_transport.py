@@ -31,7 +31,7 @@ from chaoskit.cluster.transports.api import (
 from chaoskit.cluster.transports.channel import (
     AgentChannel, AgentGone, AgentStream, DeadlineMissed, OpFailed, agent_program, boot_argv, start_stream,
 )
-from chaoskit.core.errors import InfraError, OutcomeUnknown
+from chaoskit.core.errors import InfraError, OutcomeUnknown, TargetGone
 from chaoskit.core.shell import shell_quote
 
 __all__ = [
@@ -472,7 +472,7 @@ class AgentTransport:
         try:
             reply = self._call("signal", self.command_timeout, **fields)
         except OpFailed as exc:
-            raise InfraError(f"refusing to signal pid {pid} on node {self.node}: {exc}") from None
+            raise (TargetGone if exc.gone else InfraError)(f"refusing to signal pid {pid} on node {self.node}: {exc}") from None
         return self.clock.to_controller(float(reply["t"]))
 
     def spawn_detached(self, argv: list[str]) -> int:

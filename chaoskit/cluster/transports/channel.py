@@ -151,7 +151,11 @@ class AgentGone(Exception):
 
 
 class OpFailed(Exception):
-    """The agent answered ``ok: false``."""
+    """The agent answered ``ok: false``; ``gone``: the process the op named is no more (nothing was done)."""
+
+    def __init__(self, message: str, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 class DeadlineMissed(Exception):
@@ -304,7 +308,7 @@ class AgentChannel:
         if gone is not None:
             raise AgentGone(gone, sent=True)
         if not reply.get("ok"):
-            raise OpFailed(reply.get("error", "failed"))
+            raise OpFailed(reply.get("error", "failed"), gone=reply.get("gone") is True)
         return reply
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import time
 
 from chaoskit.cluster.transports.api import CommandResult, JobScope, ProcInfo, proc_env
 from chaoskit.core import procs
-from chaoskit.core.errors import InfraError
+from chaoskit.core.errors import InfraError, TargetGone
 from chaoskit.core.jobenv import SCOPE_VAR
 from chaoskit.nodeside import nodefs
 
@@ -113,9 +113,11 @@ class LocalTransport:
     def signal(self, pid: int, signum: int, start_time: int | None = None) -> float:
         info = proc_info(pid)
         if info is not None and start_time is not None and info.start_time != start_time:
-            raise InfraError(f"refusing to signal pid {pid}: it is not the process that was selected (its start time "
+            raise TargetGone(f"refusing to signal pid {pid}: it is not the process that was selected (its start time "
                              "changed: the pid was reused)")
-        if info is None or info.state == "Z" or not self._ours(info):
+        if info is None or info.state == "Z":
+            raise TargetGone(f"pid {pid} on node {self.node} exited before it was signalled; not signalled")
+        if not self._ours(info):
             what = f"the drilled job ({self.job.describe()})" if self.job is not None else f"node {self.node}"
             raise InfraError(f"refusing to signal pid {pid}: it is not a process of {what}")
         os.kill(pid, signum)

@@ -37,7 +37,7 @@ from typing import Any
 
 from chaoskit.cluster.transports.api import CommandResult, InventorySite, JobScope, ListedNode, ProcInfo
 from chaoskit.cluster.transports.local import LocalTransport
-from chaoskit.core.errors import InfraError
+from chaoskit.core.errors import InfraError, TargetGone
 from chaoskit.nodeside.nodefs import REVERT_FILE, inside, make_dirs, read_file, remove_tree, state_dir, touch_file, write_file
 
 __all__ = ["RayTransport", "ChaosAgent", "connect_ray", "find_node_id", "discover_nodes", "ray_auth_env",
@@ -459,6 +459,8 @@ class RayTransport:
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             message = getattr(cause, "message", None) or str(cause or exc).strip().splitlines()[-1]
+            if isinstance(cause, TargetGone):  # the ChaosAgent's own word: the process exited before the op
+                raise TargetGone(message) from None
             raise InfraError(message if isinstance(cause, InfraError) else f"{method} on node {self.node} failed: {message}") from None
         finally:
             with _DRIVER:
