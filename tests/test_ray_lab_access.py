@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need, need_root_tool, run_cli, lab_fixture
+from tests.conftest import SCENARIOS, need, need_root_tool, run_cli, lab_fixture, short_form
 
 LAB_ACCOUNT = "chaoskit-lab"
 OTHER_USER = "ckraypeer"
@@ -163,6 +163,28 @@ def test_another_user_cannot_join_the_ray_lab_or_run_tasks_on_it(ray_lab, accoun
     peek = _as_user(other, ["cat", token])
     said = peek.communicate(timeout=30)[0]
     assert peek.returncode != 0 and "Permission denied" in said, said  # the token file is closed to them
+
+
+def test_a_run_whose_folder_the_labs_account_cannot_reach_is_refused(ray_lab, accounts, tmp_path, monkeypatch):
+    """The Ray lab's nodes run as its account and write the job's checkpoints, so the job cannot fall back to root:
+    a run whose --out that account cannot reach (a folder of root's, 0700) is refused before anything starts. On this
+    module's lab (``chaoskit run`` takes the lab ``lab up`` left), the lab as it was before, no job of the run's."""
+    from chaoskit.lab.ray import RayLab
+
+    lab, _, _ = ray_lab
+    monkeypatch.setenv("CHAOSKIT_STATE_DIR", str(lab.lab.state.parent.parent))  # the module's state: its lab's record
+    scenario = short_form(SCENARIOS / "ray-kill-worker.yaml", tmp_path, ("nodes: 3}", "nodes: 2}"))
+    shut = Path(tempfile.mkdtemp(prefix="ck-ray-closed-"))  # 0700, root's
+    try:
+        closed = run_cli("run", scenario, "--out", shut / "closed", "--json")
+        assert closed.code == 3, closed.stdout + closed.stderr
+        assert f"this ray cluster's nodes run as {lab.account.name} and write" in closed.stderr, closed.stderr
+        assert "so the job cannot run as root instead; nothing was started" in closed.stderr
+        assert not (shut / "closed" / "events.jsonl").exists()
+    finally:
+        shutil.rmtree(shut, ignore_errors=True)
+    again = RayLab.load()  # the lab left as it was: the run neither started nor stopped one
+    assert again is not None and again.address == lab.address and lab.alive_nodes() == {"n0": True, "n1": True}
 
 
 def test_the_ray_labs_nodes_are_not_root(ray_lab, accounts):
