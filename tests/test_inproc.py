@@ -386,8 +386,12 @@ def test_a_hang_ended_twice_at_its_deadline_is_not_killed(tmp_path):
         proc.wait(timeout=10)
 
 
-def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 200, script: str = JOB) -> tuple[dict, list[dict]]:
-    """One live job given one order once it trains; its status once ended, and its events."""
+def _drive(tmp_path: Path, kind: str, params: dict, steps: int = 100, script: str = JOB) -> tuple[dict, list[dict]]:
+    """One live job given one order once it trains; its status once ended, and its events.
+
+    The order goes in after step 20; at 0.02 s a step or more, the 80 steps left give the helper at least 1.6 s to
+    write it (a loaded machine makes the steps slower, not the window shorter). 200 steps took 8 s more for
+    nothing the tests assert (issue 52)."""
     folder = _folder(tmp_path)
     proc = _job(tmp_path, steps, 0.02, folder, script)
     events = tmp_path / "events-True.jsonl"
@@ -414,13 +418,14 @@ def test_gil_held_stops_every_thread_of_the_process_then_it_goes_on(tmp_path):
     beats = sorted(e["ts"] for e in events if e["kind"] in ("heartbeat", "step"))
     gaps = [b - a for a, b in zip(beats, beats[1:])]
     assert max(gaps) >= 1.4  # nothing at all for the GIL's 1.5 s (heartbeats come every 0.1 s otherwise)
-    assert max(e["step"] for e in events if e["kind"] == "step") == 200
+    assert max(e["step"] for e in events if e["kind"] == "step") == 100
 
 
 def test_slow_share_lengthens_one_ranks_steps_for_its_duration(tmp_path):
     """inproc.slow with share 0.5 sleeps as long again as a step takes: steps about twice as long, then back."""
     need_torch()
-    status, events = _drive(tmp_path, "inproc.slow", {"share": 0.5, "duration": 2}, steps=300)
+    # the 2 s slowed take at most 50 steps (0.04 s each or more): 150 keep the job training through the window read
+    status, events = _drive(tmp_path, "inproc.slow", {"share": 0.5, "duration": 2}, steps=150)
     assert status["status"] == "ended"
     t_fire = status["t_fire"]
     steps = sorted(e["ts"] for e in events if e["kind"] == "step")
@@ -524,7 +529,7 @@ def test_a_hang_in_the_data_loader_holds_the_next_batch_while_the_heartbeat_goes
     beats = [e["ts"] for e in events if e["kind"] == "heartbeat"]
     assert not [t for t in steps if t_fire + 0.1 < t < t_fire + 1.4]
     assert len([t for t in beats if t_fire < t < t_fire + 1.5]) >= 10
-    assert max(e["step"] for e in events if e["kind"] == "step") == 200
+    assert max(e["step"] for e in events if e["kind"] == "step") == 100
 
 
 def test_a_revert_that_kills_a_process_which_missed_its_end_says_so_in_the_journal(tmp_path):
