@@ -165,7 +165,11 @@ def test_uninstrumented_job_is_measured_from_logs_alone(recorded_gameday):
     assert "torchrun agent" in r["phases"]["detected_by"]
 
 
-# A job under torchrun whose workers step with chaoskit's SDK and never import torch (the abort test's job).
+# A job under torchrun whose workers step with chaoskit's SDK and never import torch: the job of the drills below,
+# which hang rank 2 for 5 minutes and end the run before the hang does (abort_after, Ctrl-C, a killed controller).
+# What they prove is chaoskit's (the revert, the exit, the teardown, nothing left), not the job's recovery; a DDP
+# worker's start-up (importing torch, and torch._dynamo when DDP wraps the model: 5.8 s alone at load 18) would be
+# most of their time.
 STEPPER = """\
 import time
 from chaoskit import probe
@@ -177,22 +181,31 @@ while True:
     probe.step(step)
 """
 
-ABORT = """\
-name: abort-after
+HANG = """\
+name: hang
 cluster: lab
 workload:
   launch: command
   command: [stepper.py]
 faults:
   - kind: process.hang
-    target: {ranks: [2]}
+    target: {{ranks: [2]}}
     duration: 5m
-    at: {step: 5}
+    at: {{step: 5}}
 safety:
   max_nodes: 1
-  abort_after: 20s
-  lease_ttl: 15s
+  abort_after: {abort_after}
+  lease_ttl: {lease_ttl}
 """
+
+
+def _hang_scenario(folder: Path, abort_after: str = "4m", lease_ttl: str = "15s") -> Path:
+    """A scenario hanging rank 2 of the stepper job (above) for 5 minutes from its step 5, written in ``folder``."""
+    need_torch()  # torchrun
+    (folder / "stepper.py").write_text(STEPPER)
+    scenario = folder / "hang.yaml"
+    scenario.write_text(HANG.format(abort_after=abort_after, lease_ttl=lease_ttl))
+    return scenario
 
 
 def test_abort_after_reverts_and_exits_4(tmp_path):
@@ -201,11 +214,7 @@ def test_abort_after_reverts_and_exits_4(tmp_path):
     process lab whose workers never import torch: a DDP worker's start-up (importing torch, and torch._dynamo when
     DDP wraps the model) took 21.7 s to the injection at load 14 on 2 cores, this one's 7.5 s at load 13-15; so 20 s
     holds the property with a wider margin than 40 s did with DDP (issue 52)."""
-    need_torch()  # torchrun
-    (tmp_path / "stepper.py").write_text(STEPPER)
-    scenario = tmp_path / "abort.yaml"
-    scenario.write_text(ABORT)
-    res = run_cli("run", scenario, "--out", tmp_path / "run", "--json")
+    res = run_cli("run", _hang_scenario(tmp_path, abort_after="20s"), "--out", tmp_path / "run", "--json")
     assert res.code == 4, res.stderr
     r = res.json
     assert r["verdict"] == "aborted"
@@ -216,10 +225,7 @@ def test_abort_after_reverts_and_exits_4(tmp_path):
 
 
 def test_ctrl_c_reverts_before_exit_and_a_second_one_waits_for_the_teardown(tmp_path):
-    need_torch()
-    text = (SCENARIOS / "hang-rank.yaml").read_text().replace("duration: 15s", "duration: 5m").replace("at: {step: 50}", "at: {step: 5}")
-    scenario = tmp_path / "hang.yaml"
-    scenario.write_text(text)
+    scenario = _hang_scenario(tmp_path)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(scenario), "--out", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -262,11 +268,7 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path):
 
 def test_rollback_after_the_controller_is_killed(tmp_path):
     """SIGKILL chaoskit mid-hang: `chaoskit rollback` reverts the fault and stops the lab it left."""
-    need_torch()
-    text = (SCENARIOS / "hang-rank.yaml").read_text().replace("duration: 15s", "duration: 5m").replace("at: {step: 50}", "at: {step: 5}")
-    text = text.replace("lease_ttl: 15s", "lease_ttl: 2m")  # rollback, not the lease, must be what reverts it
-    scenario = tmp_path / "hang.yaml"
-    scenario.write_text(text)
+    scenario = _hang_scenario(tmp_path, lease_ttl="2m")  # rollback, not the lease, must be what reverts it
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(scenario), "--out", str(run_dir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
