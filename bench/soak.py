@@ -21,7 +21,9 @@ Deaths (``--deaths N``, drawn round-robin over the cases below with a seeded ran
 
 After each death it waits for the lease (its watchdog's ``fired`` file) and runs the audit until the node settles
 (``--settle``); what is still there then is residue, and ``chaoskit audit --fix`` (rollback from the trusted
-journal) is run on it. Per case it prints deaths, residue, death -> revert p50/p99/max and what needed rollback;
+journal, then the audit again) is run on it; after a clean settle the rollback runs without that second audit (the
+next death's settle audits again and counts what it finds), but for the last death, whose ``--fix`` audit is the
+soak's last look. Per case it prints deaths, residue, death -> revert p50/p99/max and what needed rollback;
 the last line is ``residue N of M``.
 
 ``--soak N`` instead runs N drills of the shipped scenarios (drawn with the seed) as game days, SIGKILLing the game
@@ -279,14 +281,14 @@ class Soak:
             note = f"controller ended before arming: {err[-1] if err else proc.returncode}"
             return self.settle(case, run_id, None, None, note=note)
         delay = self.rng.uniform(0, FAULT_S - 1.0)
-        died_at = self.kill(case, proc, armed + delay, lines)
+        died_at = self.kill(case, proc, armed + delay, lines, run_id)
         note = ""
         if case.death == "state-full":  # the journal write failed: the controller must have stopped before injecting
             err = proc.stderr.read()[-300:].strip().splitlines()
             where = next((line.strip() for line in reversed(err) if line.strip().startswith("File ")), "")
             note = f"controller exited {proc.returncode} before the kill: {err[-1] if err else ''} ({where})" if proc.returncode != -9 else \
                 "the kill came before the controller's first journal write"
-        return self.settle(case, run_id, died_at, proc, note=note)
+        return self.settle(case, run_id, died_at, proc, note=note, last=i == self.args.deaths - 1)
 
     def fill_state(self) -> Path:
         """The controller's state folder for ``state-full``: a file system with room for the run's marker (one page)
@@ -298,7 +300,7 @@ class Soak:
             fh.truncate(max(0, os.fstat(fh.fileno()).st_size - 4096))
         return self.full_state
 
-    def kill(self, case: Case, proc: subprocess.Popen, when: float, lines: list[str]) -> float:
+    def kill(self, case: Case, proc: subprocess.Popen, when: float, lines: list[str], run_id: str) -> float:
         time.sleep(max(0.0, when - time.time()))
         if case.death in ("controller", "state-full"):
             proc.kill()
@@ -327,7 +329,11 @@ class Soak:
             _wait_line(lines, "injected", 30)
             t = time.time()
             subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth1", "down"], check=True)
-            time.sleep(TTL_S + 2.0)
+            # cut past the lease's TTL: until its watchdog on the node fired (in place of a fixed TTL_S + 2 s; at
+            # most TTL_S + 10 s, where it never fires and the settle then finds the fault still on)
+            while time.time() < t + TTL_S + 10 and (time.time() < t + TTL_S or not any(
+                    self.work.glob(f"netns/nodes/*/work/leases/{run_id}/*/fired"))):
+                time.sleep(0.05)
             subprocess.run(["ip", "-n", ns, "link", "set", "dev", "eth1", "up"], check=True)
             return t
         if case.death == "mgmt-kill":
@@ -361,8 +367,10 @@ class Soak:
         raise ValueError(case.death)
 
     def settle(self, case: Case, run_id: str, died_at: float | None, proc: subprocess.Popen | None,
-               note: str = "") -> Outcome:
+               note: str = "", last: bool = True) -> Outcome:
         from chaoskit.audit import audit, fix
+        from chaoskit.crash import recover
+        from chaoskit.safety.rollback import find_crashed_runs
 
         started = time.time()
         if proc is not None and proc.poll() is None:
@@ -391,6 +399,12 @@ class Soak:
         mine += getattr(self, "cut_residue", [])
         self.cut_residue = []
         out = Outcome(case.name, died_at, revert_s, mine, note=note, took_s=time.time() - started)
+        if not mine and not last:
+            # clean: the rollback an operator runs after a death (it clears the dead run's journal), without the
+            # audit after it; the next death's settle audits the node again, and counts what it finds as residue
+            for _ in map(recover, find_crashed_runs()):
+                pass
+            return out
         fixed = fix(target, checkpoint_dirs=dirs, slurm_conf=conf)  # what an operator runs after a death: chaoskit rollback
         if mine:
             out.rollback = [f"{f.get('kind')} on {f.get('node')}: {'ok' if f.get('ok') else f.get('problem')}"
