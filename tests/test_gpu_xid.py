@@ -26,7 +26,7 @@ from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.runner import RunContext
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager
-from tests.conftest import ROOT, run_cli, wait_exec, wait_until
+from tests.conftest import ROOT, run_cli, short_form, wait_exec, wait_until
 from tests.test_kmsg_stream import need_kmsg
 
 SCENARIO = ROOT / "scenarios" / "slurm-xid-drain.yaml"
@@ -178,7 +178,12 @@ def test_an_xid_alone_stops_nothing_and_the_report_shows_it_was_seen(tmp_path):
 
     need_kmsg()
     need_torch()
-    res = run_cli("run", ROOT / "examples" / "gpu-xid-alone.yaml", "--out", tmp_path / "run", "--json")
+    # the shipped example in a short form (issue 52): rank 1 of two, the line at step 20 of 60, not of three at 40 of
+    # 120; the kernel log is read every 0.1 s, and 40 steps of 50 ms after the line leave it 20 times that to be
+    # seen before the job ends (load makes steps slower, not that margin smaller); a third rank took no part
+    scenario = short_form(ROOT / "examples" / "gpu-xid-alone.yaml", tmp_path, ("steps: 120", "steps: 60"),
+                          ("at: {step: 40}", "at: {step: 20}"), ("cluster: lab ", "cluster: {kind: process, nodes: 2} "))
+    res = run_cli("run", scenario, "--out", tmp_path / "run", "--json")
     assert res.code == 0, res.stdout[-2000:] + res.stderr[-2000:]
     r = res.json
     assert r["verdict"] == "pass" and r["checks"]["training_finished"]["pass"]
