@@ -282,12 +282,12 @@ def test_full_fills_a_small_file_system_and_revert_empties_it(lab, tmp_path, mon
 @pytest.mark.slow
 def test_drill_corrupt_then_kill_falls_back_to_an_older_checkpoint(tmp_path):
     need_torch()
-    # the shipped drill in a short form (issue 52): 125 steps, not 250; the truncation at step 105 and the kill at
-    # 110 are the shipped ones: the failed load of step 100, the fallback to step 50 and the original put back (here
-    # after the job wrote its own step 100 again: the job's file wins) do not depend on how long the job trains after
-    # it. The job saves only at multiples of 50 (plain_train), so no save after step 100 exists that a kill landing
-    # late on a loaded machine could fall back to instead: the shipped form's margin (the kill before step 150) is moot
-    scenario = short_form(CORRUPT, tmp_path, ("steps: 250", "steps: 125"))
+    # the shipped drill in a short form (issue 52): 160 steps, not 250; the truncation at step 105 and the kill at
+    # 110, 40 steps before the next save (step 150, before the job's end), are the shipped ones: the failed load of
+    # step 100, the fallback to step 50 and the original put back (here after the job wrote its own step 100 again:
+    # the job's file wins) do not depend on how long the job trains after it. Not shorter: at load 20 the truncation
+    # landed 2.8 s (28 steps) late, and at 125 steps after the job's end
+    scenario = short_form(CORRUPT, tmp_path, ("steps: 250", "steps: 160"))
     res = run_cli("run", scenario, "--out", tmp_path / "run", "--json")
     assert res.code == 0, res.stdout[-3000:] + res.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())
