@@ -112,9 +112,11 @@ def ray_lab(accounts, tmp_path_factory):
 
 
 def _as_user(user: pwd.struct_passwd, argv: list[str]) -> subprocess.Popen[str]:
-    """``argv`` as ``user`` (its ids, no other group), with its own home and no Ray settings of root's."""
+    """``argv`` as ``user`` (its ids, no other group), with its own home and no Ray settings of root's. Ray's client
+    tries the GCS once a second, 20 times by default, each refused alike for want of the token: the user's own
+    setting (anyone may set it) makes it 5 tries, so that the refusal, the last try's error, comes in ~5 s, not 20."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": user.pw_dir, "USER": user.pw_name,
-           "TMPDIR": user.pw_dir, "RAY_USAGE_STATS_ENABLED": "0"}
+           "TMPDIR": user.pw_dir, "RAY_USAGE_STATS_ENABLED": "0", "RAY_gcs_server_port_wait_time_s": "5"}
     return subprocess.Popen(argv, env=env, cwd=user.pw_dir, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
