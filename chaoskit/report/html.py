@@ -23,6 +23,7 @@ their SLO lines.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from pathlib import Path
@@ -208,12 +209,7 @@ def write_campaign_report(folder: str | Path) -> Path:
     page = {"title": f"chaoskit campaign: {c.get('scenario')}", "c": c, "bars": bars, "bars_h": len(bars) * 30,
             "chart": chart, "left": left}
     out = folder / "campaign.html"
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.PackageLoader("chaoskit.report", "templates"), autoescape=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    env.filters["pct"] = lambda v: "-" if v is None else f"{v:.1%}"
-    return _write_page(out, env.get_template("campaign.html.j2").render(page=page))
+    return _write_page(out, _environment().get_template("campaign.html.j2").render(page=page))
 
 
 def _readers(folder: Path) -> frozenset[int]:
@@ -252,6 +248,13 @@ def _write_page(out: Path, html: str) -> Path:
 
 
 def render_html(page: dict[str, Any]) -> str:
+    return _environment().get_template("report.html.j2").render(page=page)
+
+
+@functools.cache
+def _environment():
+    """One jinja2 environment per process: it keeps the compiled template (compiling it was most of a report's
+    time, each run of a test session compiled it again; jinja2 still reloads a template whose file changed)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -260,7 +263,7 @@ def render_html(page: dict[str, Any]) -> str:
     )
     env.filters["pct"] = lambda x: "-" if x is None else f"{x:.1%}"
     env.filters["secs"] = lambda x: "-" if x is None else f"{x:.2f}s"
-    return env.get_template("report.html.j2").render(page=page)
+    return env
 
 
 # -- one run --------------------------------------------------------------------------
