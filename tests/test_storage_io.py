@@ -39,15 +39,18 @@ def need_fuse() -> None:
     need(importlib.util.find_spec("mfusepy") is not None, "mfusepy (pip install 'chaoskit[fuse]'; apt-get install libfuse3-3)")
 
 
-def ours_mounted() -> list[str]:
-    """Every chaoskit FUSE mount this machine shows, in any mount namespace."""
+def ours_mounted(root: Path) -> list[str]:
+    """Every chaoskit FUSE mount this machine shows at or under ``root`` (the test's own folder, where all its mounts
+    are made), in any mount namespace. Not the whole machine's: a drill or soak run beside the suite (several
+    engineers share a machine) has its own mounts, which this test neither made nor must see go."""
     out = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             text = Path(f"/proc/{pid}/mountinfo").read_text()
         except OSError:
             continue
-        out.update(line for line in text.splitlines() if f" {FSTYPE} {SOURCE_PREFIX}" in line)
+        out.update(line for line in text.splitlines() if f" {FSTYPE} {SOURCE_PREFIX}" in line
+                   and (line.split()[4] == str(root) or line.split()[4].startswith(f"{root}/")))
     return sorted(out)
 
 
@@ -66,7 +69,7 @@ def folder(tmp_path):
     (folder / "ckpt-00000025.pt").write_bytes(os.urandom(256 * 1024))
     (folder / "notes.txt").write_text("not a checkpoint")
     yield folder
-    assert not ours_mounted(), "a chaoskit FUSE mount was left behind"
+    assert not ours_mounted(tmp_path), "a chaoskit FUSE mount was left behind"
 
 
 def _ctx(lab, tmp_path, folder, ttl=10.0) -> RunContext:
@@ -101,7 +104,7 @@ def test_slow_delays_real_reads_writes_and_opens_of_matching_files_and_revert_un
     [inj] = _inject(fault, ctx)
     try:
         assert read_journal(tmp_path / "j.jsonl")[0]["revert"] == inj.detail["revert"]  # armed before the mount
-        assert len(ours_mounted()) == 1 and str(folder) in ours_mounted()[0]
+        assert len(ours_mounted(tmp_path)) == 1 and str(folder) in ours_mounted(tmp_path)[0]
         # a real read through the kernel: open (300 ms) and at least one read (300 ms)
         took = _timed(lambda: (folder / "ckpt-00000025.pt").read_bytes())
         assert took >= 0.6, took
@@ -115,7 +118,7 @@ def test_slow_delays_real_reads_writes_and_opens_of_matching_files_and_revert_un
     assert fault.verify(ctx, inj) is None
     ctx.leases.release(inj.fault_id)
     ctx.leases.close()
-    assert not ours_mounted()
+    assert not ours_mounted(tmp_path)
     assert (folder / "ckpt-00000050.pt").read_bytes() == b"x" * 1000  # written into the real folder
     fault.revert(ctx, inj)  # idempotent
 
@@ -193,9 +196,9 @@ def test_a_killed_server_leaves_no_hung_mount_its_parent_detaches_it(lab, tmp_pa
         parent, server = _daemon_pids(inj.detail["daemon_pid"])
         os.kill(server, signal.SIGKILL)
         end = time.time() + 10
-        while ours_mounted() and time.time() < end:
+        while ours_mounted(tmp_path) and time.time() < end:
             time.sleep(0.05)
-        assert not ours_mounted()
+        assert not ours_mounted(tmp_path)
         assert len((folder / "ckpt-00000025.pt").read_bytes()) == 256 * 1024  # the folder answers: no dead mount
     finally:
         fault.revert(ctx, inj)
@@ -211,7 +214,7 @@ def test_both_daemon_processes_killed_then_audit_names_the_mount_and_the_lease_c
     for pid in _daemon_pids(inj.detail["daemon_pid"]):  # parent first: nobody is left to detach it
         os.kill(pid, signal.SIGKILL)
     time.sleep(0.3)
-    assert ours_mounted()  # a dead mount (its connection aborted): reads fail at once, they never hang
+    assert ours_mounted(tmp_path)  # a dead mount (its connection aborted): reads fail at once, they never hang
     with pytest.raises(OSError) as exc:
         os.listdir(folder)
     assert exc.value.errno == errno.ENOTCONN
@@ -226,7 +229,7 @@ def test_both_daemon_processes_killed_then_audit_names_the_mount_and_the_lease_c
     while not fired.exists() and time.time() < end:
         time.sleep(0.1)
     assert fired.exists() and "lease expired" in fired.read_text()
-    assert not ours_mounted()
+    assert not ours_mounted(tmp_path)
     assert SlowFault.leftovers(NodeRead(node, [])) == []
     assert sorted(os.listdir(folder)) == ["ckpt-00000025.pt", "notes.txt"]
     ctx.leases.close()
@@ -239,7 +242,7 @@ def test_a_link_planted_at_the_folder_is_refused_and_nothing_is_mounted(lab, tmp
     ctx = _ctx(lab, tmp_path, folder)
     with pytest.raises(ScenarioError, match="symbolic link"):
         _inject(_slow(latency="10ms", path="sub"), ctx)
-    assert not ours_mounted()
+    assert not ours_mounted(tmp_path)
     assert not (tmp_path / "j.jsonl").exists() or read_journal(tmp_path / "j.jsonl") == []
     ctx.leases.close()
 
@@ -341,4 +344,4 @@ def test_drill_slow_checkpoint_storage_measures_saves_and_loads_with_and_without
     assert io["save"]["before"]["count"] and io["save"]["during"]["count"], io
     assert io["save"]["during"]["median_s"] >= 0.3, io  # at least the latency of one open
     assert io["load"]["during"]["count"] and io["load"]["during"]["median_s"] >= 0.3, io
-    assert result["checks"]["faults_reverted"]["pass"] and not ours_mounted()
+    assert result["checks"]["faults_reverted"]["pass"] and not ours_mounted(tmp_path)
