@@ -77,6 +77,17 @@ def workers(ray_lab):
         p.wait()
 
 
+def connected(ray_lab):
+    """The lab's inventory with every node's ChaosAgent started, each within its start timeout, as a run starts them
+    before it resolves a target (ClusterHandle.connect): resolving asks every node within 5 s
+    (selectors.RESOLVE_DEADLINE_S) and leaves out a node that has not answered, and an agent's first start (a Ray
+    worker process) takes longer than that on a loaded machine: the fan-out test missed a node so at load 18."""
+    inv = ray_lab.inventory()
+    for node in inv.nodes:
+        node.conn.connect()
+    return inv
+
+
 def test_each_agent_runs_on_its_own_node_inside_its_scope(ray_lab):
     inv = ray_lab.inventory()
     seen = {}
@@ -90,7 +101,7 @@ def test_each_agent_runs_on_its_own_node_inside_its_scope(ray_lab):
 
 def test_kill_through_the_agent_stays_inside_the_node(ray_lab, workers):
     procs, outsider = workers
-    inv = ray_lab.inventory()
+    inv = connected(ray_lab)
     ctx = RunContext(inv)
     with pytest.raises(InfraError, match="not a process of node n0"):
         inv["n0"].conn.signal(outsider.pid, signal.SIGKILL)
@@ -109,7 +120,7 @@ def test_kill_through_the_agent_stays_inside_the_node(ray_lab, workers):
 
 def test_a_fault_fanned_out_reaches_every_selected_node(ray_lab, workers, tmp_path):
     procs, outsider = workers
-    inv = ray_lab.inventory()
+    inv = connected(ray_lab)
     leases = LeaseManager(tmp_path / "leases", "fan", ttl=5)
     ctx = RunContext(inv, Journal(tmp_path / "j.jsonl"), leases)
     fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(process=r"ray-worker"), duration=30), "f0")
@@ -144,7 +155,7 @@ def test_a_killed_agent_leaves_the_lease_to_revert_the_hang(ray_lab, workers, tm
     import ray
 
     procs, _ = workers
-    inv = ray_lab.inventory()
+    inv = connected(ray_lab)
     leases = LeaseManager(tmp_path / "leases", "agentkill", ttl=1.0)
     ctx = RunContext(inv, Journal(tmp_path / "j.jsonl"), leases)
     fault = HangFault(HangSpec(kind="process.hang", target=TargetSpec(ranks=[2]), duration=300), "f0")
