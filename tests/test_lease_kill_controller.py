@@ -29,7 +29,7 @@ from pathlib import Path
 from chaoskit.cluster.inventory_file import load_inventory
 from chaoskit.cluster.selectors import resolve_nodes
 from chaoskit.faults.registry import get_fault
-from chaoskit.runner import RunContext
+from chaoskit.session import RunContext  # not the runner's re-export: importing the runner took seconds
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager
 

@@ -112,7 +112,7 @@ CONTROLLER = textwrap.dedent("""
     from chaoskit.cluster.selectors import TargetSpec, resolve_processes
     from chaoskit.faults.memory import OomFault, OomSpec
     from chaoskit.lab.process import ProcessLab
-    from chaoskit.runner import RunContext
+    from chaoskit.session import RunContext  # not the runner's re-export: importing the runner took seconds
     from chaoskit.safety.journal import Journal
     from chaoskit.safety.lease import LeaseManager
     lab = ProcessLab(sys.argv[1], 1)

@@ -139,7 +139,7 @@ CONTROLLER = textwrap.dedent("""
     from chaoskit.faults.process import HangFault, HangSpec
     from chaoskit.lab.process import ProcessLab
     from chaoskit.cluster.selectors import resolve_processes
-    from chaoskit.runner import RunContext
+    from chaoskit.session import RunContext  # not the runner's re-export: importing the runner took seconds
     from chaoskit.safety.journal import Journal
     from chaoskit.safety.lease import LeaseManager
     lab = ProcessLab(sys.argv[1], 2)
