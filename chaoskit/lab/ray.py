@@ -246,8 +246,14 @@ class RayLab:
         return killed
 
     def down(self) -> int:
-        """Stop every Ray process of the lab (head included); return how many processes there were."""
-        n = _stop_scopes({self.lab.scope(node) for node in [HEAD_NODE, "ray-driver", *self.lab.node_names()]})
+        """Stop every Ray process of the lab (head included); return how many processes there were.
+
+        The nodes (and a Ray Train driver) first, while the head is up: their raylets and agents end on SIGTERM within
+        a second then, and outwait the grace when the head goes at the same time. The head's own processes
+        (gcs_server, its raylet, the autoscaler's monitor) do not end on SIGTERM within seconds even alone, and hold
+        nothing to keep (the cluster's state is in memory; the lab's folder goes next): they are killed at once."""
+        n = _stop_scopes({self.lab.scope(node) for node in ["ray-driver", *self.lab.node_names()]})
+        n += _stop_scopes({self.lab.scope(HEAD_NODE)}, grace=0.0)
         if self.persistent:
             ray_lab_state_path().unlink(missing_ok=True)
         if self.folder is not None:  # the lab's own folder (mkdtemp's, 0700): Ray's files with it
