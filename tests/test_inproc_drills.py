@@ -79,8 +79,12 @@ def test_nan_in_one_ranks_gradients_is_caught_by_the_loss_watch(tmp_path):
     assert r["silent"]["detected"] and r["silent"]["corrupt_steps"] is not None
 
 
-def test_sdc_bitflip_is_found_by_the_checksum_probe_within_its_interval(tmp_path):
-    res, r = drill(SCENARIOS / "sdc-bitflip.yaml", tmp_path)
+def test_sdc_bitflip_is_found_by_the_checksum_probe_within_its_interval(tmp_path, tmp_path_factory):
+    # the shipped drill in a short form (issue 52): the flip at step 30 of 70, not 60 of 120; the checksums every 10
+    # steps and the checkpoints every 4 find it alike at any step, with clean checkpoints before it and steps after
+    scenario = short_form(SCENARIOS / "sdc-bitflip.yaml", tmp_path_factory.mktemp("scenario"),
+                          ("steps: 120", "steps: 70"), ("at: {step: 60}", "at: {step: 30}"))
+    res, r = drill(scenario, tmp_path)
     assert res.code == 0, res.stderr
     s = r["silent"]
     assert s["detected"] and "checksum probe" in s["detected_by"]
@@ -103,8 +107,12 @@ def test_sdc_without_the_probe_fails_and_says_what_was_flipped(tmp_path):
     assert reason in r["notes"] and r["silent"]["disagree_at_end"] is True
 
 
-def test_cuda_error_in_the_step_is_a_crash_torchrun_restarts(tmp_path):
-    res, r = drill(SCENARIOS / "inproc-cuda-error.yaml", tmp_path)
+def test_cuda_error_in_the_step_is_a_crash_torchrun_restarts(tmp_path, tmp_path_factory):
+    # the shipped drill in a short form (issue 52): the error at step 30 (after the checkpoint of step 25) of 80, not
+    # at 60 of 160; the crash, torchrun's restart and the restore from the last checkpoint are the same at any step
+    scenario = short_form(SCENARIOS / "inproc-cuda-error.yaml", tmp_path_factory.mktemp("scenario"),
+                          ("steps: 160", "steps: 80"), ("at: {step: 60}", "at: {step: 30}"))
+    res, r = drill(scenario, tmp_path)
     assert res.code == 0, res.stderr
     assert r["phases"]["recovery_s"] is not None and r["phases"]["restored_step"] is not None
     [fault] = r["faults"]
