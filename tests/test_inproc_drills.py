@@ -80,10 +80,11 @@ def test_nan_in_one_ranks_gradients_is_caught_by_the_loss_watch(tmp_path):
 
 
 def test_sdc_bitflip_is_found_by_the_checksum_probe_within_its_interval(tmp_path, tmp_path_factory):
-    # the shipped drill in a short form (issue 52): the flip at step 30 of 70, not 60 of 120; the checksums every 10
-    # steps and the checkpoints every 4 find it alike at any step, with clean checkpoints before it and steps after
+    # the shipped drill in a short form (issue 52): the flip at step 30 of 80, not 60 of 120; the checksums every 10
+    # steps and the checkpoints every 4 find it alike at any step, with clean checkpoints before it and 50 steps after
+    # its trigger (a fault has landed 22 steps after its trigger at load 24, 7918827)
     scenario = short_form(SCENARIOS / "sdc-bitflip.yaml", tmp_path_factory.mktemp("scenario"),
-                          ("steps: 120", "steps: 70"), ("at: {step: 60}", "at: {step: 30}"))
+                          ("steps: 120", "steps: 80"), ("at: {step: 60}", "at: {step: 30}"))
     res, r = drill(scenario, tmp_path)
     assert res.code == 0, res.stderr
     s = r["silent"]
