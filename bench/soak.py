@@ -71,7 +71,7 @@ from chaoskit.cluster.selectors import TargetSpec, resolve_nodes, resolve_proces
 from chaoskit.core.state import private_dir, state_dir
 from chaoskit.faults.registry import get_fault
 from chaoskit.lab.process import ProcessLab
-from chaoskit.runner import RunContext
+from chaoskit.session import RunContext  # the runner's own class (runner.RunContext), without importing the runner
 from chaoskit.safety.journal import Journal
 from chaoskit.safety.lease import LeaseManager, default_lease_root
 
