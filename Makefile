@@ -25,13 +25,8 @@ $(VENV)/.workload: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(EDITABLE) '.[workload]'
 	touch $@
 
-# NVRx's dependency pynvml (deprecated: the pynvml module is nvidia-ml-py's) puts a .pth file in the venv whose import
-# hook only warns on `import pynvml`: every Python start in the venv runs it (importlib.abc, pathlib, tempfile: about
-# 28 ms, bench/bench_cli.py), each test's helper process, lease watchdog and agent included (issue 52). Without it
-# `import pynvml` loads the same module, with no FutureWarning (chaoskit's own import silences that one anyway).
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(EDITABLE) '.[workload,ssh,dev]'
-	rm -f $(VENV)/lib/python3*/site-packages/_pynvml_redirector.pth
 	touch $@ $(VENV)/.workload
 
 # lm-resiliency for its drill (tests/test_lm_resiliency.py puts it on the job's PYTHONPATH), in a folder of its
