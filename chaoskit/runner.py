@@ -290,7 +290,7 @@ class _Run:
                 why = f"{account.name} cannot run the job: {problem}"
         if why is not None and self.cluster.job_account_fixed:  # its nodes write the job's files as the account
             raise InfraError(f"{why}; this {self.cluster.kind} cluster's nodes run as {account.name} and write the "
-                             "job's files (its checkpoints), so the job cannot run as root instead; nothing was started",
+                             "job's files (its checkpoints), so the job cannot run as root instead; the job was not started",
                              hint=f"give --out a folder {account.name} can reach (every folder above it open to "
                                   "others for search, e.g. mode 0711)")
         if why is not None:

@@ -181,7 +181,7 @@ def test_a_run_whose_folder_the_labs_account_cannot_reach_is_refused(ray_lab, ac
         closed = run_cli("run", scenario, "--out", shut / "closed", "--json")
         assert closed.code == 3, closed.stdout + closed.stderr
         assert f"this ray cluster's nodes run as {lab.account.name} and write" in closed.stderr, closed.stderr
-        assert "so the job cannot run as root instead; nothing was started" in closed.stderr
+        assert "so the job cannot run as root instead; the job was not started" in closed.stderr
         assert not (shut / "closed" / "events.jsonl").exists()
     finally:
         shutil.rmtree(shut, ignore_errors=True)
