@@ -132,7 +132,11 @@ class OomFault(CgroupTool):
         if started is None:
             raise InfraError(f"mem.oom: the ballast did not start on node {t.node} within {STARTED_S:g}s")
         started_at, ballast_pid = parse_started(started, "mem.oom: the ballast's started file", t.node)
-        return started_at, {"ballast": ballast, "ballast_pid": ballast_pid, "pids": done["moved"],
+        # the fault's time: the ranks' move into the capped cgroup (the node's clock, as the ballast's), where the
+        # kernel may already kill a rank that touches memory; the ballast's start where the tool gave no time
+        moved_at = done.get("t")
+        t_fault = min(float(moved_at), started_at) if isinstance(moved_at, (int, float)) else started_at
+        return t_fault, {"ballast": ballast, "ballast_pid": ballast_pid, "pids": done["moved"],
                             "limit_bytes": done["limit_bytes"], "rank_oom_score_adj_raised": bool(done["victim_first"])}
 
     def revert(self, ctx: FaultContext, injection: Injection) -> None:

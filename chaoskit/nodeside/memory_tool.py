@@ -40,6 +40,7 @@ def cap(args):
         write(os.path.join(target, "memory.limit_in_bytes"), str(limit))
         if os.path.exists(os.path.join(target, "memory.memsw.limit_in_bytes")):
             write(os.path.join(target, "memory.memsw.limit_in_bytes"), str(limit))
+    t_moved = time.time()  # the cap binds the ranks from their move on: the kernel may kill one before the ballast starts
     moved = move_in(target, original)
     adj = {}
     try:
@@ -55,7 +56,7 @@ def cap(args):
     write_file(state, json.dumps({"version": version, "mount": mount, "cgroup": target, "original": original,
                                   "ballast": ballast, "oom_score_adj": adj}))
     print(json.dumps({"version": version, "cgroup": target, "limit_bytes": limit, "moved": moved,
-                      "victim_first": sorted(adj)}))
+                      "victim_first": sorted(adj), "t": t_moved}))
 
 
 def uncap(state, info):
