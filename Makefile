@@ -42,7 +42,7 @@ demo: $(VENV)/.workload
 	$(BIN)/chaoskit gameday scenarios/kill-uninstrumented.yaml scenarios/hang-rank.yaml
 
 test: $(VENV)/.dev $(VENV)/lmr/.stamp
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --lanes $(PYTEST_ARGS)
 
 # The loaders' property tests at full size: over 10,000 generated inputs (scenario, inventory
 # and compose files), each checked by `chaoskit validate`; prints the figures.

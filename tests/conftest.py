@@ -216,29 +216,104 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     world-writable folder (another user could have made it first, or made it a link). Folders that were there
     before the run are not the run's. It fails too when a fixture that started a job or a lab is not declared a
     lab fixture (the fast tier would start it), and when a thread that is not a daemon outlives the tests:
-    pytest would wait on it after its summary, for good if it waits on what has ended."""
+    pytest would wait on it after its summary, for good if it waits on what has ended. A lane's findings
+    (:data:`LANES`) go to the run that started it, which says them and fails."""
     import threading
 
-    new = sorted(_torch_temp_folders() - _TORCH_TEMP_BEFORE)
-    if new:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        sys.stderr.write(f"\nFAILED: the run left torch's folders in {tempfile.gettempdir()}: {', '.join(new)} "
-                         "(a job started without TORCHINDUCTOR_CACHE_DIR or torchrun's --log-dir)\n")
+    config = session.config
+    found: list[str] = []
+    if not hasattr(config, "workerinput"):  # the machine's /tmp once, by the run that started the lanes
+        new = sorted(_torch_temp_folders() - _TORCH_TEMP_BEFORE)
+        if new:
+            found.append(f"the run left torch's folders in {tempfile.gettempdir()}: {', '.join(new)} "
+                         "(a job started without TORCHINDUCTOR_CACHE_DIR or torchrun's --log-dir)")
     if _undeclared:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        sys.stderr.write("\nFAILED: fixtures that start a job or a lab, not declared with @lab_fixture (the tests "
-                         "that use them would run in the fast tier):\n  "
-                         + "\n  ".join(f"{k}: starts {v}" for k, v in sorted(_undeclared.items())) + "\n")
+        found.append("fixtures that start a job or a lab, not declared with @lab_fixture (the tests that use them "
+                     "would run in the fast tier):\n  "
+                     + "\n  ".join(f"{k}: starts {v}" for k, v in sorted(_undeclared.items())))
     left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if left:
+        found.append("threads that are not daemons outlived the tests (pytest would wait on them): "
+                     + ", ".join(f"{t.name} ({getattr(t.run, '__qualname__', '?')})" for t in left))
+    if hasattr(config, "workerinput"):
+        config.workeroutput["chaoskit_found"] = found
+        return
+    found += _LANE_FOUND
+    for what in found:
+        sys.stderr.write(f"\nFAILED: {what}\n")
+    if found:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        sys.stderr.write("\nFAILED: threads that are not daemons outlived the tests (pytest would wait on them): "
-                         + ", ".join(f"{t.name} ({getattr(t.run, '__qualname__', '?')})" for t in left) + "\n")
     folder = _JOB_FOLDERS.get("session")
     if folder is not None and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         shutil.rmtree(folder, ignore_errors=True)
     elif folder is not None:
         sys.stderr.write(f"\nthe session's temporary folders are kept in {folder}\n")
+
+
+# -- two lanes (issue 52 item 7) -----------------------------------------------------------------------------------
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --lanes`). The drills' lane runs every test that
+# starts a job or a lab, and every test that reads or changes what the machine shares, one at a time in file order
+# as a plain run does: users and groups, network namespaces, mounts, cgroups, /dev/kmsg, /tmp's names, other
+# processes, a lab, an audit. Beside it a second lane runs the fast tests of the modules that say they touch none of
+# that (``pytestmark = pytest.mark.beside``). A module says so by hand; one that does not stays in the drills' lane,
+# which costs time and never a flake. A test of the second lane that starts a tool that changes what the machine
+# shares (:data:`_SHARED_TOOLS`) fails, saying so. Each worker has its own temporary and state folders; the
+# second lane starts no lab, so labs, ports and namespaces stay the drills' lane's alone.
+
+LANES = ("drills", "beside")
+_SHARED_TOOLS = {"useradd", "userdel", "usermod", "groupadd", "groupdel", "mount", "umount", "nft", "tc", "docker",
+                 "scontrol", "sbatch", "slurmd", "slurmctld", "sshd", "ray"}
+"""What a test of the second lane may not start (nor ``ip netns``): each changes what the whole machine shares."""
+_LANE_FOUND: list[str] = []
+_lane: dict[str, Any] = {}
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--lanes", action="store_true",
+                     help="with -n 2 (pytest-xdist): the drills in one worker, the fast tests of modules marked "
+                          "beside in the other (tests/conftest.py)")
+
+
+def _lane_of(item) -> str:
+    return "beside" if item.get_closest_marker("slow") is None and item.get_closest_marker("beside") else "drills"
+
+
+def _lanes_file(basetemp: Path) -> Path:
+    return Path(basetemp) / "lanes.json"
+
+
+def _write_lanes(config, items) -> None:
+    """A worker's collection, each test with its lane, where the run that schedules them reads it: the folder
+    above the worker's own temporary folder (xdist gives each worker ``<run's folder>/gwN``). Both workers
+    collect the same tests; each writes the whole map (a new file, then renamed over)."""
+    target = _lanes_file(Path(config.option.basetemp).parent)
+    part = target.with_name(f".lanes-{config.workerinput['workerid']}.json")
+    part.write_text(json.dumps({item.nodeid: _lane_of(item) for item in items}))
+    part.replace(target)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--lanes``: xdist's scheduling by scope, each lane one scope, so each worker takes one lane whole and runs
+    it in collection order."""
+    if not config.getoption("lanes"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if "map" not in _lane:
+                _lane["map"] = json.loads(_lanes_file(config._tmp_path_factory.getbasetemp()).read_text())
+            return _lane["map"].get(nodeid, "drills")
+
+    return Lanes(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """A lane ended: what its run found at its end (:func:`pytest_sessionfinish`) is said and fails the run."""
+    _LANE_FOUND.extend(f"[{node.gateway.id}] {what}" for what in getattr(node, "workeroutput", {}).get(
+        "chaoskit_found", ()))
 
 
 # -- the drills' jobs run as the lab's account (issue 48) ---------------------------------------------------------
@@ -407,6 +482,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slow") is None and _uses_a_lab_fixture(item):
             item.add_marker(pytest.mark.slow)
+    if config.getoption("lanes") and hasattr(config, "workerinput"):
+        _write_lanes(config, items)
 
 
 def _popen_watch() -> None:
@@ -421,6 +498,11 @@ def _popen_watch() -> None:
             if pattern in text:
                 _heavy.append(pattern)
                 break
+        if _lane.get("current") == "beside":
+            words = text.split()
+            tool = os.path.basename(words[0]) if words else ""
+            if tool in _SHARED_TOOLS or (tool == "ip" and "netns" in words):
+                _lane.setdefault("shared", []).append(text[:120])
         return init(self, args, *a, **kw)
 
     subprocess.Popen.__init__ = watched
@@ -469,6 +551,12 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if call.when not in ("setup", "call") or item.get_closest_marker("slow") is not None or not report.passed:
         return
+    shared = _lane.pop("shared", None)
+    if shared:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} runs beside the drills (its module is marked beside) but starts "
+                           f"{shared[0]!r}, which changes what the machine shares: take the mark off its module")
+        return
     started = _heavy[getattr(item, "_heavy_start", len(_heavy)):]
     if started:
         report.outcome = "failed"
@@ -479,3 +567,6 @@ def pytest_runtest_makereport(item, call):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     item._heavy_start = len(_heavy)
+    _lane["current"] = _lane_of(item)
+    _lane.pop("shared", None)
+

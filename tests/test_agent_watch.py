@@ -23,6 +23,8 @@ import pytest
 
 from chaoskit.nodeside import agent as node_agent
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 AGENT = Path(node_agent.__file__)
 RUN_ID = "watched-run"
 

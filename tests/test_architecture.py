@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 PACKAGE = ROOT / "chaoskit"
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+import pytest
+
 from chaoskit.backends.registry import CLUSTERS
 from chaoskit.cli.app import COMMANDS
 from chaoskit.core import files
@@ -32,6 +34,8 @@ from chaoskit.core.event_kinds import EVENT_KINDS
 from chaoskit.faults.registry import FAULTS
 from chaoskit.scenario.model import ScenarioBase
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 MAP = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "chaoskit"

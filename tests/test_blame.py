@@ -13,6 +13,7 @@ import json
 import shutil
 import textwrap
 
+import pytest
 from rich.console import Console
 
 from chaoskit.blame import blame, blame_line, stack_namings, truth_of
@@ -20,6 +21,8 @@ from chaoskit.core.result import RunResult
 from chaoskit.observe.events import EventBus, make_event, read_events
 from chaoskit.workloads.root_cause import RootCause
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 DATA = ROOT / "tests" / "data"
 pytest_plugins = ["tests.drill_fixtures"]

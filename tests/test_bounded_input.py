@@ -28,6 +28,8 @@ from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, coerce_capture
 from chaoskit.observe.rules import LogRule
 from tests.conftest import SCENARIOS, need, need_torch, run_cli, wait_until
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 MB = 1 << 20
 HUGE_NUMBER = "9" * 10_000
 

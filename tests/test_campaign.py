@@ -21,6 +21,8 @@ from chaoskit.report.html import write_campaign_report
 from chaoskit.scenario import load_scenario
 from tests.conftest import ROOT, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 MENU = ROOT / "examples" / "campaign.yaml"
 RECORDED = ROOT / "tests" / "data" / "campaign"
 """A real campaign's plan and run folder (its README says how it was recorded)."""

@@ -17,6 +17,8 @@ from chaoskit.coverage import (
 )
 from tests.conftest import ROOT, SCENARIOS, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 SHARED_DATA = ROOT.parent / "shared" / "data" / "llama3_interruptions.csv"
 
 

@@ -6,8 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from chaoskit.core.errors import ExitCode
 from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 HEAVY = ("torch", "ray", "paramiko", "docker", "numpy", "jinja2", "prometheus_client")
 

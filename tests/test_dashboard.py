@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from chaoskit.report.metrics import METRICS
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 DASHBOARD = ROOT / "examples" / "grafana" / "chaoskit-dashboard.json"
 

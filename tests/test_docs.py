@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from chaoskit.faults.registry import fault_kinds_markdown, readme_with_fault_kinds
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

@@ -9,10 +9,13 @@ import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import pytest
 
 from chaoskit.core.durations import SCHEMA_PATTERN, parse_duration
 from chaoskit.core.limits import MAX_DURATION_S
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 _SCHEMA = re.compile(SCHEMA_PATTERN)
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import ROOT, need, need_torch, run_cli, short_form
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 def _checkpoint_steps(folder, pattern):
     """The steps of the job's checkpoints in the run's ``folder`` (``RUN/checkpoints``: a job of root's). A job of

@@ -18,6 +18,8 @@ from chaoskit.gameday import GAMEDAY_FILE, HISTORY_FILE, summarize
 from tests.conftest import SCENARIOS, run_cli
 from tests.drill_fixtures import EARLIER, MIN_COVERAGE, SCENARIO_NAMES, copy_gameday
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 pytest_plugins = ["tests.drill_fixtures"]
 
 # What each shipped scenario claims, and the real-world weight of those classes,

@@ -20,6 +20,8 @@ from chaoskit.observe.events import read_events
 from tests.conftest import ROOT
 from tests.test_campaign import _timeline
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 RUN = ROOT / "tests" / "data" / "goodput" / "kill-rank"
 
 

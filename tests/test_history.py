@@ -17,6 +17,8 @@ from chaoskit.history import find_regressions, fresh_coverage, scenario_figures
 from tests.conftest import ROOT, run_cli
 from tests.drill_fixtures import EARLIER
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 pytest_plugins = ["tests.drill_fixtures"]
 
 

@@ -4,8 +4,12 @@ its worker's exception, not what the agents raise after it."""
 
 from __future__ import annotations
 
+import pytest
+
 from chaoskit.workloads.root_cause import RootCause
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 
 def _init(tmp_path, framework: str) -> dict:

@@ -14,6 +14,8 @@ import pytest
 from chaoskit.observe.script_lines import scan
 from tests.conftest import ROOT, need_torch, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 TUTORIAL = ROOT / "examples" / "plain" / "ddp_tutorial.py"
 
 

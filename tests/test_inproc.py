@@ -25,6 +25,8 @@ from chaoskit.core.files import torch_cache_env
 from chaoskit.sdk import inproc
 from tests.conftest import ROOT, need_torch, run_cli, wait_until
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 BOOT = ROOT / "chaoskit" / "sdk" / "_boot"
 
 JOB = r'''

@@ -22,6 +22,8 @@ from chaoskit.workloads.registry import JOBS, job_class
 from chaoskit.workloads.slurm import SlurmJob
 from tests.conftest import ROOT, SCENARIOS, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 FIELD_VALUES = {
     "command": "[train.py]", "process": "train", "inproc": "sdk", "checkpoint_dir": "/ckpt", "checkpoint_fs": "64MiB",
     "script": "job.sh", "run_id": "r1", "user": "alice", "slurm_job": "7", "step_compute": "10ms",

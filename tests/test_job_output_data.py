@@ -7,9 +7,13 @@ import json
 import math
 import time
 
+import pytest
+
 from chaoskit.observe.events import EventBus, read_events
 from chaoskit.observe.probes import SdkLogProbe, sdk_event
 from tests.conftest import wait_until
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 BAD = [
     ('{"ts": 1.0, "kind": "step", "step": ' + "9" * 5000 + "}", "digits"),      # killed the probe before

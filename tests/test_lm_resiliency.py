@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import ROOT, need, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 SCENARIO = ROOT / "examples" / "frameworks" / "lm-resiliency-kill-rank.yaml"
 LMR = ROOT / ".venv" / "lmr"
 """Where ``make test`` installs lm-resiliency for this drill."""

@@ -11,6 +11,8 @@ import pytest
 from chaoskit.core.errors import InfraError
 from chaoskit.safety.lock import ClusterLock
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path

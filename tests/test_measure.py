@@ -16,6 +16,8 @@ import pytest
 from chaoskit.measure import measure_fault, slo_verdict
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 def ev(ts, kind, **kw):
     return {"ts": ts, "kind": kind, **kw}

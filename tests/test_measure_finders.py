@@ -31,6 +31,8 @@ from chaoskit.measure import who_noticed as _who
 from chaoskit.stacks.registry import STACKS, stack
 from chaoskit.stacks.torchft import TORCHFT_DETECT_SOURCES
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 Event = dict[str, Any]
 
 TIMELINES = 3000

@@ -26,6 +26,8 @@ import pytest
 from chaoskit.faults.registry import fault_kinds, get_fault
 from tests.conftest import ROOT, fault_context, need_torch, run_cli, wait_exec, wait_until
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 BOOT = ROOT / "chaoskit" / "sdk" / "_boot"
 
 DRIVEN = {"inproc.hang", "inproc.slow", "node.poweroff"}

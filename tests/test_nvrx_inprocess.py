@@ -28,6 +28,8 @@ from chaoskit.stacks.nvrx_inprocess import measure_nvrx_inprocess
 from chaoskit.stacks.registry import log_presets, preset_rules, stack
 from tests.conftest import SCENARIOS, need_torch, run_cli, short_form
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 DATA = Path(__file__).parent / "data" / "nvrx-inprocess"
 JOB_RULES = [  # the uninstrumented job's own prints (scenarios/kill-uninstrumented.yaml's rules)
     LogRule.of(r"\[rank (?P<rank>\d+)\] worker started pid=(?P<pid>\d+) restart=(?P<restart_count>\d+) "

@@ -26,6 +26,8 @@ from chaoskit.scenario import load_scenario
 from chaoskit.stacks.nvrx import measure_nvrx
 from chaoskit.stacks.registry import log_presets, preset_rules, stack
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 DATA = Path(__file__).parent / "data" / "nvrx"
 T_FAULT = float((DATA / "fault.txt").read_text().split()[-1])
 # the uninstrumented job's own prints (scenarios/kill-uninstrumented.yaml's rules)

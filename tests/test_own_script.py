@@ -11,6 +11,8 @@ import pytest
 from chaoskit.workloads.root_cause import RootCause
 from tests.conftest import need_torch, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 SCENARIO = """\
 name: own-script
 cluster: {{kind: process, nodes: 2}}

@@ -19,6 +19,8 @@ from chaoskit.scenario.model import SLO
 from chaoskit.sim.measured import PHASE_FIELDS
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 def test_every_phase_has_one_row_with_its_own_name_key_and_label() -> None:
     for field in ("name", "key", "label"):

@@ -14,10 +14,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from chaoskit.measure import measure_fault, slo_verdict, unseen_signals
 from chaoskit.observe.events import EventBus
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.stacks.registry import log_presets, preset_rules
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 RECORDING = Path(__file__).parent / "data" / "lightning" / "kill-rank1.jsonl"
 

@@ -11,6 +11,8 @@ from rich.console import Console
 from chaoskit.core.progress import Progress, ProgressFeed, TerminalProgress
 from chaoskit.gameday import _Board, _BoardFeed
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 def _console(width: int = 60) -> tuple[Console, io.StringIO]:
     buf = io.StringIO()

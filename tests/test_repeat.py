@@ -15,6 +15,8 @@ from chaoskit.distribution import bootstrap_median_ci, distribution, percentile,
 from chaoskit.repeat import summarize_samples
 from tests.conftest import ROOT, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 def test_percentiles_interpolate_between_ranks_as_numpy_does():
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]

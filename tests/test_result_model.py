@@ -14,6 +14,8 @@ from chaoskit.core.result import Check, RunResult, result_schema_dict
 from tests.conftest import ROOT, run_cli
 from tests.test_report import synth_run
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 RECORDED = sorted((ROOT / "tests" / "data" / "result").glob("*.json"))
 """Real runs' result.json, as the runner wrote them before the model (``chaoskit run scenarios/<name>.yaml`` at
 524fc79, copied unchanged)."""

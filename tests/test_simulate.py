@@ -23,6 +23,8 @@ from chaoskit.sim import model as m
 from tests.conftest import SCENARIOS
 from tests.conftest import run_cli as chaoskit_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 DATA = Path(__file__).parent / "data"
 
 

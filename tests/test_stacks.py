@@ -18,6 +18,8 @@ from chaoskit.stacks.api import Stack, StackRun
 from chaoskit.stacks.registry import STACKS, builtin_stacks, by_column, stack
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 class RetrySettings(StrictModel):
     retries: int = Field(2, ge=0, le=9, description="How often the toy launcher retries.")

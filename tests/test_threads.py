@@ -14,6 +14,8 @@ import pytest
 
 from chaoskit.core.threads import DaemonPool
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 def test_results_and_exceptions_come_back_through_the_futures():
     pool = DaemonPool(2, "t")

@@ -15,11 +15,15 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from chaoskit.measure import measure_fault, slo_verdict
 from chaoskit.observe.events import EVENT_KINDS, EventBus
 from chaoskit.observe.probes import LogRegexProbe
 from chaoskit.stacks.registry import log_presets, preset_rules
 from chaoskit.stacks.torchft import measure_torchft
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 DATA = Path(__file__).parent / "data" / "torchft"
 FILES = {"survivor-n0.log": "n0", "lighthouse.log": "n0", "restarted-n1.log": "n1"}

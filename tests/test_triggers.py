@@ -21,6 +21,8 @@ from chaoskit.triggers import TriggerWatch
 from tests.conftest import ROOT, need_torch, run_cli, short_form
 from tests.test_drills import lab_processes
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 IDS = {"f0": "f0", "first": "f0", "f1": "f1"}
 
 HEAD = """name: triggers

@@ -12,6 +12,8 @@ import pytest
 from chaoskit.cluster.transports.local import read_proc
 from tests.conftest import ROOT, SCENARIOS, run_cli
 
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 BAD = sorted((ROOT / "tests" / "scenarios" / "bad").glob("*.yaml"))
 
 

@@ -13,6 +13,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
+
 
 def test_leave_waits_for_threads_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path):
     program = textwrap.dedent(f"""
