@@ -258,7 +258,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 # that (``pytestmark = pytest.mark.beside``). A module says so by hand; one that does not stays in the drills' lane,
 # which costs time and never a flake. A test of the second lane that starts a tool that changes what the machine
 # shares (:data:`_SHARED_TOOLS`) fails, saying so. Each worker has its own temporary and state folders; the
-# second lane starts no lab, so labs, ports and namespaces stay the drills' lane's alone.
+# second lane starts no lab, so labs, ports and namespaces stay the drills' lane's alone. Nor may it use root's
+# node state folder (a LocalTransport without its own ``state_dir``), which every audit of a process lab reads.
 
 LANES = ("drills", "beside")
 _SHARED_TOOLS = {"useradd", "userdel", "usermod", "groupadd", "groupdel", "mount", "umount", "nft", "tc", "docker",
@@ -502,10 +503,20 @@ def _popen_watch() -> None:
             words = text.split()
             tool = os.path.basename(words[0]) if words else ""
             if tool in _SHARED_TOOLS or (tool == "ip" and "netns" in words):
-                _lane.setdefault("shared", []).append(text[:120])
+                _lane.setdefault("shared", []).append(repr(text[:120]))
         return init(self, args, *a, **kw)
 
     subprocess.Popen.__init__ = watched
+    from chaoskit.nodeside import nodefs
+
+    default_state_dir = nodefs.default_state_dir
+
+    def watched_state_dir():
+        if _lane.get("current") == "beside":
+            _lane.setdefault("shared", []).append("root's node state folder (a LocalTransport without its state_dir)")
+        return default_state_dir()
+
+    nodefs.default_state_dir = watched_state_dir
     try:
         from chaoskit.lab.docker import DockerLab
     except Exception:  # noqa: BLE001 - the docker SDK missing: no docker lab to bring up either
@@ -554,8 +565,9 @@ def pytest_runtest_makereport(item, call):
     shared = _lane.pop("shared", None)
     if shared:
         report.outcome = "failed"
-        report.longrepr = (f"{item.nodeid} runs beside the drills (its module is marked beside) but starts "
-                           f"{shared[0]!r}, which changes what the machine shares: take the mark off its module")
+        report.longrepr = (f"{item.nodeid} runs beside the drills (its module is marked beside) but uses "
+                           f"{shared[0]}, which the machine shares: take the mark off its module, or give the test "
+                           "a folder of its own")
         return
     started = _heavy[getattr(item, "_heavy_start", len(_heavy)):]
     if started:

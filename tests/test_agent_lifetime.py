@@ -14,15 +14,11 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from chaoskit.cluster.transports import channel
 from chaoskit.cluster.transports.channel import (
     AGENT_TAG, AgentChannel, agent_program, boot_argv, controller_alive, controller_tag, parse_controller_tag,
 )
 from chaoskit.nodeside.agent import BOOT
-
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 
 class _Socket:

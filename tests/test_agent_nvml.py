@@ -22,8 +22,6 @@ from chaoskit.nodeside import agent
 from chaoskit.observe.gpu import RemoteNvmlProbe
 from tests.conftest import need, wait_until
 
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
-
 SOURCE = Path(__file__).with_name("data") / "fake_nvml.c"
 
 

@@ -32,8 +32,6 @@ from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
 from tests.conftest import ROOT, run_cli, short_form, wait_exec, wait_until
 
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
-
 SLEEPER = "import time; time.sleep(600)  # worker"
 
 

@@ -23,8 +23,6 @@ from chaoskit.observe.events import EventBus
 from chaoskit.observe.gpu import NvmlProbe
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
-
 FAKE_PYNVML = textwrap.dedent("""\
     # Stand-in for nvidia-ml-py's pynvml (tests only): two GPUs, one Xid 79 on GPU 1, then a double-bit ECC error.
     import os, time

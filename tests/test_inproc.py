@@ -505,7 +505,7 @@ def test_a_process_without_the_channel_fails_the_fault_within_the_check_in_bound
     monkeypatch.setattr(faults_inproc, "CHECKIN_S", 2.0)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        transport = LocalTransport("n1")
+        transport = LocalTransport("n1", state_dir=str(tmp_path / "node-state"))  # not root's, which audits read
         ctx = SimpleNamespace(transport=lambda node: transport, leases=None)
         target = SimpleNamespace(node="n1", pid=proc.pid, rank=1, start_time=None, label=lambda: "n1/rank1")
         fault = faults_inproc.InprocNanFault(faults_inproc.InprocNanFault.Spec(kind="inproc.nan"), "f0")
@@ -545,7 +545,7 @@ def test_a_revert_that_kills_a_process_which_missed_its_end_says_so_in_the_journ
     from chaoskit.safety.journal import Journal
 
     need_torch()
-    transport = LocalTransport("n1")
+    transport = LocalTransport("n1", state_dir=str(tmp_path / "node-state"))  # not root's, which audits read
     folder = f"{transport.state_dir}/inproc"
     os.makedirs(folder, mode=0o700, exist_ok=True)
     proc = _job(tmp_path, 400, 0.05, folder)

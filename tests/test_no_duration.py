@@ -63,7 +63,7 @@ def test_a_lease_without_a_deadline_is_renewed_until_released_and_reverts_once_s
     from chaoskit.cluster.transports.local import LocalTransport
     from chaoskit.safety.lease import LeaseManager
 
-    transport = LocalTransport("n0")
+    transport = LocalTransport("n0", state_dir=str(tmp_path / "node-state"))  # not root's, which audits read
     marker = tmp_path / "reverted"
     leases = LeaseManager(tmp_path / "leases", "run-no-duration", ttl=0.5)
     try:
@@ -163,7 +163,8 @@ def test_a_poweroff_without_a_duration_is_irreversible_and_arms_nothing(tmp_path
 
     off = tmp_path / "off"  # the node is off while this file is there
     power = PowerCommands(off=[shutil.which("touch"), str(off)], on=[shutil.which("rm"), "-f", str(off)], timeout=10)
-    inventory = Inventory("site", [Node("n1", conn=LocalTransport("n1"), power=power)])
+    node = Node("n1", conn=LocalTransport("n1", state_dir=str(tmp_path / "node-state")), power=power)
+    inventory = Inventory("site", [node])
     fault = get_fault("node.poweroff")(get_fault("node.poweroff").Spec(
         kind="node.poweroff", target={"nodes": ["n1"]}, allow_irreversible=True), "f0")
     assert fault.duration is None and not fault.lasting

@@ -21,8 +21,6 @@ from chaoskit.safety.journal import Journal, read_journal
 from chaoskit.safety.lease import LeaseManager
 from tests.conftest import proc_state, wait_exec, wait_state
 
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
-
 
 @pytest.fixture
 def lab_procs():
