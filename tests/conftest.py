@@ -260,6 +260,9 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 # shares (:data:`_SHARED_TOOLS`) fails, saying so. Each worker has its own temporary and state folders; the
 # second lane starts no lab, so labs, ports and namespaces stay the drills' lane's alone. Nor may it use root's
 # node state folder (a LocalTransport without its own ``state_dir``), which every audit of a process lab reads.
+# Nor does it write where a test of the drills' lane looks for what chaoskit wrote (test_fuzz_inputs: the project
+# tree, the home folder, new names in /tmp and /dev/shm): the report's screenshots and browser, a mkdtemp in /tmp,
+# a framework's caches keep those modules in the drills' lane.
 
 LANES = ("drills", "beside")
 _SHARED_TOOLS = {"useradd", "userdel", "usermod", "groupadd", "groupdel", "mount", "umount", "nft", "tc", "docker",

@@ -11,12 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from chaoskit.core.files import torch_cache_env
 from tests.conftest import ROOT, need
-
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
 
 EXAMPLES = ROOT / "examples" / "frameworks"
 

@@ -19,8 +19,6 @@ from chaoskit.gameday import GAMEDAY_FILE, HISTORY_FILE, summarize
 from chaoskit.measure import measure_fault, slo_verdict
 from tests.conftest import ROOT, need, run_cli
 
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
-
 ARTIFACTS = ROOT / "reports" / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -18,8 +18,6 @@ import pytest
 
 from tests.conftest import ROOT, need_root_tool
 
-pytestmark = pytest.mark.beside  # its fast tests touch nothing the machine shares (tests/conftest.py, LANES)
-
 LAB = {"lab_id": "lab-0000beef", "nodes": 2, "created": 1.0}
 
 LOCK = textwrap.dedent("""
