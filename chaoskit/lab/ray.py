@@ -458,13 +458,15 @@ def stop_lab_processes(lab_id: str) -> int:
 def _stop_scopes(scopes: set[str], grace: float = 3.0, prefix: str | None = None) -> int:
     """SIGTERM every process of ``scopes`` at once, SIGKILL what is left after ``grace``."""
     first = scope_pids(scopes, prefix)
-    known: dict[int, str] = {}
+    known: dict[int, int] = {}
     for sig, wait in ((signal.SIGCONT, 0.0), (signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
-        # Children orphaned by an earlier signal lose their parent link: keep every process seen,
-        # known by pid and command line so that a reused pid is never signalled.
-        known.update({pid: _cmdline(pid) for pid in scope_pids(scopes, prefix)})
-        for pid, cmdline in list(known.items()):
-            if _cmdline(pid) != cmdline:
+        # Children orphaned by an earlier signal lose their parent link: keep every process seen, known by pid and
+        # start time so that a reused pid is never signalled. Not by command line: a Ray worker renames itself
+        # (setproctitle) as it starts and with each task, and one renamed between two looks was taken for another
+        # process and left running (CI: a worker of a crashed run's lab outlived its rollback).
+        known.update({pid: started for pid in scope_pids(scopes, prefix) if (started := _started(pid)) is not None})
+        for pid, started in list(known.items()):
+            if _started(pid) != started:
                 del known[pid]
                 continue
             try:
@@ -472,15 +474,15 @@ def _stop_scopes(scopes: set[str], grace: float = 3.0, prefix: str | None = None
             except ProcessLookupError:
                 del known[pid]
         deadline = time.time() + wait
-        while time.time() < deadline and any(_cmdline(pid) == c for pid, c in known.items()):
+        while time.time() < deadline and any(_started(pid) == t for pid, t in known.items()):
             time.sleep(0.05)
     return len(first)
 
 
-def _cmdline(pid: int) -> str | None:
-    """The command line of a live process, ``None`` when it is gone or a zombie."""
+def _started(pid: int) -> int | None:
+    """When a live process started (with its pid, what names it), ``None`` when it is gone or a zombie."""
     info = proc_info(pid)
-    return info.cmdline if info is not None and info.state != "Z" else None
+    return info.start_time if info is not None and info.state != "Z" else None
 
 
 def _ray_list_nodes(address: str, token_file: str | None) -> list[dict]:
