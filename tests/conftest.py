@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -340,6 +341,7 @@ def _open_to_job_group(path: Path) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config) -> None:
+    _ctrl_c_is_ctrl_c()
     if os.geteuid() != 0:
         return
     from chaoskit.core.accounts import job_group
@@ -357,6 +359,15 @@ def pytest_configure(config) -> None:
     _open_to_job_group(session)
     _JOB_FOLDERS["session"] = session
     config.option.basetemp = str(session / "pytest")
+
+
+def _ctrl_c_is_ctrl_c() -> None:
+    """The suite drills Ctrl-C (a run's own and the teardown's), in this process and in the runs it starts. A suite
+    started in the background of a script (``make test &``, ``nohup``) inherits SIGINT ignored, which Python keeps
+    and every child inherits across exec: their Ctrl-C would do nothing and the drills would run to their
+    ``abort_after``. So Ctrl-C here is Python's own again, and the children start with it at its default."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 SESSION_PREFIX = "chaoskit-tests-"
