@@ -17,22 +17,17 @@ from chaoskit.backends.api import ClusterHandle, Probe
 from chaoskit.cluster.transports.api import FileFollower
 from chaoskit.core.errors import InfraError, SafetyAbort
 from chaoskit.faults.api import Injection
-from chaoskit.faults.registry import get_fault
 from chaoskit.observe.events import EventBus
 from chaoskit.observe.gpu import NvmlProbe, RemoteNvmlProbe
 from chaoskit.observe.kmsg import KmsgProbe
 from chaoskit.observe.probes import FileLogProbe, LogRegexProbe, ProcessWatcher, RemoteLogProbe, SdkLogProbe
 from chaoskit.observe.prometheus import PrometheusProbe, StopWatcher
 from chaoskit.observe.sdc import SilentWatch
+from chaoskit.scenario.checks import uses_inproc_channel
 from chaoskit.stacks.registry import stack_of
 from chaoskit.workloads.api import JobFolders
 
-__all__ = ["ProbeSet", "uses_inproc_channel"]
-
-
-def uses_inproc_channel(sc: Any) -> bool:
-    """Whether the run needs the in-process channel: a fault that acts through it, or the SDC probe."""
-    return sc.probes.sdc is not None or any(get_fault(f.kind).uses_inproc_channel for f in sc.faults)
+__all__ = ["ProbeSet"]
 
 
 class ProbeSet:

@@ -1,8 +1,9 @@
 """The pipeline of one scenario: load, resolve, preflight, baseline, arm, inject,
 observe, revert, measure, report. Each stage is a plain function or method on
 plain data; :func:`run_scenario` strings them together. What the run holds (lock, folders, journal, leases,
-marker) is its :class:`~chaoskit.session.Session`'s, its probes a :class:`~chaoskit.probeset.ProbeSet`, its
-result the assembler's: the runner keeps the order of the stages.
+marker) is its :class:`~chaoskit.session.Session`'s, its probes a :class:`~chaoskit.probeset.ProbeSet`, whom its
+job runs as :mod:`chaoskit.jobuser`'s, the nodes' clocks :func:`~chaoskit.cluster.clock.sync_clocks`', its result the
+assembler's: the runner keeps the order of the stages.
 
 Errors before anything starts (bad scenario, missing tool) raise. Once the job
 runs, every exit path reverts what was injected, stops the job and writes
@@ -14,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import os
-import pwd
 import signal
 import threading
 import time
@@ -27,16 +26,14 @@ from rich.markup import escape
 
 from chaoskit.backends.api import ClusterHandle
 from chaoskit.backends.registry import backend
-from chaoskit.cluster.clock import ClockOffset
+from chaoskit.cluster.clock import ClockOffset, far_clocks, sync_clocks
 from chaoskit.cluster.selectors import (
     TargetSpec,
     resolve_nodes,
     resolve_processes,
     subset,
 )
-from chaoskit.cluster.fanout import fan_out as parallel
 from chaoskit.core import procs
-from chaoskit.core.accounts import nearest_existing, python_paths, unreachable_by
 from chaoskit.core.errors import ExitCode, InfraError, SafetyAbort, ScenarioError, TargetGone
 from chaoskit.core.files import RESULT_FILE
 from chaoskit.core.jobenv import SCOPE_VAR
@@ -50,9 +47,10 @@ from chaoskit.faults.api import Fault, Injection
 from chaoskit.faults.registry import get_fault
 from chaoskit.observe.events import make_event
 from chaoskit.observe.presets import NO_STEP_SEEN
-from chaoskit.probeset import ProbeSet, uses_inproc_channel
+from chaoskit.jobuser import decide_job_user, job_process_users
+from chaoskit.probeset import ProbeSet
 from chaoskit.scenario import LoadedScenario, load_scenario
-from chaoskit.scenario.checks import check_scenario, world_size
+from chaoskit.scenario.checks import check_scenario, uses_inproc_channel, world_size
 from chaoskit.session import RunContext, Session
 from chaoskit.triggers import Fired, TriggerMissed, TriggerWatch, what_it_waits_for
 from chaoskit.core.launches import LAUNCHES
@@ -216,13 +214,6 @@ def run_scenario(path: str | Path, *, out: Path | None = None, dry_run: bool = F
     return run.execute()
 
 
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
 def _utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
@@ -251,11 +242,11 @@ class _Run:
         self.job: Job | None = None
         self.clocks: dict[str, ClockOffset] = {}
         self.job_cls = job_class(self.sc.workload.launch, cluster)
-        self.job_owner = self.job_cls.runs_as(self.sc.workload, loaded.path.parent)
-        """The user the job runs as when not chaoskit's: an author's batch script's (chaoskit as root submits it
-        as that user), or the lab's account (:mod:`chaoskit.core.accounts`); ``None``: as chaoskit."""
-        self.root_job = self._account_for_job()
-        """Why a job on a cluster with an account of its own still runs as root (``None``: it does not)."""
+        self.job_user = decide_job_user(cluster, self.sc, self.job_cls.runs_as(self.sc.workload, loaded.path.parent),
+                                        loaded.path.parent, self.run_dir)
+        """Whom the job runs as (:mod:`chaoskit.jobuser`): ``owner`` an author's batch script's user (chaoskit as
+        root submits it as that user) or the lab's account, ``None`` chaoskit's; ``root_why`` where it stays root."""
+        self.job_owner = self.job_user.owner
         self.t_baseline: float | None = None
         self.fired: dict[str, Fired] = {}
         """Each event-triggered fault's trigger, by fault id (``f<index>``), once it fired."""
@@ -269,35 +260,6 @@ class _Run:
                                lease_ttl=self.sc.safety.lease_ttl, folders_for=self._folders, say=self.say,
                                note=self.notes.append)
         """The run's hold on its cluster (lock, run folder, journal, leases, marker), opened by :meth:`execute`."""
-
-    def _account_for_job(self) -> str | None:
-        """Run the job as the cluster's account (``job_account``) unless it cannot run as that account; return why
-        it stays root, or ``None``. The account needs to reach the job's Python and script; the in-process channel
-        is then the job's own folder's (``RUN.job/inproc``), which needs that folder on the nodes' own disk."""
-        account = self.cluster.job_account
-        if account is None or self.job_owner is not None:
-            return None
-        why = None
-        if uses_inproc_channel(self.sc) and self.cluster.shared_dir is not None:
-            why = "the in-process channel's folder is root's own (the job's folder is not on the nodes' disk)"
-        else:
-            script = self.sc.workload.command_script(self.loaded.path.parent) if self.sc.workload.command else None
-            needs = [*python_paths(self.cluster.python), *([script] if script else []),
-                     nearest_existing(self.run_dir.parent)]
-            problem = (self.cluster.account_reaches(account) if self.cluster.account_reaches is not None  # containers
-                       else unreachable_by(account, needs))  # the job's folder goes beside the run folder (missing: made 0755)
-            if problem:
-                why = f"{account.name} cannot run the job: {problem}"
-        if why is not None and self.cluster.job_account_fixed:  # its nodes write the job's files as the account
-            raise InfraError(f"{why}; this {self.cluster.kind} cluster's nodes run as {account.name} and write the "
-                             "job's files (its checkpoints), so the job cannot run as root instead; the job was not started",
-                             hint=f"give --out a folder {account.name} can reach (every folder above it open to "
-                                  "others for search, e.g. mode 0711)")
-        if why is not None:
-            self.cluster.job_account = None
-            return why
-        self.job_owner = account
-        return None
 
     # -- stages -------------------------------------------------------------------------
 
@@ -393,17 +355,12 @@ class _Run:
                                     sdk=bool(sc.probes.sdk), inproc=uses_inproc_channel(sc))
 
     def _sync_clocks(self) -> None:
-        """Each remote node's clock offset (several round trips each, the nodes in parallel): the times its
-        transport reports from now on are on this machine's clock."""
-        clocked = {n.name: n.conn for n in self.inventory.nodes if n.conn is not None and n.conn.has_own_clock}
-        found = parallel({name: conn.sync_clock for name, conn in clocked.items()})
-        for name, res in found.items():
-            if isinstance(res, BaseException):
-                raise res
-            self.clocks[name] = res
-        far = [f"{name} {c.offset_s:+.3f}s" for name, c in self.clocks.items() if abs(c.offset_s) > 0.05]
+        """Each remote node's clock offset (:func:`~chaoskit.cluster.clock.sync_clocks`): the times its transport
+        reports from now on are on this machine's clock."""
+        self.clocks = sync_clocks({n.name: n.conn for n in self.inventory.nodes})
+        far = far_clocks(self.clocks)
         if far:
-            self.say(f"clocks: {', '.join(far)} against this machine (corrected)", "clocks")
+            self.say(f"clocks: {far} against this machine (corrected)", "clocks")
 
     def _start(self) -> None:
         sc, owner = self.sc, self.job_owner
@@ -429,35 +386,14 @@ class _Run:
                 f"{sc.workload.nproc_per_node} worker(s){f' + {spares} spare' if spares else ''}; "
                 f"starting the {sc.workload.launch} job ({length})", "started", attached=False,
             )
-            self.say(escape(self._job_user_line()), "job_user")
+            self.say(escape(self.job_user.line(self.cluster, self.notes)), "job_user")
         self.job.start()
 
-    def _job_user_line(self) -> str:
-        """Whom the job runs as and what keeps its stores from other users (also kept in result.json's cluster)."""
-        user = self.job_owner.name if self.job_owner is not None else _user_name(os.geteuid())
-        details = self.cluster.details
-        details["job_user"] = user
-        line = f"the job runs as {user}"
-        if self.root_job is not None:
-            details["job_user_why"] = self.root_job
-            line += f" ({self.root_job})"
-            self.notes.append(f"the job ran as root: {self.root_job}")
-        if self.cluster.job_isolation:
-            details["job_isolation"] = self.cluster.job_isolation
-            line += f"; in {self.cluster.job_isolation}"
-        return line
-
     def _job_process_users(self) -> None:
-        """Who the job's processes run as, read off its nodes once it trains (result.json's cluster
-        ``job_process_users``, as ``ps -o user`` would say): what the job ran as, not only what it was told to."""
-        uids: set[int] = set()
-        for name in self.cluster.job_nodes:
-            try:
-                uids.update(p.uid for p in self.inventory[name].conn.processes() if p.uid is not None)
-            except InfraError:
-                continue
-        if uids:
-            self.cluster.details["job_process_users"] = sorted(_user_name(u) for u in uids)
+        """Who the job's processes run as once it trains (result.json's cluster ``job_process_users``)."""
+        users = job_process_users(self.cluster)
+        if users:
+            self.cluster.details["job_process_users"] = users
 
     def _baseline(self) -> None:
         need, timeout = self.sc.steady_state.steps, self.sc.steady_state.timeout

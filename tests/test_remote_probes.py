@@ -106,14 +106,19 @@ def test_a_file_that_appears_later_is_followed_from_its_start(n1, tmp_path):
 
 
 def test_a_node_clock_seconds_off_is_measured_and_removed(netns_lab, monkeypatch, tmp_path):
+    from chaoskit.cluster.clock import far_clocks, sync_clocks
     from chaoskit.cluster.transports.agent_transport import TEST_SKEW_ENV
+    from chaoskit.cluster.transports.local import LocalTransport
 
     monkeypatch.setenv(TEST_SKEW_ENV, "n1=7.5")
     inventory = netns_lab.inventory()
     try:
         n0, n1 = inventory["n0"].conn, inventory["n1"].conn
         assert n1.ping() - time.time() == pytest.approx(7.5, abs=0.5)   # the shift is there
-        c0, c1 = n0.sync_clock(), n1.sync_clock()
+        clocks = sync_clocks({"n0": n0, "n1": n1, "here": LocalTransport("here")})  # as a run's preflight
+        assert sorted(clocks) == ["n0", "n1"], "a transport on this machine's clock is not measured"
+        c0, c1 = clocks["n0"], clocks["n1"]
+        assert far_clocks(clocks) == f"n1 {c1.offset_s:+.3f}s", "n0 is this machine's clock, n1 7.5 s off"
         assert abs(c0.offset_s) <= c0.uncertainty_s + 0.005
         assert c1.offset_s == pytest.approx(7.5, abs=c1.uncertainty_s + 0.005)
         assert 0 < c1.uncertainty_s < 0.05

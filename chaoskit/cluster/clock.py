@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
-__all__ = ["ClockOffset", "measure_clock", "ClockedTransport", "SAMPLES"]
+from chaoskit.cluster.fanout import fan_out
+
+__all__ = ["ClockOffset", "measure_clock", "ClockedTransport", "SAMPLES", "FAR_S", "sync_clocks", "far_clocks"]
 
 SAMPLES = 5
+
+FAR_S = 0.05
+"""A node's clock this far off the controller's is worth a line in the run's progress (it is corrected either way)."""
 
 
 @dataclass(frozen=True)
@@ -63,3 +68,21 @@ class ClockedTransport(Protocol):
 
     def sync_clock(self, samples: int = SAMPLES) -> ClockOffset:
         """Measure the node's clock offset now; later times the transport reports are corrected by it."""
+
+
+def sync_clocks(conns: Mapping[str, Any]) -> dict[str, ClockOffset]:
+    """The clock offset of each node whose transport (``conns``, by node) has a clock of its own (``has_own_clock``),
+    measured on all of them at once: the times each reports from now on are on the controller's clock. Raises the
+    first node's failure."""
+    clocked = {name: conn for name, conn in conns.items() if conn is not None and conn.has_own_clock}
+    found = fan_out({name: conn.sync_clock for name, conn in clocked.items()})
+    for res in found.values():
+        if isinstance(res, BaseException):
+            raise res
+    return dict(found)
+
+
+def far_clocks(clocks: Mapping[str, ClockOffset]) -> str | None:
+    """The nodes whose clocks are more than :data:`FAR_S` off the controller's, as ``n2 +0.120s, ...``; ``None``: none."""
+    far = [f"{name} {c.offset_s:+.3f}s" for name, c in clocks.items() if abs(c.offset_s) > FAR_S]
+    return ", ".join(far) or None

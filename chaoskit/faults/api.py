@@ -110,6 +110,10 @@ class FaultContext(Protocol):
         """This machine, acting for ``node`` (commands run here, the lease names the node): where a revert that runs
         on the controller (power, a docker network, Slurm's resume) runs, and its watchdog."""
 
+    def inproc_folder(self, node: str) -> str:
+        """The in-process channel's folder on ``node``: the job's own (``RUN.job/inproc``, the account's it runs as)
+        where the run gave one, else :data:`INPROC_CHANNEL_DIR` in the node's state folder."""
+
     def arm(self, transport: Transport, fault_id: str, kind: str, revert: list[str], duration: float | None,
             target: str = "", on: Literal["node", "controller"] = "node") -> None:
         """Journal the fault, then start its watchdog, before it is injected."""

@@ -229,11 +229,6 @@ class _InprocFault(Fault):
     def _ends(self) -> str:
         return f"{self.duration:g}s" if self.duration is not None else "the run (it lasts for good)"
 
-    def _folder(self, ctx: FaultContext, transport: Transport) -> str:
-        """The node's channel folder: the job's own (``RUN.job/inproc``, the account's it runs as) where the run gave
-        one (``ctx.inproc_folders``), else ``inproc`` in the node's state folder."""
-        return (getattr(ctx, "inproc_folders", None) or {}).get(transport.node) or f"{transport.state_dir}/inproc"
-
     def _helper(self, ctx: FaultContext, transport: Transport, node: str, *args: str, timeout: float = TIMEOUT_S) -> dict[str, Any]:
         python = node_python(ctx, transport, node)
         res = transport.run([python, "-I", "-c", HELPER, *args], timeout)
@@ -266,7 +261,7 @@ class _InprocFault(Fault):
         out = []
         for i, t in enumerate(targets):
             transport = ctx.transport(t.node)
-            folder = self._folder(ctx, transport)
+            folder = ctx.inproc_folder(transport.node)
             order = self.order(t, i)
             fid = order["id"]
             python = node_python(ctx, transport, t.node)
@@ -326,7 +321,7 @@ class _InprocFault(Fault):
 
     def _take_back(self, ctx: FaultContext, transport: Transport, t: ProcessTarget, fid: str) -> None:
         try:
-            self._helper(ctx, transport, t.node, "clear", self._folder(ctx, transport), str(t.pid))
+            self._helper(ctx, transport, t.node, "clear", ctx.inproc_folder(transport.node), str(t.pid))
         finally:
             if self.lasting and ctx.leases is not None:
                 ctx.leases.release(fid)

@@ -29,12 +29,17 @@ from chaoskit.scenario import LoadedScenario
 from chaoskit.scenario.model import ScenarioBase
 from chaoskit.stacks.registry import default_stack, log_presets, stack_of
 
-__all__ = ["check_scenario", "preview_cluster", "world_size"]
+__all__ = ["check_scenario", "preview_cluster", "uses_inproc_channel", "world_size"]
 
 
 def world_size(sc: ScenarioBase, cluster: ClusterHandle) -> int:
     """Ranks of the job: workers per node times the nodes that form its world."""
     return len(cluster.job_nodes) * sc.workload.nproc_per_node
+
+
+def uses_inproc_channel(sc: ScenarioBase) -> bool:
+    """Whether the run needs the in-process channel: a fault that acts through it, or the SDC probe."""
+    return sc.probes.sdc is not None or any(get_fault(f.kind).uses_inproc_channel for f in sc.faults)
 
 
 def preview_cluster(loaded: LoadedScenario) -> ClusterHandle:
