@@ -495,18 +495,20 @@ def test_rollback_rebuilds_only_the_revert_an_inproc_fault_arms():
 
 def test_a_process_without_the_channel_fails_the_fault_within_the_check_in_bound(tmp_path, monkeypatch):
     """A live process that never answers (no bootstrap, no SDK): the fault fails with why, within CHECKIN_S, and
-    its order is taken back. (The context is the minimum a non-lasting fault uses: the node's real transport.)"""
+    its order is taken back. (The context is a dry run's, without journal or leases: a non-lasting fault uses neither.)"""
     from types import SimpleNamespace
 
+    from chaoskit.cluster.inventory import Inventory, Node
     from chaoskit.cluster.transports.local import LocalTransport
     from chaoskit.core.errors import InfraError
     from chaoskit.faults import inproc as faults_inproc
+    from chaoskit.session import RunContext
 
     monkeypatch.setattr(faults_inproc, "CHECKIN_S", 2.0)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         transport = LocalTransport("n1", state_dir=str(tmp_path / "node-state"))  # not root's, which audits read
-        ctx = SimpleNamespace(transport=lambda node: transport, leases=None)
+        ctx = RunContext(Inventory("t", [Node("n1", conn=transport)]))  # as a dry run's: no journal, no leases
         target = SimpleNamespace(node="n1", pid=proc.pid, rank=1, start_time=None, label=lambda: "n1/rank1")
         fault = faults_inproc.InprocNanFault(faults_inproc.InprocNanFault.Spec(kind="inproc.nan"), "f0")
         t0 = time.monotonic()
