@@ -395,7 +395,7 @@ def _nodes_account() -> tuple[AccountClaim | None, str | None]:
 
     spec = importlib.util.find_spec("ray")
     ray_dirs = [Path(d) for d in (spec.submodule_search_locations or [])] if spec is not None else []
-    # The runner asks the same of the job's driver (runner._account_for_job): both run as the account, or neither.
+    # The runner asks the same of the job's driver (jobuser.decide_job_user): both run as the account, or neither.
     problem = unreachable_by(account, [*python_paths(), *ray_dirs, Path(_ray_cli())])
     if problem:
         claim.release()
