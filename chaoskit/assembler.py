@@ -139,8 +139,8 @@ def assemble(r: RunRecord) -> RunResult:
         checks["faults_reverted"] = {"pass": reverted_ok}
     if slowdown is not None and r.verdict is None and not (slowdown.get("throughput_lost_pct") or 0) > 0:
         r.notes.append("the slowdown did not slow the job: its step time did not grow while the fault lasted")
-    elif (slowdown is None and phases_full and phases_full["t_detect"] is None and r.verdict is None
-          and r.sc.expect.restart and checks.get("training_finished", {}).get("pass")):
+    elif (slowdown is None and phases_full and phases_full["t_detect"] is None and phases_full.get("t_realloc") is None
+          and r.verdict is None and r.sc.expect.restart and checks.get("training_finished", {}).get("pass")):
         r.notes.append("the job showed no sign of the fault: nothing detected it and training never stopped")
     silent = _silent(r, events)
     if silent is not None:

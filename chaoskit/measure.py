@@ -35,7 +35,7 @@ __all__ = ["DETECT_KINDS", "HEARTBEAT_KINDS", "RESTART_MEANINGS", "detection_sou
            "Found", "CheckpointLoad", "Reallocation", "LostWork", "find_detection", "find_resume",
            "find_checkpoint_load", "find_reallocation", "find_lost_work", "span", "time_error", "phase_uncertainty", "who_noticed",
            "measure_slowdown", "measure_checkpoint_io", "reallocation_steps", "slo_verdict", "unseen_signals", "PHASES", "RESTORED_FROM",
-           "READ_LATENCY_S", "steps_before", "phase_spans", "baseline_restarts", "incident", "false_restart", "RESTART_SIGNS", "node_returns"]
+           "READ_LATENCY_S", "steps_before", "relaunch_stop", "phase_spans", "baseline_restarts", "incident", "false_restart", "RESTART_SIGNS", "node_returns"]
 
 DETECT_KINDS = frozenset({"detect", "worker.exit", "ckpt.save.failed", "oom.kill", "gpu.xid", "gpu.ecc",
                           "node.down", "node.drain", "job.node_fail", "job.requeued", "sdc.detected", "loss.anomaly"})
@@ -119,13 +119,37 @@ class LostWork:
     reason: str | None = None
 
 
-def find_detection(timeline: list[Event], t_fault: float, t_fault_uncertainty: float = 0.0) -> Found:
+def relaunch_stop(timeline: list[Event], t_fault: float, node: str | None = None) -> Event | None:
+    """The first worker after ``t_fault`` that its launcher stopped and started again with no failure line: a
+    ``process.gone`` on a node the fault did not touch (not ``node``), not a clean exit, followed by a
+    ``worker.start`` on the same node. torchrun does this when its rendezvous loses a node (the dead node's
+    keep-alive expired and a waiting spare moved up): each healthy agent SIGTERMs its workers and logs only at INFO,
+    so a survivor's collective may never time out. Returned as its detection event (``who``/``why`` added), or
+    ``None``. ``timeline``: the events in time order."""
+    for i, e in enumerate(timeline):
+        if (e["ts"] <= t_fault or e.get("kind") != "process.gone" or e.get("node") in (None, node)
+                or e.get("exitcode") == 0):
+            continue
+        if any(later.get("kind") == "worker.start" and later.get("node") == e["node"] for later in timeline[i + 1:]):
+            how = f"signal {e['signal']}" if e.get("signal") else (
+                f"exit code {e['exitcode']}" if e.get("exitcode") is not None else "it ended")
+            return {**e, "who": "launcher", "why": f"stopped its worker ({how}) and started it again with no "
+                                                   "failure line, as torchrun does when its rendezvous loses a node"}
+    return None
+
+
+def find_detection(timeline: list[Event], t_fault: float, t_fault_uncertainty: float = 0.0,
+                   node: str | None = None) -> Found:
     """The first event after ``t_fault`` that shows the system noticed (:data:`DETECT_KINDS`; an injected Xid line
-    is the fault itself, never its detection). ``timeline``: the events in time order."""
+    is the fault itself, never its detection); where there is none, a survivor's launcher restarting its workers
+    (:func:`relaunch_stop`; ``node``: the fault's). ``timeline``: the events in time order."""
     detect = next((e for e in timeline if e["ts"] > t_fault and e.get("kind") in DETECT_KINDS and not e.get("injected")),
                   None)
     if detect is not None:
         return Found(detect)
+    relaunched = relaunch_stop(timeline, t_fault, node)
+    if relaunched is not None:
+        return Found(relaunched)
     # the kernel stamps chaoskit's own line while its write is in flight, before the fault is stamped injected
     since = t_fault - INJECTED_LINE_SLACK_S - t_fault_uncertainty
     injected = next((e for e in timeline if e.get("kind") == "gpu.xid" and e.get("injected") and e["ts"] > since), None)
@@ -250,7 +274,7 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
     before = steps_before(timeline, t_fault, fault_step)
     after = [e for e in timeline if e["ts"] > t_fault]
 
-    detect = find_detection(timeline, t_fault, t_fault_uncertainty)
+    detect = find_detection(timeline, t_fault, t_fault_uncertainty, node)
     resumed = find_resume(after)
     loaded = find_checkpoint_load(after, resumed.event)
     realloc = find_reallocation(after, resumed.event, loaded)
@@ -289,7 +313,7 @@ def measure_fault(events: Iterable[Event], t_fault: float, t_fault_uncertainty: 
         "restored_from": loaded.restored_from,
         "reallocation_from": _read_from(realloc.event),
         "detected_by": who_noticed(detect.event),
-        "detections": detection_sources(timeline, t_fault),
+        "detections": detection_sources(timeline, t_fault, detect.event),
         "t_fault": t_fault,
         "t_detect": t_detect,
         "t_realloc": t_realloc,
@@ -422,13 +446,15 @@ def unseen_signals(phases: dict[str, Any], events: Iterable[Event], presets: dic
     return out
 
 
-def detection_sources(events: Iterable[Event], t_fault: float) -> list[dict[str, Any]]:
+def detection_sources(events: Iterable[Event], t_fault: float, found: Event | None = None) -> list[dict[str, Any]]:
     """Every source that noticed the fault, first first: per source (its ``who``, else its ``source``) the
     first detection event after ``t_fault``, with its latency (``latency_s``) and how much later than the
-    first source it came (``behind_s``). chaoskit's heartbeat (``node.unreachable``) is one of them."""
+    first source it came (``behind_s``). chaoskit's heartbeat (``node.unreachable``) is one of them; ``found``, the
+    detection :func:`find_detection` read from another kind of event (:func:`relaunch_stop`'s), another."""
     first: dict[str, Event] = {}
-    for e in sorted(events, key=lambda e: e["ts"]):
-        if e["ts"] <= t_fault or e.get("kind") not in DETECT_KINDS | HEARTBEAT_KINDS:
+    extra = [found] if found is not None and found.get("kind") not in DETECT_KINDS else []
+    for e in sorted([*events, *extra], key=lambda e: e["ts"]):
+        if e["ts"] <= t_fault or (e.get("kind") not in DETECT_KINDS | HEARTBEAT_KINDS and e not in extra):
             continue
         first.setdefault(str(e.get("who") or e.get("source") or "sdk"), e)
     ordered = sorted(first.items(), key=lambda item: item[1]["ts"])
