@@ -452,11 +452,12 @@ def detection_sources(events: Iterable[Event], t_fault: float, found: Event | No
     first source it came (``behind_s``). chaoskit's heartbeat (``node.unreachable``) is one of them; ``found``, the
     detection :func:`find_detection` read from another kind of event (:func:`relaunch_stop`'s), another."""
     first: dict[str, Event] = {}
-    extra = [found] if found is not None and found.get("kind") not in DETECT_KINDS else []
-    for e in sorted([*events, *extra], key=lambda e: e["ts"]):
-        if e["ts"] <= t_fault or (e.get("kind") not in DETECT_KINDS | HEARTBEAT_KINDS and e not in extra):
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if e["ts"] <= t_fault or e.get("kind") not in DETECT_KINDS | HEARTBEAT_KINDS:
             continue
         first.setdefault(str(e.get("who") or e.get("source") or "sdk"), e)
+    if found is not None and found.get("kind") not in DETECT_KINDS | HEARTBEAT_KINDS:
+        first.setdefault(str(found.get("who") or found.get("source") or "sdk"), found)
     ordered = sorted(first.items(), key=lambda item: item[1]["ts"])
     t0 = ordered[0][1]["ts"] if ordered else None
     return [{"source": name, "kind": e["kind"], "node": e.get("node"), "detail": who_noticed(e),
